@@ -1,0 +1,222 @@
+"""Commands of the fencing state machine: numbered op codes and their versioned wire format.
+
+Owns: the op codes (their numbers never change), the msgpack envelope
+``[FORMAT_VERSION, op, stamp_ms, body]`` of one Raft entry, its bounded decoder, and one
+keyword-only constructor per op.
+Must never: validate body fields (the state machine does that, so that tests can build bad
+commands), read a clock, draw randomness or do I/O.
+
+Wire format of one command (DESIGN §5)::
+
+    [FORMAT_VERSION: int, op: int, stamp_ms: int, body: map[str, value]]
+
+``stamp_ms`` is the proposing node's log-clock stamp (DESIGN I6). In ``body``, resource,
+key and holder are msgpack str; value and op_id are msgpack bin; numbers are ints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+import msgpack
+
+from coordinator import limits
+
+# Version of the envelope above. A replica that meets another version refuses the entry.
+FORMAT_VERSION = 1
+
+
+class Op(enum.IntEnum):
+    """Op codes. The numbers are part of the replicated log format: never renumber or reuse."""
+
+    ACQUIRE = 1
+    KEEP_ALIVE = 2
+    RELEASE = 3
+    WRITE = 4
+    DELETE = 5
+    READ_BARRIER = 6
+    FORCE_RELEASE = 7
+    SET_EPOCH_FLOOR = 8
+    TICK = 9
+
+
+class MalformedCommand(ValueError):
+    """The bytes are not one well-formed command envelope (body fields are not checked)."""
+
+
+# The decoder never builds anything bigger than a whole command could hold.
+_UNPACK_LIMITS: dict[str, int] = {
+    "max_str_len": limits.COMMAND_BYTES_MAX,
+    "max_bin_len": limits.COMMAND_BYTES_MAX,
+    "max_array_len": limits.COMMAND_ITEMS_MAX,
+    "max_map_len": limits.COMMAND_ITEMS_MAX,
+    "max_ext_len": 0,  # no extension types (timestamps etc.) are part of the format
+}
+
+
+def _is_int(value: object) -> bool:
+    """True for ints, false for bools (``True`` is an ``int`` in Python, never a number here)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One state-machine command: what to do, when the proposer stamped it, and its fields."""
+
+    op: Op
+    stamp_ms: int
+    body: dict[str, Any]
+
+    def encode(self) -> bytes:
+        """The msgpack bytes of this command, as proposed to the Raft log."""
+        return msgpack.packb(
+            [FORMAT_VERSION, int(self.op), self.stamp_ms, self.body], use_bin_type=True
+        )
+
+
+def validate_envelope(op: object, stamp_ms: object, body: object) -> Op:
+    """Check the envelope fields of a command and return its ``Op``.
+
+    Raises ``MalformedCommand`` naming the bad field. Body fields are not checked here.
+    """
+    if not _is_int(op):
+        raise MalformedCommand(f"op must be an integer, got {type(op).__name__}")
+    try:
+        checked_op = Op(op)
+    except ValueError:
+        raise MalformedCommand(f"unknown op {op}") from None
+    if not _is_int(stamp_ms):
+        raise MalformedCommand(f"stamp_ms must be an integer, got {type(stamp_ms).__name__}")
+    if not 0 <= stamp_ms <= limits.STAMP_MS_MAX:
+        raise MalformedCommand(
+            f"stamp_ms {stamp_ms} is outside [0, {limits.STAMP_MS_MAX}]"
+        )
+    if not isinstance(body, dict):
+        raise MalformedCommand(f"body must be a map, got {type(body).__name__}")
+    for name in body:
+        if not isinstance(name, str):
+            raise MalformedCommand(f"body keys must be strings, got {type(name).__name__}")
+    return checked_op
+
+
+def decode(data: bytes) -> Command:
+    """Decode one command from a Raft entry, refusing anything malformed.
+
+    Raises ``MalformedCommand`` if ``data`` is not bytes, is longer than
+    ``limits.COMMAND_BYTES_MAX``, is not msgpack, has the wrong shape, an unknown format
+    version, an unknown op or a bad stamp. The body's fields are not validated.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise MalformedCommand(f"command must be bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if len(data) > limits.COMMAND_BYTES_MAX:
+        raise MalformedCommand(
+            f"command is {len(data)} bytes, more than {limits.COMMAND_BYTES_MAX}"
+        )
+    try:
+        envelope = msgpack.unpackb(
+            data, raw=False, strict_map_key=True, use_list=True, **_UNPACK_LIMITS
+        )
+    # The input is untrusted bytes and msgpack documents that "other exceptions can be
+    # raised during unpacking": every failure of the parser is a malformed command.
+    except Exception as exc:  # noqa: BLE001
+        raise MalformedCommand(f"command is not valid msgpack: {exc}") from exc
+    if not isinstance(envelope, list) or len(envelope) != 4:
+        raise MalformedCommand(
+            "command must be a msgpack array [format_version, op, stamp_ms, body]"
+        )
+    version, op, stamp_ms, body = envelope
+    if not _is_int(version) or version != FORMAT_VERSION:
+        raise MalformedCommand(
+            f"unknown command format version {version!r} (this replica reads {FORMAT_VERSION})"
+        )
+    checked_op = validate_envelope(op, stamp_ms, body)
+    return Command(op=checked_op, stamp_ms=stamp_ms, body=body)
+
+
+# Constructors: one per op, keyword-only. They do not validate; optional fields that are
+# None are left out of the body (the state machine treats absent and nil alike).
+
+
+def acquire(*, resource: str, holder: str, ttl_ms: int, op_id: bytes, stamp_ms: int) -> Command:
+    """Take the lease on ``resource`` for ``ttl_ms``; the entry issues a new token (I2)."""
+    body = {"resource": resource, "holder": holder, "ttl_ms": ttl_ms, "op_id": op_id}
+    return Command(Op.ACQUIRE, stamp_ms, body)
+
+
+def keep_alive(
+    *, resource: str, token: int, stamp_ms: int, ttl_ms: int | None = None
+) -> Command:
+    """Extend the live lease holding ``token``; ``ttl_ms`` replaces its TTL when given."""
+    body: dict[str, Any] = {"resource": resource, "token": token}
+    if ttl_ms is not None:
+        body["ttl_ms"] = ttl_ms
+    return Command(Op.KEEP_ALIVE, stamp_ms, body)
+
+
+def release(
+    *, resource: str, token: int, stamp_ms: int, op_id: bytes | None = None
+) -> Command:
+    """End the lease holding ``token``; the hwm stays."""
+    body: dict[str, Any] = {"resource": resource, "token": token}
+    if op_id is not None:
+        body["op_id"] = op_id
+    return Command(Op.RELEASE, stamp_ms, body)
+
+
+def write(
+    *,
+    resource: str,
+    key: str,
+    value: bytes,
+    token: int,
+    op_id: bytes,
+    stamp_ms: int,
+    expected_version: int | None = None,
+) -> Command:
+    """Fenced write of ``key`` under ``resource`` (I3)."""
+    body: dict[str, Any] = {
+        "resource": resource,
+        "key": key,
+        "value": value,
+        "token": token,
+        "op_id": op_id,
+    }
+    if expected_version is not None:
+        body["expected_version"] = expected_version
+    return Command(Op.WRITE, stamp_ms, body)
+
+
+def delete(*, resource: str, key: str, token: int, op_id: bytes, stamp_ms: int) -> Command:
+    """Fenced delete of ``key`` under ``resource``, checked like a write (I7)."""
+    body = {"resource": resource, "key": key, "token": token, "op_id": op_id}
+    return Command(Op.DELETE, stamp_ms, body)
+
+
+def read_barrier(
+    *, stamp_ms: int, resource: str | None = None, key: str | None = None
+) -> Command:
+    """A read through the log (I9): reports state as of this entry and changes only the clock."""
+    body: dict[str, Any] = {}
+    if resource is not None:
+        body["resource"] = resource
+    if key is not None:
+        body["key"] = key
+    return Command(Op.READ_BARRIER, stamp_ms, body)
+
+
+def force_release(*, resource: str, op_id: bytes, stamp_ms: int) -> Command:
+    """Admin: clear the lease by issuing a new epoch for ``resource`` (I7)."""
+    return Command(Op.FORCE_RELEASE, stamp_ms, {"resource": resource, "op_id": op_id})
+
+
+def set_epoch_floor(*, floor: int, stamp_ms: int, fence_all: bool = True) -> Command:
+    """Admin, after restore (I11): raise the epoch to ``floor``; optionally fence everything."""
+    return Command(Op.SET_EPOCH_FLOOR, stamp_ms, {"floor": floor, "fence_all": fence_all})
+
+
+def tick(*, stamp_ms: int) -> Command:
+    """Advance the log clock and drop expired leases."""
+    return Command(Op.TICK, stamp_ms, {})

@@ -1,0 +1,44 @@
+"""Every limit of the product, in one place, each named with its unit last.
+
+Owns: numbers. Must never: import anything but the standard library.
+Each value carries a one-line reason; DESIGN.md §2 and the README quote them.
+"""
+
+# Tokens are unsigned 64-bit (DESIGN §2). 0 is never issued: it means "no token".
+TOKEN_MAX = 2**64 - 1
+
+# Resource names: 1-256 bytes of [A-Za-z0-9._/:-] (DESIGN §2).
+RESOURCE_NAME_BYTES_MAX = 256
+# Keys inside a resource: same charset; short keys keep snapshots and dedup cheap.
+KEY_BYTES_MAX = 256
+# One value fits in one Raft entry far below the append-entries batch size, so
+# pysyncobj's buggy split-transmission path (syncobj.py:1276-1281) is never taken.
+VALUE_BYTES_MAX = 64 * 1024
+# Holder is a free-form label (host/pid/task) for operators; bounded like a key.
+HOLDER_BYTES_MAX = 128
+# op_id: client-chosen id of one logical mutation (DESIGN §2: 16-64 bytes).
+OP_ID_BYTES_MIN = 16
+OP_ID_BYTES_MAX = 64
+
+# Lease TTL: below 100 ms a keep-alive cannot round-trip through Raft in time;
+# above one hour a crashed holder blocks its resource for too long.
+LEASE_TTL_MS_MIN = 100
+LEASE_TTL_MS_MAX = 60 * 60 * 1000
+
+# Dedup table (DESIGN I5): an op_id's first outcome is kept for this long on the
+# log clock, and at most this many entries; the oldest go first. Ten minutes covers
+# any sane client retry loop; 100k entries bound memory to tens of MB.
+DEDUP_RETENTION_MS = 10 * 60 * 1000
+DEDUP_ENTRIES_MAX = 100_000
+
+# State-size bounds, so a misbehaving client cannot grow every replica without limit.
+RESOURCES_MAX = 100_000
+KEYS_PER_RESOURCE_MAX = 1_024
+
+# Largest encoded command accepted by propose(): a value plus its envelope.
+COMMAND_BYTES_MAX = VALUE_BYTES_MAX + 4 * 1024
+
+# Log-clock stamps (ms): exact in a double for any client, and stamp + any TTL fits int64.
+STAMP_MS_MAX = 2**53 - 1
+# Items per msgpack array/map in one command (largest body has 6 fields): caps decoder allocation.
+COMMAND_ITEMS_MAX = 16

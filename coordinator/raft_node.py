@@ -1,0 +1,625 @@
+"""One Raft replica of the fencing state machine: the only module that imports pysyncobj.
+
+Owns: a hardened pysyncobj 0.3.17 node (journal, snapshots, transport binding,
+coalesced sends) and ``propose()``, which reports what happened to a command —
+applied, refused, not applied, or outcome unknown — and never guesses.
+
+Must never: decide domain rules (the state machine does), let an exception raised
+inside apply wedge the node (it stops the process instead), or acknowledge a
+command before it is durable on a majority.
+
+Every override of pysyncobj internals below names the upstream line it fixes and
+can be switched off by name (``RaftConfig.fixes``), so a test can show it matters.
+Fix names:
+  durable_journal      own fsynced journal + group commit (journal.py, _flush_tick)
+  keep_tail            keep the journal tail on restart (syncobj.py:1489-1495)
+  next_index_forward   success acks never move nextIndex back (syncobj.py:1079-1082)
+  truncate_on_conflict truncate only on a real term conflict (syncobj.py:991-1004)
+  no_old_snapshot      never install a snapshot older than lastApplied (syncobj.py:1021-1025)
+  commit_needs_match   commit only what this message proved matches (syncobj.py:1027-1035)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import os
+import struct
+import sys
+import threading
+import time
+import zlib
+from typing import Any, Callable
+
+import msgpack
+import pysyncobj
+import pysyncobj.syncobj as _ps
+import pysyncobj.version
+from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj.config import FAIL_REASON
+from pysyncobj.journal import FileJournal, Journal
+from pysyncobj.node import TCPNode
+from pysyncobj.transport import TCPTransport
+
+from . import limits
+from .journal import DurableJournal, JOURNAL_NAME, fsync_directory
+
+log = logging.getLogger(__name__)
+
+PYSYNCOBJ_VERSION_REQUIRED = "0.3.17"
+DUMP_NAME = "raft.dump"
+
+ALL_FIXES = frozenset(
+    {
+        "durable_journal",
+        "keep_tail",
+        "next_index_forward",
+        "truncate_on_conflict",
+        "no_old_snapshot",
+        "commit_needs_match",
+    }
+)
+
+EXIT_APPLY_FAILED = 70  # a programmer error inside apply: stop, never wedge
+EXIT_DISK_FAILED = 71  # fsync or write failed: durability can no longer be promised
+
+
+def check_pysyncobj_version(found: str | None = None) -> None:
+    """Refuse to run on any pysyncobj but the one whose internals we patch."""
+    found = pysyncobj.version.VERSION if found is None else found
+    if found != PYSYNCOBJ_VERSION_REQUIRED:
+        raise RuntimeError(
+            f"pysyncobj {found} is installed, but this coordinator requires exactly "
+            f"{PYSYNCOBJ_VERSION_REQUIRED}: its Raft fixes override that version's internals "
+            f"(pip install pysyncobj=={PYSYNCOBJ_VERSION_REQUIRED})"
+        )
+
+
+# pysyncobj builds its journal with a module-level createJournal(conf.journalFile)
+# (syncobj.py:161) that only knows paths. Accepting a ready Journal object there is
+# the narrowest way in; paths and None keep the stock behaviour.
+_stock_create_journal = _ps.createJournal
+
+
+def _create_journal(journal_file):
+    if isinstance(journal_file, Journal):
+        return journal_file
+    return _stock_create_journal(journal_file)
+
+
+_ps.createJournal = _create_journal
+
+
+class Outcome(enum.Enum):
+    APPLIED = "applied"  # committed and applied; the state machine accepted it
+    REFUSED = "refused"  # committed and applied; the state machine refused it (a value)
+    NOT_APPLIED = "not_applied"  # definitely never applied: safe to retry anywhere
+    UNKNOWN = "unknown"  # may or may not apply: retry with the same op_id
+
+
+@dataclasses.dataclass(frozen=True)
+class ProposeResult:
+    outcome: Outcome
+    value: Any = None  # the state machine's result (APPLIED / REFUSED)
+    index: int = 0  # the Raft index it was applied at (APPLIED / REFUSED)
+    detail: str = ""  # why, for NOT_APPLIED / UNKNOWN
+
+
+# PYSYNCOBJ.md "Call semantics": these codes mean the entry was never appended
+# by a leader, or was overwritten; the rest are ambiguous.
+_DEFINITE_FAILURES = {
+    FAIL_REASON.QUEUE_FULL: "queue_full",
+    FAIL_REASON.MISSING_LEADER: "no_leader",
+    FAIL_REASON.NOT_LEADER: "not_leader",
+    FAIL_REASON.REQUEST_DENIED: "request_denied",
+    FAIL_REASON.DISCARDED: "discarded",
+}
+_AMBIGUOUS_FAILURES = {
+    FAIL_REASON.LEADER_CHANGED: "leader_changed",
+    FAIL_REASON.UNKNOWN_OUTCOME: "unknown_outcome",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RaftConfig:
+    self_address: str  # "host:port"; the node binds this for listening and outgoing
+    peer_addresses: tuple[str, ...]  # the other members (static membership)
+    data_dir: str
+    # Election timeout window. 1-2 s keeps spurious elections rare on a loaded
+    # 2-core machine (PYSYNCOBJ.md "Settings that behaved well"); tests lower it.
+    raft_min_timeout_s: float = 1.0
+    raft_max_timeout_s: float = 2.0
+    # An isolated leader steps down after this long without a majority answering
+    # (stock default 30 s would let it claim leadership for half a minute).
+    leader_fallback_timeout_s: float = 1.5
+    # How soon a dropped peer connection is retried.
+    connection_retry_s: float = 0.5
+    # Heartbeat period; also the longest a leader waits before resending.
+    heartbeat_s: float = 0.1
+    # Bounded queue of proposals waiting for the tick thread; beyond it, QUEUE_FULL.
+    commands_queue_size: int = 10_000
+    # Snapshot + compact after this many entries or this many seconds.
+    log_compaction_min_entries: int = 5_000
+    log_compaction_min_time_s: float = 300.0
+    # Test switches: which fixes are on (default all), and whether the journal
+    # records its synced length for power-loss simulation.
+    fixes: frozenset[str] = ALL_FIXES
+    track_synced: bool = False
+
+    def __post_init__(self):
+        unknown = set(self.fixes) - ALL_FIXES
+        if unknown:
+            raise ValueError(f"unknown raft fixes: {sorted(unknown)}")
+        if not (0 < self.raft_min_timeout_s < self.raft_max_timeout_s):
+            raise ValueError("need 0 < raft_min_timeout_s < raft_max_timeout_s")
+        if self.raft_min_timeout_s <= 3 * self.heartbeat_s:
+            # pysyncobj's own rule (config.py:174): several heartbeats per timeout.
+            raise ValueError("raft_min_timeout_s must exceed 3 * heartbeat_s")
+
+
+def _default_fatal(message: str, exit_code: int) -> None:
+    log.critical(message)
+    print(f"FATAL: {message}", file=sys.stderr, flush=True)
+    os._exit(exit_code)
+
+
+# -- snapshot files: msgpack, checksummed, fsynced ------------------------------
+
+_DUMP_MAGIC = b"FNCDUMP\x00"
+_DUMP_HEAD = struct.Struct("<8sIQQI")  # magic, version, last index, last term, crc32(body)
+_DUMP_VERSION = 1
+
+
+def _verify_dump(path: str) -> tuple[int, int]:
+    """Check a snapshot file's header and checksum; return its (last index, last term)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < _DUMP_HEAD.size:
+        raise ValueError(f"{path}: snapshot shorter than its header")
+    magic, version, index, term, crc = _DUMP_HEAD.unpack_from(raw, 0)
+    if magic != _DUMP_MAGIC or version != _DUMP_VERSION:
+        raise ValueError(f"{path}: not a snapshot of format {_DUMP_VERSION}")
+    if zlib.crc32(raw[_DUMP_HEAD.size :]) != crc:
+        raise ValueError(f"{path}: snapshot checksum mismatch")
+    return index, term
+
+
+def _entry_tuple(entry) -> tuple[bytes, int, int]:
+    # pysyncobj compares entries as tuples (syncobj.py:1489-1495); a list from
+    # msgpack would never compare equal and the journal would be cleared.
+    return (bytes(entry[0]), int(entry[1]), int(entry[2]))
+
+
+class _Replica(SyncObjConsumer):
+    """Holds the state machine; its one replicated method takes our own bytes."""
+
+    def __init__(self, state_machine, on_fatal: Callable[[str, int], None]):
+        self._sm = state_machine
+        self._on_fatal = on_fatal
+        self.lock = threading.Lock()  # apply (tick thread) vs readers (other threads)
+        self.last_applied_index = 0
+        super().__init__()
+
+    # One @replicated entry point: pysyncobj numbers replicated methods by sorted
+    # name (syncobj.py:248-255), so a single method never renumbers on upgrade.
+    @replicated
+    def apply(self, entry: bytes):
+        try:
+            index = self._syncObj.raftLastApplied + 1
+            with self.lock:
+                outcome = self._sm.apply(entry)
+                self.last_applied_index = index
+            return index, outcome
+        except BaseException as exc:  # noqa: BLE001 - any failure here is a bug
+            # An exception escaping apply is re-applied forever by pysyncobj
+            # (syncobj.py:708-734): stop loudly instead of wedging silently.
+            self._on_fatal(f"state machine apply raised {exc!r}; stopping", EXIT_APPLY_FAILED)
+            raise
+
+    def serialize(self, path: str, data) -> None:
+        last, prev, _cluster = data
+        with self.lock:
+            state = self._sm.snapshot()
+        body = msgpack.packb([list(last), list(prev), state], use_bin_type=True)
+        head = _DUMP_HEAD.pack(_DUMP_MAGIC, _DUMP_VERSION, last[1], last[2], zlib.crc32(body))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(head + body)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)  # pysyncobj renames it into place (serializer.py:93)
+        finally:
+            os.close(fd)
+
+    def deserialize(self, path: str):
+        with open(path, "rb") as f:
+            raw = f.read()
+        magic, version, _index, _term, crc = _DUMP_HEAD.unpack_from(raw, 0)
+        body = raw[_DUMP_HEAD.size :]
+        if magic != _DUMP_MAGIC or version != _DUMP_VERSION or zlib.crc32(body) != crc:
+            raise ValueError(f"{path}: damaged snapshot")
+        last, prev, state = msgpack.unpackb(body, raw=False)
+        try:
+            with self.lock:
+                self._sm.restore(state)
+                self.last_applied_index = int(last[1])
+        except BaseException as exc:  # noqa: BLE001
+            # pysyncobj swallows loader errors (syncobj.py:1510); a half-restored
+            # state machine must never serve.
+            self._on_fatal(f"restoring snapshot {path} failed: {exc!r}", EXIT_APPLY_FAILED)
+            raise
+        return _entry_tuple(last), _entry_tuple(prev), set()
+
+
+class _BoundTCPTransport(TCPTransport):
+    """Outgoing peer connections leave from this node's own address.
+
+    pysyncobj never binds outgoing sockets (tcp_connection.py:119), so every node on
+    127.0.0.2/.3/.4 would connect from 127.0.0.1 and packet filters could not tell
+    them apart. TcpConnection.connect() calls setSockoptKeepalive() right before
+    connect() (tcp_connection.py:123): binding there is the smallest hook.
+    """
+
+    def addNode(self, node):
+        super().addNode(node)
+        conn = self._connections.get(node)
+        if conn is None or self._selfNode is None:
+            return
+        host = self._selfNode.host
+        keepalive = conn.setSockoptKeepalive
+
+        def bind_then_keepalive():
+            sock = conn._TcpConnection__socket
+            if sock is not None:
+                sock.bind((host, 0))
+            keepalive()
+
+        conn.setSockoptKeepalive = bind_then_keepalive
+
+
+class _HardenedSyncObj(SyncObj):
+    """pysyncobj with the durability and safety holes of PYSYNCOBJ.md closed."""
+
+    def __init__(self, config: RaftConfig, replica: _Replica, journal, on_fatal, **kwargs):
+        # Set before SyncObj.__init__: the tick thread starts inside it.
+        self._fixes = config.fixes
+        self._journal = journal
+        self._on_fatal = on_fatal
+        self._pending_acks: list[tuple] = []
+        self._append_pending = False
+        self._append_has_new_entries = True
+        self.truncated_applied = 0  # times an applied entry would have been truncated
+        self.refused_old_snapshots = 0
+        conf = SyncObjConf(
+            autoTick=kwargs.pop("autoTick", True),
+            # Send one append per new entry (not every 100 ms) and coalesce them
+            # into one send per tick below: 1 ms latency instead of 100 ms.
+            appendEntriesUseBatch=False,
+            appendEntriesPeriod=config.heartbeat_s,
+            # Far above limits.COMMAND_BYTES_MAX, so the split-transmission path with
+            # its length bug (syncobj.py:1276-1281) is never used.
+            appendEntriesBatchSizeBytes=max(512 * 1024, 4 * limits.COMMAND_BYTES_MAX),
+            raftMinTimeout=config.raft_min_timeout_s,
+            raftMaxTimeout=config.raft_max_timeout_s,
+            connectionTimeout=max(3.5, config.raft_max_timeout_s),
+            connectionRetryTime=config.connection_retry_s,
+            leaderFallbackTimeout=config.leader_fallback_timeout_s,
+            # Fail fast with MISSING_LEADER instead of queueing behind an election.
+            commandsWaitLeader=False,
+            commandsQueueSize=config.commands_queue_size,
+            journalFile=journal,
+            fullDumpFile=os.path.join(config.data_dir, DUMP_NAME),
+            serializer=replica.serialize,
+            deserializer=replica.deserialize,
+            useFork=False,  # never fork() a process that runs gRPC threads
+            logCompactionMinEntries=config.log_compaction_min_entries,
+            logCompactionMinTime=config.log_compaction_min_time_s,
+            bindAddress=config.self_address,
+            dynamicMembershipChange=False,
+        )
+        super().__init__(
+            config.self_address,
+            list(config.peer_addresses),
+            conf=conf,
+            consumers=[replica],
+            **kwargs,
+        )
+        self.addOnTickCallback(self._flush_tick)
+
+    def _has(self, fix: str) -> bool:
+        return fix in self._fixes
+
+    # -- group commit and coalesced sends --------------------------------------
+
+    def _SyncObj__sendAppendEntries(self):
+        # With appendEntriesUseBatch=False pysyncobj sends after every single
+        # command (syncobj.py:541, 692); remember and send once per tick instead.
+        self._append_pending = True
+
+    def _SyncObj__sendNextNodeIdx(self, node, reset=False, nextNodeIdx=None, success=False):
+        # A follower acks right after writing its journal (syncobj.py:1005-1019).
+        # Queue the ack; _flush_tick syncs the journal once, then sends them all.
+        if nextNodeIdx is None:
+            nextNodeIdx = self._SyncObj__getCurrentLogIndex() + 1
+        self._pending_acks.append((node, reset, nextNodeIdx, success))
+
+    def _flush_tick(self):
+        """Runs once per tick, after commands were appended and before polling.
+
+        One sync covers every entry appended this tick (leader and follower), so a
+        leader counts itself in the next commit computation (syncobj.py:528, 660)
+        only for durable entries, and a follower acks only durable entries.
+        """
+        try:
+            if self._has("durable_journal"):
+                self._journal.sync()
+        except BaseException as exc:  # noqa: BLE001
+            self._on_fatal(f"journal sync failed: {exc!r}", EXIT_DISK_FAILED)
+            raise
+        acks, self._pending_acks = self._pending_acks, []
+        for node, reset, index, success in acks:
+            SyncObj._SyncObj__sendNextNodeIdx(self, node, reset=reset, nextNodeIdx=index, success=success)
+        if self._append_pending:
+            self._append_pending = False
+            if self._isLeader():
+                SyncObj._SyncObj__sendAppendEntries(self)
+
+    # -- message handling --------------------------------------------------------
+
+    def _SyncObj__onMessageReceived(self, node, message):
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "append_entries":
+            message = self._sanitize_append(message)
+        next_index_before = None
+        if kind == "next_node_idx" and message.get("success") and self._has("next_index_forward"):
+            next_index_before = self._SyncObj__raftNextIndex.get(node)
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
+        if next_index_before is not None and self._isLeader():
+            # A late ack for an earlier batch set nextIndex back (syncobj.py:1079-1082),
+            # re-sending entries the follower has and, across the compacted head,
+            # an old snapshot that rolled the follower back.
+            nxt = self._SyncObj__raftNextIndex
+            if node in nxt and nxt[node] < next_index_before:
+                nxt[node] = next_index_before
+
+    def _sanitize_append(self, message: dict) -> dict:
+        if message.get("term", -1) < self.raftCurrentTerm:
+            return message  # pysyncobj ignores it
+        message = dict(message)
+        if "prevLogIdx" in message and "transmission" not in message:
+            entries = list(message.get("entries", []))
+            prev_idx, prev_term = message["prevLogIdx"], message["prevLogTerm"]
+            if self._has("truncate_on_conflict") and self._local_term(prev_idx) == prev_term:
+                # Skip the entries we already hold with the same term; pysyncobj
+                # would otherwise delete everything after prevLogIdx, even a
+                # matching tail that was acknowledged (syncobj.py:991-1004).
+                skip = 0
+                while skip < len(entries) and self._local_term(entries[skip][1]) == entries[skip][2]:
+                    skip += 1
+                if skip:
+                    prev_idx, prev_term = entries[skip - 1][1], entries[skip - 1][2]
+                    entries = entries[skip:]
+                    message["prevLogIdx"], message["prevLogTerm"] = prev_idx, prev_term
+                    message["entries"] = entries
+            self._append_has_new_entries = bool(entries)
+            if self._has("commit_needs_match"):
+                # Raft: commitIndex = min(leaderCommit, index of last *new* entry);
+                # pysyncobj uses its own log end (syncobj.py:1032), which may hold
+                # unverified entries from an older term.
+                proven = prev_idx + len(entries)
+                message["commit_index"] = min(message["commit_index"], proven)
+        else:
+            self._append_has_new_entries = True
+            if "serialized" in message and self._has("commit_needs_match"):
+                # A snapshot chunk proves nothing about our log (syncobj.py:1021-1035).
+                message["commit_index"] = min(message["commit_index"], self.raftCommitIndex)
+        return message
+
+    def _local_term(self, index: int):
+        log_ = self._journal_obj()
+        if not len(log_):
+            return None
+        pos = index - log_[0][1]
+        if 0 <= pos < len(log_):
+            return log_[pos][2]
+        return None
+
+    def _journal_obj(self):
+        return self._SyncObj__raftLog
+
+    def _SyncObj__deleteEntriesFrom(self, fromIDx):
+        # Only called from append_entries (syncobj.py:1004). With our sanitizing,
+        # a message whose entries all matched has none left: nothing conflicts.
+        if self._has("truncate_on_conflict") and not self._append_has_new_entries:
+            return
+        if fromIDx <= self.raftLastApplied:
+            self.truncated_applied += 1
+            if self._has("truncate_on_conflict"):
+                self._on_fatal(
+                    f"leader asked to truncate applied entries from {fromIDx} "
+                    f"(last applied {self.raftLastApplied}): refusing to diverge",
+                    EXIT_APPLY_FAILED,
+                )
+                return
+        SyncObj._SyncObj__deleteEntriesFrom(self, fromIDx)
+
+    def _SyncObj__loadDumpFile(self, clearJournal):
+        path = self.conf.fullDumpFile
+        installing = clearJournal
+        try:
+            index, term = _verify_dump(path)
+        except (OSError, ValueError) as exc:
+            if installing:
+                log.warning("ignoring damaged snapshot from leader: %s", exc)
+                return None
+            # pysyncobj would log and carry on without the snapshot (syncobj.py:1510),
+            # replaying a compacted journal onto empty state: a silent divergence.
+            self._on_fatal(f"cannot load snapshot at startup: {exc}", EXIT_DISK_FAILED)
+            return None
+        if installing:
+            if self._has("no_old_snapshot") and index <= self.raftLastApplied:
+                # An old snapshot would move applied state backwards (PYSYNCOBJ.md:
+                # measured 14972 -> 14772). Keep ours; the ack reports our log end.
+                self.refused_old_snapshots += 1
+                log.warning("refusing snapshot at %d: already applied %d", index, self.raftLastApplied)
+                return None
+            if self._has("durable_journal"):
+                # pysyncobj renamed the received file into place without fsync
+                # (serializer.py:198); make it durable before the journal is cleared.
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                fsync_directory(os.path.dirname(os.path.abspath(path)))
+        if self._has("keep_tail") and self._align_journal_head(index, term):
+            # The journal holds the snapshot point: keep everything after it.
+            # Stock code clears the whole journal when its head is older than the
+            # dump (syncobj.py:1489-1495), dropping acknowledged entries.
+            clearJournal = False
+        return SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+
+    def _align_journal_head(self, index: int, term: int) -> bool:
+        log_ = self._journal_obj()
+        if not len(log_):
+            return False
+        pos = index - log_[0][1]
+        if pos < 1 or pos >= len(log_) or log_[pos][2] != term:
+            return False
+        if pos > 1:
+            log_.deleteEntriesTo(pos - 1)  # head becomes [prev, last] of the snapshot
+        return True
+
+
+class RaftNode:
+    """A replica: start it, propose commands with a deadline, read under a lock."""
+
+    def __init__(
+        self,
+        config: RaftConfig,
+        state_machine,
+        *,
+        on_fatal: Callable[[str, int], None] = _default_fatal,
+        transport_class=None,
+        auto_tick: bool = True,
+        journal_fsync: Callable[[int], None] | None = None,
+        wall_ms: Callable[[], int] | None = None,
+    ) -> None:
+        check_pysyncobj_version()
+        self.config = config
+        self.state_machine = state_machine
+        self._wall_ms = wall_ms or (lambda: time.time_ns() // 1_000_000)
+        self._stamp_lock = threading.Lock()
+        self._last_stamp_ms = 0
+        os.makedirs(config.data_dir, exist_ok=True)
+        if "durable_journal" in config.fixes:
+            sync_kwargs = {}
+            if journal_fsync is not None:
+                sync_kwargs = {"fsync": journal_fsync, "fdatasync": journal_fsync}
+            journal = DurableJournal(config.data_dir, track_synced=config.track_synced, **sync_kwargs)
+        else:
+            journal = FileJournal(os.path.join(config.data_dir, JOURNAL_NAME + ".stock"))
+        self.journal = journal
+        self._replica = _Replica(state_machine, on_fatal)
+        kwargs = {"transportClass": transport_class or _BoundTCPTransport}
+        if not auto_tick:
+            kwargs["autoTick"] = False
+        self._syncobj = _HardenedSyncObj(config, self._replica, journal, on_fatal, **kwargs)
+
+    # -- proposing -----------------------------------------------------------
+
+    def next_stamp_ms(self) -> int:
+        """DESIGN I6: stamp = max(last_stamp + 1, wall_ms), and never below the log clock."""
+        with self._stamp_lock:
+            stamp = max(self._last_stamp_ms + 1, self._wall_ms(), getattr(self.state_machine, "log_clock_ms", 0))
+            self._last_stamp_ms = stamp
+            return stamp
+
+    def propose(self, command: bytes, timeout_s: float) -> ProposeResult:
+        """Replicate ``command``; wait at most ``timeout_s`` for its fate."""
+        if not isinstance(command, (bytes, bytearray)) or len(command) > limits.COMMAND_BYTES_MAX:
+            return ProposeResult(Outcome.NOT_APPLIED, detail="command_too_large")
+        done = threading.Event()
+        box: list = []
+
+        def on_result(result, error):
+            box.append((result, error))
+            done.set()
+
+        self._replica.apply(bytes(command), callback=on_result)
+        if not done.wait(max(0.0, timeout_s)):
+            # The entry may still commit later: only the caller's op_id can tell.
+            return ProposeResult(Outcome.UNKNOWN, detail="deadline_exceeded")
+        result, error = box[0]
+        if error == FAIL_REASON.SUCCESS:
+            index, value = result
+            refused = getattr(value, "reason", None) is not None
+            return ProposeResult(Outcome.REFUSED if refused else Outcome.APPLIED, value=value, index=index)
+        if error in _DEFINITE_FAILURES:
+            return ProposeResult(Outcome.NOT_APPLIED, detail=_DEFINITE_FAILURES[error])
+        return ProposeResult(Outcome.UNKNOWN, detail=_AMBIGUOUS_FAILURES.get(error, f"fail_reason_{error}"))
+
+    # -- observing -----------------------------------------------------------
+
+    def read(self, fn: Callable[[Any], Any]):
+        """Run ``fn(state_machine)`` under the apply lock (a local, possibly stale read)."""
+        with self._replica.lock:
+            return fn(self.state_machine)
+
+    def digest(self) -> tuple[int, str]:
+        with self._replica.lock:
+            return self._replica.last_applied_index, self.state_machine.digest()
+
+    def status(self) -> dict:
+        so = self._syncobj
+        for _ in range(10):
+            try:
+                raw = so.getStatus()  # races with the tick thread (syncobj.py:819-849)
+                break
+            except RuntimeError:
+                continue
+        else:
+            raw = {}
+        leader = raw.get("leader")
+        return {
+            "self": self.config.self_address,
+            "leader": leader.address if leader is not None else None,
+            "is_leader": so._isLeader(),
+            "term": raw.get("raft_term", so.raftCurrentTerm),
+            "commit_index": raw.get("commit_idx", so.raftCommitIndex),
+            "last_applied": raw.get("last_applied", so.raftLastApplied),
+            "has_quorum": raw.get("has_quorum", False),
+            "log_len": raw.get("log_len", 0),
+            "ready": so.isReady(),
+            "journal_syncs": getattr(self.journal, "sync_count", 0),
+            "truncated_applied": so.truncated_applied,
+            "refused_old_snapshots": so.refused_old_snapshots,
+        }
+
+    def is_leader(self) -> bool:
+        return self._syncobj._isLeader()
+
+    def leader_address(self) -> str | None:
+        leader = self._syncobj._getLeader()
+        return leader.address if leader is not None else None
+
+    def force_log_compaction(self) -> None:
+        self._syncobj.forceLogCompaction()
+
+    # -- lifecycle and simulation hooks ---------------------------------------
+
+    def tick(self, wait_s: float = 0.0) -> None:
+        """One step of the Raft loop (only with auto_tick=False: the simulation)."""
+        self._syncobj.doTick(wait_s)
+
+    @property
+    def syncobj(self) -> SyncObj:
+        return self._syncobj
+
+    def close(self) -> None:
+        so = self._syncobj
+        if so.conf.autoTick:
+            so.destroy_synchronous()
+        else:
+            so.destroy()
