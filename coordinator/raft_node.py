@@ -350,7 +350,17 @@ class _HardenedSyncObj(SyncObj):
         One sync covers every entry appended this tick (leader and follower), so a
         leader counts itself in the next commit computation (syncobj.py:528, 660)
         only for durable entries, and a follower acks only durable entries.
+
+        Order matters. The leader sends first and syncs second, so its fsync runs in
+        parallel with the followers' (Raft allows it: the leader's own vote in the
+        commit count is taken at the start of the next tick, after this sync; an
+        entry appended later, during poll, cannot be acked before it is sent here,
+        after which it is synced). Follower acks go out only after the sync.
         """
+        if self._append_pending:
+            self._append_pending = False
+            if self._isLeader():
+                SyncObj._SyncObj__sendAppendEntries(self)
         try:
             if self._has("durable_journal"):
                 self._journal.sync()
@@ -360,10 +370,6 @@ class _HardenedSyncObj(SyncObj):
         acks, self._pending_acks = self._pending_acks, []
         for node, reset, index, success in acks:
             SyncObj._SyncObj__sendNextNodeIdx(self, node, reset=reset, nextNodeIdx=index, success=success)
-        if self._append_pending:
-            self._append_pending = False
-            if self._isLeader():
-                SyncObj._SyncObj__sendAppendEntries(self)
 
     # -- message handling --------------------------------------------------------
 

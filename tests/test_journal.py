@@ -1,0 +1,166 @@
+"""The durable journal: what survives, what is refused, what is cut."""
+
+import os
+import struct
+
+import pytest
+
+from coordinator.journal import (
+    JOURNAL_NAME,
+    META_NAME,
+    DurableJournal,
+    JournalCorrupt,
+    cut_to_synced_length,
+)
+
+
+def _fill(j: DurableJournal, first: int, last: int, term: int = 1) -> None:
+    for idx in range(first, last + 1):
+        j.add(b"cmd-%d" % idx, idx, term)
+
+
+def test_entries_survive_reopen_after_sync(tmp_path):
+    j = DurableJournal(str(tmp_path))
+    _fill(j, 1, 10)
+    j.sync()
+    j._destroy()
+    j2 = DurableJournal(str(tmp_path))
+    assert len(j2) == 10
+    assert j2[0] == (b"cmd-1", 1, 1)
+    assert j2[-1] == (b"cmd-10", 10, 1)
+    assert j2[2:4] == [(b"cmd-3", 3, 1), (b"cmd-4", 4, 1)]
+
+
+def test_sync_is_group_commit(tmp_path):
+    calls = []
+    j = DurableJournal(str(tmp_path), fdatasync=lambda fd: calls.append(fd))
+    _fill(j, 1, 50)
+    assert calls == []  # nothing synced per add
+    j.sync()
+    j.sync()  # clean: no second sync
+    assert len(calls) == 1
+    assert j.sync_count == 1
+    assert j.synced_length == os.path.getsize(j.path)
+
+
+def test_checksum_mismatch_stops_with_file_and_offset(tmp_path):
+    j = DurableJournal(str(tmp_path))
+    _fill(j, 1, 5)
+    j.sync()
+    third = j._offsets[2]
+    j._destroy()
+    path = tmp_path / JOURNAL_NAME
+    raw = bytearray(path.read_bytes())
+    raw[third + 8 + 16] ^= 0xFF  # flip a command byte of record 3
+    path.write_bytes(bytes(raw))
+    with pytest.raises(JournalCorrupt) as err:
+        DurableJournal(str(tmp_path))
+    assert str(path) in str(err.value)
+    assert f"offset {third}" in str(err.value)
+    # Nothing was cut: the damaged file is left for an operator to inspect.
+    assert path.read_bytes() == bytes(raw)
+
+
+def test_torn_last_record_is_cut_not_fatal(tmp_path):
+    j = DurableJournal(str(tmp_path))
+    _fill(j, 1, 5)
+    j.sync()
+    j._destroy()
+    path = tmp_path / JOURNAL_NAME
+    good = path.stat().st_size
+    with open(path, "ab") as f:
+        f.write(struct.pack("<II", 100, 0) + b"partial")  # length says 100, 7 bytes follow
+    j2 = DurableJournal(str(tmp_path))
+    assert len(j2) == 5
+    assert path.stat().st_size == good
+
+
+def test_non_contiguous_index_is_corruption(tmp_path):
+    j = DurableJournal(str(tmp_path))
+    j.add(b"a", 1, 1)
+    j.add(b"b", 3, 1)
+    j.sync()
+    j._destroy()
+    with pytest.raises(JournalCorrupt, match="expected 2"):
+        DurableJournal(str(tmp_path))
+
+
+def test_compaction_keeps_tail_and_survives_reopen(tmp_path):
+    j = DurableJournal(str(tmp_path))
+    _fill(j, 1, 100)
+    j.sync()
+    j.deleteEntriesTo(40)  # keep entries 41..100
+    assert j[0][1] == 41 and len(j) == 60
+    assert j.getRaftCommitIndex() == 41  # the new head was applied before compaction
+    j.add(b"more", 101, 2)
+    j.sync()
+    j._destroy()
+    j2 = DurableJournal(str(tmp_path))
+    assert [e[1] for e in j2[:]] == list(range(41, 102))
+    assert j2.getRaftCommitIndex() == 41
+    assert not os.path.exists(str(tmp_path / (JOURNAL_NAME + ".compact")))
+
+
+def test_truncation_is_synced_immediately(tmp_path):
+    j = DurableJournal(str(tmp_path), track_synced=True)
+    _fill(j, 1, 10)
+    j.sync()
+    j.deleteEntriesFrom(5)  # drop 6..10
+    assert j.synced_length == os.path.getsize(j.path)
+    _fill(j, 6, 7, term=2)  # unsynced
+    j._fd and os.close(j._fd)  # "crash": no sync
+    j._fd = None
+    cut_to_synced_length(str(tmp_path))
+    j2 = DurableJournal(str(tmp_path))
+    assert [e[1:] for e in j2[:]] == [(i, 1) for i in range(1, 6)]
+
+
+def test_power_loss_drops_only_unsynced_entries(tmp_path):
+    j = DurableJournal(str(tmp_path), track_synced=True)
+    _fill(j, 1, 20)
+    j.sync()
+    _fill(j, 21, 30)  # written, never synced
+    os.close(j._fd)
+    j._fd = None
+    old, new = cut_to_synced_length(str(tmp_path))
+    assert new < old
+    j2 = DurableJournal(str(tmp_path))
+    assert len(j2) == 20 and j2[-1][1] == 20
+
+
+def test_term_and_vote_are_durable_and_checksummed(tmp_path):
+    j = DurableJournal(str(tmp_path))
+    j.setCurrentTerm(7, "127.0.0.3:7001")
+    j._destroy()
+    j2 = DurableJournal(str(tmp_path))
+    assert (j2.getCurrentTerm(), j2.getVotedForNodeId()) == (7, "127.0.0.3:7001")
+    j2._destroy()
+    meta = tmp_path / META_NAME
+    raw = bytearray(meta.read_bytes())
+    raw[1] ^= 0x01
+    meta.write_bytes(bytes(raw))
+    with pytest.raises(JournalCorrupt, match="meta"):
+        DurableJournal(str(tmp_path))
+
+
+def test_vote_syncs_log_entries_first(tmp_path):
+    j = DurableJournal(str(tmp_path), track_synced=True)
+    _fill(j, 1, 3)
+    j.setCurrentTerm(2, None)
+    assert j.synced_length == os.path.getsize(j.path)
+
+
+def test_commit_index_is_not_persisted(tmp_path):
+    j = DurableJournal(str(tmp_path))
+    _fill(j, 1, 10)
+    j.setRaftCommitIndex(10)
+    j.sync()
+    j._destroy()
+    # Raft's commit index is volatile: only a compaction point proves commitment.
+    assert DurableJournal(str(tmp_path)).getRaftCommitIndex() == 1
+
+
+def test_not_a_journal_is_refused(tmp_path):
+    (tmp_path / JOURNAL_NAME).write_bytes(b"PYSYNCOBJ" + b"\0" * 40)
+    with pytest.raises(JournalCorrupt, match="offset 0"):
+        DurableJournal(str(tmp_path))

@@ -1,0 +1,344 @@
+"""Each override of pysyncobj internals, shown to matter: with the fix the bad
+thing does not happen, with that one fix switched off it does.
+
+Nodes here run with autoTick=False on a transport that records what it sends, and
+messages are injected directly, so each upstream bug is reproduced exactly.
+"""
+
+import socket
+import threading
+import time
+
+import pysyncobj.pickle as ps_pickle
+import pytest
+from pysyncobj.node import TCPNode
+from pysyncobj.transport import Transport
+
+from coordinator import raft_node
+from coordinator.raft_node import ALL_FIXES, EXIT_APPLY_FAILED, Outcome, RaftConfig, RaftNode
+
+SELF = "127.0.0.10:4001"
+LEADER = "127.0.0.11:4001"
+OTHER = "127.0.0.12:4001"
+
+
+class RecordingTransport(Transport):
+    def __init__(self, syncObj, selfNode, otherNodes):
+        super().__init__(syncObj, selfNode, otherNodes)
+        self.sent = []
+
+    @property
+    def ready(self):
+        return True
+
+    def tryGetReady(self):
+        pass
+
+    def waitReady(self):
+        pass
+
+    def addNode(self, node):
+        pass
+
+    def dropNode(self, node):
+        pass
+
+    def send(self, node, message):
+        self.sent.append((node.address, message))
+        return True
+
+    def destroy(self):
+        pass
+
+
+class ListMachine:
+    """Minimal state machine: the list of applied payloads."""
+
+    log_clock_ms = 0
+
+    def __init__(self, fail_on=None):
+        self.applied = []
+        self.fail_on = fail_on
+
+    def apply(self, entry):
+        if entry == self.fail_on:
+            raise AssertionError("bug in apply")
+        self.applied.append(entry)
+        return len(self.applied)
+
+    def snapshot(self):
+        return list(self.applied)
+
+    def restore(self, state):
+        self.applied = list(state)
+
+    def digest(self):
+        return repr(self.applied)
+
+
+class Fatal(Exception):
+    pass
+
+
+def make_node(tmp_path, fixes=ALL_FIXES, machine=None, name="n"):
+    fatal = []
+
+    def on_fatal(message, code):
+        fatal.append((message, code))
+        raise Fatal(message)
+
+    config = RaftConfig(SELF, (LEADER, OTHER), str(tmp_path / name), fixes=frozenset(fixes))
+    node = RaftNode(config, machine or ListMachine(), on_fatal=on_fatal,
+                    transport_class=RecordingTransport, auto_tick=False)
+    node.fatal = fatal
+    return node
+
+
+def entry(node, payload: bytes, idx: int, term: int):
+    """A log entry exactly as pysyncobj stores a call of our replicated apply."""
+    so = node.syncobj
+    func_id = so._methodToID[(id(node._replica), "apply_v0")]
+    return (b"\x00" + ps_pickle.dumps((func_id, (payload,))), idx, term)
+
+
+def append(node, prev_idx, prev_term, entries, commit, term=1, leader=LEADER):
+    so = node.syncobj
+    so._SyncObj__onMessageReceived(TCPNode(leader), {
+        "type": "append_entries", "term": term, "commit_index": commit,
+        "prevLogIdx": prev_idx, "prevLogTerm": prev_term, "entries": list(entries),
+    })
+
+
+def log_of(node):
+    return [(e[1], e[2]) for e in node.syncobj._SyncObj__raftLog[:]]
+
+
+def acks(node):
+    return [m for _, m in node.syncobj._SyncObj__transport.sent if m["type"] == "next_node_idx"]
+
+
+def fill_follower(node, last=5, term=1, commit=1):
+    append(node, 1, 0, [entry(node, b"p%d" % i, i, term) for i in range(2, last + 1)], commit, term=term)
+
+
+# -- version pin and journal injection --------------------------------------------
+
+
+def test_refuses_other_pysyncobj_versions():
+    raft_node.check_pysyncobj_version()  # the installed one
+    with pytest.raises(RuntimeError, match="requires exactly 0.3.17"):
+        raft_node.check_pysyncobj_version("0.3.18")
+
+
+def test_our_journal_object_reaches_pysyncobj(tmp_path):
+    node = make_node(tmp_path)
+    assert node.syncobj._SyncObj__raftLog is node.journal
+
+
+# -- truncate_on_conflict ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixes", [ALL_FIXES, ALL_FIXES - {"truncate_on_conflict"}])
+def test_matching_resend_does_not_truncate_acked_tail(tmp_path, fixes):
+    node = make_node(tmp_path, fixes)
+    fill_follower(node, last=5)
+    assert log_of(node)[-1] == (5, 1)
+    # A late resend of entries 3..4 (all matching) must not cut 5.
+    append(node, 2, 1, [entry(node, b"p3", 3, 1), entry(node, b"p4", 4, 1)], 1)
+    if "truncate_on_conflict" in fixes:
+        assert log_of(node)[-1] == (5, 1)
+    else:
+        assert log_of(node)[-1] == (4, 1)  # stock pysyncobj dropped an acknowledged entry
+
+
+def test_real_conflict_still_truncates(tmp_path):
+    node = make_node(tmp_path)
+    fill_follower(node, last=5)
+    append(node, 2, 1, [entry(node, b"new3", 3, 2)], 1, term=2)
+    assert log_of(node)[1:] == [(2, 1), (3, 2)]
+
+
+# -- commit_needs_match -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixes", [ALL_FIXES, ALL_FIXES - {"commit_needs_match"}])
+def test_commit_only_what_the_message_proved(tmp_path, fixes):
+    node = make_node(tmp_path, fixes)
+    fill_follower(node, last=5, term=1)  # entries 4, 5 may be stale term-1 leftovers
+    # New leader (term 2) sends a heartbeat proving only up to index 3.
+    append(node, 3, 1, [], commit=5, term=2)
+    if "commit_needs_match" in fixes:
+        assert node.syncobj.raftCommitIndex == 3
+    else:
+        assert node.syncobj.raftCommitIndex == 5  # unproven entries counted as committed
+
+
+# -- durable_journal: group commit, acks only after sync ------------------------------
+
+
+def test_follower_acks_only_after_sync(tmp_path):
+    node = make_node(tmp_path)
+    fill_follower(node, last=5)
+    assert acks(node) == []  # deferred: not durable yet
+    assert node.journal.synced_length < node.journal._end
+    node.tick(0)
+    assert node.journal.synced_length == node.journal._end
+    assert acks(node)[-1]["next_node_idx"] == 6 and acks(node)[-1]["success"]
+
+
+def test_without_fix_journal_is_stock_and_never_synced(tmp_path):
+    node = make_node(tmp_path, ALL_FIXES - {"durable_journal"})
+    assert not hasattr(node.journal, "sync_count")
+    fill_follower(node, last=5)
+    node.tick(0)
+    assert acks(node)  # acked, yet nothing was ever fsynced
+
+
+# -- next_index_forward -------------------------------------------------------------
+
+
+def become_leader(node):
+    so = node.syncobj
+    transport = so._SyncObj__transport
+    for peer in (LEADER, OTHER):
+        transport._onNodeConnected(TCPNode(peer))
+    so._SyncObj__raftElectionDeadline = 0
+    node.tick(0)
+    term = so.raftCurrentTerm
+    so._SyncObj__onMessageReceived(TCPNode(LEADER), {"type": "response_vote", "term": term})
+    assert node.is_leader()
+
+
+@pytest.mark.parametrize("fixes", [ALL_FIXES, ALL_FIXES - {"next_index_forward"}])
+def test_late_ack_does_not_move_next_index_back(tmp_path, fixes):
+    node = make_node(tmp_path, fixes)
+    become_leader(node)
+    so = node.syncobj
+    for i in range(20):
+        so._applyCommand(entry(node, b"c%d" % i, 0, 0)[0], None)
+    node.tick(0)
+    peer = TCPNode(OTHER)
+    pipelined = so._SyncObj__raftNextIndex[peer]
+    assert pipelined > 10
+    # A success ack for an early batch arrives after later batches were sent.
+    so._SyncObj__onMessageReceived(peer, {"type": "next_node_idx", "next_node_idx": 5,
+                                          "success": True, "reset": False})
+    if "next_index_forward" in fixes:
+        assert so._SyncObj__raftNextIndex[peer] == pipelined
+    else:
+        assert so._SyncObj__raftNextIndex[peer] == 5
+
+
+# -- no_old_snapshot and keep_tail --------------------------------------------------------
+
+
+def snapshot_of(tmp_path, upto: int):
+    """Write a dump file of a second node that applied entries up to ``upto``."""
+    donor = make_node(tmp_path, name="donor")
+    fill_follower(donor, last=upto)
+    append(donor, upto, 1, [], commit=upto)
+    donor.tick(0)
+    donor.force_log_compaction()
+    donor.tick(0)
+    donor.tick(0)
+    with open(donor.syncobj.conf.fullDumpFile, "rb") as f:
+        data = f.read()
+    donor.close()
+    return data
+
+
+@pytest.mark.parametrize("fixes", [ALL_FIXES, ALL_FIXES - {"no_old_snapshot"}])
+def test_old_snapshot_never_rolls_state_back(tmp_path, fixes):
+    old = snapshot_of(tmp_path, upto=4)
+    node = make_node(tmp_path, fixes)
+    fill_follower(node, last=8)
+    append(node, 8, 1, [], commit=8)
+    node.tick(0)
+    assert len(node.state_machine.applied) == 7
+    with open(node.syncobj.conf.fullDumpFile, "wb") as f:
+        f.write(old)
+    node.syncobj._SyncObj__loadDumpFile(clearJournal=True)  # as on snapshot install
+    if "no_old_snapshot" in fixes:
+        assert len(node.state_machine.applied) == 7
+        assert node.status()["refused_old_snapshots"] == 1
+    else:
+        assert len(node.state_machine.applied) == 3  # applied state went backwards
+
+
+@pytest.mark.parametrize("fixes", [ALL_FIXES, ALL_FIXES - {"keep_tail"}])
+def test_restart_keeps_journal_tail_after_newer_snapshot(tmp_path, fixes):
+    node = make_node(tmp_path, fixes)
+    fill_follower(node, last=30)
+    append(node, 30, 1, [], commit=20)
+    node.tick(0)
+    so = node.syncobj
+    # Snapshot at 20 written, then "crash" before the journal was compacted:
+    # the dump is newer than the journal head, entries 21..30 are acknowledged.
+    so._SyncObj__serializer.serialize((None, so._SyncObj__raftLog[19], so._SyncObj__raftLog[18], set()), 19)
+    node.journal.sync()
+    node.close()
+    again = make_node(tmp_path, fixes)
+    again.tick(0)
+    last = log_of(again)[-1]
+    if "keep_tail" in fixes:
+        assert last == (30, 1)
+    else:
+        assert last == (20, 1)  # stock pysyncobj cleared the journal: 21..30 lost
+
+
+# -- apply must not wedge -------------------------------------------------------------
+
+
+def test_exception_in_apply_stops_the_node(tmp_path):
+    node = make_node(tmp_path, machine=ListMachine(fail_on=b"p3"))
+    fill_follower(node, last=4)
+    append(node, 4, 1, [], commit=4)
+    with pytest.raises(Fatal):
+        node.tick(0)
+    assert node.fatal and node.fatal[0][1] == EXIT_APPLY_FAILED
+
+
+def test_propose_without_leader_is_definitely_not_applied(tmp_path):
+    node = make_node(tmp_path)
+    box = []
+    worker = threading.Thread(target=lambda: box.append(node.propose(b"x", timeout_s=10.0)))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not box and time.monotonic() < deadline:
+        node.tick(0.01)  # no leader known: pysyncobj answers MISSING_LEADER
+    worker.join(10)
+    assert box[0].outcome is Outcome.NOT_APPLIED and box[0].detail == "no_leader"
+
+
+def test_oversized_command_never_reaches_the_log(tmp_path):
+    node = make_node(tmp_path)
+    before = len(node.journal)
+    result = node.propose(b"x" * (raft_node.limits.COMMAND_BYTES_MAX + 1), timeout_s=1.0)
+    assert result.outcome is Outcome.NOT_APPLIED and result.detail == "command_too_large"
+    node.tick(0)
+    assert len(node.journal) == before
+
+
+# -- outgoing sockets leave from the node's own address ---------------------------------
+
+
+def test_outgoing_connections_bind_own_address(tmp_path):
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.3", 0))
+    listener.listen(1)
+    listener.settimeout(10)
+    peer = f"127.0.0.3:{listener.getsockname()[1]}"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.4", 0))
+        own = f"127.0.0.4:{probe.getsockname()[1]}"
+    # The higher address connects out (pysyncobj transport._shouldConnect).
+    config = RaftConfig(own, (peer,), str(tmp_path / "bind"), raft_min_timeout_s=0.4, raft_max_timeout_s=0.8)
+    node = RaftNode(config, ListMachine())
+    try:
+        conn, (src_host, _port) = listener.accept()
+        conn.close()
+        assert src_host == "127.0.0.4"
+    finally:
+        node.close()
+        listener.close()
