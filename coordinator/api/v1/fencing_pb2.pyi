@@ -1,0 +1,313 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ResponseHeader(_message.Message):
+    __slots__ = ("member_id", "raft_term", "applied_index")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    RAFT_TERM_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    raft_term: int
+    applied_index: int
+    def __init__(self, member_id: _Optional[str] = ..., raft_term: _Optional[int] = ..., applied_index: _Optional[int] = ...) -> None: ...
+
+class AcquireRequest(_message.Message):
+    __slots__ = ("resource", "holder", "ttl_ms", "op_id", "wait_ms")
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    OP_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    holder: str
+    ttl_ms: int
+    op_id: bytes
+    wait_ms: int
+    def __init__(self, resource: _Optional[str] = ..., holder: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., op_id: _Optional[bytes] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class AcquireResponse(_message.Message):
+    __slots__ = ("header", "token", "lease_id", "expires_at_ms")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    token: int
+    lease_id: int
+    expires_at_ms: int
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., token: _Optional[int] = ..., lease_id: _Optional[int] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
+
+class KeepAliveRequest(_message.Message):
+    __slots__ = ("resource", "token", "lease_id", "ttl_ms")
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    token: int
+    lease_id: int
+    ttl_ms: int
+    def __init__(self, resource: _Optional[str] = ..., token: _Optional[int] = ..., lease_id: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class KeepAliveResponse(_message.Message):
+    __slots__ = ("header", "resource", "token", "expires_at_ms")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    resource: str
+    token: int
+    expires_at_ms: int
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., resource: _Optional[str] = ..., token: _Optional[int] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
+
+class KeepAliveManyRequest(_message.Message):
+    __slots__ = ("leases",)
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[KeepAliveRequest]
+    def __init__(self, leases: _Optional[_Iterable[_Union[KeepAliveRequest, _Mapping]]] = ...) -> None: ...
+
+class KeepAliveResult(_message.Message):
+    __slots__ = ("resource", "token", "ok", "expires_at_ms", "reason", "message")
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    token: int
+    ok: bool
+    expires_at_ms: int
+    reason: str
+    message: str
+    def __init__(self, resource: _Optional[str] = ..., token: _Optional[int] = ..., ok: _Optional[bool] = ..., expires_at_ms: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class KeepAliveManyResponse(_message.Message):
+    __slots__ = ("header", "results")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    results: _containers.RepeatedCompositeFieldContainer[KeepAliveResult]
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[KeepAliveResult, _Mapping]]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("resource", "token", "op_id")
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    OP_ID_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    token: int
+    op_id: bytes
+    def __init__(self, resource: _Optional[str] = ..., token: _Optional[int] = ..., op_id: _Optional[bytes] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("header", "released", "hwm")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    HWM_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    released: bool
+    hwm: int
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., released: _Optional[bool] = ..., hwm: _Optional[int] = ...) -> None: ...
+
+class DescribeRequest(_message.Message):
+    __slots__ = ("resource",)
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    def __init__(self, resource: _Optional[str] = ...) -> None: ...
+
+class DescribeResponse(_message.Message):
+    __slots__ = ("header", "resource", "held", "holder", "token", "hwm", "expires_at_ms", "log_clock_ms")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    HWM_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    LOG_CLOCK_MS_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    resource: str
+    held: bool
+    holder: str
+    token: int
+    hwm: int
+    expires_at_ms: int
+    log_clock_ms: int
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., resource: _Optional[str] = ..., held: _Optional[bool] = ..., holder: _Optional[str] = ..., token: _Optional[int] = ..., hwm: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., log_clock_ms: _Optional[int] = ...) -> None: ...
+
+class WriteRequest(_message.Message):
+    __slots__ = ("resource", "key", "value", "token", "op_id", "expected_version")
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    OP_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    key: str
+    value: bytes
+    token: int
+    op_id: bytes
+    expected_version: int
+    def __init__(self, resource: _Optional[str] = ..., key: _Optional[str] = ..., value: _Optional[bytes] = ..., token: _Optional[int] = ..., op_id: _Optional[bytes] = ..., expected_version: _Optional[int] = ...) -> None: ...
+
+class WriteResponse(_message.Message):
+    __slots__ = ("header", "version", "hwm")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    HWM_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    version: int
+    hwm: int
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., version: _Optional[int] = ..., hwm: _Optional[int] = ...) -> None: ...
+
+class DeleteRequest(_message.Message):
+    __slots__ = ("resource", "key", "token", "op_id")
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    OP_ID_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    key: str
+    token: int
+    op_id: bytes
+    def __init__(self, resource: _Optional[str] = ..., key: _Optional[str] = ..., token: _Optional[int] = ..., op_id: _Optional[bytes] = ...) -> None: ...
+
+class DeleteResponse(_message.Message):
+    __slots__ = ("header", "version", "deleted")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    version: int
+    deleted: bool
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., version: _Optional[int] = ..., deleted: _Optional[bool] = ...) -> None: ...
+
+class ReadRequest(_message.Message):
+    __slots__ = ("resource", "key")
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    key: str
+    def __init__(self, resource: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
+
+class ReadResponse(_message.Message):
+    __slots__ = ("header", "found", "value", "version", "hwm")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    HWM_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    found: bool
+    value: bytes
+    version: int
+    hwm: int
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., found: _Optional[bool] = ..., value: _Optional[bytes] = ..., version: _Optional[int] = ..., hwm: _Optional[int] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Member(_message.Message):
+    __slots__ = ("id", "api_address", "is_leader")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    API_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    IS_LEADER_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    api_address: str
+    is_leader: bool
+    def __init__(self, id: _Optional[str] = ..., api_address: _Optional[str] = ..., is_leader: _Optional[bool] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("header", "members", "leader", "leader_api_address", "term", "commit_index", "applied_index", "epoch", "has_quorum")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_API_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HAS_QUORUM_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    leader: str
+    leader_api_address: str
+    term: int
+    commit_index: int
+    applied_index: int
+    epoch: int
+    has_quorum: bool
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., leader: _Optional[str] = ..., leader_api_address: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., epoch: _Optional[int] = ..., has_quorum: _Optional[bool] = ...) -> None: ...
+
+class ForceReleaseRequest(_message.Message):
+    __slots__ = ("resource", "op_id")
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    OP_ID_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    op_id: bytes
+    def __init__(self, resource: _Optional[str] = ..., op_id: _Optional[bytes] = ...) -> None: ...
+
+class ForceReleaseResponse(_message.Message):
+    __slots__ = ("header", "hwm")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    HWM_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    hwm: int
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., hwm: _Optional[int] = ...) -> None: ...
+
+class SetEpochFloorRequest(_message.Message):
+    __slots__ = ("floor", "fence_all")
+    FLOOR_FIELD_NUMBER: _ClassVar[int]
+    FENCE_ALL_FIELD_NUMBER: _ClassVar[int]
+    floor: int
+    fence_all: bool
+    def __init__(self, floor: _Optional[int] = ..., fence_all: _Optional[bool] = ...) -> None: ...
+
+class SetEpochFloorResponse(_message.Message):
+    __slots__ = ("header", "epoch")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    epoch: int
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class SnapshotRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SnapshotResponse(_message.Message):
+    __slots__ = ("header", "data", "epoch", "index")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    data: bytes
+    epoch: int
+    index: int
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., epoch: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+
+class RestoreRequest(_message.Message):
+    __slots__ = ("data", "epoch_floor")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FLOOR_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    epoch_floor: int
+    def __init__(self, data: _Optional[bytes] = ..., epoch_floor: _Optional[int] = ...) -> None: ...
+
+class RestoreResponse(_message.Message):
+    __slots__ = ("header", "epoch")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    epoch: int
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
