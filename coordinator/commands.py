@@ -122,7 +122,9 @@ def decode(data: bytes) -> Command:
     # The input is untrusted bytes and msgpack documents that "other exceptions can be
     # raised during unpacking": every failure of the parser is a malformed command.
     except Exception as exc:  # noqa: BLE001
-        raise MalformedCommand(f"command is not valid msgpack: {exc}") from exc
+        raise MalformedCommand(
+            f"command is not valid msgpack: {type(exc).__name__}: {exc}"
+        ) from exc
     if not isinstance(envelope, list) or len(envelope) != 4:
         raise MalformedCommand(
             "command must be a msgpack array [format_version, op, stamp_ms, body]"

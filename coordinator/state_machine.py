@@ -1,0 +1,869 @@
+"""The replicated state machine of the fencing coordinator: pure and deterministic.
+
+Owns: the epoch counter, every resource's high-water mark, lease and fenced key/value data,
+the dedup table of op_ids, the log clock, and the rules that change them one log entry at a
+time (DESIGN §3 I2-I7, I11); plus the canonical snapshot of all of it.
+Must never: read a clock, draw randomness, touch files, sockets or threads, or import grpc or
+pysyncobj (time arrives inside each command); raise on bad input (refusals are ``Rejected``
+values); change anything, not even the log clock, when it refuses. The same entries in the
+same order give the same state and the same outcomes on every replica.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import hashlib
+import re
+from typing import Any, Callable
+
+import msgpack
+
+from coordinator import limits
+from coordinator.commands import Command, MalformedCommand, Op, decode, validate_envelope
+
+__all__ = [
+    "Applied",
+    "FencingStateMachine",
+    "Outcome",
+    "Reason",
+    "Rejected",
+    "SNAPSHOT_FORMAT_VERSION",
+    "outcome_from_wire",
+    "outcome_to_wire",
+]
+
+# Version of the snapshot layout written by snapshot(); restore() refuses any other.
+SNAPSHOT_FORMAT_VERSION = 1
+_SNAPSHOT_MAGIC = "fencing-coordinator/state"
+
+
+class Reason(enum.IntEnum):
+    """Why a command was refused. The numbers are stored in snapshots: never renumber."""
+
+    MALFORMED = 1
+    STALE_TOKEN = 2
+    UNKNOWN_TOKEN = 3
+    LEASE_HELD = 4
+    LEASE_EXPIRED = 5
+    VERSION_MISMATCH = 6
+    LIMIT_EXCEEDED = 7
+    EPOCH_EXHAUSTED = 8
+    OP_ID_CONFLICT = 9
+
+
+@dataclasses.dataclass(frozen=True)
+class Applied:
+    """The command took effect; ``result`` holds what the caller is told."""
+
+    op: Op
+    result: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+    """The command was refused and changed nothing. ``op`` is None if it could not be decoded."""
+
+    op: Op | None
+    reason: Reason
+    message: str
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+Outcome = Applied | Rejected
+
+_WIRE_APPLIED = 1
+_WIRE_REJECTED = 2
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _sorted_map(value: Any) -> Any:
+    """``value`` with every dict's keys in sorted order, so its msgpack bytes are canonical."""
+    if isinstance(value, dict):
+        return {k: _sorted_map(value[k]) for k in sorted(value)}
+    if isinstance(value, (list, tuple)):
+        return [_sorted_map(v) for v in value]
+    return value
+
+
+def outcome_to_wire(outcome: Outcome) -> list:
+    """A msgpack-encodable, canonical list for ``outcome`` (dedup table, snapshots, replies)."""
+    if isinstance(outcome, Applied):
+        return [_WIRE_APPLIED, int(outcome.op), _sorted_map(outcome.result)]
+    if isinstance(outcome, Rejected):
+        op = None if outcome.op is None else int(outcome.op)
+        return [
+            _WIRE_REJECTED,
+            op,
+            int(outcome.reason),
+            outcome.message,
+            _sorted_map(outcome.details),
+        ]
+    raise TypeError(f"not an outcome: {type(outcome).__name__}")
+
+
+def outcome_from_wire(wire: list) -> Outcome:
+    """Inverse of ``outcome_to_wire``; raises ValueError on anything else."""
+    if not isinstance(wire, (list, tuple)) or not wire:
+        raise ValueError("outcome must be a non-empty list")
+    tag = wire[0]
+    if tag == _WIRE_APPLIED and _is_int(tag):
+        if len(wire) != 3:
+            raise ValueError("applied outcome must be [1, op, result]")
+        _, op, result = wire
+        if not isinstance(result, dict) or not all(isinstance(k, str) for k in result):
+            raise ValueError("applied outcome result must be a map with string keys")
+        return Applied(op=_op_from_wire(op), result=dict(result))
+    if tag == _WIRE_REJECTED and _is_int(tag):
+        if len(wire) != 5:
+            raise ValueError("rejected outcome must be [2, op, reason, message, details]")
+        _, op, reason, message, details = wire
+        if not _is_int(reason) or reason not in Reason._value2member_map_:
+            raise ValueError(f"unknown rejection reason {reason!r}")
+        if not isinstance(message, str):
+            raise ValueError("rejected outcome message must be a string")
+        if not isinstance(details, dict) or not all(isinstance(k, str) for k in details):
+            raise ValueError("rejected outcome details must be a map with string keys")
+        return Rejected(
+            op=None if op is None else _op_from_wire(op),
+            reason=Reason(reason),
+            message=message,
+            details=dict(details),
+        )
+    raise ValueError(f"unknown outcome tag {tag!r}")
+
+
+def _op_from_wire(op: object) -> Op:
+    if not _is_int(op) or op not in Op._value2member_map_:
+        raise ValueError(f"unknown op {op!r}")
+    return Op(op)
+
+
+# ---------------------------------------------------------------------------------------
+# Body validation. Each body field name has one meaning and one check across all ops.
+
+
+class _InvalidField(Exception):
+    """A body field failed validation; becomes Rejected(MALFORMED) naming the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"field {field!r}: {message}")
+        self.field = field
+
+
+_NAME_RE = re.compile(r"[A-Za-z0-9._/:-]+", re.ASCII)
+
+
+def _check_name(field: str, value: object, bytes_max: int) -> str:
+    if not isinstance(value, str):
+        raise _InvalidField(field, f"must be a string, got {type(value).__name__}")
+    if not value:
+        raise _InvalidField(field, "must not be empty")
+    if _NAME_RE.fullmatch(value) is None:
+        raise _InvalidField(field, "may contain only [A-Za-z0-9._/:-]")
+    if len(value) > bytes_max:  # the charset is ASCII, so characters are bytes
+        raise _InvalidField(field, f"is {len(value)} bytes, more than {bytes_max}")
+    return str(value)
+
+
+def _check_int(field: str, value: object, low: int, high: int) -> int:
+    if not _is_int(value):
+        raise _InvalidField(field, f"must be an integer, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise _InvalidField(field, f"{value} is outside [{low}, {high}]")
+    return int(value)
+
+
+def _check_resource(value: object) -> str:
+    return _check_name("resource", value, limits.RESOURCE_NAME_BYTES_MAX)
+
+
+def _check_key(value: object) -> str:
+    return _check_name("key", value, limits.KEY_BYTES_MAX)
+
+
+def _check_holder(value: object) -> str:
+    if not isinstance(value, str):
+        raise _InvalidField("holder", f"must be a string, got {type(value).__name__}")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise _InvalidField("holder", "is not valid UTF-8") from None
+    if not 1 <= size <= limits.HOLDER_BYTES_MAX:
+        raise _InvalidField("holder", f"is {size} bytes, not in [1, {limits.HOLDER_BYTES_MAX}]")
+    return str(value)
+
+
+def _check_value(value: object) -> bytes:
+    if not isinstance(value, bytes):
+        raise _InvalidField("value", f"must be bytes, got {type(value).__name__}")
+    if len(value) > limits.VALUE_BYTES_MAX:
+        raise _InvalidField("value", f"is {len(value)} bytes, more than {limits.VALUE_BYTES_MAX}")
+    return bytes(value)
+
+
+def _check_op_id(value: object) -> bytes:
+    if not isinstance(value, bytes):
+        raise _InvalidField("op_id", f"must be bytes, got {type(value).__name__}")
+    if not limits.OP_ID_BYTES_MIN <= len(value) <= limits.OP_ID_BYTES_MAX:
+        raise _InvalidField(
+            "op_id",
+            f"is {len(value)} bytes, not in [{limits.OP_ID_BYTES_MIN}, {limits.OP_ID_BYTES_MAX}]",
+        )
+    return bytes(value)
+
+
+def _check_ttl_ms(value: object) -> int:
+    return _check_int("ttl_ms", value, limits.LEASE_TTL_MS_MIN, limits.LEASE_TTL_MS_MAX)
+
+
+def _check_token(value: object) -> int:
+    return _check_int("token", value, 1, limits.TOKEN_MAX)
+
+
+def _check_expected_version(value: object) -> int:
+    if not _is_int(value):
+        raise _InvalidField("expected_version", f"must be an integer, got {type(value).__name__}")
+    if value < 0:
+        raise _InvalidField("expected_version", f"{value} is negative")
+    return int(value)
+
+
+def _check_floor(value: object) -> int:
+    return _check_int("floor", value, 1, limits.TOKEN_MAX)
+
+
+def _check_fence_all(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise _InvalidField("fence_all", f"must be a boolean, got {type(value).__name__}")
+    return value
+
+
+# Checked in this order, so the message for a body with several bad fields is deterministic.
+_FIELD_CHECKS: dict[str, Callable[[object], Any]] = {
+    "resource": _check_resource,
+    "key": _check_key,
+    "holder": _check_holder,
+    "token": _check_token,
+    "ttl_ms": _check_ttl_ms,
+    "value": _check_value,
+    "expected_version": _check_expected_version,
+    "op_id": _check_op_id,
+    "floor": _check_floor,
+    "fence_all": _check_fence_all,
+}
+
+# op -> (required fields, optional fields). An optional field that is nil counts as absent.
+_SCHEMAS: dict[Op, tuple[frozenset[str], frozenset[str]]] = {
+    Op.ACQUIRE: (frozenset({"resource", "holder", "ttl_ms", "op_id"}), frozenset()),
+    Op.KEEP_ALIVE: (frozenset({"resource", "token"}), frozenset({"ttl_ms"})),
+    Op.RELEASE: (frozenset({"resource", "token"}), frozenset({"op_id"})),
+    Op.WRITE: (
+        frozenset({"resource", "key", "value", "token", "op_id"}),
+        frozenset({"expected_version"}),
+    ),
+    Op.DELETE: (frozenset({"resource", "key", "token", "op_id"}), frozenset()),
+    Op.READ_BARRIER: (frozenset(), frozenset({"resource", "key"})),
+    Op.FORCE_RELEASE: (frozenset({"resource", "op_id"}), frozenset()),
+    Op.SET_EPOCH_FLOOR: (frozenset({"floor"}), frozenset({"fence_all"})),
+    Op.TICK: (frozenset(), frozenset()),
+}
+assert set(_SCHEMAS) == set(Op), "every op needs a schema"
+assert all(f in _FIELD_CHECKS for req, opt in _SCHEMAS.values() for f in req | opt)
+
+
+def _parse_body(op: Op, body: dict[str, Any]) -> dict[str, Any]:
+    """The checked fields of ``body`` for ``op``; absent optional fields map to None."""
+    required, optional = _SCHEMAS[op]
+    unknown = sorted(name for name in body if name not in required and name not in optional)
+    if unknown:
+        raise _InvalidField(unknown[0], f"is not a field of {op.name}")
+    args: dict[str, Any] = {}
+    for name, check in _FIELD_CHECKS.items():
+        if name in required:
+            if name not in body:
+                raise _InvalidField(name, f"is required by {op.name}")
+            args[name] = check(body[name])
+        elif name in optional:
+            value = body.get(name)
+            args[name] = None if value is None else check(value)
+    if op is Op.READ_BARRIER and args["key"] is not None and args["resource"] is None:
+        raise _InvalidField("key", "needs a resource")
+    return args
+
+
+# ---------------------------------------------------------------------------------------
+# State.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Lease:
+    holder: str
+    token: int
+    ttl_ms: int
+    expires_at_ms: int
+
+
+@dataclasses.dataclass
+class _Resource:
+    high_water_mark: int = 0
+    lease: _Lease | None = None
+    # Incremented by every applied write and delete; a key's version is the revision
+    # of its last write, so versions never repeat for a key, even across deletes.
+    revision: int = 0
+    data: dict[str, tuple[bytes, int]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class _DedupEntry:
+    op: Op
+    resource: str
+    outcome: Applied
+    # The log clock after the entry applied. Non-decreasing in apply order, which is what
+    # lets eviction by age look only at the oldest entries.
+    applied_at_ms: int
+
+
+def _copy_applied(outcome: Applied) -> Applied:
+    # Stored results are flat maps of ints and bools; a copy keeps callers from editing them.
+    return Applied(op=outcome.op, result=dict(outcome.result))
+
+
+def _positive_config(name: str, value: int | None, default: int) -> int:
+    chosen = default if value is None else value
+    if not _is_int(chosen) or chosen < 1:
+        raise ValueError(f"{name} must be a positive integer, got {chosen!r}")
+    return chosen
+
+
+class FencingStateMachine:
+    """Epochs, leases, fenced data and dedup, changed only by ``apply``/``execute``.
+
+    The keyword arguments bound state size. They are configuration, not state: they are not in
+    the snapshot, and every replica of one cluster must use the same values.
+    """
+
+    def __init__(
+        self,
+        *,
+        dedup_entries_max: int | None = None,
+        dedup_retention_ms: int | None = None,
+        resources_max: int | None = None,
+        keys_per_resource_max: int | None = None,
+    ) -> None:
+        self._dedup_entries_max = _positive_config(
+            "dedup_entries_max", dedup_entries_max, limits.DEDUP_ENTRIES_MAX
+        )
+        self._dedup_retention_ms = _positive_config(
+            "dedup_retention_ms", dedup_retention_ms, limits.DEDUP_RETENTION_MS
+        )
+        self._resources_max = _positive_config(
+            "resources_max", resources_max, limits.RESOURCES_MAX
+        )
+        self._keys_per_resource_max = _positive_config(
+            "keys_per_resource_max", keys_per_resource_max, limits.KEYS_PER_RESOURCE_MAX
+        )
+        self._epoch = 0
+        self._log_clock_ms = 0
+        self._resources: dict[str, _Resource] = {}
+        self._dedup: collections.OrderedDict[bytes, _DedupEntry] = collections.OrderedDict()
+        self._handlers: dict[Op, Callable[[int, dict[str, Any]], Outcome]] = {
+            Op.ACQUIRE: self._acquire,
+            Op.KEEP_ALIVE: self._keep_alive,
+            Op.RELEASE: self._release,
+            Op.WRITE: self._write,
+            Op.DELETE: self._delete,
+            Op.READ_BARRIER: self._read_barrier,
+            Op.FORCE_RELEASE: self._force_release,
+            Op.SET_EPOCH_FLOOR: self._set_epoch_floor,
+            Op.TICK: self._tick,
+        }
+        assert set(self._handlers) == set(Op), "every op needs a handler"
+
+    # -- read accessors (no mutation) ---------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The last token issued (0 before the first)."""
+        return self._epoch
+
+    @property
+    def log_clock_ms(self) -> int:
+        """The greatest stamp of any applied command; never goes backwards."""
+        return self._log_clock_ms
+
+    @property
+    def dedup_size(self) -> int:
+        """How many op_ids the dedup table holds now."""
+        return len(self._dedup)
+
+    def describe(self, resource: str) -> dict[str, Any] | None:
+        """The stored state of ``resource``, or None if it was never acquired or fenced.
+
+        ``lease`` is reported as stored: it may have expired by the log clock but not yet
+        been removed by a TICK (compare ``expires_at_ms`` with ``log_clock_ms``).
+        """
+        res = self._resources.get(resource)
+        if res is None:
+            return None
+        lease = res.lease
+        return {
+            "hwm": res.high_water_mark,
+            "lease": None
+            if lease is None
+            else {
+                "holder": lease.holder,
+                "token": lease.token,
+                "ttl_ms": lease.ttl_ms,
+                "expires_at_ms": lease.expires_at_ms,
+            },
+            "revision": res.revision,
+            "keys": len(res.data),
+        }
+
+    def read(self, resource: str, key: str) -> tuple[bytes | None, int]:
+        """``(value, version)`` of ``key``; ``(None, 0)`` if absent."""
+        res = self._resources.get(resource)
+        if res is None or key not in res.data:
+            return None, 0
+        return res.data[key]
+
+    # -- applying commands ----------------------------------------------------------------
+
+    def apply(self, entry: bytes) -> Outcome:
+        """Decode and execute one log entry. Never raises for any input."""
+        try:
+            cmd = decode(entry)
+        except MalformedCommand as exc:
+            return Rejected(op=None, reason=Reason.MALFORMED, message=str(exc))
+        return self.execute(cmd)
+
+    def execute(self, cmd: Command) -> Outcome:
+        """Execute one decoded command. Never raises for bad fields; refusals change nothing."""
+        try:
+            op = validate_envelope(cmd.op, cmd.stamp_ms, cmd.body)
+        except MalformedCommand as exc:
+            known_op = cmd.op if isinstance(cmd.op, Op) else None
+            return Rejected(op=known_op, reason=Reason.MALFORMED, message=str(exc))
+        try:
+            args = _parse_body(op, cmd.body)
+        except _InvalidField as exc:
+            return Rejected(
+                op=op, reason=Reason.MALFORMED, message=str(exc), details={"field": exc.field}
+            )
+
+        op_id: bytes | None = args.get("op_id")
+        if op_id is not None:
+            entry = self._dedup.get(op_id)
+            if entry is not None:
+                if entry.op is op and entry.resource == args["resource"]:
+                    return _copy_applied(entry.outcome)  # a retry: nothing changes (I5)
+                return Rejected(
+                    op=op,
+                    reason=Reason.OP_ID_CONFLICT,
+                    message=(
+                        f"op_id was already used by {entry.op.name} on {entry.resource!r}"
+                    ),
+                    details={"op": int(entry.op), "resource": entry.resource},
+                )
+
+        now = max(self._log_clock_ms, cmd.stamp_ms)
+        # A handler either refuses without touching state or applies and returns Applied.
+        outcome = self._handlers[op](now, args)
+        if isinstance(outcome, Applied):
+            self._log_clock_ms = now
+            if op_id is not None:
+                self._dedup[op_id] = _DedupEntry(
+                    op=op,
+                    resource=args["resource"],
+                    outcome=_copy_applied(outcome),
+                    applied_at_ms=now,
+                )
+            self._evict_dedup()
+        return outcome
+
+    def _evict_dedup(self) -> None:
+        horizon_ms = self._log_clock_ms - self._dedup_retention_ms
+        while self._dedup:
+            oldest = next(iter(self._dedup.values()))
+            if oldest.applied_at_ms <= horizon_ms or len(self._dedup) > self._dedup_entries_max:
+                self._dedup.popitem(last=False)
+            else:
+                break
+
+    # -- fencing helpers --------------------------------------------------------------------
+
+    def _fence(self, op: Op, resource: str, token: int) -> Rejected | None:
+        """DESIGN I3: None iff ``token`` equals hwm(resource); else the refusal."""
+        res = self._resources.get(resource)
+        hwm = 0 if res is None else res.high_water_mark
+        if token > hwm:
+            return Rejected(
+                op=op,
+                reason=Reason.UNKNOWN_TOKEN,
+                message=f"token {token} was never issued for {resource!r}",
+            )
+        if token < hwm:
+            return Rejected(
+                op=op,
+                reason=Reason.STALE_TOKEN,
+                message=f"token {token} is stale: {resource!r} has hwm {hwm}",
+                details={"hwm": hwm},
+            )
+        return None
+
+    def _new_epoch_refusal(self, op: Op, resource: str) -> Rejected | None:
+        """Why a new epoch for ``resource`` cannot be issued now, or None."""
+        if self._epoch >= limits.TOKEN_MAX:
+            return Rejected(
+                op=op,
+                reason=Reason.EPOCH_EXHAUSTED,
+                message=f"every token up to {limits.TOKEN_MAX} has been issued",
+            )
+        if resource not in self._resources and len(self._resources) >= self._resources_max:
+            return Rejected(
+                op=op,
+                reason=Reason.LIMIT_EXCEEDED,
+                message=f"the cluster already tracks {self._resources_max} resources",
+                details={"limit": "resources", "max": self._resources_max},
+            )
+        return None
+
+    # -- handlers: check everything first, then mutate ---------------------------------------
+
+    def _acquire(self, now: int, args: dict[str, Any]) -> Outcome:
+        resource = args["resource"]
+        res = self._resources.get(resource)
+        lease = None if res is None else res.lease
+        if lease is not None and lease.expires_at_ms > now:
+            return Rejected(
+                op=Op.ACQUIRE,
+                reason=Reason.LEASE_HELD,
+                message=(
+                    f"{resource!r} is leased to {lease.holder!r} until {lease.expires_at_ms}"
+                ),
+                details={
+                    "holder": lease.holder,
+                    "expires_at_ms": lease.expires_at_ms,
+                    "token": lease.token,
+                },
+            )
+        refusal = self._new_epoch_refusal(Op.ACQUIRE, resource)
+        if refusal is not None:
+            return refusal
+        if res is None:
+            res = self._resources[resource] = _Resource()
+        self._epoch += 1
+        res.high_water_mark = self._epoch  # fence on acquire (I2)
+        res.lease = _Lease(
+            holder=args["holder"],
+            token=self._epoch,
+            ttl_ms=args["ttl_ms"],
+            expires_at_ms=now + args["ttl_ms"],
+        )
+        return Applied(
+            op=Op.ACQUIRE,
+            result={
+                "token": self._epoch,
+                "expires_at_ms": res.lease.expires_at_ms,
+                "hwm": res.high_water_mark,
+            },
+        )
+
+    def _keep_alive(self, now: int, args: dict[str, Any]) -> Outcome:
+        resource, token = args["resource"], args["token"]
+        refusal = self._fence(Op.KEEP_ALIVE, resource, token)
+        if refusal is not None:
+            return refusal
+        res = self._resources[resource]
+        lease = res.lease
+        if lease is None or lease.token != token or lease.expires_at_ms <= now:
+            return Rejected(
+                op=Op.KEEP_ALIVE,
+                reason=Reason.LEASE_EXPIRED,
+                message=f"the lease with token {token} on {resource!r} has ended",
+            )
+        ttl_ms = lease.ttl_ms if args["ttl_ms"] is None else args["ttl_ms"]
+        res.lease = dataclasses.replace(lease, ttl_ms=ttl_ms, expires_at_ms=now + ttl_ms)
+        return Applied(
+            op=Op.KEEP_ALIVE, result={"token": token, "expires_at_ms": now + ttl_ms}
+        )
+
+    def _release(self, now: int, args: dict[str, Any]) -> Outcome:
+        resource, token = args["resource"], args["token"]
+        refusal = self._fence(Op.RELEASE, resource, token)
+        if refusal is not None:
+            return refusal
+        res = self._resources[resource]
+        lease = res.lease
+        released = False
+        if lease is not None and lease.token == token:
+            released = lease.expires_at_ms > now  # an expired lease had already ended
+            res.lease = None
+        return Applied(
+            op=Op.RELEASE, result={"hwm": res.high_water_mark, "released": released}
+        )
+
+    def _write(self, now: int, args: dict[str, Any]) -> Outcome:
+        resource, key = args["resource"], args["key"]
+        refusal = self._fence(Op.WRITE, resource, args["token"])
+        if refusal is not None:
+            return refusal
+        res = self._resources[resource]
+        current = res.data.get(key)
+        current_version = 0 if current is None else current[1]
+        expected = args["expected_version"]
+        if expected is not None and expected != current_version:
+            return Rejected(
+                op=Op.WRITE,
+                reason=Reason.VERSION_MISMATCH,
+                message=f"{key!r} is at version {current_version}, not {expected}",
+                details={"version": current_version},
+            )
+        if current is None and len(res.data) >= self._keys_per_resource_max:
+            return Rejected(
+                op=Op.WRITE,
+                reason=Reason.LIMIT_EXCEEDED,
+                message=f"{resource!r} already holds {self._keys_per_resource_max} keys",
+                details={"limit": "keys_per_resource", "max": self._keys_per_resource_max},
+            )
+        res.revision += 1
+        res.data[key] = (args["value"], res.revision)
+        return Applied(
+            op=Op.WRITE, result={"version": res.revision, "hwm": res.high_water_mark}
+        )
+
+    def _delete(self, now: int, args: dict[str, Any]) -> Outcome:
+        resource, key = args["resource"], args["key"]
+        refusal = self._fence(Op.DELETE, resource, args["token"])
+        if refusal is not None:
+            return refusal
+        res = self._resources[resource]
+        if key not in res.data:
+            return Applied(op=Op.DELETE, result={"version": 0, "deleted": False})
+        res.revision += 1
+        del res.data[key]
+        return Applied(op=Op.DELETE, result={"version": res.revision, "deleted": True})
+
+    def _read_barrier(self, now: int, args: dict[str, Any]) -> Outcome:
+        result: dict[str, Any] = {"epoch": self._epoch, "log_clock_ms": now}
+        resource = args["resource"]
+        if resource is not None:
+            res = self._resources.get(resource)
+            lease = None if res is None else res.lease
+            result["hwm"] = 0 if res is None else res.high_water_mark
+            result["lease"] = (
+                None
+                if lease is None or lease.expires_at_ms <= now
+                else {
+                    "holder": lease.holder,
+                    "token": lease.token,
+                    "expires_at_ms": lease.expires_at_ms,
+                }
+            )
+            key = args["key"]
+            if key is not None:
+                value, version = self.read(resource, key)
+                result["value"] = value
+                result["version"] = version
+        return Applied(op=Op.READ_BARRIER, result=result)
+
+    def _force_release(self, now: int, args: dict[str, Any]) -> Outcome:
+        resource = args["resource"]
+        refusal = self._new_epoch_refusal(Op.FORCE_RELEASE, resource)
+        if refusal is not None:
+            return refusal
+        res = self._resources.get(resource)
+        if res is None:
+            res = self._resources[resource] = _Resource()
+        self._epoch += 1
+        res.high_water_mark = self._epoch  # the old holder's token is now stale (I7)
+        res.lease = None
+        return Applied(op=Op.FORCE_RELEASE, result={"hwm": res.high_water_mark})
+
+    def _set_epoch_floor(self, now: int, args: dict[str, Any]) -> Outcome:
+        fence_all = True if args["fence_all"] is None else args["fence_all"]
+        new_epoch = max(self._epoch, args["floor"])
+        if fence_all:
+            if new_epoch < limits.TOKEN_MAX:
+                new_epoch += 1
+            if new_epoch <= self._epoch:
+                # The last token issued is TOKEN_MAX: no higher hwm can fence its holder.
+                return Rejected(
+                    op=Op.SET_EPOCH_FLOOR,
+                    reason=Reason.EPOCH_EXHAUSTED,
+                    message=f"cannot fence above the last token {limits.TOKEN_MAX}",
+                )
+        self._epoch = new_epoch
+        if fence_all:
+            for res in self._resources.values():
+                res.high_water_mark = new_epoch  # every token issued before is stale (I11)
+                res.lease = None
+        return Applied(op=Op.SET_EPOCH_FLOOR, result={"epoch": new_epoch})
+
+    def _tick(self, now: int, args: dict[str, Any]) -> Outcome:
+        expired = 0
+        for res in self._resources.values():
+            if res.lease is not None and res.lease.expires_at_ms <= now:
+                res.lease = None
+                expired += 1
+        return Applied(op=Op.TICK, result={"expired": expired})
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        """All state as canonical msgpack: resources and keys sorted, dedup in apply order.
+
+        Layout: ``[magic, SNAPSHOT_FORMAT_VERSION, epoch, log_clock_ms, resources, dedup]``;
+        resources ``[[name, hwm, revision, lease|nil, [[key, value, version], ...]], ...]``,
+        lease ``[holder, token, ttl_ms, expires_at_ms]``, dedup
+        ``[[op_id, op, resource, outcome_wire, applied_at_ms], ...]``.
+        """
+        resources = []
+        for name in sorted(self._resources):
+            res = self._resources[name]
+            lease = res.lease
+            resources.append(
+                [
+                    name,
+                    res.high_water_mark,
+                    res.revision,
+                    None
+                    if lease is None
+                    else [lease.holder, lease.token, lease.ttl_ms, lease.expires_at_ms],
+                    [[key, *res.data[key]] for key in sorted(res.data)],
+                ]
+            )
+        dedup = [
+            [op_id, int(e.op), e.resource, outcome_to_wire(e.outcome), e.applied_at_ms]
+            for op_id, e in self._dedup.items()
+        ]
+        return msgpack.packb(
+            [
+                _SNAPSHOT_MAGIC,
+                SNAPSHOT_FORMAT_VERSION,
+                self._epoch,
+                self._log_clock_ms,
+                resources,
+                dedup,
+            ],
+            use_bin_type=True,
+        )
+
+    def restore(self, data: bytes) -> None:
+        """Replace all state with a ``snapshot()``. Raises ValueError on bad data, leaving
+        the current state untouched."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ValueError(f"snapshot must be bytes, got {type(data).__name__}")
+        try:
+            doc = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True, use_list=True)
+        # Any parser failure means the file is not one of our snapshots.
+        except Exception as exc:  # noqa: BLE001
+            raise ValueError(f"snapshot is not valid msgpack: {type(exc).__name__}: {exc}") from exc
+        epoch, log_clock_ms, resources, dedup = _read_snapshot(doc)
+        self._epoch = epoch
+        self._log_clock_ms = log_clock_ms
+        self._resources = resources
+        self._dedup = dedup
+
+    def digest(self) -> str:
+        """sha256 hex of ``snapshot()``: equal digests mean equal state."""
+        return hashlib.sha256(self.snapshot()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------
+# Snapshot reading. Checks structure and the invariants the rules keep, not configurable
+# limits: a snapshot written under other limits must still restore.
+
+
+def _need(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(f"bad snapshot: {message}")
+
+
+def _need_int(value: object, what: str, low: int = 0, high: int | None = None) -> int:
+    _need(_is_int(value), f"{what} must be an integer")
+    _need(value >= low and (high is None or value <= high), f"{what} {value} is out of range")
+    return value
+
+
+def _read_snapshot(
+    doc: object,
+) -> tuple[int, int, dict[str, _Resource], collections.OrderedDict[bytes, _DedupEntry]]:
+    _need(isinstance(doc, list) and len(doc) == 6, "top level must be a 6-item array")
+    magic, version, epoch, log_clock_ms, raw_resources, raw_dedup = doc
+    _need(magic == _SNAPSHOT_MAGIC, "not a fencing-coordinator state snapshot")
+    _need(
+        _is_int(version) and version == SNAPSHOT_FORMAT_VERSION,
+        f"unknown snapshot format version {version!r} (this build reads "
+        f"{SNAPSHOT_FORMAT_VERSION})",
+    )
+    epoch = _need_int(epoch, "epoch", 0, limits.TOKEN_MAX)
+    log_clock_ms = _need_int(log_clock_ms, "log_clock_ms")
+
+    _need(isinstance(raw_resources, list), "resources must be an array")
+    resources: dict[str, _Resource] = {}
+    previous_name: str | None = None
+    for item in raw_resources:
+        _need(isinstance(item, list) and len(item) == 5, "a resource must be a 5-item array")
+        name, hwm, revision, raw_lease, raw_data = item
+        _need(isinstance(name, str) and name != "", "resource name must be a non-empty string")
+        _need(previous_name is None or name > previous_name, "resources must be sorted, unique")
+        previous_name = name
+        hwm = _need_int(hwm, f"hwm of {name!r}", 1, epoch)
+        revision = _need_int(revision, f"revision of {name!r}")
+        lease = None
+        if raw_lease is not None:
+            _need(isinstance(raw_lease, list) and len(raw_lease) == 4, "lease must be 4 items")
+            holder, token, ttl_ms, expires_at_ms = raw_lease
+            _need(isinstance(holder, str) and holder != "", f"lease holder of {name!r}")
+            _need(token == hwm and _is_int(token), f"lease token of {name!r} must equal its hwm")
+            lease = _Lease(
+                holder=holder,
+                token=token,
+                ttl_ms=_need_int(ttl_ms, f"lease ttl_ms of {name!r}", 1),
+                expires_at_ms=_need_int(expires_at_ms, f"lease expiry of {name!r}"),
+            )
+        _need(isinstance(raw_data, list), f"data of {name!r} must be an array")
+        data: dict[str, tuple[bytes, int]] = {}
+        previous_key: str | None = None
+        versions: set[int] = set()
+        for entry in raw_data:
+            _need(isinstance(entry, list) and len(entry) == 3, "a key entry must be 3 items")
+            key, value, key_version = entry
+            _need(isinstance(key, str) and key != "", f"keys of {name!r} must be strings")
+            _need(previous_key is None or key > previous_key, f"keys of {name!r} must be sorted")
+            previous_key = key
+            _need(isinstance(value, bytes), f"value of {name!r}/{key!r} must be bytes")
+            key_version = _need_int(key_version, f"version of {name!r}/{key!r}", 1, revision)
+            _need(key_version not in versions, f"two keys of {name!r} share a version")
+            versions.add(key_version)
+            data[key] = (value, key_version)
+        resources[name] = _Resource(
+            high_water_mark=hwm, lease=lease, revision=revision, data=data
+        )
+
+    _need(isinstance(raw_dedup, list), "dedup must be an array")
+    dedup: collections.OrderedDict[bytes, _DedupEntry] = collections.OrderedDict()
+    previous_at = 0
+    for item in raw_dedup:
+        _need(isinstance(item, list) and len(item) == 5, "a dedup entry must be 5 items")
+        op_id, op, resource, wire, applied_at_ms = item
+        _need(isinstance(op_id, bytes) and op_id not in dedup, "dedup op_ids must be unique bytes")
+        _need(_is_int(op) and op in Op._value2member_map_, f"unknown dedup op {op!r}")
+        _need(isinstance(resource, str), "dedup resource must be a string")
+        try:
+            outcome = outcome_from_wire(wire)
+        except ValueError as exc:
+            raise ValueError(f"bad snapshot: dedup outcome: {exc}") from exc
+        _need(isinstance(outcome, Applied) and outcome.op == op, "dedup outcome must be Applied")
+        applied_at_ms = _need_int(applied_at_ms, "dedup applied_at_ms", previous_at, log_clock_ms)
+        previous_at = applied_at_ms
+        dedup[op_id] = _DedupEntry(
+            op=Op(op), resource=resource, outcome=outcome, applied_at_ms=applied_at_ms
+        )
+    return epoch, log_clock_ms, resources, dedup
