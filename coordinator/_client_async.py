@@ -1,0 +1,329 @@
+"""The asyncio variant of the fencing client (``grpc.aio``): same methods, same rules.
+
+Owns: asyncio channels, the awaiting retry loop and discovery, and ``AsyncLease`` (its
+keep-alive is a task). Everything else (validation, requests, the retry policy, the
+bookkeeping of attempts, the results and exceptions) is shared with the sync client
+through ``_client_base``. Must never: block the event loop (no time.sleep, no sync RPC).
+
+    async with AsyncFencingClient(endpoints) as client:
+        async with client.lease("orders/7", ttl_ms=5000) as lease:
+            await lease.write("total", b"42")
+
+Every method of ``FencingClient`` exists here and returns an awaitable of the same result
+type (the annotations name the result). Argument errors (InvalidArgument) are raised when
+the method is called, before anything is sent, as in the sync client. Create the client
+inside the event loop that uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from typing import Any, Callable, Generator, Sequence
+
+import grpc
+import grpc.aio
+
+from coordinator._client_base import (
+    ATTEMPT_TIMEOUT_S_DEFAULT,
+    CHANNEL_OPTIONS,
+    RENEW_FRACTION,
+    RENEW_RETRY_S,
+    RETRY_BACKOFF_MAX_S_DEFAULT,
+    RETRY_BACKOFF_S_DEFAULT,
+    RETRY_MAX_ATTEMPTS_DEFAULT,
+    TIMEOUT_S_DEFAULT,
+    Attempts,
+    Call,
+    LeaseBase,
+    Stubs,
+    _ClientBase,
+)
+from coordinator._client_results import AcquireResult, KeepAliveResult, ReleaseResult
+from coordinator.api.v1 import fencing_pb2 as pb
+from coordinator.exceptions import AuthError, FencingError, InvalidArgument, LeaseLost, Refused
+
+log = logging.getLogger("coordinator.client.aio")
+
+__all__ = ["AsyncFencingClient", "AsyncLease"]
+
+
+class AsyncFencingClient(_ClientBase):
+    """The asyncio client: ``FencingClient``'s configuration, methods and retry rules,
+    each method returning an awaitable. ``await client.close()`` or ``async with``."""
+
+    _log = log
+
+    def __init__(
+        self,
+        endpoints: Sequence[str] | str,
+        *,
+        timeout_s: float = TIMEOUT_S_DEFAULT,
+        attempt_timeout_s: float = ATTEMPT_TIMEOUT_S_DEFAULT,
+        retry_max_attempts: int = RETRY_MAX_ATTEMPTS_DEFAULT,
+        retry_backoff_s: float = RETRY_BACKOFF_S_DEFAULT,
+        retry_backoff_max_s: float = RETRY_BACKOFF_MAX_S_DEFAULT,
+        admin_token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        super().__init__(
+            endpoints,
+            timeout_s=timeout_s,
+            attempt_timeout_s=attempt_timeout_s,
+            retry_max_attempts=retry_max_attempts,
+            retry_backoff_s=retry_backoff_s,
+            retry_backoff_max_s=retry_backoff_max_s,
+            admin_token=admin_token,
+            credentials=credentials,
+        )
+        for endpoint in self._endpoints:
+            channel = (
+                grpc.aio.secure_channel(endpoint, credentials, options=CHANNEL_OPTIONS)
+                if credentials is not None
+                else grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+            )
+            self._stubs[endpoint] = Stubs(channel)
+        self._leases: set[AsyncLease] = set()
+
+    async def close(self) -> None:
+        """Stop the keep-alive of every open lease (they are not released), close channels."""
+        if self._closed:
+            return
+        self._closed = True
+        for lease in list(self._leases):
+            await lease._stop_keepalive()
+        for stubs in self._stubs.values():
+            await stubs.channel.close()
+
+    async def __aenter__(self) -> AsyncFencingClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- the retry loop -------------------------------------------------------------------
+
+    async def _execute(self, call: Call) -> Any:
+        if self._closed:
+            raise RuntimeError("the AsyncFencingClient is closed")
+        attempts = Attempts(self, call)
+        while True:
+            endpoint = call.endpoint or await self._pick_endpoint(attempts.deadline)
+            attempt_s = attempts.begin()
+            if attempt_s is None:
+                raise attempts.exhausted()
+            rpc = getattr(getattr(self._stubs[endpoint], call.service), call.method)
+            try:
+                response = await rpc(call.request, timeout=attempt_s, metadata=self._metadata)
+            except grpc.RpcError as err:
+                pause_s = attempts.failed(err, endpoint)  # raises when it is final
+                if pause_s > 0:
+                    await asyncio.sleep(pause_s)
+                continue
+            except grpc.aio.UsageError:
+                raise RuntimeError("the AsyncFencingClient is closed") from None
+            return call.convert(response)
+
+    async def _pick_endpoint(self, deadline: float) -> str:
+        leader, discover = self._known_or_discover()
+        if leader is not None:
+            return leader
+        if discover:
+            budget_s = self._discovery_budget_s(deadline)
+            leader = await self._discover(budget_s) if budget_s > 0 else None
+        return self._adopt(leader)
+
+    async def _discover(self, budget_s: float) -> str | None:
+        """Cluster.Status on every endpoint at once; the first leader that is one of our
+        endpoints wins; None if nobody named one within ``budget_s``."""
+
+        async def ask(stubs: Stubs) -> str | None:
+            try:
+                response = await stubs.cluster.Status(
+                    pb.StatusRequest(), timeout=budget_s, metadata=self._metadata
+                )
+            except grpc.RpcError as err:
+                return self._leader_from_answer(error=err)
+            return self._leader_from_answer(response=response)
+
+        tasks = [asyncio.ensure_future(ask(stubs)) for stubs in self._stubs.values()]
+        leader = None
+        try:
+            for next_done in asyncio.as_completed(tasks, timeout=budget_s):
+                try:
+                    leader = await next_done
+                except asyncio.TimeoutError:
+                    break
+                except Exception:  # noqa: BLE001 - a channel closed under us: no answer
+                    continue
+                if leader is not None:
+                    break
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        log.debug("leader discovery: %s", leader or "no leader among the endpoints")
+        return leader
+
+    # -- the lease helper ----------------------------------------------------------------
+
+    def lease(
+        self,
+        resource: str,
+        *,
+        ttl_ms: int,
+        holder: str | None = None,
+        wait_ms: int = 0,
+        on_lost: Callable[[LeaseLost], Any] | None = None,
+        auto_renew: bool = True,
+        timeout_s: float | None = None,
+    ) -> _LeaseStarter:
+        """``async with client.lease(...) as lease`` (released on exit) or
+        ``lease = await client.lease(...)``: acquire, then renew every ttl/3 in a task.
+        ``on_lost`` may be a function or a coroutine function."""
+        return _LeaseStarter(
+            self, resource, ttl_ms=ttl_ms, holder=holder, wait_ms=wait_ms, on_lost=on_lost,
+            auto_renew=auto_renew, timeout_s=timeout_s,
+        )
+
+
+class _LeaseStarter:
+    """Awaitable and async context manager around one acquisition (the aiohttp pattern)."""
+
+    def __init__(self, client: AsyncFencingClient, resource: str, **options: Any) -> None:
+        self._client = client
+        self._resource = resource
+        self._options = options
+        self._lease: AsyncLease | None = None
+
+    async def _start(self) -> AsyncLease:
+        options = dict(self._options)
+        on_lost = options.pop("on_lost")
+        auto_renew = options.pop("auto_renew")
+        sent_at = time.monotonic()
+        acquired = await self._client.acquire(self._resource, **options)
+        lease = AsyncLease(
+            self._client, acquired, ttl_ms=options["ttl_ms"], on_lost=on_lost, sent_at=sent_at
+        )
+        self._client._leases.add(lease)
+        if auto_renew:
+            lease._start_keepalive()
+        return lease
+
+    def __await__(self) -> Generator[Any, None, AsyncLease]:
+        return self._start().__await__()
+
+    async def __aenter__(self) -> AsyncLease:
+        self._lease = await self._start()
+        return self._lease
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._lease is not None:
+            await self._lease.close()
+
+
+class AsyncLease(LeaseBase):
+    """``Lease`` for asyncio: ``lost`` is an ``asyncio.Event``; ``write``/``delete``/``read``
+    return awaitables. The same warning holds: ``lost`` is advisory, the server's fence is
+    the guarantee."""
+
+    def __init__(
+        self,
+        client: AsyncFencingClient,
+        acquired: AcquireResult,
+        *,
+        ttl_ms: int,
+        on_lost: Callable[[LeaseLost], Any] | None = None,
+        sent_at: float | None = None,
+    ) -> None:
+        super().__init__(
+            client, acquired, ttl_ms=ttl_ms,
+            sent_at=time.monotonic() if sent_at is None else sent_at,
+        )
+        self.lost = asyncio.Event()
+        self._on_lost = on_lost
+        self._task: asyncio.Task | None = None
+
+    def _is_lost(self) -> bool:
+        return self.lost.is_set()
+
+    async def keep_alive(self, *, timeout_s: float | None = None) -> KeepAliveResult:
+        """Renew once now (the background task does this by itself)."""
+        sent_at = time.monotonic()
+        result = await self._client.keep_alive(self.resource, self.token, timeout_s=timeout_s)
+        self._renewed(result, sent_at)
+        return result
+
+    async def _mark_lost(self, cause: BaseException | None, message: str = "") -> None:
+        if self.lost.is_set():
+            return
+        self.lost_error = LeaseLost(message, cause=cause, request=self._context())
+        self.lost.set()
+        log.warning("%s", self.lost_error)
+        if self._on_lost is not None:
+            try:
+                outcome = self._on_lost(self.lost_error)
+                if inspect.isawaitable(outcome):
+                    await outcome
+            except Exception:  # noqa: BLE001 - a callback bug must not kill the task
+                log.exception("on_lost callback for %s raised", self.resource)
+
+    def _start_keepalive(self) -> None:
+        self._task = asyncio.ensure_future(self._keepalive_loop())
+
+    async def _stop_keepalive(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _keepalive_loop(self) -> None:
+        interval_s = self.ttl_ms / 1000 / RENEW_FRACTION
+        delay_s = interval_s
+        while True:
+            await asyncio.sleep(delay_s)
+            remaining_s = self._local_expiry - time.monotonic()
+            if remaining_s <= 0:
+                await self._mark_lost(None, self._expired_message())
+                return
+            try:
+                await self.keep_alive(timeout_s=remaining_s)
+            except (Refused, InvalidArgument, AuthError) as exc:
+                await self._mark_lost(exc)
+                return
+            except FencingError as exc:
+                log.info("renewal of %s token %s failed: %s", self.resource, self.token, exc)
+                delay_s = min(interval_s, RENEW_RETRY_S)
+                continue
+            except RuntimeError:  # the client was closed
+                return
+            delay_s = interval_s
+
+    async def release(self, *, timeout_s: float | None = None) -> ReleaseResult | None:
+        """Stop renewing and release (raises what ``client.release`` raises)."""
+        await self._stop_keepalive()
+        if self._released:
+            return None
+        self._released = True
+        return await self._client.release(self.resource, self.token, timeout_s=timeout_s)
+
+    async def close(self) -> None:
+        """Stop renewing and release, best effort: failures are logged, never raised."""
+        try:
+            await self.release()
+        except Refused as exc:
+            log.debug("release of %s token %s: %s", self.resource, self.token, exc)
+        except FencingError as exc:
+            log.warning("release of %s token %s failed: %s", self.resource, self.token, exc)
+        except RuntimeError as exc:
+            log.debug("release of %s skipped: %s", self.resource, exc)
+        finally:
+            self._client._leases.discard(self)
+
+    async def __aenter__(self) -> AsyncLease:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

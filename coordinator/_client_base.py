@@ -1,0 +1,710 @@
+"""What the sync and the asyncio fencing clients share: configuration, endpoint choice, the
+request of every RPC, and the bookkeeping of one call's attempts.
+
+Owns: ``_ClientBase`` (every public RPC method: validate, build the request, describe how it
+may be retried, and hand a ``_Call`` to ``_execute``), ``_Attempts`` (deadline, attempt
+count, maybe-applied, the final exception) and the defaults. Must never: block, sleep or do
+I/O: ``FencingClient._execute`` (threads) and ``AsyncFencingClient._execute`` (asyncio) run
+the loop, so both follow exactly the same rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import threading
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import grpc
+
+from coordinator import _client_results as results
+from coordinator import limits, validation
+from coordinator._client_results import (
+    AcquireResult,
+    ClusterStatus,
+    DeleteResult,
+    Description,
+    EpochResult,
+    ForceReleaseResult,
+    KeepAliveItem,
+    KeepAliveResult,
+    ReadResult,
+    ReleaseResult,
+    Snapshot,
+    WriteResult,
+)
+from coordinator._client_retry import Backoff, Kind, classify
+from coordinator.api.v1 import fencing_pb2 as pb
+from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
+from coordinator.exceptions import (
+    FencingError,
+    InvalidArgument,
+    NotApplied,
+    OutcomeUnknown,
+    Unavailable,
+    from_rpc_error,
+)
+
+# The local three-node dev cluster (`fencingd dev`, API ports 7100-7102): fencingctl uses
+# this when neither --endpoints nor FENCING_ENDPOINTS is given.
+DEFAULT_ENDPOINTS: tuple[str, ...] = ("127.0.0.1:7100", "127.0.0.1:7101", "127.0.0.1:7102")
+
+# -- defaults (each one is a keyword of the clients) ----------------------------------------
+# Whole-call budget, retries included: a leader election takes 1-2 s (raft_node's timeout
+# window) and a SIGKILLed leader is noticed at once, so 10 s rides out an election plus a
+# few slow attempts, yet a caller still hears back quickly when the cluster is really down.
+TIMEOUT_S_DEFAULT = 10.0
+# One RPC attempt: a commit is milliseconds when healthy; a paused or partitioned node is
+# abandoned after 3 s so the retry can go elsewhere well inside the whole-call budget.
+ATTEMPT_TIMEOUT_S_DEFAULT = 3.0
+# Attempts per call: with the backoff below, 10 attempts span about 4 s of sleeping, more
+# than one election, and cap the load a client adds to a struggling cluster.
+RETRY_MAX_ATTEMPTS_DEFAULT = 10
+# First backoff 50 ms, doubling, capped at 1 s: quick after a failover, gentle while down.
+RETRY_BACKOFF_S_DEFAULT = 0.05
+RETRY_BACKOFF_MAX_S_DEFAULT = 1.0
+# Leader discovery: one parallel Cluster.Status round waits at most this long; a live node
+# answers in milliseconds, a paused one is not worth waiting for.
+DISCOVERY_TIMEOUT_S = 1.0
+# Discovery rounds are at least this far apart, so a cluster in an election is not flooded.
+DISCOVERY_INTERVAL_S = 0.5
+# An endpoint whose attempt just failed (connection, deadline) is not taken back as the
+# leader for this long, even if the others still name it: a killed or paused leader is
+# named by its followers until they elect another one (1-2 s).
+SUSPECT_S = 2.0
+# Channel options. Message size: a snapshot or restore is the largest message. Reconnect
+# backoff: a restarted node is used again within 1 s (gRPC's default backoff grows to 120 s).
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_send_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
+    ("grpc.max_receive_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
+
+def new_op_id() -> bytes:
+    """A fresh op_id: 16 random bytes (limits.OP_ID_BYTES_MIN), one per logical mutation."""
+    return os.urandom(limits.OP_ID_BYTES_MIN)
+
+
+def _check(check: Callable[[Any], Any], value: Any, request: dict[str, Any]) -> Any:
+    """Run a shared field check (coordinator.validation, the server's own rules); a bad
+    field is InvalidArgument, raised before anything is sent."""
+    try:
+        return check(value)
+    except validation.InvalidField as exc:
+        raise InvalidArgument(
+            str(exc), reason="INVALID_FIELD", metadata={"field": exc.field}, request=request
+        ) from None
+
+
+def _check_wait_ms(value: object) -> int:
+    if not validation.is_int(value) or not 0 <= value <= limits.ACQUIRE_WAIT_MS_MAX:
+        raise validation.InvalidField(
+            "wait_ms", f"must be an integer in [0, {limits.ACQUIRE_WAIT_MS_MAX}], got {value!r}"
+        )
+    return int(value)
+
+
+def _as_bytes(value: object) -> object:
+    return bytes(value) if isinstance(value, (bytearray, memoryview)) else value
+
+
+def _default_holder() -> str:
+    try:
+        host = os.uname().nodename or "host"
+    except AttributeError:  # pragma: no cover - not on Linux
+        host = "host"
+    return f"{host[:100]}/{os.getpid()}"
+
+
+def normalize_endpoint(endpoint: str) -> str:
+    """``host:port``, with ``localhost`` spelled 127.0.0.1; ValueError if malformed."""
+    host, sep, port = endpoint.strip().rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"endpoint must be host:port, got {endpoint!r}")
+    if host == "localhost":
+        host = "127.0.0.1"
+    return f"{host}:{port}"
+
+
+class Stubs:
+    """The four service stubs on one channel (sync or asyncio: the generated stubs take both)."""
+
+    __slots__ = ("channel", "lease", "store", "cluster", "admin")
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+        self.lease = pb_grpc.LeaseStub(channel)
+        self.store = pb_grpc.FencedStoreStub(channel)
+        self.cluster = pb_grpc.ClusterStub(channel)
+        self.admin = pb_grpc.AdminStub(channel)
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One logical call: what to send, how it may be retried, and how to read the answer."""
+
+    service: str  # attribute of Stubs: lease, store, cluster, admin
+    method: str
+    request: Any
+    kind: Kind
+    context: dict[str, Any]  # what the caller asked; goes onto exceptions
+    convert: Callable[[Any], Any]
+    timeout_s: float | None = None  # whole-call override
+    extra_attempt_s: float = 0.0  # e.g. an Acquire's server-side wait
+    endpoint: str | None = None  # pin to one endpoint, one attempt
+
+
+class Attempts:
+    """The bookkeeping of one call: deadline, attempts, and what to raise in the end."""
+
+    def __init__(self, client: _ClientBase, call: Call) -> None:
+        self.client = client
+        self.call = call
+        self.budget_s = client._timeout_s if call.timeout_s is None else float(call.timeout_s)
+        self.started = time.monotonic()
+        self.deadline = self.started + self.budget_s + call.extra_attempt_s
+        self.max_attempts = 1 if call.endpoint is not None else client._max_attempts
+        self.count = 0
+        self.maybe_applied = False
+        self.last: FencingError | None = None
+
+    def remaining_s(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def begin(self) -> float | None:
+        """The next attempt's timeout, or None when the attempts or the deadline ran out."""
+        remaining = self.remaining_s()
+        if self.count >= self.max_attempts or remaining <= 0:
+            return None
+        self.count += 1
+        return min(self.client._attempt_timeout_s + self.call.extra_attempt_s, remaining)
+
+    def failed(self, err: grpc.RpcError, endpoint: str) -> float:
+        """Record a failed attempt. Returns the pause before the next one, or raises the
+        exception the caller gets (a refusal, or OutcomeUnknown after a maybe-applied try)."""
+        call = self.call
+        exc = from_rpc_error(err, endpoint=endpoint, request=call.context)
+        exc.__cause__ = err
+        verdict = classify(exc, call.kind)
+        self.maybe_applied = self.maybe_applied or verdict.maybe_applied
+        self.client._log.debug(
+            "%s attempt %d on %s: %s: %s%s",
+            call.method, self.count, endpoint, type(exc).__name__, exc,
+            " (retrying)" if verdict.retry else "",
+        )
+        if not verdict.retry:
+            if self.maybe_applied and call.kind is not Kind.READ and not isinstance(exc, NotApplied):
+                # An earlier attempt may have applied and this one cannot tell: unknown.
+                raise self._unknown(exc) from exc
+            raise exc
+        self.last = exc
+        answered = exc.reason != "" and not isinstance(exc, OutcomeUnknown)
+        self.client._after_failure(endpoint, verdict.leader_hint, answered=answered)
+        pause = self.client._backoff.delay_s(self.count - 1, self.client._rng)
+        return max(0.0, min(pause, self.remaining_s()))
+
+    def _unknown(self, last: FencingError | None) -> OutcomeUnknown:
+        detail = f"last attempt: {last.endpoint}: {type(last).__name__}: {last}" if last else ""
+        return OutcomeUnknown(
+            code=last.code if last else None,
+            reason="OUTCOME_UNKNOWN",
+            metadata={"detail": detail},
+            endpoint=last.endpoint if last else None,
+            request=self.call.context,
+        )
+
+    def exhausted(self) -> FencingError:
+        """The exception for a call whose attempts or deadline ran out."""
+        last, context = self.last, self.call.context
+        if self.maybe_applied and self.call.kind is not Kind.READ:
+            exc: FencingError = self._unknown(last)
+        elif last is None:
+            exc = Unavailable(f"no attempt fit in the {self.budget_s:g} s deadline", request=context)
+        else:
+            summary = f"{self.count} attempt(s) in {self.budget_s:g} s; last on {last.endpoint}"
+            if isinstance(last, NotApplied):  # Unavailable, NoLeader, Overloaded
+                exc = type(last)(
+                    f"{last} ({summary})",
+                    code=last.code,
+                    reason=last.reason,
+                    metadata=last.metadata,
+                    server_message=last.server_message,
+                    endpoint=last.endpoint,
+                    header=last.header,
+                    request=context,
+                )
+            else:  # a read, or a call that surely did not apply, that never got an answer
+                exc = Unavailable(
+                    f"no answer ({summary}: {type(last).__name__}: {last})",
+                    code=last.code,
+                    endpoint=last.endpoint,
+                    request=context,
+                )
+        exc.__cause__ = last
+        return exc
+
+
+class _ClientBase:
+    """Configuration, endpoint choice and every RPC; subclasses provide channels and
+    ``_execute`` (run a ``Call`` with retries and return its converted answer)."""
+
+    _log: Any  # the subclass's logger
+
+    def __init__(
+        self,
+        endpoints: Sequence[str] | str,
+        *,
+        timeout_s: float = TIMEOUT_S_DEFAULT,
+        attempt_timeout_s: float = ATTEMPT_TIMEOUT_S_DEFAULT,
+        retry_max_attempts: int = RETRY_MAX_ATTEMPTS_DEFAULT,
+        retry_backoff_s: float = RETRY_BACKOFF_S_DEFAULT,
+        retry_backoff_max_s: float = RETRY_BACKOFF_MAX_S_DEFAULT,
+        admin_token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        if isinstance(endpoints, str):
+            endpoints = [e for e in endpoints.split(",") if e.strip()]
+        normalized: list[str] = []
+        for endpoint in endpoints:
+            e = normalize_endpoint(endpoint)
+            if e not in normalized:
+                normalized.append(e)
+        if not normalized:
+            raise ValueError("at least one endpoint is needed")
+        if not timeout_s > 0 or not attempt_timeout_s > 0:
+            raise ValueError("timeout_s and attempt_timeout_s must be positive")
+        if retry_max_attempts < 1:
+            raise ValueError("retry_max_attempts must be at least 1")
+        if retry_backoff_s < 0 or retry_backoff_max_s < retry_backoff_s:
+            raise ValueError("need 0 <= retry_backoff_s <= retry_backoff_max_s")
+        self._endpoints: tuple[str, ...] = tuple(normalized)
+        self._timeout_s = float(timeout_s)
+        self._attempt_timeout_s = float(attempt_timeout_s)
+        self._max_attempts = int(retry_max_attempts)
+        self._backoff = Backoff(base_s=float(retry_backoff_s), max_s=float(retry_backoff_max_s))
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {admin_token}"),) if admin_token else ()
+        )
+        self._credentials = credentials
+        self._rng = random.Random()
+        self._lock = threading.Lock()  # never held across I/O or an await
+        self._preferred: str | None = None  # the endpoint believed to be the leader
+        self._rr = 0  # round-robin cursor when no leader is known
+        self._next_discovery_at = 0.0
+        self._suspects: dict[str, float] = {}  # endpoint -> monotonic time it is trusted again
+        self._closed = False
+        self._stubs: dict[str, Stubs] = {}
+
+    def _execute(self, call: Call) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- endpoint choice ----------------------------------------------------------------
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        return self._endpoints
+
+    @property
+    def leader_endpoint(self) -> str | None:
+        """The endpoint this client currently believes is the leader (None: unknown)."""
+        with self._lock:
+            return self._preferred
+
+    def _known_or_discover(self) -> tuple[str | None, bool]:
+        """(the believed leader, None if unknown; whether a discovery round is due now)."""
+        with self._lock:
+            if self._preferred is not None:
+                return self._preferred, False
+            now = time.monotonic()
+            if now >= self._next_discovery_at:
+                self._next_discovery_at = now + DISCOVERY_INTERVAL_S
+                return None, True
+            return None, False
+
+    def _adopt(self, leader: str | None) -> str:
+        """Remember a discovered leader, or take the next endpoint round-robin."""
+        with self._lock:
+            if leader is not None and not self._suspect(leader):
+                self._preferred = leader
+                return leader
+            endpoint = self._endpoints[self._rr % len(self._endpoints)]
+            self._rr += 1
+            return endpoint
+
+    def _suspect(self, endpoint: str) -> bool:
+        """Did an attempt on ``endpoint`` fail at the transport level a moment ago?"""
+        until = self._suspects.get(endpoint)
+        if until is None:
+            return False
+        if time.monotonic() >= until:
+            del self._suspects[endpoint]
+            return False
+        return True
+
+    @staticmethod
+    def _discovery_budget_s(deadline: float) -> float:
+        return min(DISCOVERY_TIMEOUT_S, max(0.0, deadline - time.monotonic()) / 2)
+
+    def _match_endpoint(self, address: str) -> str | None:
+        """``address`` if it is one of the configured endpoints (hints naming anything else
+        are ignored: the caller chose where this client may connect)."""
+        if not address:
+            return None
+        try:
+            normalized = normalize_endpoint(address)
+        except ValueError:
+            return None
+        return normalized if normalized in self._endpoints else None
+
+    def _leader_from_answer(self, response: Any = None, error: grpc.RpcError | None = None) -> str | None:
+        if error is not None:
+            return self._match_endpoint(from_rpc_error(error).metadata.get("leader_api", ""))
+        return self._match_endpoint(response.leader_api_address)
+
+    def _after_failure(self, endpoint: str, hint: str, *, answered: bool) -> None:
+        """After a retryable failure on ``endpoint``: follow the leader hint if it names
+        another endpoint, else move on round-robin. ``answered``: the node itself replied
+        (NO_LEADER, OVERLOADED); otherwise it is suspect for SUSPECT_S."""
+        leader = self._match_endpoint(hint)
+        with self._lock:
+            if not answered:
+                self._suspects[endpoint] = time.monotonic() + SUSPECT_S
+            if leader is not None and leader != endpoint and not self._suspect(leader):
+                self._preferred = leader
+                return
+            if self._preferred == endpoint:
+                self._preferred = None
+            # Next round-robin pick is the endpoint after the one that failed.
+            self._rr = self._endpoints.index(endpoint) + 1
+
+    # -- Lease ----------------------------------------------------------------------------
+
+    def acquire(
+        self,
+        resource: str,
+        *,
+        ttl_ms: int,
+        holder: str | None = None,
+        wait_ms: int = 0,
+        op_id: bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> AcquireResult:
+        """Take the lease on ``resource`` and get a new fencing token (DESIGN I2).
+
+        Raises LeaseHeld while another live lease holds it; with ``wait_ms`` the server
+        waits up to that long (limits.ACQUIRE_WAIT_MS_MAX) for it to go. ``holder``
+        defaults to ``<hostname>/<pid>``.
+        """
+        holder = _default_holder() if holder is None else holder
+        op_id = new_op_id() if op_id is None else op_id
+        ctx = {"rpc": "acquire", "resource": resource, "holder": holder, "op_id": op_id}
+        _check(validation.check_resource, resource, ctx)
+        _check(validation.check_holder, holder, ctx)
+        _check(validation.check_ttl_ms, ttl_ms, ctx)
+        _check(validation.check_op_id, op_id, ctx)
+        wait_ms = _check(_check_wait_ms, wait_ms, ctx)
+        req = pb.AcquireRequest(
+            resource=resource, holder=holder, ttl_ms=ttl_ms, op_id=op_id, wait_ms=wait_ms
+        )
+        return self._execute(Call(
+            "lease", "Acquire", req, Kind.DEDUP, ctx,
+            lambda r: results.acquire_result(r, resource=resource, holder=holder, op_id=op_id),
+            timeout_s=timeout_s, extra_attempt_s=wait_ms / 1000,
+        ))
+
+    def keep_alive(
+        self,
+        resource: str,
+        token: int,
+        *,
+        ttl_ms: int | None = None,
+        timeout_s: float | None = None,
+    ) -> KeepAliveResult:
+        """Extend the live lease holding ``token`` (same token, DESIGN I6).
+
+        Raises LeaseExpired if it has ended (a new acquire is needed), StaleToken if a
+        newer token exists. Repeating a keep-alive is harmless, so it is retried after an
+        unknown outcome.
+        """
+        ctx = {"rpc": "keep-alive", "resource": resource, "token": token}
+        _check(validation.check_resource, resource, ctx)
+        _check(validation.check_token, token, ctx)
+        if ttl_ms is not None:
+            _check(validation.check_ttl_ms, ttl_ms, ctx)
+        req = pb.KeepAliveRequest(resource=resource, token=token, ttl_ms=ttl_ms or 0)
+        return self._execute(Call(
+            "lease", "KeepAlive", req, Kind.REPEATABLE, ctx,
+            lambda r: results.keep_alive_result(r, resource=resource, token=token),
+            timeout_s=timeout_s,
+        ))
+
+    def keep_alive_many(
+        self,
+        leases: Iterable[tuple[str, int]],
+        *,
+        ttl_ms: int | None = None,
+        timeout_s: float | None = None,
+    ) -> list[KeepAliveItem]:
+        """Renew many ``(resource, token)`` leases in one call; each item succeeds or fails
+        on its own (``item.ok``, ``item.error``). At most limits.KEEP_ALIVE_BATCH_ITEMS_MAX
+        items (InvalidArgument beyond)."""
+        ctx: dict[str, Any] = {"rpc": "keep-alive-many"}
+        if ttl_ms is not None:
+            _check(validation.check_ttl_ms, ttl_ms, ctx)
+        requests = []
+        for resource, token in leases:
+            item_ctx = {**ctx, "resource": resource, "token": token}
+            _check(validation.check_resource, resource, item_ctx)
+            _check(validation.check_token, token, item_ctx)
+            requests.append(pb.KeepAliveRequest(resource=resource, token=token, ttl_ms=ttl_ms or 0))
+        if len(requests) > limits.KEEP_ALIVE_BATCH_ITEMS_MAX:
+            raise InvalidArgument(
+                f"{len(requests)} leases, more than {limits.KEEP_ALIVE_BATCH_ITEMS_MAX} in one call",
+                reason="INVALID_FIELD", metadata={"field": "leases"}, request=ctx,
+            )
+        return self._execute(Call(
+            "lease", "KeepAliveMany", pb.KeepAliveManyRequest(leases=requests), Kind.REPEATABLE,
+            ctx, results.keep_alive_items, timeout_s=timeout_s,
+        ))
+
+    def release(
+        self,
+        resource: str,
+        token: int,
+        *,
+        op_id: bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> ReleaseResult:
+        """End the lease holding ``token``; the hwm stays (``released`` is False if the
+        lease had already ended)."""
+        op_id = new_op_id() if op_id is None else op_id
+        ctx = {"rpc": "release", "resource": resource, "token": token, "op_id": op_id}
+        _check(validation.check_resource, resource, ctx)
+        _check(validation.check_token, token, ctx)
+        _check(validation.check_op_id, op_id, ctx)
+        req = pb.ReleaseRequest(resource=resource, token=token, op_id=op_id)
+        return self._execute(Call(
+            "lease", "Release", req, Kind.DEDUP, ctx, results.release_result, timeout_s=timeout_s,
+        ))
+
+    def describe(self, resource: str, *, timeout_s: float | None = None) -> Description:
+        """The resource's lease and hwm, linearizable (read through the log)."""
+        ctx = {"rpc": "describe", "resource": resource}
+        _check(validation.check_resource, resource, ctx)
+        return self._execute(Call(
+            "lease", "Describe", pb.DescribeRequest(resource=resource), Kind.READ, ctx,
+            lambda r: results.description(r, resource=resource), timeout_s=timeout_s,
+        ))
+
+    # -- FencedStore ---------------------------------------------------------------------
+
+    def write(
+        self,
+        resource: str,
+        key: str,
+        value: bytes,
+        *,
+        token: int,
+        op_id: bytes | None = None,
+        expected_version: int | None = None,
+        timeout_s: float | None = None,
+    ) -> WriteResult:
+        """Fenced write (DESIGN I3): applied iff ``token`` equals the resource's hwm.
+
+        ``expected_version``: None writes unconditionally, 0 requires the key to be absent,
+        N requires version N (VersionMismatch otherwise). Pass the ``op_id`` of an earlier
+        call that raised OutcomeUnknown to learn its outcome without applying twice.
+        """
+        op_id = new_op_id() if op_id is None else op_id
+        ctx = {
+            "rpc": "write", "resource": resource, "key": key, "token": token, "op_id": op_id,
+            "expected_version": expected_version,
+        }
+        _check(validation.check_resource, resource, ctx)
+        _check(validation.check_key, key, ctx)
+        value = _check(validation.check_value, _as_bytes(value), ctx)
+        _check(validation.check_token, token, ctx)
+        _check(validation.check_op_id, op_id, ctx)
+        if expected_version is not None:
+            _check(validation.check_expected_version, expected_version, ctx)
+        req = pb.WriteRequest(
+            resource=resource, key=key, value=value, token=token, op_id=op_id,
+            expected_version=expected_version,
+        )
+        return self._execute(Call(
+            "store", "Write", req, Kind.DEDUP, ctx,
+            lambda r: results.write_result(r, op_id=op_id), timeout_s=timeout_s,
+        ))
+
+    def delete(
+        self,
+        resource: str,
+        key: str,
+        *,
+        token: int,
+        op_id: bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> DeleteResult:
+        """Fenced delete of ``key`` (checked like a write, DESIGN I7)."""
+        op_id = new_op_id() if op_id is None else op_id
+        ctx = {"rpc": "delete", "resource": resource, "key": key, "token": token, "op_id": op_id}
+        _check(validation.check_resource, resource, ctx)
+        _check(validation.check_key, key, ctx)
+        _check(validation.check_token, token, ctx)
+        _check(validation.check_op_id, op_id, ctx)
+        req = pb.DeleteRequest(resource=resource, key=key, token=token, op_id=op_id)
+        return self._execute(Call(
+            "store", "Delete", req, Kind.DEDUP, ctx,
+            lambda r: results.delete_result(r, op_id=op_id), timeout_s=timeout_s,
+        ))
+
+    def read(self, resource: str, key: str, *, timeout_s: float | None = None) -> ReadResult:
+        """Linearizable read of ``key`` (DESIGN I9); ``found`` is False if absent."""
+        ctx = {"rpc": "read", "resource": resource, "key": key}
+        _check(validation.check_resource, resource, ctx)
+        _check(validation.check_key, key, ctx)
+        return self._execute(Call(
+            "store", "Read", pb.ReadRequest(resource=resource, key=key), Kind.READ, ctx,
+            results.read_result, timeout_s=timeout_s,
+        ))
+
+    # -- Cluster and Admin --------------------------------------------------------------
+
+    def status(self, *, endpoint: str | None = None, timeout_s: float | None = None) -> ClusterStatus:
+        """Cluster.Status: members, leader, term, indexes, epoch (linearizable). With
+        ``endpoint`` the question goes to that node only, in one attempt."""
+        target = None
+        if endpoint is not None:
+            target = self._match_endpoint(endpoint)
+            if target is None:
+                raise ValueError(f"{endpoint!r} is not one of this client's endpoints")
+        return self._execute(Call(
+            "cluster", "Status", pb.StatusRequest(), Kind.READ, {"rpc": "status"},
+            results.cluster_status, timeout_s=timeout_s, endpoint=target,
+        ))
+
+    def force_release(
+        self, resource: str, *, op_id: bytes | None = None, timeout_s: float | None = None
+    ) -> ForceReleaseResult:
+        """Admin: clear the lease by issuing a new epoch; the old holder is fenced (I7)."""
+        op_id = new_op_id() if op_id is None else op_id
+        ctx = {"rpc": "force-release", "resource": resource, "op_id": op_id}
+        _check(validation.check_resource, resource, ctx)
+        _check(validation.check_op_id, op_id, ctx)
+        req = pb.ForceReleaseRequest(resource=resource, op_id=op_id)
+        return self._execute(Call(
+            "admin", "ForceRelease", req, Kind.DEDUP, ctx,
+            lambda r: results.force_release_result(r, op_id=op_id), timeout_s=timeout_s,
+        ))
+
+    def set_epoch_floor(
+        self, floor: int, *, fence_all: bool = True, timeout_s: float | None = None
+    ) -> EpochResult:
+        """Admin: raise the epoch counter to at least ``floor``; with ``fence_all`` (the
+        default) every resource is fenced at a new epoch (I11). Repeating it only raises
+        the epoch further, so it is retried after an unknown outcome."""
+        ctx = {"rpc": "set-epoch-floor", "floor": floor}
+        _check(validation.check_floor, floor, ctx)
+        _check(validation.check_fence_all, fence_all, ctx)
+        req = pb.SetEpochFloorRequest(floor=floor, fence_all=fence_all)
+        return self._execute(Call(
+            "admin", "SetEpochFloor", req, Kind.REPEATABLE, ctx, results.epoch_result,
+            timeout_s=timeout_s,
+        ))
+
+    def snapshot(self, *, timeout_s: float | None = None) -> Snapshot:
+        """Admin: a consistent backup of the whole state (read through the log)."""
+        return self._execute(Call(
+            "admin", "Snapshot", pb.SnapshotRequest(), Kind.READ, {"rpc": "snapshot"},
+            results.snapshot, timeout_s=timeout_s,
+        ))
+
+    def restore(
+        self, data: bytes, *, epoch_floor: int, timeout_s: float | None = None
+    ) -> EpochResult:
+        """Admin: replace the state by a backup, with an epoch floor above every token ever
+        issued (I11). Not resent after an attempt that may have applied: that raises
+        OutcomeUnknown, and the operator checks ``status()`` before trying again."""
+        ctx = {"rpc": "restore", "epoch_floor": epoch_floor}
+        data = _check(validation.check_snapshot_data, _as_bytes(data), ctx)
+        _check(validation.check_epoch_floor, epoch_floor, ctx)
+        req = pb.RestoreRequest(data=data, epoch_floor=epoch_floor)
+        return self._execute(Call(
+            "admin", "Restore", req, Kind.ONCE, ctx, results.epoch_result, timeout_s=timeout_s,
+        ))
+
+
+class LeaseBase:
+    """What a held lease is, sync or asyncio: its token, and operations bound to it."""
+
+    def __init__(self, client: Any, acquired: AcquireResult, *, ttl_ms: int, sent_at: float) -> None:
+        self._client = client
+        self.resource = acquired.resource
+        self.holder = acquired.holder
+        self.token = acquired.token
+        self.lease_id = acquired.lease_id
+        self.ttl_ms = ttl_ms
+        self.acquired = acquired
+        self._expires_at_ms = acquired.expires_at_ms
+        # Earliest moment (local monotonic) the server may consider the lease expired:
+        # the server stamps after it receives, so send time + ttl is a lower bound.
+        self._local_expiry = sent_at + ttl_ms / 1000
+        self.lost_error: Any = None
+        self._released = False
+
+    def _is_lost(self) -> bool:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        state = "lost" if self._is_lost() else ("released" if self._released else "held")
+        return f"<{type(self).__name__} {self.resource} token={self.token} {state}>"
+
+    @property
+    def expires_at_ms(self) -> int:
+        """Expiry on the log clock, as of the last successful renewal."""
+        return self._expires_at_ms
+
+    def _renewed(self, result: KeepAliveResult, sent_at: float) -> None:
+        self._expires_at_ms = result.expires_at_ms
+        self._local_expiry = max(self._local_expiry, sent_at + self.ttl_ms / 1000)
+
+    def _context(self) -> dict[str, Any]:
+        return {"rpc": "keep-alive", "resource": self.resource, "token": self.token}
+
+    def _expired_message(self) -> str:
+        return (
+            f"the lease with token {self.token} on {self.resource} is lost: "
+            "renewals failed until it expired"
+        )
+
+    # Fenced operations bound to this token (the async client returns awaitables).
+
+    def write(self, key: str, value: bytes, **kwargs: Any) -> Any:
+        """``client.write(resource, key, value, token=self.token, ...)``."""
+        return self._client.write(self.resource, key, value, token=self.token, **kwargs)
+
+    def delete(self, key: str, **kwargs: Any) -> Any:
+        """``client.delete(resource, key, token=self.token, ...)``."""
+        return self._client.delete(self.resource, key, token=self.token, **kwargs)
+
+    def read(self, key: str, **kwargs: Any) -> Any:
+        return self._client.read(self.resource, key, **kwargs)
+
+    def describe(self, **kwargs: Any) -> Any:
+        return self._client.describe(self.resource, **kwargs)
+
+    def raise_if_lost(self) -> None:
+        """Raise LeaseLost if the keep-alive has given this lease up (advisory)."""
+        if self._is_lost():
+            raise self.lost_error
+
+
+# The keep-alive renews at ttl/3: two renewals can fail before the lease expires.
+RENEW_FRACTION = 3
+# After a failed renewal, try again this soon (the call itself already retried).
+RENEW_RETRY_S = 0.2

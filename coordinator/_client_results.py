@@ -1,0 +1,281 @@
+"""What the fencing client returns: small frozen dataclasses, built from the API's responses.
+
+Owns: the result types and their conversion from ``fencing_pb2`` messages. Must never: do
+I/O or retry; the client (``coordinator.client``) re-exports these names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from coordinator.api.v1 import fencing_pb2 as pb
+from coordinator.exceptions import FencingError, Header, error_for_reason
+
+__all__ = [
+    "AcquireResult",
+    "ClusterStatus",
+    "DeleteResult",
+    "Description",
+    "EpochResult",
+    "ForceReleaseResult",
+    "Header",
+    "KeepAliveItem",
+    "KeepAliveResult",
+    "Member",
+    "ReadResult",
+    "ReleaseResult",
+    "Snapshot",
+    "WriteResult",
+]
+
+
+def header_from_pb(msg: pb.ResponseHeader) -> Header:
+    return Header(
+        member_id=msg.member_id, raft_term=msg.raft_term, applied_index=msg.applied_index
+    )
+
+
+def _plain(value: Any) -> Any:
+    """JSON-friendly form of a result field (bytes become hex, dataclasses dicts)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, bytes):
+        return value.hex()
+    return value
+
+
+class _Result:
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict of this result (bytes as hex; ``Read.value`` is special-cased
+        by callers that know it is a value)."""
+        return _plain(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class AcquireResult(_Result):
+    """A new lease: ``token`` is the fencing token to send with every write."""
+
+    resource: str
+    holder: str
+    token: int
+    lease_id: int
+    expires_at_ms: int  # on the log clock (DESIGN I6), not this machine's clock
+    op_id: bytes
+    header: Header
+
+
+@dataclasses.dataclass(frozen=True)
+class KeepAliveResult(_Result):
+    resource: str
+    token: int
+    expires_at_ms: int
+    header: Header
+
+
+@dataclasses.dataclass(frozen=True)
+class KeepAliveItem(_Result):
+    """One lease's outcome in ``keep_alive_many``; ``error`` is the typed refusal if not ok."""
+
+    resource: str
+    token: int
+    ok: bool
+    expires_at_ms: int
+    reason: str
+    message: str
+
+    @property
+    def error(self) -> FencingError | None:
+        if self.ok:
+            return None
+        return error_for_reason(
+            self.reason,
+            self.message,
+            request={"rpc": "keep-alive", "resource": self.resource, "token": self.token},
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseResult(_Result):
+    released: bool  # False if the lease had already expired or been released
+    hwm: int
+    header: Header
+
+
+@dataclasses.dataclass(frozen=True)
+class Description(_Result):
+    resource: str
+    held: bool
+    holder: str
+    token: int
+    hwm: int
+    expires_at_ms: int
+    log_clock_ms: int
+    header: Header
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteResult(_Result):
+    version: int
+    hwm: int
+    op_id: bytes
+    header: Header
+
+
+@dataclasses.dataclass(frozen=True)
+class DeleteResult(_Result):
+    version: int
+    deleted: bool
+    op_id: bytes
+    header: Header
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadResult(_Result):
+    found: bool
+    value: bytes
+    version: int
+    hwm: int
+    header: Header
+
+
+@dataclasses.dataclass(frozen=True)
+class Member(_Result):
+    id: str
+    api_address: str
+    is_leader: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterStatus(_Result):
+    members: tuple[Member, ...]
+    leader: str
+    leader_api_address: str
+    term: int
+    commit_index: int
+    applied_index: int
+    epoch: int
+    has_quorum: bool
+    header: Header
+
+
+@dataclasses.dataclass(frozen=True)
+class ForceReleaseResult(_Result):
+    hwm: int
+    op_id: bytes
+    header: Header
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochResult(_Result):
+    epoch: int
+    header: Header
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot(_Result):
+    data: bytes
+    epoch: int
+    index: int
+    header: Header
+
+
+# -- conversions ---------------------------------------------------------------------------
+
+
+def acquire_result(r: pb.AcquireResponse, *, resource: str, holder: str, op_id: bytes):
+    return AcquireResult(
+        resource=resource,
+        holder=holder,
+        token=r.token,
+        lease_id=r.lease_id or r.token,
+        expires_at_ms=r.expires_at_ms,
+        op_id=op_id,
+        header=header_from_pb(r.header),
+    )
+
+
+def keep_alive_result(r: pb.KeepAliveResponse, *, resource: str, token: int):
+    return KeepAliveResult(
+        resource=r.resource or resource,
+        token=r.token or token,
+        expires_at_ms=r.expires_at_ms,
+        header=header_from_pb(r.header),
+    )
+
+
+def keep_alive_items(r: pb.KeepAliveManyResponse) -> list[KeepAliveItem]:
+    return [
+        KeepAliveItem(
+            resource=i.resource,
+            token=i.token,
+            ok=i.ok,
+            expires_at_ms=i.expires_at_ms,
+            reason=i.reason,
+            message=i.message,
+        )
+        for i in r.results
+    ]
+
+
+def release_result(r: pb.ReleaseResponse):
+    return ReleaseResult(released=r.released, hwm=r.hwm, header=header_from_pb(r.header))
+
+
+def description(r: pb.DescribeResponse, *, resource: str):
+    return Description(
+        resource=r.resource or resource,
+        held=r.held,
+        holder=r.holder,
+        token=r.token,
+        hwm=r.hwm,
+        expires_at_ms=r.expires_at_ms,
+        log_clock_ms=r.log_clock_ms,
+        header=header_from_pb(r.header),
+    )
+
+
+def write_result(r: pb.WriteResponse, *, op_id: bytes):
+    return WriteResult(version=r.version, hwm=r.hwm, op_id=op_id, header=header_from_pb(r.header))
+
+
+def delete_result(r: pb.DeleteResponse, *, op_id: bytes):
+    return DeleteResult(
+        version=r.version, deleted=r.deleted, op_id=op_id, header=header_from_pb(r.header)
+    )
+
+
+def read_result(r: pb.ReadResponse):
+    return ReadResult(
+        found=r.found, value=r.value, version=r.version, hwm=r.hwm, header=header_from_pb(r.header)
+    )
+
+
+def cluster_status(r: pb.StatusResponse):
+    return ClusterStatus(
+        members=tuple(
+            Member(id=m.id, api_address=m.api_address, is_leader=m.is_leader) for m in r.members
+        ),
+        leader=r.leader,
+        leader_api_address=r.leader_api_address,
+        term=r.term,
+        commit_index=r.commit_index,
+        applied_index=r.applied_index,
+        epoch=r.epoch,
+        has_quorum=r.has_quorum,
+        header=header_from_pb(r.header),
+    )
+
+
+def force_release_result(r: pb.ForceReleaseResponse, *, op_id: bytes):
+    return ForceReleaseResult(hwm=r.hwm, op_id=op_id, header=header_from_pb(r.header))
+
+
+def epoch_result(r: pb.SetEpochFloorResponse | pb.RestoreResponse):
+    return EpochResult(epoch=r.epoch, header=header_from_pb(r.header))
+
+
+def snapshot(r: pb.SnapshotResponse):
+    return Snapshot(data=r.data, epoch=r.epoch, index=r.index, header=header_from_pb(r.header))

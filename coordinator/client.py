@@ -1,0 +1,425 @@
+"""The Python client of the fencing coordinator, and ``Lease``, its keep-alive helper.
+
+Owns: ``FencingClient`` (sync, thread-safe: channels, the retry loop, leader discovery) and
+``Lease`` (a daemon thread renews it); it re-exports the results, ``AsyncFencingClient`` and
+``AsyncLease`` (asyncio, ``_client_async``). Shared with the asyncio client through
+``_client_base``: request validation before sending (the server's own field rules,
+``coordinator.validation``), the retry policy (``_client_retry``) and the frozen result
+dataclasses (``_client_results``); failures are the exception tree of
+``coordinator.exceptions``. Must never: invent an outcome. After an attempt that may have
+applied it says OutcomeUnknown, not "failed"; it never retries a definite refusal; and it
+never treats a ``Lease``'s local ``lost`` flag as the fence: the server's check is.
+
+Quick start::
+
+    from coordinator.client import FencingClient
+
+    with FencingClient(["127.0.0.1:7100", "127.0.0.1:7101", "127.0.0.1:7102"]) as client:
+        with client.lease("orders/7", ttl_ms=5000) as lease:
+            lease.write("total", b"42")          # carries lease.token; fenced at the server
+            if lease.lost.is_set():              # advisory: the server is the judge
+                ...
+
+Retries. Every call has a deadline (``timeout_s`` for the whole call, ``attempt_timeout_s``
+per RPC). UNAVAILABLE/NO_LEADER, OUTCOME_UNKNOWN, DEADLINE_EXCEEDED, transport failures and
+OVERLOADED (back-pressure: nothing applied) are retried with bounded exponential backoff and
+jitter, on the leader if a node named one, else on the next endpoint. A mutation keeps the
+**same op_id** (16 random bytes drawn once per logical call, or the caller's ``op_id=``),
+so the server applies it at most once within its dedup window
+(limits.DEDUP_RETENTION_MS). If the attempts run out after an attempt that may have
+applied, the call raises OutcomeUnknown carrying the op_id: call again with ``op_id=`` to
+learn the outcome. Refusals (StaleToken, LeaseHeld, InvalidArgument, PermissionDenied,
+LimitExceeded, ...) are raised at once, never retried. Restore is the one mutation without
+an op_id that is unsafe to repeat: it is resent only after failures that prove it was not
+applied.
+
+Leader discovery. Any node serves any RPC (followers forward), so the leader is only the
+fastest choice. The client asks Cluster.Status of all endpoints in parallel, keeps the
+leader's API address if it is one of the configured endpoints (a hint naming an address the
+caller did not configure is ignored), follows NO_LEADER hints the same way, and falls back
+to round-robin.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import weakref
+from typing import Any, Callable, Sequence
+
+import grpc
+
+from coordinator._client_async import AsyncFencingClient, AsyncLease
+from coordinator._client_base import (
+    ATTEMPT_TIMEOUT_S_DEFAULT,
+    CHANNEL_OPTIONS,
+    DEFAULT_ENDPOINTS,
+    RENEW_FRACTION,
+    RENEW_RETRY_S,
+    RETRY_BACKOFF_MAX_S_DEFAULT,
+    RETRY_BACKOFF_S_DEFAULT,
+    RETRY_MAX_ATTEMPTS_DEFAULT,
+    TIMEOUT_S_DEFAULT,
+    Attempts,
+    Call,
+    LeaseBase,
+    Stubs,
+    _ClientBase,
+    new_op_id,
+)
+from coordinator._client_results import (
+    AcquireResult,
+    ClusterStatus,
+    DeleteResult,
+    Description,
+    EpochResult,
+    ForceReleaseResult,
+    Header,
+    KeepAliveItem,
+    KeepAliveResult,
+    Member,
+    ReadResult,
+    ReleaseResult,
+    Snapshot,
+    WriteResult,
+)
+from coordinator.api.v1 import fencing_pb2 as pb
+from coordinator.exceptions import (
+    AuthError,
+    FencingError,
+    InvalidArgument,
+    LeaseLost,
+    Refused,
+)
+
+__all__ = [
+    "DEFAULT_ENDPOINTS",
+    "AcquireResult",
+    "AsyncFencingClient",
+    "AsyncLease",
+    "ClusterStatus",
+    "DeleteResult",
+    "Description",
+    "EpochResult",
+    "FencingClient",
+    "ForceReleaseResult",
+    "Header",
+    "KeepAliveItem",
+    "KeepAliveResult",
+    "Lease",
+    "Member",
+    "ReadResult",
+    "ReleaseResult",
+    "Snapshot",
+    "WriteResult",
+    "new_op_id",
+]
+
+log = logging.getLogger("coordinator.client")
+
+
+class FencingClient(_ClientBase):
+    """A client of one fencing cluster. Thread-safe; use one per process.
+
+    ``endpoints``: the API addresses (``host:port``) of some or all nodes, as a list or a
+    comma-separated string.
+
+    Keyword-only configuration, each with a safe default:
+
+    - ``timeout_s`` (10.0): deadline of one whole call, retries and backoff included.
+    - ``attempt_timeout_s`` (3.0): deadline of one RPC attempt.
+    - ``retry_max_attempts`` (10): attempts per call (1 disables retries).
+    - ``retry_backoff_s`` (0.05) / ``retry_backoff_max_s`` (1.0): exponential backoff with
+      jitter between attempts.
+    - ``admin_token`` (None): a bearer credential, sent on every call as
+      ``authorization: Bearer <token>``; Admin RPCs need it when the cluster has one.
+    - ``credentials`` (None): ``grpc.ChannelCredentials`` for TLS/mTLS; None is plaintext.
+
+    Every method also takes ``timeout_s=`` to override the whole-call deadline once.
+    Methods: acquire, keep_alive, keep_alive_many, release, describe, write, delete, read,
+    status, force_release, set_epoch_floor, snapshot, restore, and ``lease()``.
+    """
+
+    _log = log
+
+    def __init__(
+        self,
+        endpoints: Sequence[str] | str,
+        *,
+        timeout_s: float = TIMEOUT_S_DEFAULT,
+        attempt_timeout_s: float = ATTEMPT_TIMEOUT_S_DEFAULT,
+        retry_max_attempts: int = RETRY_MAX_ATTEMPTS_DEFAULT,
+        retry_backoff_s: float = RETRY_BACKOFF_S_DEFAULT,
+        retry_backoff_max_s: float = RETRY_BACKOFF_MAX_S_DEFAULT,
+        admin_token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        super().__init__(
+            endpoints,
+            timeout_s=timeout_s,
+            attempt_timeout_s=attempt_timeout_s,
+            retry_max_attempts=retry_max_attempts,
+            retry_backoff_s=retry_backoff_s,
+            retry_backoff_max_s=retry_backoff_max_s,
+            admin_token=admin_token,
+            credentials=credentials,
+        )
+        for endpoint in self._endpoints:
+            channel = (
+                grpc.secure_channel(endpoint, credentials, options=CHANNEL_OPTIONS)
+                if credentials is not None
+                else grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+            )
+            self._stubs[endpoint] = Stubs(channel)
+        self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()
+
+    def close(self) -> None:
+        """Stop the keep-alive of every open Lease (they are not released) and close channels."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for lease in list(self._leases):
+            lease._stop_keepalive()
+        for stubs in self._stubs.values():
+            stubs.channel.close()
+
+    def __enter__(self) -> FencingClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- the retry loop -------------------------------------------------------------------
+
+    def _execute(self, call: Call) -> Any:
+        if self._closed:
+            raise RuntimeError("the FencingClient is closed")
+        attempts = Attempts(self, call)
+        while True:
+            endpoint = call.endpoint or self._pick_endpoint(attempts.deadline)
+            attempt_s = attempts.begin()
+            if attempt_s is None:
+                raise attempts.exhausted()
+            rpc = getattr(getattr(self._stubs[endpoint], call.service), call.method)
+            try:
+                response = rpc(call.request, timeout=attempt_s, metadata=self._metadata)
+            except grpc.RpcError as err:
+                pause_s = attempts.failed(err, endpoint)  # raises when it is final
+                if pause_s > 0:
+                    time.sleep(pause_s)
+                continue
+            except ValueError:
+                if self._closed:  # grpc: "Cannot invoke RPC on closed channel!"
+                    raise RuntimeError("the FencingClient is closed") from None
+                raise
+            return call.convert(response)
+
+    def _pick_endpoint(self, deadline: float) -> str:
+        leader, discover = self._known_or_discover()
+        if leader is not None:
+            return leader
+        if discover:
+            budget_s = self._discovery_budget_s(deadline)
+            leader = self._discover(budget_s) if budget_s > 0 else None
+        return self._adopt(leader)
+
+    def _discover(self, budget_s: float) -> str | None:
+        """Ask every endpoint for Cluster.Status at once; the first leader address that is
+        one of our endpoints wins. None if nobody named one within ``budget_s``."""
+        answers: queue.Queue = queue.Queue()
+        futures = []
+        for stubs in self._stubs.values():
+            try:
+                future = stubs.cluster.Status.future(
+                    pb.StatusRequest(), timeout=budget_s, metadata=self._metadata
+                )
+            except ValueError:  # the channel was closed
+                continue
+            future.add_done_callback(answers.put)
+            futures.append(future)
+        deadline = time.monotonic() + budget_s
+        leader = None
+        try:
+            for _ in futures:
+                try:
+                    future = answers.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                try:
+                    leader = self._leader_from_answer(response=future.result())
+                except grpc.RpcError as err:
+                    leader = self._leader_from_answer(error=err)
+                except Exception:  # noqa: BLE001 - a cancelled future: no answer
+                    continue
+                if leader is not None:
+                    break
+        finally:
+            for future in futures:
+                future.cancel()
+        log.debug("leader discovery: %s", leader or "no leader among the endpoints")
+        return leader
+
+    # -- the lease helper ----------------------------------------------------------------
+
+    def lease(
+        self,
+        resource: str,
+        *,
+        ttl_ms: int,
+        holder: str | None = None,
+        wait_ms: int = 0,
+        on_lost: Callable[[LeaseLost], None] | None = None,
+        auto_renew: bool = True,
+        timeout_s: float | None = None,
+    ) -> Lease:
+        """Acquire ``resource`` now and return a ``Lease`` that renews itself every ttl/3
+        on a daemon thread (``auto_renew=False``: call ``lease.keep_alive()`` yourself).
+
+        Use it as a context manager: leaving the block stops the keep-alive and releases
+        the lease (best effort; failures are logged, never raised). Raises what
+        ``acquire`` raises (LeaseHeld, ...).
+        """
+        sent_at = time.monotonic()
+        acquired = self.acquire(
+            resource, ttl_ms=ttl_ms, holder=holder, wait_ms=wait_ms, timeout_s=timeout_s
+        )
+        lease = Lease(self, acquired, ttl_ms=ttl_ms, on_lost=on_lost, sent_at=sent_at)
+        self._leases.add(lease)
+        if auto_renew:
+            lease._start_keepalive()
+        return lease
+
+
+class Lease(LeaseBase):
+    """A held lease: its ``token``, and ``write``/``delete``/``read`` bound to that token.
+
+    ``lost`` is a ``threading.Event`` set, and right after it ``on_lost(LeaseLost)`` called
+    once from the keep-alive thread, when a renewal is refused (StaleToken, LeaseExpired,
+    UnknownToken, or another refusal) or when renewals keep failing until the lease must
+    have expired (send time of the last good renewal + ttl, on this machine's monotonic
+    clock: never later than the server's expiry).
+
+    **It is advisory.** Between the moment the lease is lost and the moment this process
+    notices, writes can still be sent, and writes after ``lost`` are not blocked here: the
+    server is the judge, and refuses every write whose token is below the resource's hwm
+    (StaleToken). ``raise_if_lost()`` helps stop early; it guarantees nothing.
+    """
+
+    def __init__(
+        self,
+        client: FencingClient,
+        acquired: AcquireResult,
+        *,
+        ttl_ms: int,
+        on_lost: Callable[[LeaseLost], None] | None = None,
+        sent_at: float | None = None,
+    ) -> None:
+        super().__init__(
+            client, acquired, ttl_ms=ttl_ms,
+            sent_at=time.monotonic() if sent_at is None else sent_at,
+        )
+        self.lost = threading.Event()
+        self._on_lost = on_lost
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._state_lock = threading.Lock()
+
+    def _is_lost(self) -> bool:
+        return self.lost.is_set()
+
+    @property
+    def expires_at_ms(self) -> int:
+        with self._state_lock:
+            return self._expires_at_ms
+
+    def keep_alive(self, *, timeout_s: float | None = None) -> KeepAliveResult:
+        """Renew once now (the background thread does this by itself)."""
+        sent_at = time.monotonic()
+        result = self._client.keep_alive(self.resource, self.token, timeout_s=timeout_s)
+        with self._state_lock:
+            self._renewed(result, sent_at)
+        return result
+
+    def _mark_lost(self, cause: BaseException | None, message: str = "") -> None:
+        with self._state_lock:
+            if self.lost.is_set():
+                return
+            self.lost_error = LeaseLost(message, cause=cause, request=self._context())
+            self.lost.set()
+        log.warning("%s", self.lost_error)
+        if self._on_lost is not None:
+            try:
+                self._on_lost(self.lost_error)
+            except Exception:  # noqa: BLE001 - a callback bug must not kill the thread
+                log.exception("on_lost callback for %s raised", self.resource)
+
+    def _start_keepalive(self) -> None:
+        self._thread = threading.Thread(
+            target=self._keepalive_loop,
+            name=f"fencing-keepalive-{self.resource}-{self.token}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _stop_keepalive(self) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            # The loop wakes at once; a renewal in flight ends by its own deadline.
+            thread.join(timeout=self._client._attempt_timeout_s + 1.0)
+
+    def _keepalive_loop(self) -> None:
+        interval_s = self.ttl_ms / 1000 / RENEW_FRACTION
+        delay_s = interval_s
+        while not self._stop.wait(delay_s):
+            with self._state_lock:
+                remaining_s = self._local_expiry - time.monotonic()
+            if remaining_s <= 0:
+                self._mark_lost(None, self._expired_message())
+                return
+            try:
+                self.keep_alive(timeout_s=remaining_s)
+            except (Refused, InvalidArgument, AuthError) as exc:
+                # A definite refusal: fenced (StaleToken), ended (LeaseExpired), never
+                # issued (UnknownToken), or not allowed. Asking again changes nothing.
+                self._mark_lost(exc)
+                return
+            except FencingError as exc:
+                # Unavailable, OutcomeUnknown, Overloaded, ServerError: the lease may still
+                # be live; try again soon, until the local expiry says it cannot be.
+                log.info("renewal of %s token %s failed: %s", self.resource, self.token, exc)
+                delay_s = min(interval_s, RENEW_RETRY_S)
+                continue
+            except (RuntimeError, ValueError):  # the client (or its channel) was closed
+                return
+            delay_s = interval_s
+
+    def release(self, *, timeout_s: float | None = None) -> ReleaseResult | None:
+        """Stop renewing and release the lease (raises what ``client.release`` raises);
+        None if it was already released through this object."""
+        self._stop_keepalive()
+        with self._state_lock:
+            if self._released:
+                return None
+            self._released = True
+        return self._client.release(self.resource, self.token, timeout_s=timeout_s)
+
+    def close(self) -> None:
+        """Stop renewing and release, best effort: failures are logged, never raised."""
+        try:
+            self.release()
+        except Refused as exc:  # already fenced or ended: nothing left to release
+            log.debug("release of %s token %s: %s", self.resource, self.token, exc)
+        except FencingError as exc:
+            log.warning("release of %s token %s failed: %s", self.resource, self.token, exc)
+        except RuntimeError as exc:  # the client was closed first
+            log.debug("release of %s skipped: %s", self.resource, exc)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,576 @@
+"""The exceptions the fencing client raises, and the one table that maps gRPC errors to them.
+
+Owns: the client's exception tree and ``from_rpc_error``, the single translation from a
+``grpc.RpcError`` (status code + ``google.rpc.ErrorInfo`` in the rich status) to a typed
+exception. Must never: import the client, retry, or decide policy; the server's own error
+table lives in ``coordinator/errors.py`` and this module only reads what it sends.
+
+The tree answers the first question a caller has after a failed mutation, "did it apply?"::
+
+    FencingError                     anything this package raises
+    ├── OutcomeUnknown               MAY have applied: retry with the same op_id to learn
+    │                                (OUTCOME_UNKNOWN, DEADLINE_EXCEEDED, a connection lost
+    │                                after the request may have been sent)
+    ├── NotApplied                   definitely changed nothing
+    │   ├── Unavailable              no node could take the call in time (safe to retry)
+    │   │   └── NoLeader             the cluster has no leader / no quorum right now
+    │   ├── Refused                  the state machine said no; retrying will not help
+    │   │   ├── StaleToken           token < hwm: a newer owner exists       .hwm
+    │   │   ├── UnknownToken         token > hwm: never issued for resource  .hwm
+    │   │   ├── LeaseHeld            another live lease holds the resource
+    │   │   │                        .holder .expires_at_ms .token
+    │   │   ├── LeaseExpired         the lease ended; acquire a new token
+    │   │   ├── VersionMismatch      expected_version did not match          .version
+    │   │   ├── OpIdConflict         op_id reused for a different request
+    │   │   └── EpochFloorTooLow     restore floor not above every issued token .epoch
+    │   ├── ResourceExhausted        a limit of the cluster (RESOURCE_EXHAUSTED)
+    │   │   ├── LimitExceeded        too many resources / keys / bytes
+    │   │   ├── EpochExhausted       every token up to 2**64-1 was issued
+    │   │   └── Overloaded           the server is shedding load (the client backs off
+    │   │                            and retries it; raised when the retries run out)
+    │   ├── InvalidArgument          malformed request                       .field
+    │   └── AuthError
+    │       ├── Unauthenticated      no credential where one is needed
+    │       └── PermissionDenied     the principal may not do this
+    ├── ServerError                  any other status (INTERNAL, UNIMPLEMENTED, ...);
+    │                                for a mutation treat it like OutcomeUnknown
+    └── LeaseLost                    client-side, advisory: a Lease could not be renewed
+                                     or was fenced. The server's fence is the guarantee:
+                                     a write with a fenced token still gets StaleToken.
+
+Every exception raised from a server answer carries ``code`` (``grpc.StatusCode`` or None),
+``reason`` (the ErrorInfo reason, "" if none), ``metadata`` (ErrorInfo metadata, strings),
+``server_message`` (the status message), ``endpoint`` (who answered) and ``header``
+(``Header`` from the server's ``fencing-member-id``/``-raft-term``/``-applied-index`` trailing
+metadata, else None).
+``str(exc)`` is one friendly line, e.g. ``token 1 is stale for orders/7 (high-water mark is 2)``;
+``exc.category`` is its one-word class (``refused``, ``unavailable``, ...), which fencingctl
+prints in front of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any, Mapping
+
+import grpc
+
+__all__ = [
+    "ERROR_DOMAIN",
+    "AuthError",
+    "EpochExhausted",
+    "EpochFloorTooLow",
+    "FencingError",
+    "Header",
+    "InvalidArgument",
+    "LeaseExpired",
+    "LeaseHeld",
+    "LeaseLost",
+    "LimitExceeded",
+    "NoLeader",
+    "NotApplied",
+    "OpIdConflict",
+    "OutcomeUnknown",
+    "Overloaded",
+    "PermissionDenied",
+    "Refused",
+    "ResourceExhausted",
+    "ServerError",
+    "StaleToken",
+    "Unauthenticated",
+    "Unavailable",
+    "UnknownToken",
+    "VersionMismatch",
+    "error_for_reason",
+    "from_rpc_error",
+    "is_connect_failure",
+]
+
+# The ErrorInfo domain of this API (fencing.proto): details from other domains are ignored.
+ERROR_DOMAIN = "fencing.v1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Header:
+    """Who answered: the ResponseHeader of every response (DESIGN §4)."""
+
+    member_id: str
+    raft_term: int
+    applied_index: int
+
+
+class FencingError(Exception):
+    """Root of every exception the fencing client raises."""
+
+    category = "error"
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        code: grpc.StatusCode | None = None,
+        reason: str = "",
+        metadata: Mapping[str, str] | None = None,
+        server_message: str = "",
+        endpoint: str | None = None,
+        header: Header | None = None,
+        request: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.code = code
+        self.reason = reason
+        self.metadata: dict[str, str] = dict(metadata or {})
+        self.server_message = server_message
+        self.endpoint = endpoint
+        self.header = header
+        # What the caller asked (resource, key, token, op_id, ...): used in messages.
+        self.request: dict[str, Any] = dict(request or {})
+        super().__init__(message or self._describe())
+
+    # Subclasses build their friendly line from their fields.
+    def _describe(self) -> str:
+        return self.server_message or self.reason or type(self).__name__
+
+    @property
+    def resource(self) -> str | None:
+        return self.request.get("resource")
+
+    def _int_meta(self, name: str) -> int | None:
+        raw = self.metadata.get(name, "")
+        try:
+            return int(raw)
+        except ValueError:
+            return None
+
+
+class OutcomeUnknown(FencingError):
+    """The mutation may or may not have been applied (DESIGN §4).
+
+    Retrying with the same ``op_id`` (``exc.op_id``) returns the first outcome if it did
+    apply and applies it if it did not, within the dedup window (limits.DEDUP_RETENTION_MS).
+    Never read this as "failed".
+    """
+
+    category = "outcome unknown"
+
+    @property
+    def op_id(self) -> bytes | None:
+        return self.request.get("op_id")
+
+    def _describe(self) -> str:
+        what = self.request.get("rpc", "the request")
+        text = f"{what} may or may not have been applied"
+        if self.op_id:
+            text += f"; retry with op id {self.op_id.hex()} to find out"
+        detail = self.metadata.get("detail") or self.server_message
+        return f"{text} ({detail})" if detail else text
+
+
+class NotApplied(FencingError):
+    """Definitely nothing changed: not the data, not the hwm, not the dedup table."""
+
+
+class Unavailable(NotApplied):
+    """No node could take the call before the deadline; nothing was applied. Safe to retry."""
+
+    category = "unavailable"
+
+    @property
+    def leader_hint(self) -> str:
+        return self.metadata.get("leader_api", "")
+
+    def _describe(self) -> str:
+        return self.server_message or "no node of the cluster could take the request"
+
+
+class NoLeader(Unavailable):
+    """The cluster has no leader or no quorum right now (an election is likely running)."""
+
+    def _describe(self) -> str:
+        hint = self.leader_hint
+        text = "the cluster has no leader right now"
+        return f"{text} (last hint: {hint})" if hint else text
+
+
+class Refused(NotApplied):
+    """The state machine refused the request and changed nothing. Retrying will not help."""
+
+    category = "refused"
+
+
+class StaleToken(Refused):
+    """token < hwm(resource): a newer owner exists. ``hwm`` is the resource's current mark."""
+
+    @property
+    def hwm(self) -> int | None:
+        return self._int_meta("hwm")
+
+    def _describe(self) -> str:
+        token = self.request.get("token", "?")
+        return f"token {token} is stale for {self.resource or '?'} (high-water mark is {self.hwm})"
+
+
+class UnknownToken(Refused):
+    """token > hwm(resource): that token was never issued for this resource."""
+
+    @property
+    def hwm(self) -> int | None:
+        return self._int_meta("hwm")
+
+    def _describe(self) -> str:
+        token = self.request.get("token", "?")
+        text = f"token {token} was never issued for {self.resource or '?'}"
+        return f"{text} (high-water mark is {self.hwm})" if self.hwm is not None else text
+
+
+def _log_clock_text(ms: int | None) -> str:
+    if ms is None:
+        return "?"
+    try:
+        when = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return f"{ms} ms (log clock)"
+    return f"{when.strftime('%Y-%m-%dT%H:%M:%S.%f')[:-3]}Z (log clock)"
+
+
+class LeaseHeld(Refused):
+    """Another live lease holds the resource; Acquire again after ``expires_at_ms``."""
+
+    @property
+    def holder(self) -> str:
+        return self.metadata.get("holder", "")
+
+    @property
+    def expires_at_ms(self) -> int | None:
+        return self._int_meta("expires_at_ms")
+
+    @property
+    def token(self) -> int | None:
+        return self._int_meta("token")
+
+    def _describe(self) -> str:
+        return (
+            f"{self.resource or '?'} is held by {self.holder!r} (token {self.token}) "
+            f"until {_log_clock_text(self.expires_at_ms)}"
+        )
+
+
+class LeaseExpired(Refused):
+    """The lease for this token has ended (expired or released): acquire a new token."""
+
+    def _describe(self) -> str:
+        token = self.request.get("token", "?")
+        return (
+            f"the lease with token {token} on {self.resource or '?'} has ended; "
+            "acquire a new one"
+        )
+
+
+class VersionMismatch(Refused):
+    """expected_version did not match; ``version`` is the key's current version (0: absent)."""
+
+    @property
+    def version(self) -> int | None:
+        return self._int_meta("version")
+
+    def _describe(self) -> str:
+        key = self.request.get("key", "?")
+        expected = self.request.get("expected_version", "?")
+        return f"key {key!r} in {self.resource or '?'} is at version {self.version}, not {expected}"
+
+
+class OpIdConflict(Refused):
+    """The op_id was already used for a different request inside the dedup window."""
+
+    def _describe(self) -> str:
+        op_id = self.request.get("op_id")
+        shown = op_id.hex() if isinstance(op_id, bytes) else "?"
+        return f"op id {shown} was already used for a different request"
+
+
+class EpochFloorTooLow(Refused):
+    """Restore/SetEpochFloor: the floor is not above every token ever issued (I11);
+    ``epoch`` is the current epoch, so a floor above it is needed."""
+
+    @property
+    def epoch(self) -> int | None:
+        return self._int_meta("epoch")
+
+    def _describe(self) -> str:
+        floor = self.request.get("epoch_floor", self.request.get("floor", "?"))
+        return f"epoch floor {floor} is too low: the epoch is already {self.epoch}; choose a higher floor"
+
+
+class ResourceExhausted(NotApplied):
+    """A limit of the cluster (RESOURCE_EXHAUSTED); nothing was applied."""
+
+    category = "limit"
+
+    def _describe(self) -> str:
+        return self.server_message or "a limit of the cluster was reached"
+
+
+class LimitExceeded(ResourceExhausted):
+    """Too many resources, keys per resource, or bytes (coordinator/limits.py)."""
+
+    def _describe(self) -> str:
+        text = self.server_message or "a limit of the cluster was reached"
+        limit = self.metadata.get("limit")
+        return f"{text} (limit: {limit})" if limit and limit not in text else text
+
+
+class EpochExhausted(ResourceExhausted):
+    """Every token up to 2**64-1 has been issued; no new epoch can exist."""
+
+    def _describe(self) -> str:
+        return "every fencing token has been issued (epoch exhausted)"
+
+
+class Overloaded(ResourceExhausted):
+    """The server is shedding load (back-pressure, not a refusal: nothing was applied).
+    The client retries it with backoff; this is raised when those retries run out."""
+
+    category = "overloaded"
+
+    def _describe(self) -> str:
+        text = "the cluster is overloaded; retry later"
+        return f"{text} ({self.server_message})" if self.server_message else text
+
+
+class InvalidArgument(NotApplied):
+    """The request was malformed; ``field`` names the offending field when known."""
+
+    category = "invalid argument"
+
+    @property
+    def field(self) -> str:
+        return self.metadata.get("field", "")
+
+    def _describe(self) -> str:
+        text = self.server_message or "malformed request"
+        if self.field and f"'{self.field}'" not in text:
+            return f"field {self.field!r}: {text}"
+        return text
+
+
+class AuthError(NotApplied):
+    """Authentication or authorization failed (DESIGN I10)."""
+
+    category = "permission"
+
+
+class Unauthenticated(AuthError):
+    """No credential where the server needs one (a wrong one is PermissionDenied)."""
+
+    category = "unauthenticated"
+
+    def _describe(self) -> str:
+        return self.server_message or "no valid credential"
+
+
+class PermissionDenied(AuthError):
+    """The authenticated principal may not do this."""
+
+    category = "permission denied"
+
+    def _describe(self) -> str:
+        return self.server_message or "the principal may not do this"
+
+
+class ServerError(FencingError):
+    """Any other status (INTERNAL, UNIMPLEMENTED, UNKNOWN, ...).
+
+    For a mutation the outcome is not known; the client treats it like OutcomeUnknown
+    when it decides whether to retry, but raises it as it is when it has no other answer.
+    """
+
+    category = "server error"
+
+    def _describe(self) -> str:
+        code = self.code.name if self.code is not None else "?"
+        return f"{code}: {self.server_message or 'no detail'}"
+
+
+class LeaseLost(FencingError):
+    """Client-side and advisory: a ``Lease`` could not be renewed, or was fenced.
+
+    ``cause`` is the exception that made the lease count as lost (a Refused subclass, or
+    the last renewal failure when renewals failed past the expiry). The fence at the
+    server is the guarantee: writes carrying this token are refused there with
+    StaleToken once a newer token exists.
+    """
+
+    category = "lease lost"
+
+    def __init__(self, message: str = "", *, cause: BaseException | None = None, **kwargs: Any):
+        self.cause = cause
+        super().__init__(message, **kwargs)
+
+    def _describe(self) -> str:
+        token = self.request.get("token", "?")
+        text = f"the lease with token {token} on {self.resource or '?'} is lost"
+        return f"{text}: {self.cause}" if self.cause is not None else text
+
+
+# ---------------------------------------------------------------------------------------
+# The one table. (status code, ErrorInfo reason) -> exception class; reason "" is the
+# code's default (no ErrorInfo, or a reason this client does not know yet).
+
+_TABLE: dict[tuple[grpc.StatusCode, str], type[FencingError]] = {
+    (grpc.StatusCode.INVALID_ARGUMENT, ""): InvalidArgument,
+    (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD"): InvalidArgument,
+    (grpc.StatusCode.OUT_OF_RANGE, ""): InvalidArgument,
+    (grpc.StatusCode.FAILED_PRECONDITION, "STALE_TOKEN"): StaleToken,
+    (grpc.StatusCode.FAILED_PRECONDITION, "UNKNOWN_TOKEN"): UnknownToken,
+    (grpc.StatusCode.FAILED_PRECONDITION, "LEASE_HELD"): LeaseHeld,
+    (grpc.StatusCode.FAILED_PRECONDITION, "LEASE_EXPIRED"): LeaseExpired,
+    (grpc.StatusCode.FAILED_PRECONDITION, "VERSION_MISMATCH"): VersionMismatch,
+    (grpc.StatusCode.FAILED_PRECONDITION, "EPOCH_FLOOR_TOO_LOW"): EpochFloorTooLow,
+    (grpc.StatusCode.FAILED_PRECONDITION, ""): Refused,
+    (grpc.StatusCode.ALREADY_EXISTS, "OP_ID_CONFLICT"): OpIdConflict,
+    (grpc.StatusCode.ALREADY_EXISTS, ""): OpIdConflict,
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED"): LimitExceeded,
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, "EPOCH_EXHAUSTED"): EpochExhausted,
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED"): Overloaded,
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, ""): ResourceExhausted,
+    (grpc.StatusCode.UNAVAILABLE, "NO_LEADER"): NoLeader,
+    (grpc.StatusCode.UNAVAILABLE, "NOT_LEADER"): NoLeader,
+    (grpc.StatusCode.UNAVAILABLE, "NO_QUORUM"): NoLeader,
+    (grpc.StatusCode.UNAVAILABLE, "OVERLOADED"): Overloaded,
+    (grpc.StatusCode.UNAVAILABLE, ""): Unavailable,
+    (grpc.StatusCode.ABORTED, "OUTCOME_UNKNOWN"): OutcomeUnknown,
+    (grpc.StatusCode.ABORTED, ""): OutcomeUnknown,
+    (grpc.StatusCode.DEADLINE_EXCEEDED, ""): OutcomeUnknown,
+    (grpc.StatusCode.CANCELLED, ""): OutcomeUnknown,
+    (grpc.StatusCode.UNAUTHENTICATED, ""): Unauthenticated,
+    (grpc.StatusCode.PERMISSION_DENIED, ""): PermissionDenied,
+}
+
+# A reason alone decides the class when the status code is not in the table with it
+# (KeepAliveMany reports per-item reasons without a status code).
+_BY_REASON: dict[str, type[FencingError]] = {
+    reason: cls for (_code, reason), cls in _TABLE.items() if reason
+}
+
+
+def _parse_error_info(err: grpc.RpcError) -> tuple[str, dict[str, str]]:
+    """(reason, metadata) of the fencing.v1 ErrorInfo in ``err``'s rich status, or ("", {})."""
+    # Imported here so that importing the exceptions never needs the rich-status protos.
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    try:
+        status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    except (ValueError, AttributeError, TypeError):
+        # ValueError: the rich status disagrees with the call's code/message; a server
+        # that sends that is broken, and the plain status still tells us enough.
+        return "", {}
+    if status is None:
+        return "", {}
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            if info.domain == ERROR_DOMAIN:
+                return info.reason, dict(info.metadata)
+    return "", {}
+
+
+# Trailing metadata the server puts on every error (coordinator/errors.py HEADER_*).
+_TRAILER_MEMBER_ID = "fencing-member-id"
+_TRAILER_RAFT_TERM = "fencing-raft-term"
+_TRAILER_APPLIED_INDEX = "fencing-applied-index"
+
+
+def _header_from_trailers(trailers: Mapping[str, str]) -> Header | None:
+    member = trailers.get(_TRAILER_MEMBER_ID)
+    if not member:
+        return None
+    try:
+        return Header(
+            member_id=member,
+            raft_term=int(trailers.get(_TRAILER_RAFT_TERM) or 0),
+            applied_index=int(trailers.get(_TRAILER_APPLIED_INDEX) or 0),
+        )
+    except ValueError:
+        return None
+
+
+def error_for_reason(
+    reason: str,
+    message: str = "",
+    *,
+    code: grpc.StatusCode | None = None,
+    metadata: Mapping[str, str] | None = None,
+    endpoint: str | None = None,
+    header: Header | None = None,
+    request: Mapping[str, Any] | None = None,
+) -> FencingError:
+    """The exception for ``(code, reason)`` from the table, falling back to the reason alone,
+    then to the code alone, then to ServerError."""
+    cls = _TABLE.get((code, reason)) if code is not None else None
+    if cls is None and reason:
+        cls = _BY_REASON.get(reason)  # a known reason under an unexpected code
+    if cls is None and code is not None:
+        cls = _TABLE.get((code, ""))
+    if cls is None:
+        cls = ServerError
+    meta = dict(metadata or {})
+    return cls(
+        code=code,
+        reason=reason,
+        metadata=meta,
+        server_message=message,
+        endpoint=endpoint,
+        header=header,
+        request=request,
+    )
+
+
+def from_rpc_error(
+    err: grpc.RpcError,
+    *,
+    endpoint: str | None = None,
+    request: Mapping[str, Any] | None = None,
+) -> FencingError:
+    """Translate one failed gRPC call into the typed exception (the one table above).
+
+    ``request`` is what the caller asked (resource, key, token, op_id, rpc name); it is
+    kept on the exception and used in its message. The caller raises the result
+    ``from err``.
+    """
+    code = err.code() if callable(getattr(err, "code", None)) else None
+    message = err.details() if callable(getattr(err, "details", None)) else ""
+    reason, metadata = _parse_error_info(err)
+    trailers: dict[str, str] = {}
+    if callable(getattr(err, "trailing_metadata", None)):
+        for key, value in err.trailing_metadata() or ():
+            if isinstance(value, str):
+                trailers[key] = value
+    return error_for_reason(
+        reason,
+        message or "",
+        code=code,
+        metadata=metadata,
+        endpoint=endpoint,
+        header=_header_from_trailers(trailers),
+        request=request,
+    )
+
+
+# grpc-core's message when a channel never got a connection: nothing was sent, so even a
+# mutation is definitely not applied. Every other plain UNAVAILABLE on a mutation (a reset
+# or GOAWAY after the request went out) may have reached the server.
+_CONNECT_FAILURE_MARKERS = (
+    "failed to connect to all addresses",
+    "DNS resolution failed",
+    "Connection refused",
+    "Name resolution failure",
+)
+
+
+def is_connect_failure(err: FencingError) -> bool:
+    """True if ``err`` is a plain UNAVAILABLE from the transport that never connected."""
+    if type(err) is not Unavailable or err.reason:
+        return False
+    return any(marker in err.server_message for marker in _CONNECT_FAILURE_MARKERS)

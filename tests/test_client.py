@@ -1,0 +1,714 @@
+"""Tests of the Python client (coordinator.client, coordinator.exceptions).
+
+Two layers:
+
+- against ``coordinator._client_fake.FakeCluster``: three in-process gRPC servers sharing one
+  real ``FencingStateMachine``, with injected faults (NO_LEADER, outcome unknown after
+  applying, delays past the deadline, stopped nodes). Deterministic and fast: these pin the
+  error table, the retry rules and the Lease helper;
+- against a real three-process cluster (``tests/grpc_cluster.py``, ``fencingd serve`` on
+  127.0.0.2-4): failover when the leader is killed, the same-op_id retry applying once
+  across a paused leader, and a Lease fenced by an admin force-release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import os
+import random
+import threading
+import time
+
+import grpc
+import pytest
+
+from coordinator import exceptions as E
+from coordinator._client_fake import (
+    FakeCluster,
+    abort,
+    delay,
+    no_leader,
+    unknown_after_apply,
+    unknown_before_apply,
+)
+from coordinator._client_retry import Backoff, Kind, classify
+from coordinator.client import AsyncFencingClient, AsyncLease, FencingClient, Lease, new_op_id
+
+# Short deadlines keep the fault tests quick; the fake answers in about a millisecond.
+FAST = dict(timeout_s=3.0, attempt_timeout_s=0.5, retry_backoff_s=0.01, retry_backoff_max_s=0.05)
+
+
+@pytest.fixture
+def fake():
+    with FakeCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def client(fake):
+    with FencingClient(fake.endpoints, **FAST) as c:
+        yield c
+
+
+def op_ids(calls):
+    return [call.request.op_id for call in calls]
+
+
+# ---------------------------------------------------------------- the error table
+
+
+@pytest.mark.parametrize(
+    "code, reason, metadata, cls, attrs",
+    [
+        (grpc.StatusCode.FAILED_PRECONDITION, "STALE_TOKEN", {"hwm": "9"}, E.StaleToken, {"hwm": 9}),
+        (grpc.StatusCode.FAILED_PRECONDITION, "UNKNOWN_TOKEN", {"hwm": "2"}, E.UnknownToken, {"hwm": 2}),
+        (grpc.StatusCode.FAILED_PRECONDITION, "LEASE_HELD",
+         {"holder": "w-b", "expires_at_ms": "1700000000000", "token": "4"}, E.LeaseHeld,
+         {"holder": "w-b", "expires_at_ms": 1700000000000, "token": 4}),
+        (grpc.StatusCode.FAILED_PRECONDITION, "LEASE_EXPIRED", {}, E.LeaseExpired, {}),
+        (grpc.StatusCode.FAILED_PRECONDITION, "VERSION_MISMATCH", {"version": "3"}, E.VersionMismatch,
+         {"version": 3}),
+        (grpc.StatusCode.FAILED_PRECONDITION, "EPOCH_FLOOR_TOO_LOW", {"epoch": "12"}, E.EpochFloorTooLow,
+         {"epoch": 12}),
+        (grpc.StatusCode.FAILED_PRECONDITION, "SOMETHING_NEW", {}, E.Refused, {}),
+        (grpc.StatusCode.ALREADY_EXISTS, "OP_ID_CONFLICT", {"op": "4"}, E.OpIdConflict, {}),
+        (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD", {"field": "token"}, E.InvalidArgument,
+         {"field": "token"}),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED", {"limit": "keys"}, E.LimitExceeded, {}),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "EPOCH_EXHAUSTED", {}, E.EpochExhausted, {}),
+        (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED", {}, E.Unauthenticated, {}),
+        (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED", {}, E.PermissionDenied, {}),
+        (grpc.StatusCode.INTERNAL, "", {}, E.ServerError, {}),
+        (grpc.StatusCode.UNIMPLEMENTED, "", {}, E.ServerError, {}),
+    ],
+)
+def test_each_status_maps_to_its_exception_with_details(fake, client, code, reason, metadata, cls, attrs):
+    fake.inject("Describe", abort(code, reason, "server says no", **metadata))
+    with pytest.raises(E.FencingError) as info:
+        client.describe("orders/7")
+    err = info.value
+    assert type(err) is cls
+    assert err.code == code and err.reason == reason and err.metadata == metadata
+    assert err.server_message == "server says no"
+    assert err.endpoint in fake.endpoints
+    assert err.header == E.Header(member_id="fake-0", raft_term=1, applied_index=err.header.applied_index)
+    for name, value in attrs.items():
+        assert getattr(err, name) == value
+    assert "\n" not in str(err) and str(err)
+    assert isinstance(err.__cause__, grpc.RpcError)
+    assert len(fake.calls_to("Describe")) == 1  # none of these is retried
+
+
+def test_the_tree_answers_did_it_apply():
+    assert issubclass(E.NoLeader, E.Unavailable) and issubclass(E.Unavailable, E.NotApplied)
+    for cls in (E.StaleToken, E.UnknownToken, E.LeaseHeld, E.LeaseExpired, E.VersionMismatch,
+                E.OpIdConflict, E.EpochFloorTooLow):
+        assert issubclass(cls, E.Refused) and issubclass(cls, E.NotApplied)
+    for cls in (E.LimitExceeded, E.EpochExhausted, E.Overloaded):
+        assert issubclass(cls, E.ResourceExhausted) and issubclass(cls, E.NotApplied)
+    assert not issubclass(E.OutcomeUnknown, E.NotApplied)
+    assert not issubclass(E.ServerError, E.NotApplied)
+    assert not issubclass(E.LeaseLost, E.NotApplied)
+    every = [v for v in vars(E).values() if isinstance(v, type) and issubclass(v, Exception)]
+    assert all(issubclass(cls, E.FencingError) for cls in every)
+    # The docstring draws every class of the tree.
+    for cls in every:
+        assert cls.__name__ in E.__doc__, cls.__name__
+
+
+def test_friendly_messages_name_the_facts():
+    stale = E.error_for_reason("STALE_TOKEN", "x", code=grpc.StatusCode.FAILED_PRECONDITION,
+                               metadata={"hwm": "2"}, request={"resource": "orders/7", "token": 1})
+    assert str(stale) == "token 1 is stale for orders/7 (high-water mark is 2)"
+    assert stale.category == "refused"
+    held = E.error_for_reason("LEASE_HELD", "", code=grpc.StatusCode.FAILED_PRECONDITION,
+                              metadata={"holder": "worker-a", "expires_at_ms": "0", "token": "5"},
+                              request={"resource": "orders/7"})
+    assert str(held) == "orders/7 is held by 'worker-a' (token 5) until 1970-01-01T00:00:00.000Z (log clock)"
+    unknown = E.OutcomeUnknown(request={"rpc": "write", "op_id": b"\x01" * 16})
+    assert "retry with op id " + "01" * 16 in str(unknown)
+    # A reason alone (KeepAliveMany items carry no status code) still finds its class.
+    assert type(E.error_for_reason("LEASE_EXPIRED")) is E.LeaseExpired
+    assert type(E.error_for_reason("NEVER_HEARD_OF")) is E.ServerError
+
+
+def test_error_info_from_another_domain_is_ignored():
+    from google.protobuf import any_pb2
+    from google.rpc import code_pb2, error_details_pb2, status_pb2
+    from grpc_status import rpc_status
+
+    status = status_pb2.Status(code=code_pb2.FAILED_PRECONDITION, message="m")
+    detail = any_pb2.Any()
+    detail.Pack(error_details_pb2.ErrorInfo(domain="other.v1", reason="STALE_TOKEN"))
+    status.details.append(detail)
+    grpc_status = rpc_status.to_status(status)
+
+    class FakeError(grpc.RpcError):
+        def code(self):
+            return grpc_status.code
+
+        def details(self):
+            return grpc_status.details
+
+        def trailing_metadata(self):
+            return grpc_status.trailing_metadata
+
+    err = E.from_rpc_error(FakeError())
+    assert type(err) is E.Refused and err.reason == ""
+
+
+# ---------------------------------------------------------------- the retry rules
+
+
+def test_classify_rules():
+    no_leader_exc = E.NoLeader(metadata={"leader_api": "h:1"})
+    assert classify(no_leader_exc, Kind.DEDUP) == classify(no_leader_exc, Kind.ONCE)
+    assert classify(no_leader_exc, Kind.DEDUP).retry and not classify(no_leader_exc, Kind.DEDUP).maybe_applied
+    assert classify(no_leader_exc, Kind.DEDUP).leader_hint == "h:1"
+    refused_conn = E.Unavailable(server_message="failed to connect to all addresses; ...")
+    reset = E.Unavailable(server_message="Socket closed")
+    assert not classify(refused_conn, Kind.DEDUP).maybe_applied
+    assert classify(reset, Kind.DEDUP).maybe_applied and classify(reset, Kind.DEDUP).retry
+    assert not classify(reset, Kind.READ).maybe_applied
+    assert not classify(reset, Kind.ONCE).retry  # a restore is not resent blindly
+    unknown = E.OutcomeUnknown()
+    assert classify(unknown, Kind.DEDUP).retry and classify(unknown, Kind.DEDUP).maybe_applied
+    assert classify(unknown, Kind.REPEATABLE).retry
+    assert not classify(unknown, Kind.ONCE).retry
+    assert classify(E.Overloaded(), Kind.DEDUP).retry
+    for refusal in (E.StaleToken(), E.LeaseHeld(), E.InvalidArgument(), E.PermissionDenied(),
+                    E.LimitExceeded(), E.ServerError()):
+        assert not classify(refusal, Kind.READ).retry
+
+
+def test_backoff_is_bounded_and_jittered():
+    backoff = Backoff(base_s=0.05, max_s=1.0)
+    rng = random.Random(7)
+    for n in range(50):
+        d = backoff.delay_s(n, rng)
+        ceiling = min(1.0, 0.05 * 2**n)
+        assert ceiling / 2 <= d <= ceiling
+    assert len({round(backoff.delay_s(3, rng), 6) for _ in range(20)}) > 1
+
+
+def test_unknown_outcome_is_retried_with_the_same_op_id_and_applies_once(fake, client):
+    lease = client.acquire("orders/7", ttl_ms=5000, holder="a")
+    fake.inject("Write", unknown_after_apply())  # the first attempt applies, then "aborts"
+    result = client.write("orders/7", "total", b"42", token=lease.token)
+    calls = fake.calls_to("Write")
+    assert len(calls) == 2
+    assert op_ids(calls) == [result.op_id, result.op_id]
+    assert len(result.op_id) == 16
+    read = client.read("orders/7", "total")
+    assert (read.value, read.version) == (b"42", result.version)
+    # Exactly one application: the next write is the resource's second revision.
+    assert client.write("orders/7", "total", b"43", token=lease.token).version == result.version + 1
+
+
+def test_a_deadline_on_a_mutation_is_retried_with_the_same_op_id(fake, client):
+    lease = client.acquire("orders/7", ttl_ms=5000, holder="a")
+    fake.inject("Write", delay(0.8))  # past attempt_timeout_s=0.5: the server applies late
+    result = client.write("orders/7", "k", b"v", token=lease.token)
+    calls = fake.calls_to("Write")
+    assert len(calls) == 2 and op_ids(calls) == [result.op_id] * 2
+    time.sleep(0.5)  # let the slow first attempt apply too: the dedup table absorbs it
+    assert client.read("orders/7", "k").version == result.version
+
+
+def test_unknown_outcomes_until_the_deadline_raise_outcome_unknown_never_failure(fake):
+    with FencingClient(fake.endpoints, **{**FAST, "retry_max_attempts": 3}) as client:
+        lease = client.acquire("orders/7", ttl_ms=5000, holder="a")
+        fake.inject("Write", unknown_after_apply(), unknown_before_apply(), unknown_before_apply())
+        op_id = new_op_id()
+        with pytest.raises(E.OutcomeUnknown) as info:
+            client.write("orders/7", "k", b"v", token=lease.token, op_id=op_id)
+        assert info.value.op_id == op_id
+        assert op_ids(fake.calls_to("Write")) == [op_id] * 3
+        # The caller learns the outcome with the same op_id: the first attempt had applied.
+        again = client.write("orders/7", "k", b"v", token=lease.token, op_id=op_id)
+        assert again.version == 1
+        assert client.read("orders/7", "k").version == 1
+
+
+def test_no_leader_is_retried_and_the_hint_is_followed(fake, client):
+    fake.inject("Describe", no_leader(leader_api=fake.endpoints[2]))
+    client.describe("orders/7")
+    nodes = [call.node for call in fake.calls_to("Describe")]
+    assert nodes == [0, 2]
+    assert client.leader_endpoint == fake.endpoints[2]
+
+
+def test_leader_is_discovered_from_status(fake):
+    fake.leader = 1
+    with FencingClient(fake.endpoints, **FAST) as client:
+        client.describe("orders/7")
+        assert [c.node for c in fake.calls_to("Describe")] == [1]
+        assert client.leader_endpoint == fake.endpoints[1]
+
+
+def test_without_a_leader_the_client_round_robins(fake):
+    fake.leader = None
+    with FencingClient(fake.endpoints, **FAST) as client:
+        for _ in range(3):
+            client.describe("orders/7")
+        assert sorted(c.node for c in fake.calls_to("Describe")) == [0, 1, 2]
+
+
+def test_refusals_are_never_retried(fake, client):
+    lease = client.acquire("orders/7", ttl_ms=5000, holder="a")
+    client.force_release("orders/7")
+    with pytest.raises(E.StaleToken) as info:
+        client.write("orders/7", "k", b"v", token=lease.token)
+    assert info.value.hwm == lease.token + 1
+    assert str(info.value) == f"token {lease.token} is stale for orders/7 (high-water mark is {lease.token + 1})"
+    assert len(fake.calls_to("Write")) == 1
+    with pytest.raises(E.LeaseHeld):
+        client.acquire("orders/7", ttl_ms=5000, holder="b")
+        client.acquire("orders/7", ttl_ms=5000, holder="c")
+    assert len(fake.calls_to("Acquire")) == 3
+
+
+@pytest.mark.parametrize("token", [0, -1, True, 1.5, "1", None, 2**64])
+def test_malformed_tokens_are_refused_before_sending(fake, client, token):
+    with pytest.raises(E.InvalidArgument) as info:
+        client.write("orders/7", "k", b"v", token=token)
+    assert info.value.field == "token"
+    assert fake.calls_to("Write") == []
+
+
+def test_bad_fields_are_refused_before_sending(fake, client):
+    with pytest.raises(E.InvalidArgument, match="resource"):
+        client.write("orders 7", "k", b"v", token=1)
+    with pytest.raises(E.InvalidArgument, match="op_id"):
+        client.write("orders/7", "k", b"v", token=1, op_id=b"short")
+    with pytest.raises(E.InvalidArgument, match="value"):
+        client.write("orders/7", "k", "text, not bytes", token=1)
+    with pytest.raises(E.InvalidArgument, match="ttl_ms"):
+        client.acquire("orders/7", ttl_ms=5)
+    with pytest.raises(E.InvalidArgument, match="wait_ms"):
+        client.acquire("orders/7", ttl_ms=5000, wait_ms=-1)
+    assert fake.calls == []
+
+
+def test_overloaded_is_backed_off_and_retried(fake, client):
+    fake.inject("Describe", abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED"))
+    client.describe("orders/7")
+    assert len(fake.calls_to("Describe")) == 2
+
+
+def test_overloaded_until_the_attempts_run_out_raises_overloaded(fake):
+    with FencingClient(fake.endpoints, **{**FAST, "retry_max_attempts": 2}) as client:
+        fake.inject("Describe", *[abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED")] * 2)
+        with pytest.raises(E.Overloaded):
+            client.describe("orders/7")
+
+
+def test_restore_is_not_resent_after_an_unknown_outcome(fake, client):
+    snapshot = client.snapshot()
+    fake.inject("Restore", unknown_before_apply())
+    with pytest.raises(E.OutcomeUnknown):
+        client.restore(snapshot.data, epoch_floor=10)
+    assert len(fake.calls_to("Restore")) == 1
+
+
+def test_a_stopped_node_is_skipped(fake, client):
+    lease = client.acquire("orders/7", ttl_ms=5000, holder="a")
+    fake.stop_node(0)
+    fake.leader = 1
+    started = time.monotonic()
+    result = client.write("orders/7", "k", b"v", token=lease.token)
+    assert time.monotonic() - started < 2.0
+    assert {c.node for c in fake.calls_to("Write")} == {1}
+    assert client.read("orders/7", "k").version == result.version
+
+
+def test_a_slow_leader_that_others_still_name_is_not_retried_at_once(fake, client):
+    """Like a paused leader: its followers keep naming it until they elect another."""
+    lease = client.acquire("orders/7", ttl_ms=5000, holder="a")
+    fake.inject("Write", *[delay(1.0)] * 5, node=0)
+    started = time.monotonic()
+    client.write("orders/7", "k", b"v", token=lease.token)
+    assert time.monotonic() - started < 1.5
+    assert [c.node for c in fake.calls_to("Write")][0] == 0
+    assert [c.node for c in fake.calls_to("Write")].count(0) == 1
+
+
+def test_nothing_reachable_is_unavailable_not_unknown(fake):
+    endpoints = fake.endpoints
+    fake.close()
+    with FencingClient(endpoints, **{**FAST, "timeout_s": 1.0}) as client:
+        started = time.monotonic()
+        with pytest.raises(E.Unavailable) as info:
+            client.write("orders/7", "k", b"v", token=1)
+        elapsed = time.monotonic() - started
+    assert not isinstance(info.value, E.OutcomeUnknown)
+    assert elapsed < 2.5  # bounded by the attempts (10) and the whole-call deadline
+    assert "10 attempt(s)" in str(info.value)
+    assert "attempt" in str(info.value)
+
+
+def test_no_leader_until_the_deadline_raises_no_leader(fake):
+    with FencingClient(fake.endpoints, **{**FAST, "timeout_s": 0.6}) as client:
+        fake.inject("Read", *[no_leader()] * 100)
+        started = time.monotonic()
+        with pytest.raises(E.NoLeader):
+            client.read("orders/7", "k")
+        assert time.monotonic() - started < 2.0
+
+
+def test_admin_credential_is_sent_as_bearer(fake):
+    fake.admin_token = "sekret"
+    with FencingClient(fake.endpoints, **FAST) as anonymous:
+        with pytest.raises(E.Unauthenticated):
+            anonymous.force_release("orders/7")
+    with FencingClient(fake.endpoints, admin_token="wrong", **FAST) as wrong:
+        with pytest.raises(E.PermissionDenied):
+            wrong.force_release("orders/7")
+    with FencingClient(fake.endpoints, admin_token="sekret", **FAST) as admin:
+        assert admin.force_release("orders/7").hwm == 1
+        assert admin.set_epoch_floor(100).epoch == 101
+
+
+def test_results_are_frozen_dataclasses_with_header(client):
+    result = client.acquire("orders/7", ttl_ms=5000, holder="a")
+    assert result.header.member_id == "fake-0"
+    with pytest.raises(AttributeError):
+        result.token = 5  # type: ignore[misc]
+    desc = client.describe("orders/7")
+    assert (desc.held, desc.holder, desc.token, desc.hwm) == (True, "a", result.token, result.token)
+    status = client.status()
+    assert status.epoch == result.token and status.has_quorum and len(status.members) == 3
+    assert client.status(endpoint=client.endpoints[2]).header.member_id == "fake-2"
+
+
+def test_keep_alive_many_reports_each_lease(client):
+    a = client.acquire("orders/1", ttl_ms=5000, holder="a")
+    b = client.acquire("orders/2", ttl_ms=5000, holder="a")
+    client.force_release("orders/2")
+    items = client.keep_alive_many([("orders/1", a.token), ("orders/2", b.token)])
+    assert [i.ok for i in items] == [True, False]
+    assert items[0].error is None and items[0].expires_at_ms >= a.expires_at_ms
+    assert isinstance(items[1].error, E.StaleToken)
+
+
+def test_keep_alive_release_and_expiry(client):
+    a = client.acquire("orders/7", ttl_ms=5000, holder="a")
+    renewed = client.keep_alive("orders/7", a.token)
+    assert renewed.expires_at_ms >= a.expires_at_ms
+    assert client.release("orders/7", a.token).released
+    with pytest.raises(E.LeaseExpired):
+        client.keep_alive("orders/7", a.token)
+
+
+def test_closed_client_refuses_calls(fake):
+    client = FencingClient(fake.endpoints, **FAST)
+    client.close()
+    with pytest.raises(RuntimeError):
+        client.describe("orders/7")
+
+
+def test_constructor_checks_its_configuration():
+    with pytest.raises(ValueError):
+        FencingClient([])
+    with pytest.raises(ValueError):
+        FencingClient(["no-port"])
+    with pytest.raises(ValueError):
+        FencingClient(["h:1"], timeout_s=0)
+    with pytest.raises(ValueError):
+        FencingClient(["h:1"], retry_max_attempts=0)
+    with pytest.raises(TypeError):
+        FencingClient(["h:1"], 5.0)  # configuration is keyword-only
+    c = FencingClient("localhost:1, 127.0.0.1:2,localhost:1")
+    assert c.endpoints == ("127.0.0.1:1", "127.0.0.1:2")
+    c.close()
+
+
+# ---------------------------------------------------------------- the Lease helper
+
+
+def test_lease_renews_in_the_background_and_releases_on_exit(fake, client):
+    with client.lease("orders/7", ttl_ms=600, holder="a") as lease:
+        assert isinstance(lease, Lease)
+        first_expiry = lease.expires_at_ms
+        time.sleep(1.5)  # two and a half TTLs: only renewals keep it
+        assert not lease.lost.is_set()
+        assert lease.expires_at_ms > first_expiry
+        assert len(fake.calls_to("KeepAlive")) >= 3
+        assert lease.write("k", b"v").version == 1
+        assert lease.read("k").value == b"v"
+        assert client.describe("orders/7").token == lease.token
+    desc = client.describe("orders/7")
+    assert not desc.held and desc.hwm == lease.token
+    calls = len(fake.calls_to("KeepAlive"))
+    time.sleep(0.3)
+    assert len(fake.calls_to("KeepAlive")) == calls  # the thread stopped
+
+
+def test_lease_is_lost_when_fenced_and_the_server_still_judges(fake, client):
+    seen = []
+    with client.lease("orders/7", ttl_ms=300, holder="a", on_lost=seen.append) as lease:
+        client.force_release("orders/7")
+        assert lease.lost.wait(2.0)
+        deadline = time.monotonic() + 2.0  # on_lost runs right after `lost` is set
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(seen) == 1 and isinstance(seen[0], E.LeaseLost)
+        assert isinstance(seen[0].cause, E.StaleToken)
+        with pytest.raises(E.LeaseLost):
+            lease.raise_if_lost()
+        # Writes are not blocked locally: the server refuses them.
+        with pytest.raises(E.StaleToken):
+            lease.write("k", b"late")
+    assert client.read("orders/7", "k").found is False
+
+
+def test_lease_is_lost_when_renewals_fail_past_expiry(fake):
+    with FencingClient(fake.endpoints, **FAST) as client:
+        lost = threading.Event()
+        lease = client.lease("orders/7", ttl_ms=400, holder="a", on_lost=lambda e: lost.set())
+        fake.close()  # every node down: renewals cannot get through
+        assert lost.wait(3.0)
+        assert lease.lost_error.cause is None or isinstance(lease.lost_error.cause, E.FencingError)
+        assert "renewals failed" in str(lease.lost_error) or lease.lost_error.cause is not None
+        lease.close()  # best effort: logs, never raises
+
+
+def test_lease_held_is_raised_by_lease(client):
+    client.acquire("orders/7", ttl_ms=5000, holder="a")
+    with pytest.raises(E.LeaseHeld) as info:
+        client.lease("orders/7", ttl_ms=5000, holder="b")
+    assert info.value.holder == "a"
+
+
+def test_on_lost_callback_errors_do_not_kill_the_thread(fake, client, caplog):
+    def boom(_):
+        raise RuntimeError("callback bug")
+
+    with caplog.at_level(logging.ERROR, logger="coordinator.client"):
+        lease = client.lease("orders/7", ttl_ms=300, holder="a", on_lost=boom)
+        client.force_release("orders/7")
+        assert lease.lost.wait(2.0)
+        time.sleep(0.1)
+        lease.close()
+    assert any("on_lost" in r.getMessage() for r in caplog.records)
+
+
+# ---------------------------------------------------------------- the asyncio client
+
+
+def test_async_client_follows_the_same_rules(fake):
+    async def main():
+        async with AsyncFencingClient(fake.endpoints, **FAST) as client:
+            fake.inject("Describe", no_leader(leader_api=fake.endpoints[2]))
+            await client.describe("orders/7")
+            assert [c.node for c in fake.calls_to("Describe")] == [0, 2]
+            assert client.leader_endpoint == fake.endpoints[2]
+            lease = await client.acquire("orders/7", ttl_ms=5000, holder="a")
+            fake.inject("Write", unknown_after_apply())
+            result = await client.write("orders/7", "k", b"v", token=lease.token)
+            assert op_ids(fake.calls_to("Write")) == [result.op_id] * 2
+            assert (await client.read("orders/7", "k")).version == result.version
+            await client.force_release("orders/7")
+            with pytest.raises(E.StaleToken):
+                await client.write("orders/7", "k", b"v", token=lease.token)
+            assert len(fake.calls_to("Write")) == 3  # the refusal was not retried
+            with pytest.raises(E.InvalidArgument):
+                await client.write("orders/7", "k", b"v", token=0)
+            status = await client.status()
+            assert status.epoch == 2
+
+    asyncio.run(main())
+
+
+def test_async_client_discovers_the_leader_and_fails_over(fake):
+    async def main():
+        fake.leader = 1
+        async with AsyncFencingClient(fake.endpoints, **FAST) as client:
+            lease = await client.acquire("orders/7", ttl_ms=5000, holder="a")
+            assert [c.node for c in fake.calls_to("Acquire")] == [1]
+            fake.stop_node(1)
+            fake.leader = 2
+            await client.write("orders/7", "k", b"v", token=lease.token)
+            assert {c.node for c in fake.calls_to("Write")} <= {0, 2}
+
+    asyncio.run(main())
+
+
+def test_async_nothing_reachable_is_unavailable(fake):
+    endpoints = fake.endpoints
+    fake.close()
+
+    async def main():
+        async with AsyncFencingClient(endpoints, **{**FAST, "timeout_s": 1.0}) as client:
+            with pytest.raises(E.Unavailable):
+                await client.write("orders/7", "k", b"v", token=1)
+
+    asyncio.run(main())
+
+
+def test_async_lease_renews_and_is_lost_when_fenced(fake):
+    seen = []
+
+    async def on_lost(error):
+        seen.append(error)
+
+    async def main():
+        async with AsyncFencingClient(fake.endpoints, **FAST) as client:
+            async with client.lease("orders/7", ttl_ms=600, holder="a") as lease:
+                assert isinstance(lease, AsyncLease)
+                first = lease.expires_at_ms
+                await asyncio.sleep(1.5)
+                assert not lease.lost.is_set() and lease.expires_at_ms > first
+                assert (await lease.write("k", b"v")).version == 1
+            assert not (await client.describe("orders/7")).held  # released on exit
+            lease = await client.lease("orders/7", ttl_ms=300, holder="b", on_lost=on_lost)
+            await client.force_release("orders/7")
+            await asyncio.wait_for(lease.lost.wait(), 2.0)
+            assert len(seen) == 1 and isinstance(seen[0].cause, E.StaleToken)
+            with pytest.raises(E.StaleToken):
+                await lease.write("k", b"late")
+            await lease.close()  # best effort: never raises
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------- real three-process cluster
+
+
+def _server_exists() -> bool:
+    return importlib.util.find_spec("coordinator.server") is not None
+
+
+@pytest.fixture(scope="module")
+def real_cluster(tmp_path_factory):
+    if not _server_exists():
+        pytest.skip("coordinator/server.py (the gRPC server) does not exist yet")
+    from grpc_cluster import GrpcCluster
+
+    cluster = GrpcCluster(str(tmp_path_factory.mktemp("grpc-cluster")))
+    try:
+        cluster.start_all(timeout_s=60)
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def _restart_dead(cluster) -> None:
+    for node in cluster.nodes:
+        if node.paused:
+            cluster.resume(node.index)
+        if not node.alive:
+            cluster.start(node.index)
+    cluster.wait_serving(timeout_s=30)
+
+
+@pytest.fixture
+def real_client(real_cluster):
+    _restart_dead(real_cluster)
+    with FencingClient([n.api_address for n in real_cluster.nodes]) as c:
+        yield c
+
+
+def test_real_failover_when_the_leader_is_killed(real_cluster, real_client):
+    """A workload keeps writing while the leader is SIGKILLed: the client carries on by
+    itself within a few seconds, without an error reaching the caller."""
+    resource = f"failover/{os.getpid()}"
+    lease = real_client.acquire(resource, ttl_ms=30_000, holder="workload")
+    done_at: list[float] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def workload():
+        n = 0
+        while not stop.is_set():
+            n += 1
+            try:
+                real_client.write(resource, "counter", str(n).encode(), token=lease.token)
+                done_at.append(time.monotonic())
+            except BaseException as exc:  # noqa: BLE001 - the test reports it
+                errors.append(exc)
+                return
+
+    thread = threading.Thread(target=workload, daemon=True)
+    thread.start()
+    time.sleep(1.0)
+    leader = real_cluster.leader_index()
+    killed_at = time.monotonic()
+    real_cluster.kill(leader)
+    time.sleep(6.0)
+    stop.set()
+    thread.join(15)
+    assert not errors, errors
+    after = [t for t in done_at if t > killed_at]
+    assert after, "no write completed after the leader was killed"
+    assert after[0] - killed_at < 5.0, f"first write after the kill took {after[0] - killed_at:.1f} s"
+    new_leader = real_cluster.leader_index()
+    assert new_leader != leader
+    final = real_client.read(resource, "counter")
+    assert final.found and int(final.value) >= len(done_at)
+
+
+def test_real_same_op_id_retry_applies_once_across_a_paused_leader(real_cluster, real_client, caplog):
+    resource = f"dedup/{os.getpid()}"
+    lease = real_client.acquire(resource, ttl_ms=30_000, holder="a")
+    base = real_client.write(resource, "k", b"before", token=lease.token)
+    leader = real_cluster.leader_index()
+    with FencingClient([n.api_address for n in real_cluster.nodes], attempt_timeout_s=1.0) as client:
+        assert client.describe(resource).hwm == lease.token  # discovers the leader
+        assert client.leader_endpoint == real_cluster.nodes[leader].api_address
+        real_cluster.pause(leader)  # its attempt hangs: DEADLINE_EXCEEDED, outcome unknown
+        try:
+            op_id = new_op_id()
+            with caplog.at_level(logging.DEBUG, logger="coordinator.client"):
+                first = client.write(resource, "k", b"after", token=lease.token, op_id=op_id)
+        finally:
+            real_cluster.resume(leader)
+        leader_api = real_cluster.nodes[leader].api_address
+        assert any(
+            f"Write attempt 1 on {leader_api}: OutcomeUnknown" in r.getMessage() for r in caplog.records
+        ), [r.getMessage() for r in caplog.records]
+        assert first.version == base.version + 1
+        time.sleep(2.0)  # the resumed node's stale request (if any) reaches the log now
+        again = client.write(resource, "k", b"after", token=lease.token, op_id=op_id)
+        assert again.version == first.version  # the first outcome, not a new one
+        read = client.read(resource, "k")
+        assert (read.value, read.version) == (b"after", first.version)
+
+
+def test_real_async_client_fails_over(real_cluster):
+    async def main():
+        endpoints = [n.api_address for n in real_cluster.nodes]
+        async with AsyncFencingClient(endpoints) as client:
+            resource = f"async/{os.getpid()}"
+            lease = await client.acquire(resource, ttl_ms=30_000, holder="a")
+            await client.write(resource, "k", b"1", token=lease.token)
+            leader = real_cluster.leader_index()
+            assert client.leader_endpoint == real_cluster.nodes[leader].api_address
+            real_cluster.kill(leader)
+            started = time.monotonic()
+            await client.write(resource, "k", b"2", token=lease.token)
+            assert time.monotonic() - started < 5.0
+            assert (await client.read(resource, "k")).value == b"2"
+
+    _restart_dead(real_cluster)
+    asyncio.run(main())
+
+
+def test_real_lease_keepalive_and_lost_after_force_release(real_cluster, real_client):
+    resource = f"lease/{os.getpid()}"
+    lost = threading.Event()
+    with real_client.lease(resource, ttl_ms=1000, holder="a", on_lost=lambda e: lost.set()) as lease:
+        time.sleep(2.5)  # two and a half TTLs: alive only through keep-alives
+        desc = real_client.describe(resource)
+        assert desc.held and desc.token == lease.token and not lease.lost.is_set()
+        lease.write("k", b"v")
+        fenced = real_client.force_release(resource)
+        assert fenced.hwm > lease.token
+        assert lost.wait(3.0), "the keep-alive did not notice the fence"
+        assert isinstance(lease.lost_error.cause, E.StaleToken)
+        with pytest.raises(E.StaleToken) as info:
+            lease.write("k", b"late")
+        assert info.value.hwm == fenced.hwm
+    assert real_client.read(resource, "k").value == b"v"

@@ -1,0 +1,387 @@
+"""Tests of fencingctl (coordinator.cli_ctl): strict input checks, exit codes, output.
+
+Most tests run ``main([...])`` in-process against ``coordinator._client_fake.FakeCluster``
+(which records every call, so "nothing was sent" is checked, not assumed); a few run the
+real command in a subprocess, and the last ones drive a real three-process cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tomllib
+
+import grpc
+import pytest
+
+from coordinator import cli_ctl
+from coordinator import limits
+from coordinator._client_fake import FakeCluster, abort, unknown_before_apply
+from coordinator.client import DEFAULT_ENDPOINTS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def fake():
+    with FakeCluster() as cluster:
+        yield cluster
+
+
+class Ctl:
+    """Run fencingctl in-process against one cluster; returns (exit code, stdout, stderr)."""
+
+    def __init__(self, endpoints, capsys):
+        self.endpoints = ",".join(endpoints)
+        self.capsys = capsys
+
+    def __call__(self, *argv: str, output: str = "table", timeout: str = "3"):
+        self.capsys.readouterr()
+        code = cli_ctl.main(["--endpoints", self.endpoints, "--output", output, "--timeout", timeout, *argv])
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+    def json(self, *argv: str, timeout: str = "3"):
+        code, out, err = self(*argv, output="json", timeout=timeout)
+        return code, json.loads(out) if out.strip() else None, err
+
+
+@pytest.fixture
+def ctl(fake, capsys):
+    return Ctl(fake.endpoints, capsys)
+
+
+def acquire(ctl, resource="orders/7", holder="a") -> int:
+    code, doc, _ = ctl.json("acquire", resource, "--ttl-ms", "5000", "--holder", holder)
+    assert code == 0
+    return doc["token"]
+
+
+# ---------------------------------------------------------------- malformed tokens
+
+
+@pytest.mark.parametrize("token", ["0", "-1", "1.5", "abc", "0x10", "", "+3", "1e3", str(2**64)])
+def test_malformed_token_arguments_exit_2_and_send_nothing(fake, ctl, token):
+    code, out, err = ctl("write", "orders/7", "k", "v", "--token", token)
+    assert code == cli_ctl.EXIT_USAGE == 2
+    assert err.startswith("fencingctl: invalid argument: token must be a whole number from 1")
+    assert err.count("\n") == 1
+    assert fake.calls == []
+
+
+def test_missing_token_exits_2_and_sends_nothing(fake, ctl):
+    code, _, err = ctl("write", "orders/7", "k", "v")
+    assert code == 2
+    assert err == "fencingctl: invalid argument: write: missing --token\n"
+    assert fake.calls == []
+
+
+@pytest.mark.parametrize(
+    "token_json",
+    ["0", "-1", "1.5", "1.0", "\"1\"", "true", "false", "null", "1e3", str(2**64), "[1]", "{}", "NaN"],
+)
+def test_malformed_json_tokens_exit_2_and_send_nothing(fake, ctl, token_json):
+    request = f'{{"resource": "orders/7", "key": "k", "value": "v", "token": {token_json}}}'
+    code, doc, err = ctl.json("write", "--json", request)
+    assert code == 2
+    assert err.count("\n") == 1 and ("token" in err or "NaN is not a number" in err)
+    assert doc["error"]["exit_code"] == 2 and doc["error"]["category"] in ("invalid argument",)
+    assert fake.calls == []
+
+
+def test_json_token_missing_exits_2(fake, ctl):
+    code, _, err = ctl("write", "--json", '{"resource": "orders/7", "key": "k", "value": "v"}')
+    assert code == 2 and "missing field 'token'" in err
+    assert fake.calls == []
+
+
+def test_json_request_with_a_good_token_writes(fake, ctl):
+    token = acquire(ctl)
+    request = json.dumps({"resource": "orders/7", "key": "k", "value": "v", "token": token})
+    code, doc, _ = ctl.json("write", "--json", request)
+    assert code == 0 and doc["version"] == 1 and doc["hwm"] == token
+    code, doc, _ = ctl.json(
+        "write", "--json",
+        json.dumps({"resource": "orders/7", "key": "bin", "value_base64": "AAH/", "token": token}),
+    )
+    assert code == 0
+    code, doc, _ = ctl.json("read", "orders/7", "bin")
+    assert doc["value"] is None and base64.b64decode(doc["value_base64"]) == b"\x00\x01\xff"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["write", "--json", '{"resource": "r", "key": "k", "value": "v", "token": 1, "tokn": 2}'],
+         "unknown field(s) tokn"),
+        (["write", "orders/7", "--json", '{"resource": "r"}'], "either as arguments or as --json"),
+        (["write", "--json", "[1]"], "must be a JSON object"),
+        (["write", "--json", "{not json"], "not valid JSON"),
+        (["write", "--json", '{"resource": "r", "key": "k", "token": 1}'], "exactly one of value"),
+        (["acquire", "orders/7"], "missing --ttl-ms"),
+        (["acquire", "orders/7", "--ttl-ms", "5"], "ttl_ms must be in [100"),
+        (["acquire", "--json", '{"resource": "r", "ttl_ms": 5000.0}'], "ttl_ms must be a JSON integer"),
+        (["write", "orders/7", "k", "v", "--token", "1", "--op-id", "abc"], "op_id must be 16-64 bytes"),
+        (["write", "orders/7", "k", "v", "--token", "1", "--expected-version", "-1"], "expected_version"),
+        (["describe"], "missing RESOURCE"),
+        (["frobnicate"], "invalid choice"),
+        (["admin"], "required"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(fake, ctl, argv, message):
+    code, out, err = ctl(*argv)
+    assert code == 2
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("fencingctl: ") and message in last, err
+    assert fake.calls == []
+
+
+def test_server_side_invalid_argument_exits_2(fake, ctl):
+    code, _, err = ctl("write", "orders 7", "k", "v", "--token", "1")  # caught by the client
+    assert code == 2 and "field 'resource'" in err
+    fake.inject("Describe", abort(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD", "bad resource",
+                                  field="resource"))
+    code, doc, err = ctl.json("describe", "orders/7")
+    assert code == 2 and doc["error"]["reason"] == "INVALID_FIELD"
+    assert err == "fencingctl: invalid argument: field 'resource': bad resource\n"
+
+
+# ---------------------------------------------------------------- exit codes and one-line errors
+
+
+def test_stale_token_is_refused_with_exit_3_and_a_friendly_line(fake, ctl):
+    old = acquire(ctl)
+    assert ctl("admin", "force-release", "orders/7")[0] == 0
+    code, doc, err = ctl.json("write", "orders/7", "k", "v", "--token", str(old))
+    assert code == cli_ctl.EXIT_REFUSED == 3
+    assert err == f"fencingctl: refused: token {old} is stale for orders/7 (high-water mark is {old + 1})\n"
+    e = doc["error"]
+    assert (e["type"], e["reason"], e["code"], e["metadata"]) == (
+        "StaleToken", "STALE_TOKEN", "FAILED_PRECONDITION", {"hwm": str(old + 1)})
+    assert len(e["op_id"]) == 32
+
+
+def test_each_refusal_reason_has_its_line_and_code(fake, ctl):
+    token = acquire(ctl, holder="worker-a")
+    code, _, err = ctl("acquire", "orders/7", "--ttl-ms", "5000", "--holder", "b")
+    assert code == 3 and err.startswith("fencingctl: refused: orders/7 is held by 'worker-a' (token 1) until ")
+    code, _, err = ctl("write", "orders/7", "k", "v", "--token", "9")
+    assert (code, err) == (3, "fencingctl: refused: token 9 was never issued for orders/7 (high-water mark is 1)\n")
+    ctl("write", "orders/7", "k", "v", "--token", str(token))
+    code, _, err = ctl("write", "orders/7", "k", "v2", "--token", str(token), "--expected-version", "0")
+    assert (code, err) == (3, "fencingctl: refused: key 'k' in orders/7 is at version 1, not 0\n")
+    assert ctl("release", "orders/7", "--token", str(token))[0] == 0
+    code, _, err = ctl("keepalive", "orders/7", "--token", str(token))
+    assert code == 3 and "has ended; acquire a new one" in err
+    fake.inject("Write", abort(grpc.StatusCode.ALREADY_EXISTS, "OP_ID_CONFLICT", "used"))
+    code, _, err = ctl("write", "orders/7", "k", "v", "--token", str(token), "--op-id", "ab" * 16)
+    assert (code, err) == (3, f"fencingctl: refused: op id {'ab' * 16} was already used for a different request\n")
+
+
+@pytest.mark.parametrize(
+    "code, reason, exit_code, start",
+    [
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED", 7, "fencingctl: limit: "),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "EPOCH_EXHAUSTED", 7, "fencingctl: limit: every fencing token"),
+        (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED", 6, "fencingctl: unauthenticated: "),
+        (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED", 6, "fencingctl: permission denied: "),
+        (grpc.StatusCode.INTERNAL, "", 1, "fencingctl: server error: INTERNAL: "),
+    ],
+)
+def test_other_statuses_exit_codes(fake, ctl, code, reason, exit_code, start):
+    fake.inject("Describe", abort(code, reason, "detail"))
+    rc, _, err = ctl("describe", "orders/7")
+    assert rc == exit_code and err.startswith(start) and err.count("\n") == 1
+
+
+def test_overloaded_until_the_deadline_exits_7(fake, ctl):
+    fake.inject("Describe", *[abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED")] * 50)
+    rc, _, err = ctl("describe", "orders/7", timeout="1")
+    assert rc == 7 and err.startswith("fencingctl: overloaded: the cluster is overloaded")
+
+
+def test_admin_credentials(fake, ctl, monkeypatch):
+    fake.admin_token = "sekret"
+    assert ctl("admin", "force-release", "orders/7")[0] == 6
+    assert ctl("admin", "force-release", "orders/7", "--admin-token", "nope")[0] == 6
+    assert ctl("--admin-token", "sekret", "admin", "force-release", "orders/7")[0] == 0
+    monkeypatch.setenv(cli_ctl.ADMIN_TOKEN_ENV, "sekret")
+    code, doc, _ = ctl.json("admin", "set-epoch-floor", "50")
+    assert code == 0 and doc["epoch"] == 51
+
+
+def test_unavailable_exits_4(fake, ctl):
+    fake.close()
+    code, doc, err = ctl.json("write", "orders/7", "k", "v", "--token", "1", timeout="1")
+    assert code == cli_ctl.EXIT_UNAVAILABLE == 4
+    assert err.startswith("fencingctl: unavailable: ") and err.count("\n") == 1
+    assert doc["error"]["type"] == "Unavailable"
+
+
+def test_outcome_unknown_exits_5_and_prints_the_op_id_to_retry_with(fake, ctl):
+    token = acquire(ctl)
+    fake.inject("Write", *[unknown_before_apply()] * 100)
+    code, doc, err = ctl.json("write", "orders/7", "k", "v", "--token", str(token), timeout="1")
+    assert code == cli_ctl.EXIT_OUTCOME_UNKNOWN == 5
+    op_id = doc["error"]["op_id"]
+    assert f"retry with op id {op_id}" in err and err.startswith("fencingctl: outcome unknown: ")
+    fake._faults.clear()
+    code, doc, _ = ctl.json("write", "orders/7", "k", "v", "--token", str(token), "--op-id", op_id)
+    assert code == 0 and doc["op_id"] == op_id
+    code, again, _ = ctl.json("write", "orders/7", "k", "v", "--token", str(token), "--op-id", op_id)
+    assert again["version"] == doc["version"]  # the same op_id applied once
+
+
+# ---------------------------------------------------------------- commands and output
+
+
+def test_every_command_in_table_and_json(fake, ctl, tmp_path):
+    code, out, _ = ctl("status")
+    assert code == 0 and "leader" in out and "fake-0" in out
+    code, doc, _ = ctl.json("status")
+    assert code == 0 and doc["leader_api_address"] == fake.endpoints[0] and len(doc["members"]) == 3
+    token = acquire(ctl)
+    code, out, _ = ctl("describe", "orders/7")
+    assert code == 0 and "holder" in out and "a" in out
+    code, doc, _ = ctl.json("keepalive", "orders/7", "--token", str(token))
+    assert code == 0 and doc["token"] == token
+    value_file = tmp_path / "value.bin"
+    value_file.write_bytes(b"\xff\x00bytes")
+    code, doc, _ = ctl.json("write", "orders/7", "k", "--value-file", str(value_file), "--token", str(token))
+    assert code == 0 and doc["version"] == 1
+    code, out, _ = ctl("read", "orders/7", "k")
+    assert code == 0 and "found" in out and base64.b64encode(b"\xff\x00bytes").decode() in out
+    code, doc, _ = ctl.json("read", "orders/7", "nope")
+    assert code == 0 and doc["found"] is False and doc["value"] is None
+    code, doc, _ = ctl.json("delete", "orders/7", "k", "--token", str(token))
+    assert code == 0 and doc["deleted"] is True
+    code, doc, _ = ctl.json("release", "orders/7", "--token", str(token))
+    assert code == 0 and doc["released"] is True
+    snap = tmp_path / "backup.bin"
+    code, doc, _ = ctl.json("admin", "snapshot", "--out", str(snap))
+    assert code == 0 and doc["bytes"] == snap.stat().st_size > 0
+    code, doc, _ = ctl.json("admin", "restore", "--in", str(snap), "--epoch-floor", "1000")
+    assert code == 0 and doc["epoch"] > 1000
+    code, doc, _ = ctl.json("admin", "restore", "--in", str(snap), "--json", '{"epoch_floor": 2000}')
+    assert code == 0
+    code, _, err = ctl("admin", "restore", "--in", str(tmp_path / "missing"), "--epoch-floor", "5")
+    assert code == 2 and "cannot read --in" in err
+
+
+def test_global_options_work_after_the_command(fake, capsys):
+    capsys.readouterr()
+    code = cli_ctl.main(["status", "--endpoints", ",".join(fake.endpoints), "-o", "json"])
+    out = capsys.readouterr().out
+    assert code == 0 and json.loads(out)["epoch"] == 0
+
+
+def test_endpoints_from_the_environment_and_the_default(fake, capsys, monkeypatch):
+    monkeypatch.setenv(cli_ctl.ENDPOINTS_ENV, ",".join(fake.endpoints))
+    capsys.readouterr()
+    assert cli_ctl.main(["status"]) == 0
+    assert DEFAULT_ENDPOINTS == ("127.0.0.1:7100", "127.0.0.1:7101", "127.0.0.1:7102")
+    assert ",".join(DEFAULT_ENDPOINTS) in cli_ctl.build_parser().format_help()
+    code = cli_ctl.main(["--endpoints", "nonsense", "status"])
+    assert code == 2 and "host:port" in capsys.readouterr().err
+
+
+def test_help_documents_the_exit_codes(capsys):
+    assert cli_ctl.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for line in ("0  ok", "2  usage", "3  refused", "4  unavailable", "5  outcome unknown",
+                 "6  unauthenticated", "7  limit"):
+        assert line in out
+    assert cli_ctl.main(["write", "--help"]) == 0
+    assert "exit codes" in capsys.readouterr().out
+    for code in range(8):
+        assert f"    {code}  " in cli_ctl.__doc__
+
+
+def test_console_script_is_declared():
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    module, _, func = scripts["fencingctl"].partition(":")
+    assert callable(getattr(importlib.import_module(module), func))
+
+
+def _run(*argv, env=None, timeout=60):
+    return subprocess.run(
+        [sys.executable, "-m", "coordinator.cli_ctl", *argv],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_subprocess_exit_codes(fake):
+    eps = ",".join(fake.endpoints)
+    proc = _run("--endpoints", eps, "write", "--json", '{"resource": "r", "key": "k", "value": "v", "token": 0}')
+    assert proc.returncode == 2 and "token" in proc.stderr and proc.stdout == ""
+    assert fake.calls == []
+    proc = _run("--endpoints", eps, "-o", "json", "acquire", "orders/7", "--ttl-ms", "5000")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["token"] == 1
+    proc = _run("--endpoints", eps, "write", "orders/7", "k", "v", "--token", "2")
+    assert proc.returncode == 3 and proc.stderr.startswith("fencingctl: refused: token 2 was never issued")
+
+
+# ---------------------------------------------------------------- real three-process cluster
+
+
+@pytest.fixture(scope="module")
+def real_cluster(tmp_path_factory):
+    if importlib.util.find_spec("coordinator.server") is None:
+        pytest.skip("coordinator/server.py (the gRPC server) does not exist yet")
+    from grpc_cluster import GrpcCluster
+
+    cluster = GrpcCluster(str(tmp_path_factory.mktemp("ctl-cluster")))
+    try:
+        cluster.start_all(timeout_s=60)
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def test_real_cluster_acquire_write_fence_read(real_cluster, capsys):
+    eps = [n.api_address for n in real_cluster.nodes]
+    ctl = Ctl(eps, capsys)
+    proc = _run("status", env={cli_ctl.ENDPOINTS_ENV: ",".join(eps)})  # the real command
+    assert proc.returncode == 0 and "has_quorum     yes" in proc.stdout, proc.stderr
+    code, doc, err = ctl.json("acquire", "ctl/7", "--ttl-ms", "1000", "--holder", "a", timeout="10")
+    assert code == 0, err
+    old = doc["token"]
+    assert ctl("write", "ctl/7", "k", "one", "--token", str(old), timeout="10")[0] == 0
+    # The lease lapses; worker b takes over (waiting for it server-side), then a's write is stale.
+    code, doc, err = ctl.json(
+        "acquire", "ctl/7", "--ttl-ms", "60000", "--holder", "b", "--wait-ms", "5000", timeout="10"
+    )
+    assert code == 0, err
+    new = doc["token"]
+    assert new > old
+    proc = _run("--endpoints", ",".join(eps), "write", "ctl/7", "k", "late", "--token", str(old))
+    assert proc.returncode == 3
+    assert proc.stderr == f"fencingctl: refused: token {old} is stale for ctl/7 (high-water mark is {new})\n"
+    request = json.dumps({"resource": "ctl/7", "key": "k", "value": "v", "token": -1})
+    assert ctl("write", "--json", request)[0] == 2
+    code, doc, _ = ctl.json("read", "ctl/7", "k", timeout="10")
+    assert code == 0 and doc["value"] == "one"
+    code, doc, _ = ctl.json("describe", "ctl/7", timeout="10")
+    assert (doc["holder"], doc["token"], doc["hwm"]) == ("b", new, new)
+
+
+def test_real_cluster_token_zero_is_invalid_argument_at_the_server(real_cluster):
+    """What fencingctl refuses locally, the server refuses too (nothing is sent by the
+    client, so this asks the server directly)."""
+    from coordinator.api.v1 import fencing_pb2 as pb
+    from coordinator.exceptions import InvalidArgument, from_rpc_error
+
+    node = real_cluster.nodes[0]
+    request = pb.WriteRequest(resource="ctl/zero", key="k", value=b"v", token=0, op_id=os.urandom(16))
+    with pytest.raises(grpc.RpcError) as info:
+        node.store.Write(request, timeout=5)
+    err = from_rpc_error(info.value)
+    assert isinstance(err, InvalidArgument) and err.field == "token"
+    assert limits.TOKEN_MAX == 2**64 - 1
