@@ -42,3 +42,23 @@ COMMAND_BYTES_MAX = VALUE_BYTES_MAX + 4 * 1024
 STAMP_MS_MAX = 2**53 - 1
 # Items per msgpack array/map in one command (largest body has 6 fields): caps decoder allocation.
 COMMAND_ITEMS_MAX = 16
+
+# -- admin restore (DESIGN I11) --------------------------------------------------
+# A backup restored through Admin.Restore travels as one Raft entry. 4 MiB holds tens of
+# thousands of resources with small values; bigger states need a bigger limit *and* a
+# matching Raft batch size (raft_node keeps appendEntriesBatchSizeBytes above
+# RESTORE_COMMAND_BYTES_MAX so pysyncobj never splits an entry).
+RESTORE_SNAPSHOT_BYTES_MAX = 4 * 1024 * 1024
+# The RESTORE command: the snapshot plus its envelope and fields.
+RESTORE_COMMAND_BYTES_MAX = RESTORE_SNAPSHOT_BYTES_MAX + 4 * 1024
+
+# -- gRPC service -----------------------------------------------------------------
+# Largest gRPC message in either direction: a restore request or a snapshot reply, plus
+# framing. Everything else is far smaller (a value is at most VALUE_BYTES_MAX).
+GRPC_MESSAGE_BYTES_MAX = RESTORE_SNAPSHOT_BYTES_MAX + 64 * 1024
+# Acquire.wait_ms is clamped to this: a server-side wait holds a thread, so it stays
+# short; clients that need longer waits loop.
+ACQUIRE_WAIT_MS_MAX = 30_000
+# Items in one KeepAliveMany call: each item is one Raft entry; 1,000 keep-alives fit in
+# well under a second and bound the work one call can queue.
+KEEP_ALIVE_BATCH_ITEMS_MAX = 1_000

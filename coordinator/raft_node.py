@@ -297,9 +297,12 @@ class _HardenedSyncObj(SyncObj):
             # into one send per tick below: 1 ms latency instead of 100 ms.
             appendEntriesUseBatch=False,
             appendEntriesPeriod=config.heartbeat_s,
-            # Far above limits.COMMAND_BYTES_MAX, so the split-transmission path with
-            # its length bug (syncobj.py:1276-1281) is never used.
-            appendEntriesBatchSizeBytes=max(512 * 1024, 4 * limits.COMMAND_BYTES_MAX),
+            # Far above limits.COMMAND_BYTES_MAX and above the largest admin entry
+            # (RESTORE_COMMAND_BYTES_MAX), so the split-transmission path with its
+            # length bug (syncobj.py:1276-1281) is never used.
+            appendEntriesBatchSizeBytes=max(
+                512 * 1024, 4 * limits.COMMAND_BYTES_MAX, 2 * limits.RESTORE_COMMAND_BYTES_MAX
+            ),
             raftMinTimeout=config.raft_min_timeout_s,
             raftMaxTimeout=config.raft_max_timeout_s,
             connectionTimeout=max(3.5, config.raft_max_timeout_s),
@@ -357,7 +360,11 @@ class _HardenedSyncObj(SyncObj):
         entry appended later, during poll, cannot be acked before it is sent here,
         after which it is synced). Follower acks go out only after the sync.
         """
-        if self._append_pending:
+        if self._append_pending and self._SyncObj__serializer._Serializer__pid == 0:
+            # While a snapshot's result is not yet collected (pysyncobj does that at
+            # the next tick's compaction check), a follower needing a snapshot gets
+            # nothing to send and __sendAppendEntries spins for a whole
+            # appendEntriesPeriod (syncobj.py:1266-1330). Wait one tick instead.
             self._append_pending = False
             if self._isLeader():
                 SyncObj._SyncObj__sendAppendEntries(self)
@@ -393,6 +400,10 @@ class _HardenedSyncObj(SyncObj):
         if message.get("term", -1) < self.raftCurrentTerm:
             return message  # pysyncobj ignores it
         message = dict(message)
+        if message.get("prevLogIdx", 0) is None:
+            # A leader whose nextIndex ran past its own log sends prevLogIdx=None;
+            # pysyncobj answers it with a reset. Found by the simulation (seed 22).
+            return message
         if "prevLogIdx" in message and "transmission" not in message:
             entries = list(message.get("entries", []))
             prev_idx, prev_term = message["prevLogIdx"], message["prevLogTerm"]
@@ -542,9 +553,16 @@ class RaftNode:
             self._last_stamp_ms = stamp
             return stamp
 
-    def propose(self, command: bytes, timeout_s: float) -> ProposeResult:
-        """Replicate ``command``; wait at most ``timeout_s`` for its fate."""
-        if not isinstance(command, (bytes, bytearray)) or len(command) > limits.COMMAND_BYTES_MAX:
+    def propose(
+        self, command: bytes, timeout_s: float, *, max_bytes: int = limits.COMMAND_BYTES_MAX
+    ) -> ProposeResult:
+        """Replicate ``command``; wait at most ``timeout_s`` for its fate.
+
+        ``max_bytes`` caps the encoded command; only admin restore raises it, never above
+        ``limits.RESTORE_COMMAND_BYTES_MAX`` (the Raft batch size is kept above that).
+        """
+        assert max_bytes <= limits.RESTORE_COMMAND_BYTES_MAX, "no entry may reach the split path"
+        if not isinstance(command, (bytes, bytearray)) or len(command) > max_bytes:
             return ProposeResult(Outcome.NOT_APPLIED, detail="command_too_large")
         done = threading.Event()
         box: list = []
@@ -602,6 +620,10 @@ class RaftNode:
             "truncated_applied": so.truncated_applied,
             "refused_old_snapshots": so.refused_old_snapshots,
         }
+
+    def term_and_applied(self) -> tuple[int, int]:
+        """(current Raft term, index of the last applied entry): cheap, for response headers."""
+        return self._syncobj.raftCurrentTerm, self._replica.last_applied_index
 
     def is_leader(self) -> bool:
         return self._syncobj._isLeader()

@@ -1,0 +1,1 @@
+"""Deterministic simulation of the Raft layer (see ``harness.py``)."""
