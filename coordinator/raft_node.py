@@ -291,6 +291,7 @@ class _HardenedSyncObj(SyncObj):
         self._append_has_new_entries = True
         self.truncated_applied = 0  # times an applied entry would have been truncated
         self.refused_old_snapshots = 0
+        self.leader_commit_seen = None  # commit index announced to this process by a leader
         conf = SyncObjConf(
             autoTick=kwargs.pop("autoTick", True),
             # Send one append per new entry (not every 100 ms) and coalesce them
@@ -400,6 +401,8 @@ class _HardenedSyncObj(SyncObj):
         if message.get("term", -1) < self.raftCurrentTerm:
             return message  # pysyncobj ignores it
         message = dict(message)
+        # What the leader says is committed, before we clamp it: readiness target.
+        self.leader_commit_seen = message.get("commit_index", 0)
         if message.get("prevLogIdx", 0) is None:
             # A leader whose nextIndex ran past its own log sends prevLogIdx=None;
             # pysyncobj answers it with a reset. Found by the simulation (seed 22).
@@ -529,6 +532,7 @@ class RaftNode:
         self._wall_ms = wall_ms or (lambda: time.time_ns() // 1_000_000)
         self._stamp_lock = threading.Lock()
         self._last_stamp_ms = 0
+        self._ready_latched = False
         os.makedirs(config.data_dir, exist_ok=True)
         if "durable_journal" in config.fixes:
             sync_kwargs = {}
@@ -615,11 +619,33 @@ class RaftNode:
             "last_applied": raw.get("last_applied", so.raftLastApplied),
             "has_quorum": raw.get("has_quorum", False),
             "log_len": raw.get("log_len", 0),
-            "ready": so.isReady(),
+            "ready": self._caught_up(),
             "journal_syncs": getattr(self.journal, "sync_count", 0),
             "truncated_applied": so.truncated_applied,
             "refused_old_snapshots": so.refused_old_snapshots,
         }
+
+    def _caught_up(self) -> bool:
+        """True once this process applied everything up to a commit of the current term.
+
+        pysyncobj's isReady() latches as soon as lastApplied equals the commit index
+        a new leader announces (syncobj.py:694); after a full-cluster restart that
+        index is a stale one from the leader's disk, so a node was "ready" with old
+        state. Here the target is the leader's announced commit index (our own, on
+        the leader), and it counts only if its entry carries the current term: then
+        it covers everything ever committed. Latched per process.
+        """
+        if self._ready_latched:
+            return True
+        so = self._syncobj
+        try:
+            target = so.raftCommitIndex if so._isLeader() else so.leader_commit_seen
+            term = so.raftCurrentTerm
+            if target is not None and so.raftLastApplied >= target and so._local_term(target) == term:
+                self._ready_latched = True
+        except (IndexError, RuntimeError):  # the journal is changing under the tick thread
+            return False
+        return self._ready_latched
 
     def term_and_applied(self) -> tuple[int, int]:
         """(current Raft term, index of the last applied entry): cheap, for response headers."""

@@ -1,0 +1,17 @@
+"""Shared pytest setup: make the package importable here and in spawned node processes.
+
+Real-process tests start ``python -m coordinator.testing.node_process``; without an
+installed package that only works from the repository root, so the root goes on
+``sys.path`` and ``PYTHONPATH`` wherever pytest was started from.
+"""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+_paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+if ROOT not in _paths:
+    os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *_paths])
