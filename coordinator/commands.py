@@ -40,16 +40,19 @@ class Op(enum.IntEnum):
     FORCE_RELEASE = 7
     SET_EPOCH_FLOOR = 8
     TICK = 9
+    RESTORE = 10
 
 
 class MalformedCommand(ValueError):
     """The bytes are not one well-formed command envelope (body fields are not checked)."""
 
 
-# The decoder never builds anything bigger than a whole command could hold.
+# The decoder never builds anything bigger than a whole command could hold. A RESTORE
+# (admin, DESIGN I11) carries a backup and may reach RESTORE_COMMAND_BYTES_MAX; every
+# other command stays within COMMAND_BYTES_MAX.
 _UNPACK_LIMITS: dict[str, int] = {
-    "max_str_len": limits.COMMAND_BYTES_MAX,
-    "max_bin_len": limits.COMMAND_BYTES_MAX,
+    "max_str_len": limits.RESTORE_COMMAND_BYTES_MAX,
+    "max_bin_len": limits.RESTORE_COMMAND_BYTES_MAX,
     "max_array_len": limits.COMMAND_ITEMS_MAX,
     "max_map_len": limits.COMMAND_ITEMS_MAX,
     "max_ext_len": 0,  # no extension types (timestamps etc.) are part of the format
@@ -90,9 +93,7 @@ def validate_envelope(op: object, stamp_ms: object, body: object) -> Op:
     if not _is_int(stamp_ms):
         raise MalformedCommand(f"stamp_ms must be an integer, got {type(stamp_ms).__name__}")
     if not 0 <= stamp_ms <= limits.STAMP_MS_MAX:
-        raise MalformedCommand(
-            f"stamp_ms {stamp_ms} is outside [0, {limits.STAMP_MS_MAX}]"
-        )
+        raise MalformedCommand(f"stamp_ms {stamp_ms} is outside [0, {limits.STAMP_MS_MAX}]")
     if not isinstance(body, dict):
         raise MalformedCommand(f"body must be a map, got {type(body).__name__}")
     for name in body:
@@ -101,27 +102,37 @@ def validate_envelope(op: object, stamp_ms: object, body: object) -> Op:
     return checked_op
 
 
+# How a RESTORE command starts: a fixarray of 4, FORMAT_VERSION, op 10 (positive fixints).
+_RESTORE_PREFIX = bytes([0x94, FORMAT_VERSION, 10])
+
+
+def _bytes_max(data: bytes) -> int:
+    """The size cap for ``data``: larger for a RESTORE, known from its first three bytes."""
+    if data[:3] == _RESTORE_PREFIX:
+        return limits.RESTORE_COMMAND_BYTES_MAX
+    return limits.COMMAND_BYTES_MAX
+
+
 def decode(data: bytes) -> Command:
     """Decode one command from a Raft entry, refusing anything malformed.
 
     Raises ``MalformedCommand`` if ``data`` is not bytes, is longer than
-    ``limits.COMMAND_BYTES_MAX``, is not msgpack, has the wrong shape, an unknown format
-    version, an unknown op or a bad stamp. The body's fields are not validated.
+    ``limits.COMMAND_BYTES_MAX`` (``RESTORE_COMMAND_BYTES_MAX`` for a RESTORE), is not
+    msgpack, has the wrong shape, an unknown format version, an unknown op or a bad stamp.
+    The body's fields are not validated.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise MalformedCommand(f"command must be bytes, got {type(data).__name__}")
     data = bytes(data)
-    if len(data) > limits.COMMAND_BYTES_MAX:
-        raise MalformedCommand(
-            f"command is {len(data)} bytes, more than {limits.COMMAND_BYTES_MAX}"
-        )
+    if len(data) > _bytes_max(data):
+        raise MalformedCommand(f"command is {len(data)} bytes, more than {_bytes_max(data)}")
     try:
         envelope = msgpack.unpackb(
             data, raw=False, strict_map_key=True, use_list=True, **_UNPACK_LIMITS
         )
     # The input is untrusted bytes and msgpack documents that "other exceptions can be
     # raised during unpacking": every failure of the parser is a malformed command.
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise MalformedCommand(
             f"command is not valid msgpack: {type(exc).__name__}: {exc}"
         ) from exc
@@ -148,9 +159,7 @@ def acquire(*, resource: str, holder: str, ttl_ms: int, op_id: bytes, stamp_ms: 
     return Command(Op.ACQUIRE, stamp_ms, body)
 
 
-def keep_alive(
-    *, resource: str, token: int, stamp_ms: int, ttl_ms: int | None = None
-) -> Command:
+def keep_alive(*, resource: str, token: int, stamp_ms: int, ttl_ms: int | None = None) -> Command:
     """Extend the live lease holding ``token``; ``ttl_ms`` replaces its TTL when given."""
     body: dict[str, Any] = {"resource": resource, "token": token}
     if ttl_ms is not None:
@@ -158,9 +167,7 @@ def keep_alive(
     return Command(Op.KEEP_ALIVE, stamp_ms, body)
 
 
-def release(
-    *, resource: str, token: int, stamp_ms: int, op_id: bytes | None = None
-) -> Command:
+def release(*, resource: str, token: int, stamp_ms: int, op_id: bytes | None = None) -> Command:
     """End the lease holding ``token``; the hwm stays."""
     body: dict[str, Any] = {"resource": resource, "token": token}
     if op_id is not None:
@@ -197,9 +204,7 @@ def delete(*, resource: str, key: str, token: int, op_id: bytes, stamp_ms: int) 
     return Command(Op.DELETE, stamp_ms, body)
 
 
-def read_barrier(
-    *, stamp_ms: int, resource: str | None = None, key: str | None = None
-) -> Command:
+def read_barrier(*, stamp_ms: int, resource: str | None = None, key: str | None = None) -> Command:
     """A read through the log (I9): reports state as of this entry and changes only the clock."""
     body: dict[str, Any] = {}
     if resource is not None:
@@ -222,3 +227,9 @@ def set_epoch_floor(*, floor: int, stamp_ms: int, fence_all: bool = True) -> Com
 def tick(*, stamp_ms: int) -> Command:
     """Advance the log clock and drop expired leases."""
     return Command(Op.TICK, stamp_ms, {})
+
+
+def restore(*, data: bytes, epoch_floor: int, stamp_ms: int) -> Command:
+    """Admin (I11): replace the state by the backup ``data`` (a snapshot), fenced at an
+    epoch above ``epoch_floor``, which must exceed the current epoch."""
+    return Command(Op.RESTORE, stamp_ms, {"data": data, "epoch_floor": epoch_floor})

@@ -15,21 +15,27 @@ import collections
 import dataclasses
 import enum
 import hashlib
-import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgpack
 
-from coordinator import limits
-from coordinator.commands import Command, MalformedCommand, Op, decode, validate_envelope
+from coordinator import limits, validation
+from coordinator.commands import (
+    Command,
+    MalformedCommand,
+    Op,
+    decode,
+    validate_envelope,
+)
 
 __all__ = [
+    "SNAPSHOT_FORMAT_VERSION",
     "Applied",
     "FencingStateMachine",
     "Outcome",
     "Reason",
     "Rejected",
-    "SNAPSHOT_FORMAT_VERSION",
     "outcome_from_wire",
     "outcome_to_wire",
 ]
@@ -51,6 +57,7 @@ class Reason(enum.IntEnum):
     LIMIT_EXCEEDED = 7
     EPOCH_EXHAUSTED = 8
     OP_ID_CONFLICT = 9
+    EPOCH_FLOOR_TOO_LOW = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,114 +154,25 @@ def _op_from_wire(op: object) -> Op:
 # Body validation. Each body field name has one meaning and one check across all ops.
 
 
-class _InvalidField(Exception):
-    """A body field failed validation; becomes Rejected(MALFORMED) naming the field."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"field {field!r}: {message}")
-        self.field = field
-
-
-_NAME_RE = re.compile(r"[A-Za-z0-9._/:-]+", re.ASCII)
-
-
-def _check_name(field: str, value: object, bytes_max: int) -> str:
-    if not isinstance(value, str):
-        raise _InvalidField(field, f"must be a string, got {type(value).__name__}")
-    if not value:
-        raise _InvalidField(field, "must not be empty")
-    if _NAME_RE.fullmatch(value) is None:
-        raise _InvalidField(field, "may contain only [A-Za-z0-9._/:-]")
-    if len(value) > bytes_max:  # the charset is ASCII, so characters are bytes
-        raise _InvalidField(field, f"is {len(value)} bytes, more than {bytes_max}")
-    return str(value)
-
-
-def _check_int(field: str, value: object, low: int, high: int) -> int:
-    if not _is_int(value):
-        raise _InvalidField(field, f"must be an integer, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise _InvalidField(field, f"{value} is outside [{low}, {high}]")
-    return int(value)
-
-
-def _check_resource(value: object) -> str:
-    return _check_name("resource", value, limits.RESOURCE_NAME_BYTES_MAX)
-
-
-def _check_key(value: object) -> str:
-    return _check_name("key", value, limits.KEY_BYTES_MAX)
-
-
-def _check_holder(value: object) -> str:
-    if not isinstance(value, str):
-        raise _InvalidField("holder", f"must be a string, got {type(value).__name__}")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise _InvalidField("holder", "is not valid UTF-8") from None
-    if not 1 <= size <= limits.HOLDER_BYTES_MAX:
-        raise _InvalidField("holder", f"is {size} bytes, not in [1, {limits.HOLDER_BYTES_MAX}]")
-    return str(value)
-
-
-def _check_value(value: object) -> bytes:
-    if not isinstance(value, bytes):
-        raise _InvalidField("value", f"must be bytes, got {type(value).__name__}")
-    if len(value) > limits.VALUE_BYTES_MAX:
-        raise _InvalidField("value", f"is {len(value)} bytes, more than {limits.VALUE_BYTES_MAX}")
-    return bytes(value)
-
-
-def _check_op_id(value: object) -> bytes:
-    if not isinstance(value, bytes):
-        raise _InvalidField("op_id", f"must be bytes, got {type(value).__name__}")
-    if not limits.OP_ID_BYTES_MIN <= len(value) <= limits.OP_ID_BYTES_MAX:
-        raise _InvalidField(
-            "op_id",
-            f"is {len(value)} bytes, not in [{limits.OP_ID_BYTES_MIN}, {limits.OP_ID_BYTES_MAX}]",
-        )
-    return bytes(value)
-
-
-def _check_ttl_ms(value: object) -> int:
-    return _check_int("ttl_ms", value, limits.LEASE_TTL_MS_MIN, limits.LEASE_TTL_MS_MAX)
-
-
-def _check_token(value: object) -> int:
-    return _check_int("token", value, 1, limits.TOKEN_MAX)
-
-
-def _check_expected_version(value: object) -> int:
-    if not _is_int(value):
-        raise _InvalidField("expected_version", f"must be an integer, got {type(value).__name__}")
-    if value < 0:
-        raise _InvalidField("expected_version", f"{value} is negative")
-    return int(value)
-
-
-def _check_floor(value: object) -> int:
-    return _check_int("floor", value, 1, limits.TOKEN_MAX)
-
-
-def _check_fence_all(value: object) -> bool:
-    if not isinstance(value, bool):
-        raise _InvalidField("fence_all", f"must be a boolean, got {type(value).__name__}")
-    return value
+# The rules themselves live in coordinator/validation.py, shared with the gRPC layer so that
+# both refuse exactly the same inputs.
+_InvalidField = validation.InvalidField
 
 
 # Checked in this order, so the message for a body with several bad fields is deterministic.
 _FIELD_CHECKS: dict[str, Callable[[object], Any]] = {
-    "resource": _check_resource,
-    "key": _check_key,
-    "holder": _check_holder,
-    "token": _check_token,
-    "ttl_ms": _check_ttl_ms,
-    "value": _check_value,
-    "expected_version": _check_expected_version,
-    "op_id": _check_op_id,
-    "floor": _check_floor,
-    "fence_all": _check_fence_all,
+    "resource": validation.check_resource,
+    "key": validation.check_key,
+    "holder": validation.check_holder,
+    "token": validation.check_token,
+    "ttl_ms": validation.check_ttl_ms,
+    "value": validation.check_value,
+    "expected_version": validation.check_expected_version,
+    "op_id": validation.check_op_id,
+    "floor": validation.check_floor,
+    "fence_all": validation.check_fence_all,
+    "data": validation.check_snapshot_data,
+    "epoch_floor": validation.check_epoch_floor,
 }
 
 # op -> (required fields, optional fields). An optional field that is nil counts as absent.
@@ -271,6 +189,7 @@ _SCHEMAS: dict[Op, tuple[frozenset[str], frozenset[str]]] = {
     Op.FORCE_RELEASE: (frozenset({"resource", "op_id"}), frozenset()),
     Op.SET_EPOCH_FLOOR: (frozenset({"floor"}), frozenset({"fence_all"})),
     Op.TICK: (frozenset(), frozenset()),
+    Op.RESTORE: (frozenset({"data", "epoch_floor"}), frozenset()),
 }
 assert set(_SCHEMAS) == set(Op), "every op needs a schema"
 assert all(f in _FIELD_CHECKS for req, opt in _SCHEMAS.values() for f in req | opt)
@@ -361,9 +280,7 @@ class FencingStateMachine:
         self._dedup_retention_ms = _positive_config(
             "dedup_retention_ms", dedup_retention_ms, limits.DEDUP_RETENTION_MS
         )
-        self._resources_max = _positive_config(
-            "resources_max", resources_max, limits.RESOURCES_MAX
-        )
+        self._resources_max = _positive_config("resources_max", resources_max, limits.RESOURCES_MAX)
         self._keys_per_resource_max = _positive_config(
             "keys_per_resource_max", keys_per_resource_max, limits.KEYS_PER_RESOURCE_MAX
         )
@@ -381,6 +298,7 @@ class FencingStateMachine:
             Op.FORCE_RELEASE: self._force_release,
             Op.SET_EPOCH_FLOOR: self._set_epoch_floor,
             Op.TICK: self._tick,
+            Op.RESTORE: self._restore,
         }
         assert set(self._handlers) == set(Op), "every op needs a handler"
 
@@ -465,9 +383,7 @@ class FencingStateMachine:
                 return Rejected(
                     op=op,
                     reason=Reason.OP_ID_CONFLICT,
-                    message=(
-                        f"op_id was already used by {entry.op.name} on {entry.resource!r}"
-                    ),
+                    message=(f"op_id was already used by {entry.op.name} on {entry.resource!r}"),
                     details={"op": int(entry.op), "resource": entry.resource},
                 )
 
@@ -506,6 +422,7 @@ class FencingStateMachine:
                 op=op,
                 reason=Reason.UNKNOWN_TOKEN,
                 message=f"token {token} was never issued for {resource!r}",
+                details={"hwm": hwm},
             )
         if token < hwm:
             return Rejected(
@@ -543,9 +460,7 @@ class FencingStateMachine:
             return Rejected(
                 op=Op.ACQUIRE,
                 reason=Reason.LEASE_HELD,
-                message=(
-                    f"{resource!r} is leased to {lease.holder!r} until {lease.expires_at_ms}"
-                ),
+                message=(f"{resource!r} is leased to {lease.holder!r} until {lease.expires_at_ms}"),
                 details={
                     "holder": lease.holder,
                     "expires_at_ms": lease.expires_at_ms,
@@ -589,9 +504,7 @@ class FencingStateMachine:
             )
         ttl_ms = lease.ttl_ms if args["ttl_ms"] is None else args["ttl_ms"]
         res.lease = dataclasses.replace(lease, ttl_ms=ttl_ms, expires_at_ms=now + ttl_ms)
-        return Applied(
-            op=Op.KEEP_ALIVE, result={"token": token, "expires_at_ms": now + ttl_ms}
-        )
+        return Applied(op=Op.KEEP_ALIVE, result={"token": token, "expires_at_ms": now + ttl_ms})
 
     def _release(self, now: int, args: dict[str, Any]) -> Outcome:
         resource, token = args["resource"], args["token"]
@@ -604,9 +517,7 @@ class FencingStateMachine:
         if lease is not None and lease.token == token:
             released = lease.expires_at_ms > now  # an expired lease had already ended
             res.lease = None
-        return Applied(
-            op=Op.RELEASE, result={"hwm": res.high_water_mark, "released": released}
-        )
+        return Applied(op=Op.RELEASE, result={"hwm": res.high_water_mark, "released": released})
 
     def _write(self, now: int, args: dict[str, Any]) -> Outcome:
         resource, key = args["resource"], args["key"]
@@ -633,9 +544,7 @@ class FencingStateMachine:
             )
         res.revision += 1
         res.data[key] = (args["value"], res.revision)
-        return Applied(
-            op=Op.WRITE, result={"version": res.revision, "hwm": res.high_water_mark}
-        )
+        return Applied(op=Op.WRITE, result={"version": res.revision, "hwm": res.high_water_mark})
 
     def _delete(self, now: int, args: dict[str, Any]) -> Outcome:
         resource, key = args["resource"], args["key"]
@@ -713,6 +622,48 @@ class FencingStateMachine:
                 expired += 1
         return Applied(op=Op.TICK, result={"expired": expired})
 
+    def _restore(self, now: int, args: dict[str, Any]) -> Outcome:
+        """Admin restore from a backup (I11): the backup's data, fenced above every token.
+
+        The floor must exceed the current epoch, so no token issued before the restore, by
+        this cluster or the backup's, is ever issued again. Every restored resource gets
+        hwm = the new epoch and no lease; resources absent from the backup are gone (their
+        old tokens are then refused as UNKNOWN_TOKEN). The dedup table is emptied: its
+        outcomes describe a history the restore replaced, and every token in them is now
+        fenced. The log clock keeps going forward from ``now``.
+        """
+        floor = args["epoch_floor"]
+        if floor <= self._epoch:
+            return Rejected(
+                op=Op.RESTORE,
+                reason=Reason.EPOCH_FLOOR_TOO_LOW,
+                message=f"epoch_floor {floor} must exceed the current epoch {self._epoch}",
+                details={"epoch": self._epoch},
+            )
+        try:
+            backup_epoch, _clock, resources, _dedup = _parse_snapshot(args["data"])
+        except ValueError as exc:
+            return Rejected(
+                op=Op.RESTORE,
+                reason=Reason.MALFORMED,
+                message=f"field 'data': {exc}",
+                details={"field": "data"},
+            )
+        new_epoch = max(floor, backup_epoch + 1)
+        if new_epoch > limits.TOKEN_MAX:
+            return Rejected(
+                op=Op.RESTORE,
+                reason=Reason.EPOCH_EXHAUSTED,
+                message=f"the backup's epoch {backup_epoch} leaves no token to fence it with",
+            )
+        for res in resources.values():
+            res.high_water_mark = new_epoch  # every token issued before is stale (I11)
+            res.lease = None
+        self._epoch = new_epoch
+        self._resources = resources
+        self._dedup = collections.OrderedDict()
+        return Applied(op=Op.RESTORE, result={"epoch": new_epoch, "resources": len(resources)})
+
     # -- snapshots ------------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
@@ -757,14 +708,7 @@ class FencingStateMachine:
     def restore(self, data: bytes) -> None:
         """Replace all state with a ``snapshot()``. Raises ValueError on bad data, leaving
         the current state untouched."""
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise ValueError(f"snapshot must be bytes, got {type(data).__name__}")
-        try:
-            doc = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True, use_list=True)
-        # Any parser failure means the file is not one of our snapshots.
-        except Exception as exc:  # noqa: BLE001
-            raise ValueError(f"snapshot is not valid msgpack: {type(exc).__name__}: {exc}") from exc
-        epoch, log_clock_ms, resources, dedup = _read_snapshot(doc)
+        epoch, log_clock_ms, resources, dedup = _parse_snapshot(data)
         self._epoch = epoch
         self._log_clock_ms = log_clock_ms
         self._resources = resources
@@ -778,6 +722,20 @@ class FencingStateMachine:
 # ---------------------------------------------------------------------------------------
 # Snapshot reading. Checks structure and the invariants the rules keep, not configurable
 # limits: a snapshot written under other limits must still restore.
+
+
+def _parse_snapshot(
+    data: object,
+) -> tuple[int, int, dict[str, _Resource], collections.OrderedDict[bytes, _DedupEntry]]:
+    """The parts of a ``snapshot()``; raises ValueError on anything else."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ValueError(f"snapshot must be bytes, got {type(data).__name__}")
+    try:
+        doc = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True, use_list=True)
+    # Any parser failure means the file is not one of our snapshots.
+    except Exception as exc:
+        raise ValueError(f"snapshot is not valid msgpack: {type(exc).__name__}: {exc}") from exc
+    return _read_snapshot(doc)
 
 
 def _need(condition: bool, message: str) -> None:
@@ -799,8 +757,7 @@ def _read_snapshot(
     _need(magic == _SNAPSHOT_MAGIC, "not a fencing-coordinator state snapshot")
     _need(
         _is_int(version) and version == SNAPSHOT_FORMAT_VERSION,
-        f"unknown snapshot format version {version!r} (this build reads "
-        f"{SNAPSHOT_FORMAT_VERSION})",
+        f"unknown snapshot format version {version!r} (this build reads {SNAPSHOT_FORMAT_VERSION})",
     )
     epoch = _need_int(epoch, "epoch", 0, limits.TOKEN_MAX)
     log_clock_ms = _need_int(log_clock_ms, "log_clock_ms")
@@ -843,9 +800,7 @@ def _read_snapshot(
             _need(key_version not in versions, f"two keys of {name!r} share a version")
             versions.add(key_version)
             data[key] = (value, key_version)
-        resources[name] = _Resource(
-            high_water_mark=hwm, lease=lease, revision=revision, data=data
-        )
+        resources[name] = _Resource(high_water_mark=hwm, lease=lease, revision=revision, data=data)
 
     _need(isinstance(raw_dedup, list), "dedup must be an array")
     dedup: collections.OrderedDict[bytes, _DedupEntry] = collections.OrderedDict()

@@ -48,8 +48,15 @@ def write(sm, *, token, stamp, resource=R, key="k", value=b"v", op=None, expecte
     if op is None:
         op = next(_fresh_op_ids)
     return sm.execute(
-        cmds.write(resource=resource, key=key, value=value, token=token, op_id=op,
-                   stamp_ms=stamp, expected_version=expected_version)
+        cmds.write(
+            resource=resource,
+            key=key,
+            value=value,
+            token=token,
+            op_id=op,
+            stamp_ms=stamp,
+            expected_version=expected_version,
+        )
     )
 
 
@@ -102,8 +109,9 @@ def test_op_numbers_never_change():
         "FORCE_RELEASE": 7,
         "SET_EPOCH_FLOOR": 8,
         "TICK": 9,
+        "RESTORE": 10,
     }
-    assert [r.value for r in Reason] == list(range(1, 10))
+    assert [r.value for r in Reason] == list(range(1, 11))
     assert Reason.OP_ID_CONFLICT == 9 and Reason.MALFORMED == 1
 
 
@@ -114,8 +122,13 @@ def test_encoding_is_the_documented_array():
         1,
         4,
         42,
-        {b"resource": R.encode(), b"key": b"k", b"value": b"\x00\xff", b"token": 3,
-         b"op_id": op_id(1)},
+        {
+            b"resource": R.encode(),
+            b"key": b"k",
+            b"value": b"\x00\xff",
+            b"token": 3,
+            b"op_id": op_id(1),
+        },
     ]
     # value and op_id are msgpack bin, names are msgpack str
     assert msgpack.unpackb(cmd.encode(), raw=False)[3]["resource"] == R
@@ -128,8 +141,9 @@ ALL_CONSTRUCTED = [
     cmds.keep_alive(resource=R, token=1, ttl_ms=500, stamp_ms=2),
     cmds.release(resource=R, token=1, stamp_ms=3),
     cmds.release(resource=R, token=1, stamp_ms=3, op_id=op_id(2)),
-    cmds.write(resource=R, key="k", value=b"v", token=1, op_id=op_id(3), stamp_ms=4,
-               expected_version=0),
+    cmds.write(
+        resource=R, key="k", value=b"v", token=1, op_id=op_id(3), stamp_ms=4, expected_version=0
+    ),
     cmds.delete(resource=R, key="k", token=1, op_id=op_id(4), stamp_ms=5),
     cmds.read_barrier(stamp_ms=6),
     cmds.read_barrier(stamp_ms=6, resource=R, key="k"),
@@ -150,9 +164,10 @@ def test_every_constructor_round_trips(cmd):
 def test_constructors_leave_optional_nones_out_and_do_not_validate():
     assert cmds.keep_alive(resource=R, token=1, stamp_ms=0).body == {"resource": R, "token": 1}
     assert "op_id" not in cmds.release(resource=R, token=1, stamp_ms=0).body
-    assert "expected_version" not in cmds.write(
-        resource=R, key="k", value=b"", token=1, op_id=op_id(1), stamp_ms=0
-    ).body
+    assert (
+        "expected_version"
+        not in cmds.write(resource=R, key="k", value=b"", token=1, op_id=op_id(1), stamp_ms=0).body
+    )
     assert cmds.read_barrier(stamp_ms=0).body == {}
     bad = cmds.write(resource="", key="bad key", value="str", token="2", op_id=b"", stamp_ms=0)
     assert bad.body["token"] == "2"
@@ -181,7 +196,7 @@ def packed(obj) -> bytes:
         (packed([True, 9, 0, {}]), "format version"),
         (packed(["1", 9, 0, {}]), "format version"),
         (packed([1, 0, 0, {}]), "unknown op"),
-        (packed([1, 10, 0, {}]), "unknown op"),
+        (packed([1, 11, 0, {}]), "unknown op"),
         (packed([1, True, 0, {}]), "op must be an integer"),
         (packed([1, 9, -1, {}]), "stamp_ms"),
         (packed([1, 9, 1.5, {}]), "stamp_ms"),
@@ -204,8 +219,15 @@ def test_decode_refuses_malformed_envelopes(data, fragment):
 
 def test_decode_accepts_the_largest_command():
     value = b"x" * limits.VALUE_BYTES_MAX
-    cmd = cmds.write(resource="r" * 256, key="k" * 256, value=value, token=1, op_id=b"o" * 64,
-                     stamp_ms=limits.STAMP_MS_MAX, expected_version=2**64 - 1)
+    cmd = cmds.write(
+        resource="r" * 256,
+        key="k" * 256,
+        value=value,
+        token=1,
+        op_id=b"o" * 64,
+        stamp_ms=limits.STAMP_MS_MAX,
+        expected_version=2**64 - 1,
+    )
     assert len(cmd.encode()) <= limits.COMMAND_BYTES_MAX
     assert cmds.decode(cmd.encode()) == cmd
 
@@ -216,24 +238,59 @@ def test_decode_accepts_the_largest_command():
 FORBIDDEN_MODULES = {"grpc", "pysyncobj", "socket", "time", "random", "os", "threading"}
 
 
-@pytest.mark.parametrize("module", ["state_machine.py", "commands.py"])
-def test_state_machine_modules_import_nothing_impure(module):
-    path = pathlib.Path(__file__).resolve().parent.parent / "coordinator" / module
+PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent / "coordinator"
+
+
+def imports_of(module: str) -> tuple[set[str], set[str]]:
+    """(top-level names of outside modules, coordinator modules) that ``module`` imports,
+    anywhere in its source: also inside functions and try blocks."""
+    path = PACKAGE_DIR / (module.removeprefix("coordinator.").replace(".", "/") + ".py")
     tree = ast.parse(path.read_text(), filename=str(path))
-    imported: set[str] = set()
-    for node in ast.walk(tree):  # every import, also inside functions and try blocks
+    outside: set[str] = set()
+    inside: set[str] = set()
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            imported.update(alias.name for alias in node.names)
+            for alias in node.names:
+                if alias.name.split(".")[0] == "coordinator":
+                    inside.add(alias.name)
+                else:
+                    outside.add(alias.name.split(".")[0])
         elif isinstance(node, ast.ImportFrom):
-            imported.add("." * node.level + (node.module or ""))
+            base = node.module or ""
+            if node.level:  # relative: inside the package
+                base = "coordinator" + ("." + base if base else "")
+            if base.split(".")[0] != "coordinator":
+                outside.add(base.split(".")[0])
+                continue
+            for alias in node.names:  # `from coordinator import limits` imports a module
+                candidate = f"{base}.{alias.name}"
+                is_module = (
+                    PACKAGE_DIR / (candidate.removeprefix("coordinator.") + ".py")
+                ).exists()
+                inside.add(candidate if is_module else base)
         elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "__import__":
-            pytest.fail(f"{module} calls __import__")
-    roots = {name.lstrip(".").split(".")[0] for name in imported}
-    assert roots, "the AST walk found no imports at all: the test is broken"
-    assert not roots & FORBIDDEN_MODULES, f"{module} imports {sorted(roots & FORBIDDEN_MODULES)}"
-    assert "importlib" not in roots
-    own = {name for name in imported if name.startswith(("coordinator", "."))}
-    assert own <= {"coordinator", "coordinator.commands"}, own
+            outside.add("__import__")
+    inside.discard("coordinator")  # the package __init__ holds only a docstring and version
+    return outside, inside
+
+
+@pytest.mark.parametrize("module", ["coordinator.state_machine", "coordinator.commands"])
+def test_state_machine_modules_import_nothing_impure(module):
+    """DESIGN §5: no gRPC, pysyncobj, sockets, clock, randomness, OS or threads -- in the
+    module itself or in any coordinator module it pulls in."""
+    seen: dict[str, str] = {module: module}  # module -> import chain that reached it
+    queue = [module]
+    while queue:
+        current = queue.pop()
+        outside, inside = imports_of(current)
+        if current == module:
+            assert outside, "the AST walk found no imports at all: the test is broken"
+        bad = outside & (FORBIDDEN_MODULES | {"importlib", "__import__"})
+        assert not bad, f"{seen[current]} imports {sorted(bad)}"
+        for name in inside - seen.keys():
+            seen[name] = f"{seen[current]} -> {name}"
+            queue.append(name)
+    assert "coordinator.limits" in seen
 
 
 # -- the classic scenario, with fence on acquire (I2, I3, I4) ----------------------------------
@@ -252,8 +309,10 @@ def test_classic_scenario_fence_on_acquire():
 
     # The very entry that issued token 2 fenced token 1: no later moment lets it pass.
     stale = assert_refused_unchanged(
-        sm, cmds.write(resource=R, key="k", value=b"late A", token=1, op_id=op_id(1),
-                       stamp_ms=TTL + 5), Reason.STALE_TOKEN)
+        sm,
+        cmds.write(resource=R, key="k", value=b"late A", token=1, op_id=op_id(1), stamp_ms=TTL + 5),
+        Reason.STALE_TOKEN,
+    )
     assert stale.details == {"hwm": 2}
     for stamp in (0, TTL + 6, 10 * TTL, limits.STAMP_MS_MAX):
         assert_rejected(write(sm, token=1, stamp=stamp, value=b"late A"), Reason.STALE_TOKEN)
@@ -268,14 +327,19 @@ def test_classic_scenario_fence_on_acquire():
     # Malformed tokens are refused and change nothing.
     for bad in (None, "2", True, 0, -1, 2**64):
         refused = assert_refused_unchanged(
-            sm, cmds.write(resource=R, key="k", value=b"bad", token=bad, op_id=op_id(7),
-                           stamp_ms=TTL + 12), Reason.MALFORMED)
+            sm,
+            cmds.write(
+                resource=R, key="k", value=b"bad", token=bad, op_id=op_id(7), stamp_ms=TTL + 12
+            ),
+            Reason.MALFORMED,
+        )
         assert "token" in refused.message and refused.details == {"field": "token"}
 
     # B releases; C acquires (epoch 3): B's token 2 is now fenced too.
-    assert assert_applied(
-        sm.execute(cmds.release(resource=R, token=2, stamp_ms=TTL + 20))
-    ) == {"hwm": 2, "released": True}
+    assert assert_applied(sm.execute(cmds.release(resource=R, token=2, stamp_ms=TTL + 20))) == {
+        "hwm": 2,
+        "released": True,
+    }
     c = assert_applied(acquire(sm, holder="C", stamp=TTL + 21))
     assert c["token"] == 3
     assert assert_rejected(write(sm, token=2, stamp=TTL + 22), Reason.STALE_TOKEN).details == {
@@ -292,8 +356,9 @@ def test_malformed_tokens_change_nothing(op, bad):
     assert_applied(acquire(sm, stamp=0))
     assert_applied(write(sm, token=1, stamp=1))
     build = {
-        Op.WRITE: lambda: cmds.write(resource=R, key="k", value=b"x", token=bad, op_id=op_id(9),
-                                     stamp_ms=5),
+        Op.WRITE: lambda: cmds.write(
+            resource=R, key="k", value=b"x", token=bad, op_id=op_id(9), stamp_ms=5
+        ),
         Op.DELETE: lambda: cmds.delete(resource=R, key="k", token=bad, op_id=op_id(9), stamp_ms=5),
         Op.KEEP_ALIVE: lambda: cmds.keep_alive(resource=R, token=bad, stamp_ms=5),
         Op.RELEASE: lambda: cmds.release(resource=R, token=bad, stamp_ms=5),
@@ -320,12 +385,16 @@ def test_never_issued_tokens_are_unknown():
     assert_applied(acquire(sm, stamp=0))
     for token in (2, 2**63, limits.TOKEN_MAX):
         assert_refused_unchanged(
-            sm, cmds.write(resource=R, key="k", value=b"v", token=token, op_id=op_id(1),
-                           stamp_ms=1), Reason.UNKNOWN_TOKEN)
+            sm,
+            cmds.write(resource=R, key="k", value=b"v", token=token, op_id=op_id(1), stamp_ms=1),
+            Reason.UNKNOWN_TOKEN,
+        )
     # a resource that was never acquired has hwm 0: every token is unknown there
     assert_refused_unchanged(
-        sm, cmds.write(resource="never", key="k", value=b"v", token=1, op_id=op_id(1),
-                       stamp_ms=1), Reason.UNKNOWN_TOKEN)
+        sm,
+        cmds.write(resource="never", key="k", value=b"v", token=1, op_id=op_id(1), stamp_ms=1),
+        Reason.UNKNOWN_TOKEN,
+    )
     assert sm.describe("never") is None
 
 
@@ -367,16 +436,29 @@ def test_oversized_value_is_malformed_and_largest_is_accepted():
     assert "'value'" in refused.message
 
 
-BAD_NAMES = ["", "has space", "tab\t", "trailing\n", "é", "star*", "a" * 257, None, 7, b"bytes",
-             "\ud800"]
+BAD_NAMES = [
+    "",
+    "has space",
+    "tab\t",
+    "trailing\n",
+    "é",
+    "star*",
+    "a" * 257,
+    None,
+    7,
+    b"bytes",
+    "\ud800",
+]
 
 
 @pytest.mark.parametrize("name", BAD_NAMES, ids=repr)
 def test_bad_resource_names_are_malformed(name):
     sm = FencingStateMachine()
     refused = assert_refused_unchanged(
-        sm, cmds.acquire(resource=name, holder="A", ttl_ms=TTL, op_id=op_id(1), stamp_ms=0),
-        Reason.MALFORMED)
+        sm,
+        cmds.acquire(resource=name, holder="A", ttl_ms=TTL, op_id=op_id(1), stamp_ms=0),
+        Reason.MALFORMED,
+    )
     assert "'resource'" in refused.message
     assert sm.epoch == 0
 
@@ -386,8 +468,10 @@ def test_bad_keys_are_malformed(name):
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0))
     refused = assert_refused_unchanged(
-        sm, cmds.write(resource=R, key=name, value=b"v", token=1, op_id=op_id(1), stamp_ms=1),
-        Reason.MALFORMED)
+        sm,
+        cmds.write(resource=R, key=name, value=b"v", token=1, op_id=op_id(1), stamp_ms=1),
+        Reason.MALFORMED,
+    )
     assert "'key'" in refused.message
 
 
@@ -399,13 +483,16 @@ def test_longest_and_odd_but_legal_names_are_accepted():
     assert_applied(write(sm, resource=name, key="k" * limits.KEY_BYTES_MAX, token=1, stamp=0))
 
 
-@pytest.mark.parametrize("holder", ["", "h" * (limits.HOLDER_BYTES_MAX + 1), "é" * 65, None, 1,
-                                    b"A", "\udc80"], ids=repr)
+@pytest.mark.parametrize(
+    "holder", ["", "h" * (limits.HOLDER_BYTES_MAX + 1), "é" * 65, None, 1, b"A", "\udc80"], ids=repr
+)
 def test_bad_holders_are_malformed(holder):
     sm = FencingStateMachine()
     refused = assert_refused_unchanged(
-        sm, cmds.acquire(resource=R, holder=holder, ttl_ms=TTL, op_id=op_id(1), stamp_ms=0),
-        Reason.MALFORMED)
+        sm,
+        cmds.acquire(resource=R, holder=holder, ttl_ms=TTL, op_id=op_id(1), stamp_ms=0),
+        Reason.MALFORMED,
+    )
     assert "'holder'" in refused.message
 
 
@@ -418,20 +505,33 @@ def test_holder_is_free_form_utf8():
 
 @pytest.mark.parametrize(
     "ttl",
-    [0, -1, limits.LEASE_TTL_MS_MIN - 1, limits.LEASE_TTL_MS_MAX + 1, 2**64, True, 1.5, "100", None],
+    [
+        0,
+        -1,
+        limits.LEASE_TTL_MS_MIN - 1,
+        limits.LEASE_TTL_MS_MAX + 1,
+        2**64,
+        True,
+        1.5,
+        "100",
+        None,
+    ],
     ids=repr,
 )
 def test_bad_ttls_are_malformed(ttl):
     sm = FencingStateMachine()
     refused = assert_refused_unchanged(
-        sm, cmds.acquire(resource=R, holder="A", ttl_ms=ttl, op_id=op_id(1), stamp_ms=0),
-        Reason.MALFORMED)
+        sm,
+        cmds.acquire(resource=R, holder="A", ttl_ms=ttl, op_id=op_id(1), stamp_ms=0),
+        Reason.MALFORMED,
+    )
     assert "'ttl_ms'" in refused.message
     # also on keep-alive, where ttl_ms is optional (None means "keep the old TTL")
     assert_applied(acquire(sm, stamp=0))
     if ttl is not None:
-        assert_refused_unchanged(sm, cmds.keep_alive(resource=R, token=1, ttl_ms=ttl, stamp_ms=1),
-                                 Reason.MALFORMED)
+        assert_refused_unchanged(
+            sm, cmds.keep_alive(resource=R, token=1, ttl_ms=ttl, stamp_ms=1), Reason.MALFORMED
+        )
 
 
 def test_ttl_bounds_are_accepted():
@@ -442,14 +542,25 @@ def test_ttl_bounds_are_accepted():
     assert high["expires_at_ms"] == limits.LEASE_TTL_MS_MAX
 
 
-@pytest.mark.parametrize("bad", [b"", b"x" * (limits.OP_ID_BYTES_MIN - 1),
-                                 b"x" * (limits.OP_ID_BYTES_MAX + 1), "x" * 16, None, 16],
-                         ids=repr)
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"",
+        b"x" * (limits.OP_ID_BYTES_MIN - 1),
+        b"x" * (limits.OP_ID_BYTES_MAX + 1),
+        "x" * 16,
+        None,
+        16,
+    ],
+    ids=repr,
+)
 def test_bad_op_ids_are_malformed(bad):
     sm = FencingStateMachine()
     refused = assert_refused_unchanged(
-        sm, cmds.acquire(resource=R, holder="A", ttl_ms=TTL, op_id=bad, stamp_ms=0),
-        Reason.MALFORMED)
+        sm,
+        cmds.acquire(resource=R, holder="A", ttl_ms=TTL, op_id=bad, stamp_ms=0),
+        Reason.MALFORMED,
+    )
     assert "'op_id'" in refused.message
 
 
@@ -495,19 +606,34 @@ def test_expected_version():
     # 0 means "absent"
     v1 = assert_applied(write(sm, token=1, stamp=1, expected_version=0))["version"]
     refused = assert_refused_unchanged(
-        sm, cmds.write(resource=R, key="k", value=b"x", token=1, op_id=op_id(1), stamp_ms=2,
-                       expected_version=0), Reason.VERSION_MISMATCH)
+        sm,
+        cmds.write(
+            resource=R, key="k", value=b"x", token=1, op_id=op_id(1), stamp_ms=2, expected_version=0
+        ),
+        Reason.VERSION_MISMATCH,
+    )
     assert refused.details == {"version": v1}
     v2 = assert_applied(write(sm, token=1, stamp=3, expected_version=v1))["version"]
     assert v2 > v1
     assert_rejected(write(sm, token=1, stamp=3, expected_version=v1), Reason.VERSION_MISMATCH)
     # a huge expected version is well formed, just wrong
-    assert_rejected(write(sm, token=1, stamp=3, expected_version=2**64 - 1),
-                    Reason.VERSION_MISMATCH)
+    assert_rejected(
+        write(sm, token=1, stamp=3, expected_version=2**64 - 1), Reason.VERSION_MISMATCH
+    )
     for bad in (-1, True, "1", 1.0):
         refused = assert_refused_unchanged(
-            sm, cmds.write(resource=R, key="k", value=b"x", token=1, op_id=op_id(1), stamp_ms=4,
-                           expected_version=bad), Reason.MALFORMED)
+            sm,
+            cmds.write(
+                resource=R,
+                key="k",
+                value=b"x",
+                token=1,
+                op_id=op_id(1),
+                stamp_ms=4,
+                expected_version=bad,
+            ),
+            Reason.MALFORMED,
+        )
         assert "'expected_version'" in refused.message
 
 
@@ -596,23 +722,29 @@ def test_op_id_conflict():
     assert_applied(write(sm, token=1, stamp=1, op=op_id(2)))
     # same op_id, other op
     conflict = assert_refused_unchanged(
-        sm, cmds.delete(resource=R, key="k", token=1, op_id=op_id(2), stamp_ms=2),
-        Reason.OP_ID_CONFLICT)
+        sm,
+        cmds.delete(resource=R, key="k", token=1, op_id=op_id(2), stamp_ms=2),
+        Reason.OP_ID_CONFLICT,
+    )
     assert conflict.details == {"op": int(Op.WRITE), "resource": R}
     # same op_id, same op, other resource
     assert_refused_unchanged(
-        sm, cmds.write(resource=R2, key="k", value=b"v", token=2, op_id=op_id(2), stamp_ms=2),
-        Reason.OP_ID_CONFLICT)
+        sm,
+        cmds.write(resource=R2, key="k", value=b"v", token=2, op_id=op_id(2), stamp_ms=2),
+        Reason.OP_ID_CONFLICT,
+    )
     # an acquire's op_id reused by a force-release
-    assert_refused_unchanged(sm, cmds.force_release(resource=R, op_id=op_id(1), stamp_ms=2),
-                             Reason.OP_ID_CONFLICT)
+    assert_refused_unchanged(
+        sm, cmds.force_release(resource=R, op_id=op_id(1), stamp_ms=2), Reason.OP_ID_CONFLICT
+    )
 
 
 def test_dedup_eviction_by_count():
     sm = FencingStateMachine(dedup_entries_max=3)
     assert_applied(acquire(sm, stamp=0, op=op_id(100)))
-    versions = [assert_applied(write(sm, token=1, stamp=i, op=op_id(i)))["version"]
-                for i in range(1, 4)]
+    versions = [
+        assert_applied(write(sm, token=1, stamp=i, op=op_id(i)))["version"] for i in range(1, 4)
+    ]
     assert sm.dedup_size == 3  # the acquire's op_id was evicted first
     # op 1 is still remembered
     assert write(sm, token=1, stamp=5, op=op_id(1)).result["version"] == versions[0]
@@ -655,8 +787,15 @@ def test_dedup_uses_log_clock_when_stamps_go_backwards():
     assert sm.dedup_size == 0
 
 
-@pytest.mark.parametrize("kwargs", [{"dedup_entries_max": 0}, {"dedup_retention_ms": -1},
-                                    {"resources_max": True}, {"keys_per_resource_max": 1.5}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"dedup_entries_max": 0},
+        {"dedup_retention_ms": -1},
+        {"resources_max": True},
+        {"keys_per_resource_max": 1.5},
+    ],
+)
 def test_bad_configuration_is_refused(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         FencingStateMachine(**kwargs)
@@ -669,8 +808,10 @@ def test_lease_held_until_it_expires():
     sm = FencingStateMachine()
     assert_applied(acquire(sm, holder="A", stamp=0, ttl_ms=TTL))
     held = assert_refused_unchanged(
-        sm, cmds.acquire(resource=R, holder="B", ttl_ms=TTL, op_id=op_id(1), stamp_ms=TTL - 1),
-        Reason.LEASE_HELD)
+        sm,
+        cmds.acquire(resource=R, holder="B", ttl_ms=TTL, op_id=op_id(1), stamp_ms=TTL - 1),
+        Reason.LEASE_HELD,
+    )
     assert held.details == {"holder": "A", "expires_at_ms": TTL, "token": 1}
     # the same holder does not get a second lease either
     assert_rejected(acquire(sm, holder="A", stamp=1), Reason.LEASE_HELD)
@@ -700,17 +841,20 @@ def test_tokens_strictly_increase_across_resources():
 def test_epoch_exhausted():
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0))
-    assert_applied(sm.execute(cmds.set_epoch_floor(floor=limits.TOKEN_MAX - 1, fence_all=False,
-                                                   stamp_ms=1)))
+    assert_applied(
+        sm.execute(cmds.set_epoch_floor(floor=limits.TOKEN_MAX - 1, fence_all=False, stamp_ms=1))
+    )
     assert assert_applied(acquire(sm, resource=R2, stamp=1))["token"] == limits.TOKEN_MAX
     assert_refused_unchanged(
-        sm, cmds.acquire(resource="r3", holder="A", ttl_ms=TTL, op_id=op_id(1), stamp_ms=2),
-        Reason.EPOCH_EXHAUSTED)
-    assert_refused_unchanged(sm, cmds.force_release(resource=R, op_id=op_id(2), stamp_ms=2),
-                             Reason.EPOCH_EXHAUSTED)
+        sm,
+        cmds.acquire(resource="r3", holder="A", ttl_ms=TTL, op_id=op_id(1), stamp_ms=2),
+        Reason.EPOCH_EXHAUSTED,
+    )
+    assert_refused_unchanged(
+        sm, cmds.force_release(resource=R, op_id=op_id(2), stamp_ms=2), Reason.EPOCH_EXHAUSTED
+    )
     # fencing everything needs a token above TOKEN_MAX: refused rather than half-done
-    assert_refused_unchanged(sm, cmds.set_epoch_floor(floor=1, stamp_ms=2),
-                             Reason.EPOCH_EXHAUSTED)
+    assert_refused_unchanged(sm, cmds.set_epoch_floor(floor=1, stamp_ms=2), Reason.EPOCH_EXHAUSTED)
     assert sm.epoch == limits.TOKEN_MAX
 
 
@@ -719,11 +863,14 @@ def test_resource_limit():
     assert_applied(acquire(sm, resource="a", stamp=0))
     assert_applied(acquire(sm, resource="b", stamp=0))
     refused = assert_refused_unchanged(
-        sm, cmds.acquire(resource="c", holder="A", ttl_ms=TTL, op_id=op_id(1), stamp_ms=0),
-        Reason.LIMIT_EXCEEDED)
+        sm,
+        cmds.acquire(resource="c", holder="A", ttl_ms=TTL, op_id=op_id(1), stamp_ms=0),
+        Reason.LIMIT_EXCEEDED,
+    )
     assert refused.details == {"limit": "resources", "max": 2}
-    assert_refused_unchanged(sm, cmds.force_release(resource="c", op_id=op_id(2), stamp_ms=0),
-                             Reason.LIMIT_EXCEEDED)
+    assert_refused_unchanged(
+        sm, cmds.force_release(resource="c", op_id=op_id(2), stamp_ms=0), Reason.LIMIT_EXCEEDED
+    )
     # known resources keep working
     assert assert_applied(acquire(sm, resource="a", stamp=TTL))["token"] == 3
     assert_applied(sm.execute(cmds.force_release(resource="b", op_id=op_id(3), stamp_ms=TTL)))
@@ -747,13 +894,18 @@ def test_keep_alive_extends_the_same_token():
     ka = assert_applied(sm.execute(cmds.keep_alive(resource=R, token=1, stamp_ms=900)))
     assert ka == {"token": 1, "expires_at_ms": 900 + TTL}
     # a new TTL replaces the old one, and is kept for later keep-alives
-    ka = assert_applied(sm.execute(cmds.keep_alive(resource=R, token=1, ttl_ms=5_000,
-                                                   stamp_ms=1_000)))
+    ka = assert_applied(
+        sm.execute(cmds.keep_alive(resource=R, token=1, ttl_ms=5_000, stamp_ms=1_000))
+    )
     assert ka["expires_at_ms"] == 6_000
     ka = assert_applied(sm.execute(cmds.keep_alive(resource=R, token=1, stamp_ms=2_000)))
     assert ka["expires_at_ms"] == 7_000
-    assert sm.describe(R)["lease"] == {"holder": "A", "token": 1, "ttl_ms": 5_000,
-                                       "expires_at_ms": 7_000}
+    assert sm.describe(R)["lease"] == {
+        "holder": "A",
+        "token": 1,
+        "ttl_ms": 5_000,
+        "expires_at_ms": 7_000,
+    }
     assert sm.epoch == 1 and sm.describe(R)["hwm"] == 1
 
 
@@ -761,47 +913,58 @@ def test_an_expired_lease_cannot_be_renewed():
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0, ttl_ms=TTL))
     for stamp in (TTL, TTL + 1):  # expiry is inclusive
-        assert_refused_unchanged(sm, cmds.keep_alive(resource=R, token=1, stamp_ms=stamp),
-                                 Reason.LEASE_EXPIRED)
+        assert_refused_unchanged(
+            sm, cmds.keep_alive(resource=R, token=1, stamp_ms=stamp), Reason.LEASE_EXPIRED
+        )
     # even after a stamp went backwards, the log clock decides
     assert_applied(sm.execute(cmds.tick(stamp_ms=TTL)))
-    assert_rejected(sm.execute(cmds.keep_alive(resource=R, token=1, stamp_ms=0)),
-                    Reason.LEASE_EXPIRED)
+    assert_rejected(
+        sm.execute(cmds.keep_alive(resource=R, token=1, stamp_ms=0)), Reason.LEASE_EXPIRED
+    )
 
 
 def test_keep_alive_fencing_and_release():
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0))
-    assert_refused_unchanged(sm, cmds.keep_alive(resource=R, token=2, stamp_ms=1),
-                             Reason.UNKNOWN_TOKEN)
-    assert_refused_unchanged(sm, cmds.keep_alive(resource=R2, token=1, stamp_ms=1),
-                             Reason.UNKNOWN_TOKEN)
+    assert_refused_unchanged(
+        sm, cmds.keep_alive(resource=R, token=2, stamp_ms=1), Reason.UNKNOWN_TOKEN
+    )
+    assert_refused_unchanged(
+        sm, cmds.keep_alive(resource=R2, token=1, stamp_ms=1), Reason.UNKNOWN_TOKEN
+    )
     assert_applied(sm.execute(cmds.release(resource=R, token=1, stamp_ms=1)))
-    assert_refused_unchanged(sm, cmds.keep_alive(resource=R, token=1, stamp_ms=2),
-                             Reason.LEASE_EXPIRED)
+    assert_refused_unchanged(
+        sm, cmds.keep_alive(resource=R, token=1, stamp_ms=2), Reason.LEASE_EXPIRED
+    )
     assert_applied(acquire(sm, stamp=3))
-    stale = assert_refused_unchanged(sm, cmds.keep_alive(resource=R, token=1, stamp_ms=4),
-                                     Reason.STALE_TOKEN)
+    stale = assert_refused_unchanged(
+        sm, cmds.keep_alive(resource=R, token=1, stamp_ms=4), Reason.STALE_TOKEN
+    )
     assert stale.details == {"hwm": 2}
 
 
 def test_release():
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0))
-    assert_refused_unchanged(sm, cmds.release(resource=R, token=2, stamp_ms=1),
-                             Reason.UNKNOWN_TOKEN)
-    assert_refused_unchanged(sm, cmds.release(resource=R2, token=1, stamp_ms=1),
-                             Reason.UNKNOWN_TOKEN)
+    assert_refused_unchanged(
+        sm, cmds.release(resource=R, token=2, stamp_ms=1), Reason.UNKNOWN_TOKEN
+    )
+    assert_refused_unchanged(
+        sm, cmds.release(resource=R2, token=1, stamp_ms=1), Reason.UNKNOWN_TOKEN
+    )
     first = assert_applied(sm.execute(cmds.release(resource=R, token=1, stamp_ms=1)))
     assert first == {"hwm": 1, "released": True}
     assert sm.describe(R)["lease"] is None and sm.describe(R)["hwm"] == 1
     # releasing again is applied and idempotent
     assert assert_applied(sm.execute(cmds.release(resource=R, token=1, stamp_ms=2))) == {
-        "hwm": 1, "released": False}
+        "hwm": 1,
+        "released": False,
+    }
     assert sm.describe(R)["hwm"] == 1
     assert_applied(acquire(sm, stamp=3))
-    stale = assert_refused_unchanged(sm, cmds.release(resource=R, token=1, stamp_ms=4),
-                                     Reason.STALE_TOKEN)
+    stale = assert_refused_unchanged(
+        sm, cmds.release(resource=R, token=1, stamp_ms=4), Reason.STALE_TOKEN
+    )
     assert stale.details == {"hwm": 2}
     assert sm.describe(R)["lease"]["token"] == 2
 
@@ -833,27 +996,36 @@ def test_delete():
     # delete is fenced exactly like write
     assert_applied(acquire(sm, stamp=TTL * 2, holder="B"))
     assert assert_refused_unchanged(
-        sm, cmds.delete(resource=R, key="k", token=1, op_id=op_id(1), stamp_ms=TTL * 2),
-        Reason.STALE_TOKEN).details == {"hwm": 2}
+        sm,
+        cmds.delete(resource=R, key="k", token=1, op_id=op_id(1), stamp_ms=TTL * 2),
+        Reason.STALE_TOKEN,
+    ).details == {"hwm": 2}
     assert_refused_unchanged(
-        sm, cmds.delete(resource=R, key="k", token=3, op_id=op_id(1), stamp_ms=TTL * 2),
-        Reason.UNKNOWN_TOKEN)
+        sm,
+        cmds.delete(resource=R, key="k", token=3, op_id=op_id(1), stamp_ms=TTL * 2),
+        Reason.UNKNOWN_TOKEN,
+    )
     assert sm.read(R, "k") == (b"v", v3)
 
 
 def test_read_barrier():
     sm = FencingStateMachine()
     assert assert_applied(sm.execute(cmds.read_barrier(stamp_ms=7))) == {
-        "epoch": 0, "log_clock_ms": 7}
+        "epoch": 0,
+        "log_clock_ms": 7,
+    }
     assert sm.log_clock_ms == 7
     assert_applied(acquire(sm, stamp=10, ttl_ms=TTL))
     v = assert_applied(write(sm, token=1, stamp=11, value=b"data"))["version"]
     before = sm.snapshot()
     result = assert_applied(sm.execute(cmds.read_barrier(stamp_ms=12, resource=R, key="k")))
     assert result == {
-        "epoch": 1, "log_clock_ms": 12, "hwm": 1,
+        "epoch": 1,
+        "log_clock_ms": 12,
+        "hwm": 1,
         "lease": {"holder": "A", "token": 1, "expires_at_ms": 10 + TTL},
-        "value": b"data", "version": v,
+        "value": b"data",
+        "version": v,
     }
     # only the clock moved
     after = FencingStateMachine()
@@ -864,21 +1036,27 @@ def test_read_barrier():
     expired = assert_applied(sm.execute(cmds.read_barrier(stamp_ms=10 + TTL, resource=R)))
     assert expired["lease"] is None and "value" not in expired
     unknown = assert_applied(sm.execute(cmds.read_barrier(stamp_ms=0, resource=R2, key="x")))
-    assert unknown == {"epoch": 1, "log_clock_ms": 10 + TTL, "hwm": 0, "lease": None,
-                       "value": None, "version": 0}
+    assert unknown == {
+        "epoch": 1,
+        "log_clock_ms": 10 + TTL,
+        "hwm": 0,
+        "lease": None,
+        "value": None,
+        "version": 0,
+    }
     assert_refused_unchanged(sm, Command(Op.READ_BARRIER, 0, {"key": "k"}), Reason.MALFORMED)
 
 
 def test_force_release_fences_the_old_holder():
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0, ttl_ms=limits.LEASE_TTL_MS_MAX))
-    result = assert_applied(sm.execute(cmds.force_release(resource=R, op_id=op_id(1),
-                                                          stamp_ms=1)))
+    result = assert_applied(sm.execute(cmds.force_release(resource=R, op_id=op_id(1), stamp_ms=1)))
     assert result == {"hwm": 2}
     assert sm.epoch == 2 and sm.describe(R)["lease"] is None
     assert_rejected(write(sm, token=1, stamp=2), Reason.STALE_TOKEN)
-    assert_rejected(sm.execute(cmds.keep_alive(resource=R, token=1, stamp_ms=2)),
-                    Reason.STALE_TOKEN)
+    assert_rejected(
+        sm.execute(cmds.keep_alive(resource=R, token=1, stamp_ms=2)), Reason.STALE_TOKEN
+    )
     # the resource is free at once, and the next token is above the forced epoch
     assert assert_applied(acquire(sm, holder="B", stamp=2))["token"] == 3
 
@@ -894,15 +1072,17 @@ def test_force_release_of_an_unknown_resource_creates_its_hwm():
 def test_set_epoch_floor_without_fencing():
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0))
-    result = assert_applied(sm.execute(cmds.set_epoch_floor(floor=100, fence_all=False,
-                                                            stamp_ms=1)))
+    result = assert_applied(
+        sm.execute(cmds.set_epoch_floor(floor=100, fence_all=False, stamp_ms=1))
+    )
     assert result == {"epoch": 100}
     assert sm.describe(R)["hwm"] == 1
     assert_applied(write(sm, token=1, stamp=2))  # R is not fenced
     assert assert_applied(acquire(sm, resource=R2, stamp=3))["token"] == 101
     # a lower floor never lowers the epoch
-    assert assert_applied(sm.execute(cmds.set_epoch_floor(floor=5, fence_all=False,
-                                                          stamp_ms=4))) == {"epoch": 101}
+    assert assert_applied(
+        sm.execute(cmds.set_epoch_floor(floor=5, fence_all=False, stamp_ms=4))
+    ) == {"epoch": 101}
 
 
 def test_set_epoch_floor_fences_everything():
@@ -919,24 +1099,33 @@ def test_set_epoch_floor_fences_everything():
     assert assert_applied(sm.execute(cmds.set_epoch_floor(floor=1, stamp_ms=4))) == {"epoch": 53}
     assert_rejected(write(sm, token=52, stamp=5), Reason.STALE_TOKEN)
     # absent fence_all means fence everything (the safe default)
-    assert assert_applied(sm.execute(Command(Op.SET_EPOCH_FLOOR, 6, {"floor": 1}))) == {
-        "epoch": 54}
+    assert assert_applied(sm.execute(Command(Op.SET_EPOCH_FLOOR, 6, {"floor": 1}))) == {"epoch": 54}
     assert sm.describe(R)["hwm"] == 54
 
 
 def test_set_epoch_floor_to_token_max_fences_everything():
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0))
-    assert assert_applied(
-        sm.execute(cmds.set_epoch_floor(floor=limits.TOKEN_MAX, stamp_ms=1))
-    ) == {"epoch": limits.TOKEN_MAX}
+    assert assert_applied(sm.execute(cmds.set_epoch_floor(floor=limits.TOKEN_MAX, stamp_ms=1))) == {
+        "epoch": limits.TOKEN_MAX
+    }
     assert_rejected(write(sm, token=1, stamp=2), Reason.STALE_TOKEN)
 
 
-@pytest.mark.parametrize("body", [{"floor": 0}, {"floor": -1}, {"floor": 2**64},
-                                  {"floor": True}, {"floor": None}, {},
-                                  {"floor": 5, "fence_all": 1}, {"floor": 5, "fence_all": "yes"}],
-                         ids=repr)
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"floor": 0},
+        {"floor": -1},
+        {"floor": 2**64},
+        {"floor": True},
+        {"floor": None},
+        {},
+        {"floor": 5, "fence_all": 1},
+        {"floor": 5, "fence_all": "yes"},
+    ],
+    ids=repr,
+)
 def test_bad_epoch_floors_are_malformed(body):
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0))
@@ -971,12 +1160,15 @@ def test_log_clock_never_goes_backwards_and_refusals_do_not_move_it():
 # -- outcomes on the wire -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("outcome", [
-    Applied(Op.ACQUIRE, {"token": 1, "expires_at_ms": 5, "hwm": 1}),
-    Applied(Op.READ_BARRIER, {"epoch": 1, "lease": {"holder": "A", "token": 1}, "value": b"x"}),
-    Rejected(Op.WRITE, Reason.STALE_TOKEN, "stale", {"hwm": 2}),
-    Rejected(None, Reason.MALFORMED, "garbage"),
-])
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        Applied(Op.ACQUIRE, {"token": 1, "expires_at_ms": 5, "hwm": 1}),
+        Applied(Op.READ_BARRIER, {"epoch": 1, "lease": {"holder": "A", "token": 1}, "value": b"x"}),
+        Rejected(Op.WRITE, Reason.STALE_TOKEN, "stale", {"hwm": 2}),
+        Rejected(None, Reason.MALFORMED, "garbage"),
+    ],
+)
 def test_outcomes_round_trip_through_msgpack(outcome):
     wire = outcome_to_wire(outcome)
     back = outcome_from_wire(msgpack.unpackb(msgpack.packb(wire, use_bin_type=True), raw=False))
@@ -984,9 +1176,23 @@ def test_outcomes_round_trip_through_msgpack(outcome):
     assert type(back.op) is type(outcome.op)
 
 
-@pytest.mark.parametrize("wire", [None, [], [3, 1, {}], [1, 1], [1, 99, {}], [1, 1, []],
-                                  [1, True, {}], [2, 4, 99, "m", {}], [2, 4, 2, 7, {}],
-                                  [2, 4, 2, "m", {1: 2}], [True, 1, {}]], ids=repr)
+@pytest.mark.parametrize(
+    "wire",
+    [
+        None,
+        [],
+        [3, 1, {}],
+        [1, 1],
+        [1, 99, {}],
+        [1, 1, []],
+        [1, True, {}],
+        [2, 4, 99, "m", {}],
+        [2, 4, 2, 7, {}],
+        [2, 4, 2, "m", {1: 2}],
+        [True, 1, {}],
+    ],
+    ids=repr,
+)
 def test_bad_wire_outcomes_are_refused(wire):
     with pytest.raises(ValueError):
         outcome_from_wire(wire)
@@ -1013,8 +1219,11 @@ def test_snapshot_restore_is_the_identity():
     copy.restore(sm.snapshot())
     assert copy.digest() == sm.digest()
     assert copy.snapshot() == sm.snapshot()
-    assert (copy.epoch, copy.log_clock_ms, copy.dedup_size) == (sm.epoch, sm.log_clock_ms,
-                                                                sm.dedup_size)
+    assert (copy.epoch, copy.log_clock_ms, copy.dedup_size) == (
+        sm.epoch,
+        sm.log_clock_ms,
+        sm.dedup_size,
+    )
     for resource in ("a", "b", "c", "d"):
         assert copy.describe(resource) == sm.describe(resource)
     # and both behave the same from here on, including dedup hits
@@ -1034,8 +1243,13 @@ def test_snapshot_is_canonical():
     one = FencingStateMachine()
     two = FencingStateMachine()
     for resource in ("x", "a", "m"):
-        assert_applied(one.execute(cmds.force_release(resource=resource, op_id=op_id(1) + b"-" +
-                                                      resource.encode(), stamp_ms=0)))
+        assert_applied(
+            one.execute(
+                cmds.force_release(
+                    resource=resource, op_id=op_id(1) + b"-" + resource.encode(), stamp_ms=0
+                )
+            )
+        )
     decoded = msgpack.unpackb(one.snapshot(), raw=False)
     assert [r[0] for r in decoded[4]] == ["a", "m", "x"]
     assert [d[0] for d in decoded[5]] == [op_id(1) + b"-x", op_id(1) + b"-a", op_id(1) + b"-m"]
@@ -1063,6 +1277,7 @@ def _set(path, value):
         for index in path[:-1]:
             target = target[index]
         target[path[-1]] = value
+
     return edit
 
 
@@ -1108,17 +1323,34 @@ def test_restore_refuses_non_bytes():
 
 
 msgpack_values = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-    | st.floats(allow_nan=True) | st.text(max_size=20) | st.binary(max_size=20),
-    lambda children: st.lists(children, max_size=5)
-    | st.dictionaries(st.text(max_size=10), children, max_size=5),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=20)
+    | st.binary(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5)
+    ),
     max_leaves=20,
 )
-FIELD_NAMES = ["resource", "key", "holder", "token", "ttl_ms", "value", "expected_version",
-               "op_id", "floor", "fence_all", "extra"]
-field_values = (
-    msgpack_values
-    | st.sampled_from([R, "k", "A", b"x" * 16, 1, 2, 100, 1_000, 0, -1, 2**64 - 1, True, ""])
+FIELD_NAMES = [
+    "resource",
+    "key",
+    "holder",
+    "token",
+    "ttl_ms",
+    "value",
+    "expected_version",
+    "op_id",
+    "floor",
+    "fence_all",
+    "data",
+    "epoch_floor",
+    "extra",
+]
+field_values = msgpack_values | st.sampled_from(
+    [R, "k", "A", b"x" * 16, 1, 2, 100, 1_000, 0, -1, 2**64 - 1, True, ""]
 )
 
 
@@ -1166,6 +1398,7 @@ OP_FIELDS = {
     Op.FORCE_RELEASE: ["resource", "op_id"],
     Op.SET_EPOCH_FLOOR: ["floor", "fence_all"],
     Op.TICK: [],
+    Op.RESTORE: ["data", "epoch_floor"],
 }
 GOOD_FIELD_VALUES = {
     "resource": st.sampled_from([R, R2]),
@@ -1178,6 +1411,8 @@ GOOD_FIELD_VALUES = {
     "op_id": st.sampled_from([b"x" * 16, b"y" * 16, b"z" * 16]),
     "floor": st.integers(min_value=1, max_value=5),
     "fence_all": st.booleans(),
+    "data": st.sampled_from([FencingStateMachine().snapshot(), b"not a snapshot"]),
+    "epoch_floor": st.integers(min_value=1, max_value=5),
 }
 
 
@@ -1199,9 +1434,10 @@ def plausible_commands(draw) -> list:
     if extra is not None:
         body[extra[0]] = extra[1]
     version = draw(mostly(st.just(1), st.just(2)))
-    op_code = draw(mostly(st.just(int(op)), st.sampled_from([0, 10, True])))
-    stamp = draw(mostly(st.integers(min_value=0, max_value=5 * TTL),
-                        st.sampled_from([-1, True, 1.5])))
+    op_code = draw(mostly(st.just(int(op)), st.sampled_from([0, 99, True])))
+    stamp = draw(
+        mostly(st.integers(min_value=0, max_value=5 * TTL), st.sampled_from([-1, True, 1.5]))
+    )
     return [version, op_code, stamp, body]
 
 
@@ -1221,8 +1457,10 @@ def test_apply_never_raises_on_plausible_commands(entries):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.sampled_from(list(Op)),
-       st.dictionaries(st.sampled_from(FIELD_NAMES), field_values, max_size=7))
+@given(
+    st.sampled_from(list(Op)),
+    st.dictionaries(st.sampled_from(FIELD_NAMES), field_values, max_size=7),
+)
 def test_execute_never_raises_on_random_bodies(op, body):
     sm = seeded_machine()
     before = sm.digest()

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -29,13 +30,16 @@ from coordinator.state_machine import (
 )
 
 RESOURCES = ["r1", "r2", "r3"]
-KEYS = ["a", "b"]
+KEYS = ["a", "b", "c"]
 HOLDERS = ["h1", "h2"]
-TTLS = [100, 700, 2_500]
+TTLS = [100, 700, 2_500, 10_000]
 DEDUP_ENTRIES_MAX = 5  # small, so eviction by count happens inside one run
 DEDUP_RETENTION_MS = 4_000  # small, so eviction by age happens inside one run
+RESOURCES_MAX = 2  # below len(RESOURCES), so the resource limit is reached
+KEYS_PER_RESOURCE_MAX = 2  # below len(KEYS), so the key limit is reached
 
-resources = st.sampled_from(RESOURCES)
+# r1 half the time, so its lease, data and key limit see long histories.
+resources = st.integers(min_value=0, max_value=3).map(lambda n: RESOURCES[max(0, n - 1)])
 keys = st.sampled_from(KEYS)
 holders = st.sampled_from(HOLDERS)
 
@@ -47,18 +51,23 @@ def op_ids(op: str) -> st.SearchStrategy[bytes]:
     shared = st.sampled_from([b"shared-0".ljust(16, b"."), b"shared-1".ljust(16, b".")])
     return st.integers(min_value=0, max_value=9).flatmap(lambda n: shared if n == 0 else own)
 
+
 ttls = st.sampled_from(TTLS)
 # Wall-clock steps of the proposer: mostly forward, sometimes backwards (the clock must not).
 # Mostly whole multiples of 100 ms, so stamps often land exactly on an expiry or on the dedup
 # retention horizon, where off-by-one mistakes live.
+# "expiry" and "expiry-1" jump straight to (just before) a lease's expiry.
 stamp_deltas = st.integers(min_value=0, max_value=9).flatmap(
-    lambda n: st.integers(min_value=-800, max_value=1_500)
-    if n == 0
-    else st.integers(min_value=-8, max_value=15).map(lambda k: 100 * k)
+    lambda n: (
+        st.integers(min_value=-800, max_value=1_500)
+        if n == 0
+        else st.sampled_from(["expiry", "expiry-1"])
+        if n == 1
+        else st.integers(min_value=-8, max_value=15).map(lambda k: 100 * k)
+    )
 )
 # How a test picks a token, resolved against the model's hwm of the target resource.
-token_choices = st.sampled_from(["current", "current", "current", "stale", "next", "issued",
-                                 "huge"])
+token_choices = st.sampled_from(["current"] * 6 + ["stale", "next", "issued", "huge"])
 values = st.binary(max_size=6)
 
 
@@ -116,7 +125,8 @@ class Model:
                 self.dedup[op_id] = (op, resource, expected[1], now)
             while self.dedup:
                 oldest_at = next(iter(self.dedup.values()))[3]
-                if oldest_at <= self.clock - DEDUP_RETENTION_MS or len(self.dedup) > DEDUP_ENTRIES_MAX:
+                too_old = oldest_at <= self.clock - DEDUP_RETENTION_MS
+                if too_old or len(self.dedup) > DEDUP_ENTRIES_MAX:
                     self.dedup.popitem(last=False)
                 else:
                     break
@@ -137,8 +147,13 @@ class Model:
             r = self.res.get(name)
             if r is not None and r.lease is not None and r.lease[3] > now:
                 holder_, token_, _, expires_ = r.lease
-                return ("rejected", Reason.LEASE_HELD,
-                        {"holder": holder_, "expires_at_ms": expires_, "token": token_}), None
+                return (
+                    "rejected",
+                    Reason.LEASE_HELD,
+                    {"holder": holder_, "expires_at_ms": expires_, "token": token_},
+                ), None
+            if name not in self.res and len(self.res) >= RESOURCES_MAX:
+                return ("rejected", Reason.LIMIT_EXCEEDED, None), None
             token = self.epoch + 1
 
             def commit():
@@ -148,6 +163,7 @@ class Model:
                 target.lease = (holder, token, ttl, now + ttl)
 
             return ("applied", {"token": token, "expires_at_ms": now + ttl, "hwm": token}), commit
+
         return decide
 
     def decide_keep_alive(self, name, token, ttl):
@@ -164,6 +180,7 @@ class Model:
                 r.lease = (r.lease[0], token, new_ttl, now + new_ttl)
 
             return ("applied", {"token": token, "expires_at_ms": now + new_ttl}), commit
+
         return decide
 
     def decide_release(self, name, token):
@@ -180,6 +197,7 @@ class Model:
 
             released = holds and r.lease[3] > now
             return ("applied", {"hwm": r.hwm, "released": released}), commit
+
         return decide
 
     def decide_write(self, name, key, value, token, expected_version):
@@ -191,12 +209,15 @@ class Model:
             current = r.data[key][1] if key in r.data else 0
             if expected_version is not None and expected_version != current:
                 return ("rejected", Reason.VERSION_MISMATCH, {"version": current}), None
+            if key not in r.data and len(r.data) >= KEYS_PER_RESOURCE_MAX:
+                return ("rejected", Reason.LIMIT_EXCEEDED, None), None
 
             def commit():
                 r.revision += 1
                 r.data[key] = (value, r.revision)
 
             return ("applied", {"version": r.revision + 1, "hwm": r.hwm}), commit
+
         return decide
 
     def decide_delete(self, name, key, token):
@@ -213,10 +234,13 @@ class Model:
                 del r.data[key]
 
             return ("applied", {"version": r.revision + 1, "deleted": True}), commit
+
         return decide
 
     def decide_force_release(self, name):
         def decide(now):
+            if name not in self.res and len(self.res) >= RESOURCES_MAX:
+                return ("rejected", Reason.LIMIT_EXCEEDED, None), None
             token = self.epoch + 1
 
             def commit():
@@ -226,6 +250,7 @@ class Model:
                 target.lease = None
 
             return ("applied", {"hwm": token}), commit
+
         return decide
 
     def decide_set_epoch_floor(self, floor, fence_all):
@@ -240,6 +265,7 @@ class Model:
                         r.lease = None
 
             return ("applied", {"epoch": new_epoch}), commit
+
         return decide
 
     def decide_tick(self):
@@ -251,6 +277,7 @@ class Model:
                     r.lease = None
 
             return ("applied", {"expired": len(ending)}), commit
+
         return decide
 
     def decide_read_barrier(self, name, key):
@@ -262,13 +289,15 @@ class Model:
                 result["hwm"] = r.hwm
                 result["lease"] = (
                     {"holder": r.lease[0], "token": r.lease[1], "expires_at_ms": r.lease[3]}
-                    if live else None
+                    if live
+                    else None
                 )
                 if key is not None:
                     value, version = r.data.get(key, (None, 0))
                     result["value"] = value
                     result["version"] = version
             return ("applied", result), None
+
         return decide
 
 
@@ -287,16 +316,32 @@ class FencingStateMachineTest(RuleBasedStateMachine):
     @staticmethod
     def new_machine() -> FencingStateMachine:
         return FencingStateMachine(
-            dedup_entries_max=DEDUP_ENTRIES_MAX, dedup_retention_ms=DEDUP_RETENTION_MS
+            dedup_entries_max=DEDUP_ENTRIES_MAX,
+            dedup_retention_ms=DEDUP_RETENTION_MS,
+            resources_max=RESOURCES_MAX,
+            keys_per_resource_max=KEYS_PER_RESOURCE_MAX,
         )
 
-    @initialize(start=st.integers(min_value=0, max_value=10**12))
-    def start_clock(self, start):
+    @initialize(start=st.integers(min_value=0, max_value=10**12), ttl=ttls)
+    def start(self, start, ttl):
+        """Start the clock anywhere and give r1 a lease, so every run has something to fence."""
         self.wall_ms = start
+        self.acquire("r1", "h1", ttl, b"initial-acquire.", 0)
 
     # -- helpers ------------------------------------------------------------------------
 
-    def stamp(self, delta: int) -> int:
+    def stamp(self, delta: int | str, resource: str | None = None) -> int:
+        """The proposer's next stamp; may go backwards, or jump to a lease's expiry."""
+        if isinstance(delta, str):
+            expiries = [
+                r.lease[3]
+                for name, r in self.model.res.items()
+                if r.lease is not None and resource in (None, name)
+            ]
+            if expiries:
+                self.wall_ms = min(expiries) - (1 if delta == "expiry-1" else 0)
+                return self.wall_ms
+            delta = 0
         self.wall_ms = max(0, self.wall_ms + delta)
         return self.wall_ms
 
@@ -337,14 +382,22 @@ class FencingStateMachineTest(RuleBasedStateMachine):
 
     # -- rules ---------------------------------------------------------------------------
 
-    @rule(resource=resources, holder=holders, ttl=ttls, op_id=op_ids("acquire"),
-          delta=stamp_deltas)
+    @rule(resource=resources, holder=holders, ttl=ttls, op_id=op_ids("acquire"), delta=stamp_deltas)
     def acquire(self, resource, holder, ttl, op_id, delta):
-        cmd = cmds.acquire(resource=resource, holder=holder, ttl_ms=ttl, op_id=op_id,
-                           stamp_ms=self.stamp(delta))
+        cmd = cmds.acquire(
+            resource=resource,
+            holder=holder,
+            ttl_ms=ttl,
+            op_id=op_id,
+            stamp_ms=self.stamp(delta, resource),
+        )
         expected, replay = self.model.step(
-            Op.ACQUIRE, cmd.stamp_ms, self.model.decide_acquire(resource, holder, ttl),
-            resource=resource, op_id=op_id)
+            Op.ACQUIRE,
+            cmd.stamp_ms,
+            self.model.decide_acquire(resource, holder, ttl),
+            resource=resource,
+            op_id=op_id,
+        )
         outcome = self.run(cmd, expected)
         if isinstance(outcome, Applied) and not replay:
             token = outcome.result["token"]
@@ -353,54 +406,103 @@ class FencingStateMachineTest(RuleBasedStateMachine):
             assert token == self.sm.epoch
             self.issued_tokens.append(token)
 
-    @rule(resource=resources, choice=token_choices, pick=st.integers(0, 50),
-          ttl=st.none() | ttls, delta=stamp_deltas)
+    @rule(
+        resource=resources,
+        choice=token_choices,
+        pick=st.integers(0, 50),
+        ttl=st.none() | ttls,
+        delta=stamp_deltas,
+    )
     def keep_alive(self, resource, choice, pick, ttl, delta):
         token = self.token(choice, resource, pick)
-        cmd = cmds.keep_alive(resource=resource, token=token, ttl_ms=ttl,
-                              stamp_ms=self.stamp(delta))
-        expected, _ = self.model.step(Op.KEEP_ALIVE, cmd.stamp_ms,
-                                      self.model.decide_keep_alive(resource, token, ttl))
+        cmd = cmds.keep_alive(
+            resource=resource, token=token, ttl_ms=ttl, stamp_ms=self.stamp(delta, resource)
+        )
+        expected, _ = self.model.step(
+            Op.KEEP_ALIVE, cmd.stamp_ms, self.model.decide_keep_alive(resource, token, ttl)
+        )
         self.run(cmd, expected)
 
-    @rule(resource=resources, choice=token_choices, pick=st.integers(0, 50),
-          op_id=st.none() | op_ids("release"), delta=stamp_deltas)
+    @rule(
+        resource=resources,
+        choice=token_choices,
+        pick=st.integers(0, 50),
+        op_id=st.none() | op_ids("release"),
+        delta=stamp_deltas,
+    )
     def release(self, resource, choice, pick, op_id, delta):
         token = self.token(choice, resource, pick)
-        cmd = cmds.release(resource=resource, token=token, op_id=op_id,
-                           stamp_ms=self.stamp(delta))
-        expected, _ = self.model.step(Op.RELEASE, cmd.stamp_ms,
-                                      self.model.decide_release(resource, token),
-                                      resource=resource, op_id=op_id)
+        cmd = cmds.release(
+            resource=resource, token=token, op_id=op_id, stamp_ms=self.stamp(delta, resource)
+        )
+        expected, _ = self.model.step(
+            Op.RELEASE,
+            cmd.stamp_ms,
+            self.model.decide_release(resource, token),
+            resource=resource,
+            op_id=op_id,
+        )
         self.run(cmd, expected)
 
-    @rule(resource=resources, key=keys, value=values, choice=token_choices,
-          pick=st.integers(0, 50), op_id=op_ids("write"),
-          version_choice=st.sampled_from([None, None, "current", "zero", "wrong"]),
-          delta=stamp_deltas)
+    @rule(
+        resource=resources,
+        key=keys,
+        value=values,
+        choice=token_choices,
+        pick=st.integers(0, 50),
+        op_id=op_ids("write"),
+        version_choice=st.sampled_from([None, None, "current", "zero", "wrong"]),
+        delta=stamp_deltas,
+    )
     def write(self, resource, key, value, choice, pick, op_id, version_choice, delta):
         token = self.token(choice, resource, pick)
         r = self.model.res.get(resource)
         current = r.data[key][1] if r is not None and key in r.data else 0
-        expected_version = {None: None, "current": current, "zero": 0,
-                            "wrong": current + 1}[version_choice]
-        cmd = cmds.write(resource=resource, key=key, value=value, token=token, op_id=op_id,
-                         stamp_ms=self.stamp(delta), expected_version=expected_version)
+        expected_version = {None: None, "current": current, "zero": 0, "wrong": current + 1}[
+            version_choice
+        ]
+        cmd = cmds.write(
+            resource=resource,
+            key=key,
+            value=value,
+            token=token,
+            op_id=op_id,
+            stamp_ms=self.stamp(delta, resource),
+            expected_version=expected_version,
+        )
         expected, _ = self.model.step(
-            Op.WRITE, cmd.stamp_ms,
+            Op.WRITE,
+            cmd.stamp_ms,
             self.model.decide_write(resource, key, value, token, expected_version),
-            resource=resource, op_id=op_id)
+            resource=resource,
+            op_id=op_id,
+        )
         self.run(cmd, expected)
 
-    @rule(resource=resources, key=keys, choice=token_choices, pick=st.integers(0, 50),
-          op_id=op_ids("delete"), delta=stamp_deltas)
+    @rule(
+        resource=resources,
+        key=keys,
+        choice=token_choices,
+        pick=st.integers(0, 50),
+        op_id=op_ids("delete"),
+        delta=stamp_deltas,
+    )
     def delete(self, resource, key, choice, pick, op_id, delta):
         token = self.token(choice, resource, pick)
-        cmd = cmds.delete(resource=resource, key=key, token=token, op_id=op_id,
-                          stamp_ms=self.stamp(delta))
-        expected, _ = self.model.step(Op.DELETE, cmd.stamp_ms,
-                                      self.model.decide_delete(resource, key, token),
-                                      resource=resource, op_id=op_id)
+        cmd = cmds.delete(
+            resource=resource,
+            key=key,
+            token=token,
+            op_id=op_id,
+            stamp_ms=self.stamp(delta, resource),
+        )
+        expected, _ = self.model.step(
+            Op.DELETE,
+            cmd.stamp_ms,
+            self.model.decide_delete(resource, key, token),
+            resource=resource,
+            op_id=op_id,
+        )
         self.run(cmd, expected)
 
     @rule(delta=stamp_deltas)
@@ -411,22 +513,30 @@ class FencingStateMachineTest(RuleBasedStateMachine):
 
     @rule(resource=resources, op_id=op_ids("force_release"), delta=stamp_deltas)
     def force_release(self, resource, op_id, delta):
-        cmd = cmds.force_release(resource=resource, op_id=op_id, stamp_ms=self.stamp(delta))
-        expected, replay = self.model.step(Op.FORCE_RELEASE, cmd.stamp_ms,
-                                           self.model.decide_force_release(resource),
-                                           resource=resource, op_id=op_id)
+        cmd = cmds.force_release(
+            resource=resource, op_id=op_id, stamp_ms=self.stamp(delta, resource)
+        )
+        expected, replay = self.model.step(
+            Op.FORCE_RELEASE,
+            cmd.stamp_ms,
+            self.model.decide_force_release(resource),
+            resource=resource,
+            op_id=op_id,
+        )
         outcome = self.run(cmd, expected)
         if isinstance(outcome, Applied) and not replay:
             assert all(outcome.result["hwm"] > t for t in self.issued_tokens)
             self.issued_tokens.append(outcome.result["hwm"])
 
-    @rule(offset=st.integers(min_value=-2, max_value=3), fence_all=st.booleans(),
-          delta=stamp_deltas)
+    @rule(
+        offset=st.integers(min_value=-2, max_value=3), fence_all=st.booleans(), delta=stamp_deltas
+    )
     def set_epoch_floor(self, offset, fence_all, delta):
         floor = max(1, self.model.epoch + offset)
         cmd = cmds.set_epoch_floor(floor=floor, fence_all=fence_all, stamp_ms=self.stamp(delta))
-        expected, _ = self.model.step(Op.SET_EPOCH_FLOOR, cmd.stamp_ms,
-                                      self.model.decide_set_epoch_floor(floor, fence_all))
+        expected, _ = self.model.step(
+            Op.SET_EPOCH_FLOOR, cmd.stamp_ms, self.model.decide_set_epoch_floor(floor, fence_all)
+        )
         self.run(cmd, expected)
         if fence_all:
             # I11: every token issued before is now refused everywhere
@@ -437,14 +547,19 @@ class FencingStateMachineTest(RuleBasedStateMachine):
     def read_barrier(self, resource, key, delta):
         if resource is None:
             key = None
-        cmd = cmds.read_barrier(resource=resource, key=key, stamp_ms=self.stamp(delta))
-        expected, _ = self.model.step(Op.READ_BARRIER, cmd.stamp_ms,
-                                      self.model.decide_read_barrier(resource, key))
+        cmd = cmds.read_barrier(resource=resource, key=key, stamp_ms=self.stamp(delta, resource))
+        expected, _ = self.model.step(
+            Op.READ_BARRIER, cmd.stamp_ms, self.model.decide_read_barrier(resource, key)
+        )
         self.run(cmd, expected)
 
-    @rule(resource=resources, bad=st.sampled_from([None, "2", True, False, 0, -1, 2**64, 1.5]),
-          op=st.sampled_from([Op.WRITE, Op.DELETE, Op.KEEP_ALIVE, Op.RELEASE]),
-          op_id=op_ids("write"), delta=stamp_deltas)
+    @rule(
+        resource=resources,
+        bad=st.sampled_from([None, "2", True, False, 0, -1, 2**64, 1.5]),
+        op=st.sampled_from([Op.WRITE, Op.DELETE, Op.KEEP_ALIVE, Op.RELEASE]),
+        op_id=op_ids("write"),
+        delta=stamp_deltas,
+    )
     def malformed_token(self, resource, bad, op, op_id, delta):
         body: dict[str, Any] = {"resource": resource, "token": bad}
         if op in (Op.WRITE, Op.DELETE):
@@ -453,7 +568,7 @@ class FencingStateMachineTest(RuleBasedStateMachine):
             body["value"] = b"x"
         before = self.sm.digest()
         # execute(), not apply(): msgpack cannot even encode 2**64
-        outcome = self.sm.execute(Command(op, self.stamp(delta), body))
+        outcome = self.sm.execute(Command(op, self.stamp(delta, resource), body))
         assert isinstance(outcome, Rejected) and outcome.reason is Reason.MALFORMED, outcome
         assert self.sm.digest() == before
 
@@ -495,8 +610,12 @@ class FencingStateMachineTest(RuleBasedStateMachine):
                 assert described["lease"] is None
             else:
                 holder, token, ttl, expires = expected.lease
-                assert described["lease"] == {"holder": holder, "token": token, "ttl_ms": ttl,
-                                              "expires_at_ms": expires}
+                assert described["lease"] == {
+                    "holder": holder,
+                    "token": token,
+                    "ttl_ms": ttl,
+                    "expires_at_ms": expires,
+                }
                 assert token == described["hwm"]
             assert described["revision"] == expected.revision
             assert described["keys"] == len(expected.data)

@@ -1,0 +1,304 @@
+"""Configuration of one ``fencingd serve`` process: a TOML file plus command-line overrides.
+
+Owns: the ``ServerConfig`` dataclass (every field documented with its unit), loading it
+from TOML (``tomllib``), applying ``--flag`` overrides and refusing unknown keys or bad
+values with a message that names the key.
+Must never: start anything, open sockets or touch the data directory.
+
+Example (``fencingd serve --config node1.toml``)::
+
+    data_dir = "/var/lib/fencing/node1"
+    raft_address = "10.0.0.1:7000"          # this member's id
+    members = ["10.0.0.1:7000=10.0.0.1:7100",   # RAFT_ADDRESS=API_ADDRESS, all members
+               "10.0.0.2:7000=10.0.0.2:7100",
+               "10.0.0.3:7000=10.0.0.3:7100"]
+    admin_token_file = "/etc/fencing/admin-token"
+
+Every key can be given as a flag instead: ``--raft-address``, ``--members A=B,C=D``,
+``--inflight-proposals-max 64`` ... Flags win over the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tomllib
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """The configuration is unusable; the message names the key and says why."""
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    # -- identity and cluster -----------------------------------------------------------
+    data_dir: str = dataclasses.field(
+        default="", metadata=_doc("directory of this member's journal and snapshots (required)")
+    )
+    raft_address: str = dataclasses.field(
+        default="",
+        metadata=_doc("host:port this member's Raft listens on; also its member id (required)"),
+    )
+    members: tuple[str, ...] = dataclasses.field(
+        default=(),
+        metadata=_doc(
+            "every member, this one included, as RAFT_HOST:PORT=API_HOST:PORT (required; an odd count)"
+        ),
+    )
+    listen_address: str = dataclasses.field(
+        default="",
+        metadata=_doc("host:port the gRPC server binds; default: this member's API address"),
+    )
+    # -- admin ------------------------------------------------------------------------------
+    admin_token: str = dataclasses.field(
+        default="",
+        metadata=_doc(
+            "bearer token Admin calls must carry ('authorization: Bearer TOKEN'); empty: Admin is open"
+        ),
+    )
+    admin_token_file: str = dataclasses.field(
+        default="", metadata=_doc("file holding the admin token (keeps it out of ps); exclusive with admin_token")
+    )
+    audit_log_path: str = dataclasses.field(
+        default="",
+        metadata=_doc("file that gets one JSON line per Admin call; empty: the process log only"),
+    )
+    # -- proposals and backpressure -------------------------------------------------------------
+    propose_timeout_max_s: float = dataclasses.field(
+        default=5.0,
+        metadata=_doc(
+            "seconds: longest wait for a proposal's fate; an election takes 1-2 s, so 5 s rides one out"
+        ),
+    )
+    propose_deadline_margin_s: float = dataclasses.field(
+        default=0.1,
+        metadata=_doc(
+            "seconds kept back from the RPC deadline, so OUTCOME_UNKNOWN reaches the client before its deadline"
+        ),
+    )
+    inflight_proposals_max: int = dataclasses.field(
+        default=256,
+        metadata=_doc("proposals waiting for Raft at once; beyond it RESOURCE_EXHAUSTED/OVERLOADED"),
+    )
+    acquire_wait_poll_ms: int = dataclasses.field(
+        default=100,
+        metadata=_doc("ms: longest pause between tries of an Acquire with wait_ms (each try is a log entry)"),
+    )
+    # -- gRPC server ----------------------------------------------------------------------
+    grpc_threads: int = dataclasses.field(
+        default=64,
+        metadata=_doc("threads serving RPCs; a KeepAliveStream or waiting Acquire holds one while it lasts"),
+    )
+    grpc_max_concurrent_rpcs: int = dataclasses.field(
+        default=512,
+        metadata=_doc("RPCs admitted at once (running or queued for a thread); beyond it RESOURCE_EXHAUSTED"),
+    )
+    shutdown_grace_s: float = dataclasses.field(
+        default=5.0,
+        metadata=_doc("seconds running RPCs get to finish after SIGTERM before they are cancelled"),
+    )
+    health_check_interval_s: float = dataclasses.field(
+        default=1.0, metadata=_doc("seconds between health re-checks (quorum, read barrier)")
+    )
+    # -- Raft (see raft_node.RaftConfig) -------------------------------------------------------
+    raft_min_timeout_s: float = dataclasses.field(
+        default=1.0, metadata=_doc("seconds: election timeout, lower bound")
+    )
+    raft_max_timeout_s: float = dataclasses.field(
+        default=2.0, metadata=_doc("seconds: election timeout, upper bound")
+    )
+    leader_fallback_timeout_s: float = dataclasses.field(
+        default=1.5, metadata=_doc("seconds an isolated leader keeps leading before it steps down")
+    )
+    heartbeat_s: float = dataclasses.field(default=0.1, metadata=_doc("seconds between leader heartbeats"))
+    commands_queue_size: int = dataclasses.field(
+        default=10_000, metadata=_doc("commands queued for the Raft thread; beyond it OVERLOADED")
+    )
+    log_compaction_min_entries: int = dataclasses.field(
+        default=5_000, metadata=_doc("entries after which the log is snapshotted and compacted")
+    )
+    log_compaction_min_time_s: float = dataclasses.field(
+        default=300.0, metadata=_doc("seconds after which the log is snapshotted and compacted")
+    )
+    # -- process ------------------------------------------------------------------------
+    log_level: str = dataclasses.field(
+        default="INFO", metadata=_doc("DEBUG, INFO, WARNING or ERROR")
+    )
+
+    # -- derived ----------------------------------------------------------------------------
+
+    @property
+    def member_map(self) -> dict[str, str]:
+        """Raft address -> API address, for every member."""
+        return dict(_parse_member(m) for m in self.members)
+
+    @property
+    def peer_addresses(self) -> tuple[str, ...]:
+        return tuple(r for r in self.member_map if r != self.raft_address)
+
+    @property
+    def api_address(self) -> str:
+        return self.member_map[self.raft_address]
+
+    @property
+    def bind_address(self) -> str:
+        return self.listen_address or self.api_address
+
+    def resolved_admin_token(self) -> str:
+        """The admin token from ``admin_token`` or ``admin_token_file``; "" if none."""
+        if self.admin_token_file:
+            try:
+                with open(self.admin_token_file, encoding="utf-8") as f:
+                    token = f.read().strip()
+            except OSError as exc:
+                raise ConfigError(f"admin_token_file: cannot read {self.admin_token_file}: {exc}") from exc
+            if not token:
+                raise ConfigError(f"admin_token_file: {self.admin_token_file} is empty")
+            return token
+        return self.admin_token
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(ServerConfig)}
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _parse_address(key: str, value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{key}: {value!r} is not HOST:PORT with a port in 1-65535")
+    return host, int(port)
+
+
+def _parse_member(value: str) -> tuple[str, str]:
+    raft, sep, api = value.partition("=")
+    if not sep:
+        raise ConfigError(f"members: {value!r} is not RAFT_HOST:PORT=API_HOST:PORT")
+    _parse_address("members", raft)
+    _parse_address("members", api)
+    return raft, api
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """``value`` as the type of field ``name``; raises ConfigError naming the key."""
+    kind = _FIELDS[name].type
+    if kind == "str":
+        if not isinstance(value, str):
+            raise ConfigError(f"{name}: must be a string, got {type(value).__name__}")
+        return value
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name}: must be an integer, got {type(value).__name__}")
+        return value
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{name}: must be a number, got {type(value).__name__}")
+        return float(value)
+    if kind == "tuple[str, ...]":
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{name}: must be a list of strings")
+        return tuple(value)
+    raise AssertionError(f"unhandled config type {kind} for {name}")
+
+
+def validate(config: ServerConfig) -> ServerConfig:
+    """Return ``config`` if every field is usable, else raise ConfigError naming the key."""
+    if not config.data_dir:
+        raise ConfigError("data_dir: required")
+    if not config.raft_address:
+        raise ConfigError("raft_address: required")
+    _parse_address("raft_address", config.raft_address)
+    if not config.members:
+        raise ConfigError("members: required (every member as RAFT=API, this one included)")
+    parsed = [_parse_member(m) for m in config.members]
+    rafts = [r for r, _ in parsed]
+    if len(set(rafts)) != len(rafts):
+        raise ConfigError("members: a Raft address is listed twice")
+    if config.raft_address not in rafts:
+        raise ConfigError(f"members: must include this member's raft_address {config.raft_address}")
+    if len(rafts) % 2 == 0:
+        raise ConfigError(f"members: {len(rafts)} members; use an odd number (a majority of an even count buys nothing)")
+    if config.listen_address:
+        _parse_address("listen_address", config.listen_address)
+    if config.admin_token and config.admin_token_file:
+        raise ConfigError("admin_token and admin_token_file: give one, not both")
+    positive = {
+        "propose_timeout_max_s": config.propose_timeout_max_s,
+        "inflight_proposals_max": config.inflight_proposals_max,
+        "acquire_wait_poll_ms": config.acquire_wait_poll_ms,
+        "grpc_threads": config.grpc_threads,
+        "grpc_max_concurrent_rpcs": config.grpc_max_concurrent_rpcs,
+        "health_check_interval_s": config.health_check_interval_s,
+        "raft_min_timeout_s": config.raft_min_timeout_s,
+        "raft_max_timeout_s": config.raft_max_timeout_s,
+        "leader_fallback_timeout_s": config.leader_fallback_timeout_s,
+        "heartbeat_s": config.heartbeat_s,
+        "commands_queue_size": config.commands_queue_size,
+        "log_compaction_min_entries": config.log_compaction_min_entries,
+        "log_compaction_min_time_s": config.log_compaction_min_time_s,
+    }
+    for key, value in positive.items():
+        if not value > 0:
+            raise ConfigError(f"{key}: must be > 0, got {value}")
+    if config.propose_deadline_margin_s < 0 or config.shutdown_grace_s < 0:
+        raise ConfigError("propose_deadline_margin_s and shutdown_grace_s: must be >= 0")
+    if config.raft_min_timeout_s >= config.raft_max_timeout_s:
+        raise ConfigError("raft_min_timeout_s: must be below raft_max_timeout_s")
+    if config.raft_min_timeout_s <= 3 * config.heartbeat_s:
+        raise ConfigError("raft_min_timeout_s: must exceed 3 * heartbeat_s")
+    if config.grpc_max_concurrent_rpcs < config.grpc_threads:
+        raise ConfigError("grpc_max_concurrent_rpcs: must be >= grpc_threads")
+    if config.log_level.upper() not in _LOG_LEVELS:
+        raise ConfigError(f"log_level: must be one of {', '.join(_LOG_LEVELS)}")
+    config.resolved_admin_token()  # a missing or empty token file fails at start, not at first use
+    return config
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    unknown = sorted(set(raw) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown key(s) {', '.join(unknown)}")
+    return raw
+
+
+def build(file_values: dict[str, Any], overrides: dict[str, Any]) -> ServerConfig:
+    """A validated config: defaults, then ``file_values``, then ``overrides`` (None = not given)."""
+    values: dict[str, Any] = {}
+    for source in (file_values, overrides):
+        for key, value in source.items():
+            if key not in _FIELDS:
+                raise ConfigError(f"unknown key {key}")
+            if value is not None:
+                values[key] = _coerce(key, value)
+    if "data_dir" in values:
+        values["data_dir"] = os.path.abspath(os.path.expanduser(values["data_dir"]))
+    return validate(ServerConfig(**values))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One ``--flag`` per config key; each defaults to None (not given)."""
+    parser.add_argument("--config", metavar="FILE", help="TOML file with the keys below")
+    for name, f in _FIELDS.items():
+        flag = "--" + name.replace("_", "-")
+        kind = {"int": int, "float": float}.get(f.type, str)
+        default = "" if f.default in ("", ()) else f" (default {f.default})"
+        parser.add_argument(flag, dest=name, type=kind, default=None, help=f.metadata["doc"] + default)
+
+
+def from_args(args: argparse.Namespace) -> ServerConfig:
+    file_values = read_toml(args.config) if args.config else {}
+    return build(file_values, {name: getattr(args, name) for name in _FIELDS})

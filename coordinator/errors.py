@@ -1,0 +1,199 @@
+"""Every failure the API can report, and the one table that maps it to a gRPC status.
+
+Owns: ``STATUS_TABLE`` (DESIGN §4), the ``ServiceError`` value the service layer raises,
+its construction from state-machine refusals and from ``propose()`` failures, and the rich
+status (``google.rpc.Status`` with one ``google.rpc.ErrorInfo``) sent to clients.
+Must never: decide whether something failed (the state machine and the Raft node do);
+carry anything but strings in ErrorInfo metadata.
+
+Layers (the etcd way: transport-free sentinels, then one table)::
+
+    state_machine.Reason ─┐
+    Failure (below)  ─────┼─> STATUS_TABLE ─> (grpc.StatusCode, ErrorInfo.reason)
+                          ┘
+
+| key | status | ErrorInfo.reason | metadata |
+|---|---|---|---|
+| Failure.INVALID_INPUT, Reason.MALFORMED | INVALID_ARGUMENT | INVALID_FIELD | field |
+| Reason.STALE_TOKEN | FAILED_PRECONDITION | STALE_TOKEN | hwm |
+| Reason.UNKNOWN_TOKEN | FAILED_PRECONDITION | UNKNOWN_TOKEN | hwm |
+| Reason.LEASE_HELD | FAILED_PRECONDITION | LEASE_HELD | holder, expires_at_ms, token |
+| Reason.LEASE_EXPIRED | FAILED_PRECONDITION | LEASE_EXPIRED | |
+| Reason.VERSION_MISMATCH | FAILED_PRECONDITION | VERSION_MISMATCH | version |
+| Reason.EPOCH_FLOOR_TOO_LOW | FAILED_PRECONDITION | EPOCH_FLOOR_TOO_LOW | epoch |
+| Reason.OP_ID_CONFLICT | ALREADY_EXISTS | OP_ID_CONFLICT | op, resource |
+| Reason.LIMIT_EXCEEDED, Failure.COMMAND_TOO_LARGE | RESOURCE_EXHAUSTED | LIMIT_EXCEEDED | limit, max |
+| Reason.EPOCH_EXHAUSTED | RESOURCE_EXHAUSTED | EPOCH_EXHAUSTED | |
+| Failure.OVERLOADED, Failure.QUEUE_FULL | RESOURCE_EXHAUSTED | OVERLOADED | |
+| Failure.NO_LEADER | UNAVAILABLE | NO_LEADER | leader, leader_api (may be "") |
+| Failure.OUTCOME_UNKNOWN | ABORTED | OUTCOME_UNKNOWN | detail |
+| Failure.UNAUTHENTICATED | UNAUTHENTICATED | UNAUTHENTICATED | |
+| Failure.PERMISSION_DENIED | PERMISSION_DENIED | PERMISSION_DENIED | |
+
+NO_LEADER means definitely not applied: retry anywhere. OUTCOME_UNKNOWN means the entry may
+still apply: retry with the same op_id (DESIGN I5); it is never reported as a failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Iterable, NoReturn
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from coordinator.state_machine import Reason, Rejected
+
+DOMAIN = "fencing.v1"
+
+# Trailing metadata on every error: who answered, at which term and applied index.
+HEADER_MEMBER_ID = "fencing-member-id"
+HEADER_RAFT_TERM = "fencing-raft-term"
+HEADER_APPLIED_INDEX = "fencing-applied-index"
+
+
+class Failure(enum.Enum):
+    """Failures that are not state-machine refusals."""
+
+    INVALID_INPUT = "invalid_input"  # refused by validation before proposing
+    NO_LEADER = "no_leader"  # propose: no leader / not leader / denied / discarded
+    QUEUE_FULL = "queue_full"  # propose: pysyncobj's command queue is full
+    OVERLOADED = "overloaded"  # the in-flight proposal bound is reached
+    COMMAND_TOO_LARGE = "command_too_large"  # propose: encoded command over its cap
+    OUTCOME_UNKNOWN = "outcome_unknown"  # propose: may or may not have applied
+    UNAUTHENTICATED = "unauthenticated"  # Admin: no credentials
+    PERMISSION_DENIED = "permission_denied"  # Admin: wrong credentials
+
+
+_C = grpc.StatusCode
+
+# The one table. Keys: every state_machine.Reason and every Failure.
+STATUS_TABLE: dict[Reason | Failure, tuple[grpc.StatusCode, str]] = {
+    Failure.INVALID_INPUT: (_C.INVALID_ARGUMENT, "INVALID_FIELD"),
+    Reason.MALFORMED: (_C.INVALID_ARGUMENT, "INVALID_FIELD"),
+    Reason.STALE_TOKEN: (_C.FAILED_PRECONDITION, "STALE_TOKEN"),
+    Reason.UNKNOWN_TOKEN: (_C.FAILED_PRECONDITION, "UNKNOWN_TOKEN"),
+    Reason.LEASE_HELD: (_C.FAILED_PRECONDITION, "LEASE_HELD"),
+    Reason.LEASE_EXPIRED: (_C.FAILED_PRECONDITION, "LEASE_EXPIRED"),
+    Reason.VERSION_MISMATCH: (_C.FAILED_PRECONDITION, "VERSION_MISMATCH"),
+    Reason.OP_ID_CONFLICT: (_C.ALREADY_EXISTS, "OP_ID_CONFLICT"),
+    Reason.LIMIT_EXCEEDED: (_C.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED"),
+    Failure.COMMAND_TOO_LARGE: (_C.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED"),
+    Reason.EPOCH_EXHAUSTED: (_C.RESOURCE_EXHAUSTED, "EPOCH_EXHAUSTED"),
+    Failure.OVERLOADED: (_C.RESOURCE_EXHAUSTED, "OVERLOADED"),
+    Failure.QUEUE_FULL: (_C.RESOURCE_EXHAUSTED, "OVERLOADED"),
+    Failure.NO_LEADER: (_C.UNAVAILABLE, "NO_LEADER"),
+    Failure.OUTCOME_UNKNOWN: (_C.ABORTED, "OUTCOME_UNKNOWN"),
+    Failure.UNAUTHENTICATED: (_C.UNAUTHENTICATED, "UNAUTHENTICATED"),
+    Failure.PERMISSION_DENIED: (_C.PERMISSION_DENIED, "PERMISSION_DENIED"),
+    Reason.EPOCH_FLOOR_TOO_LOW: (_C.FAILED_PRECONDITION, "EPOCH_FLOOR_TOO_LOW"),
+}
+assert all(key in STATUS_TABLE for key in (*Reason, *Failure)), "every failure needs a status"
+
+# RaftNode.propose() NOT_APPLIED details -> Failure. Anything else NOT_APPLIED is NO_LEADER.
+_NOT_APPLIED: dict[str, Failure] = {
+    "no_leader": Failure.NO_LEADER,
+    "not_leader": Failure.NO_LEADER,
+    "request_denied": Failure.NO_LEADER,
+    "discarded": Failure.NO_LEADER,
+    "queue_full": Failure.QUEUE_FULL,
+    "command_too_large": Failure.COMMAND_TOO_LARGE,
+}
+
+
+def _metadata_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+@dataclasses.dataclass
+class ServiceError(Exception):
+    """A failure on its way to the client: a table key, a message and string metadata."""
+
+    key: Reason | Failure
+    message: str
+    metadata: dict[str, str] = dataclasses.field(default_factory=dict)
+    index: int = 0  # the Raft index of a refused entry (0: none)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+        self.metadata = {k: _metadata_value(v) for k, v in self.metadata.items()}
+
+    @property
+    def code(self) -> grpc.StatusCode:
+        return STATUS_TABLE[self.key][0]
+
+    @property
+    def reason(self) -> str:
+        return STATUS_TABLE[self.key][1]
+
+
+def invalid(field: str, message: str) -> ServiceError:
+    return ServiceError(Failure.INVALID_INPUT, message, {"field": field})
+
+
+def from_refusal(refusal: Rejected, index: int = 0) -> ServiceError:
+    """The error for a state-machine refusal; its details become metadata."""
+    return ServiceError(refusal.reason, refusal.message, dict(refusal.details), index=index)
+
+
+def from_propose_failure(outcome_name: str, detail: str, leader: str = "", leader_api: str = "") -> ServiceError:
+    """The error for a NOT_APPLIED ("not_applied") or UNKNOWN ("unknown") propose result."""
+    if outcome_name == "unknown":
+        return ServiceError(
+            Failure.OUTCOME_UNKNOWN,
+            f"the outcome is unknown ({detail}): the entry may still apply; retry with the same op_id",
+            {"detail": detail},
+        )
+    failure = _NOT_APPLIED.get(detail, Failure.NO_LEADER)
+    if failure is Failure.NO_LEADER:
+        return ServiceError(
+            failure,
+            f"not applied ({detail}): no leader reachable; safe to retry on any member",
+            {"leader": leader, "leader_api": leader_api, "detail": detail},
+        )
+    if failure is Failure.QUEUE_FULL:
+        return ServiceError(failure, "the Raft command queue is full; retry later", {"detail": detail})
+    return ServiceError(failure, f"not applied ({detail})", {"detail": detail})
+
+
+def rich_status(error: ServiceError, trailing: Iterable[tuple[str, str]] = ()) -> grpc.Status:
+    """A grpc.Status carrying google.rpc.Status + ErrorInfo, plus extra trailing metadata."""
+    info = error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN, metadata=error.metadata)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=error.code.value[0], message=error.message, details=[detail])
+    base = rpc_status.to_status(status)
+    return _Status(base.code, base.details, tuple(base.trailing_metadata) + tuple(trailing))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Status(grpc.Status):
+    code: grpc.StatusCode
+    details: str
+    trailing_metadata: tuple
+
+
+def abort(context: grpc.ServicerContext, error: ServiceError, trailing: Iterable[tuple[str, str]] = ()) -> NoReturn:
+    """End the RPC with ``error`` (raises, like ``context.abort``)."""
+    context.abort_with_status(rich_status(error, trailing))
+    raise AssertionError("abort_with_status returned")  # pragma: no cover
+
+
+def error_info(call_error: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
+    """The ErrorInfo of a failed call, or None (a helper for tests and tools)."""
+    status = rpc_status.from_call(call_error)
+    if status is None:
+        return None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return info
+    return None

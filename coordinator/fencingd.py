@@ -1,0 +1,228 @@
+"""``fencingd``: the server command.
+
+    fencingd serve --config node1.toml [--flag value ...]   one cluster member
+    fencingd dev [--data-dir DIR] [--base-port N]            a local three-member cluster
+
+Owns: argument parsing, logging setup, signal handling, and the ``dev`` supervisor that
+runs three ``fencingd serve`` children on loopback.
+Must never: serve RPCs itself (server.py does) or leave a child running when it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from coordinator import config as config_mod
+
+log = logging.getLogger("fencingd")
+
+# dev: how long three fresh members get to elect a leader and pass a read barrier. An
+# election is 1-2 s; a slow CI machine starting three Python processes needs far more.
+DEV_START_TIMEOUT_S = 60.0
+# dev: how long children get to stop after SIGTERM before they are killed (their own
+# grace period is 5 s, plus closing the Raft node).
+DEV_STOP_TIMEOUT_S = 15.0
+DEV_MEMBERS = 3
+# dev: API ports are base, base+1, base+2; Raft ports are base+100, +101, +102.
+DEV_RAFT_PORT_OFFSET = 100
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_mod.from_args(args)
+    except config_mod.ConfigError as exc:
+        print(f"fencingd: configuration error: {exc}", file=sys.stderr)
+        return 2
+    _setup_logging(cfg.log_level)
+    from coordinator.server import FencingServer  # imports grpc and pysyncobj: after config checks
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server = FencingServer(cfg)
+    server.start()
+    print(f"READY member={cfg.raft_address} api={cfg.bind_address} pid={os.getpid()}", flush=True)
+    while not stop.wait(1.0):
+        pass
+    log.info("signal received: stopping (grace %.1f s)", cfg.shutdown_grace_s)
+    server.stop()
+    return 0
+
+
+# -- dev -----------------------------------------------------------------------------
+
+
+def _port_free(host: str, port: int) -> bool:
+    """Nobody listens there. SO_REUSEADDR, as the servers use: our own last run's
+    TIME_WAIT connections must not block a restart."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _healthy(api_address: str, timeout_s: float = 1.0) -> bool:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(api_address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
+            )
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if the dev supervisor dies (Linux), never orphaned."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _toml_list(values: list[str]) -> str:
+    return "[" + ", ".join(f'"{v}"' for v in values) + "]"
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    data_dir = os.path.abspath(args.data_dir)
+    os.makedirs(data_dir, exist_ok=True)
+    host = args.host
+    apis = [f"{host}:{args.base_port + i}" for i in range(DEV_MEMBERS)]
+    rafts = [f"{host}:{args.base_port + DEV_RAFT_PORT_OFFSET + i}" for i in range(DEV_MEMBERS)]
+    busy = [a for a in apis + rafts if not _port_free(host, int(a.rsplit(":", 1)[1]))]
+    if busy:
+        print(f"fencingd dev: ports in use: {', '.join(busy)} (choose another --base-port)", file=sys.stderr)
+        return 1
+    members = [f"{r}={a}" for r, a in zip(rafts, apis, strict=True)]
+    children: list[subprocess.Popen] = []
+    logs = []
+    for i in range(DEV_MEMBERS):
+        cfg_path = os.path.join(data_dir, f"node{i}.toml")
+        with open(cfg_path, "w", encoding="utf-8") as f:
+            f.write(
+                "# Written by `fencingd dev` on every start.\n"
+                f'data_dir = "{os.path.join(data_dir, f"node{i}")}"\n'
+                f'raft_address = "{rafts[i]}"\n'
+                f"members = {_toml_list(members)}\n"
+                f'log_level = "{args.log_level}"\n'
+            )
+        log_path = os.path.join(data_dir, f"node{i}.log")
+        logs.append(log_path)
+        with open(log_path, "ab") as out:
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "coordinator.fencingd", "serve", "--config", cfg_path],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
+                    preexec_fn=_die_with_parent,
+                )
+            )
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    def stop_children() -> int:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + DEV_STOP_TIMEOUT_S
+        clean = True
+        for child in children:
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+                clean = False
+            clean = clean and child.returncode == 0
+        print("fencingd dev: all members stopped" + ("" if clean else " (some did not stop cleanly)"), flush=True)
+        return 0 if clean else 1
+
+    print(f"fencingd dev: starting {DEV_MEMBERS} members, data in {data_dir}", flush=True)
+    deadline = time.monotonic() + args.start_timeout
+    waiting = set(range(DEV_MEMBERS))
+    while waiting and not stop.is_set():
+        for i in sorted(waiting):
+            if children[i].poll() is not None:
+                print(f"fencingd dev: member {i} exited with {children[i].returncode}; see {logs[i]}", file=sys.stderr)
+                stop_children()
+                return 1
+            if _healthy(apis[i]):
+                waiting.discard(i)
+        if time.monotonic() > deadline:
+            print(f"fencingd dev: not healthy after {args.start_timeout:.0f} s; see {', '.join(logs)}", file=sys.stderr)
+            stop_children()
+            return 1
+        if waiting:
+            stop.wait(0.2)
+    if stop.is_set():
+        return stop_children()
+
+    print("fencingd dev: cluster is up", flush=True)
+    for i in range(DEV_MEMBERS):
+        print(f"  member {i}: api {apis[i]}  raft {rafts[i]}  log {logs[i]}", flush=True)
+    print(f"ENDPOINTS {','.join(apis)}", flush=True)
+    print(f"try: fencingctl --endpoints {','.join(apis)} status", flush=True)
+    print(f"     fencingctl --endpoints {','.join(apis)} acquire orders/7 --ttl-ms 10000 --holder me", flush=True)
+    print("Ctrl-C stops all three; run `fencingd dev` again to restart on the same data.", flush=True)
+
+    reported: set[int] = set()
+    while not stop.wait(0.5):
+        for i, child in enumerate(children):
+            if child.poll() is not None and i not in reported:
+                reported.add(i)
+                print(f"fencingd dev: member {i} exited with {child.returncode}; see {logs[i]}", file=sys.stderr, flush=True)
+    return stop_children()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fencingd", description="Raft-replicated fencing coordinator server.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run one cluster member")
+    config_mod.add_arguments(serve)
+    serve.set_defaults(func=cmd_serve)
+    dev = sub.add_parser("dev", help="run a local three-member cluster on loopback until Ctrl-C")
+    dev.add_argument("--data-dir", default="./fencing-dev-data", help="where the members keep their data (reused on restart)")
+    dev.add_argument("--base-port", type=int, default=7100, help="API ports N..N+2, Raft ports N+100..N+102")
+    dev.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
+    dev.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    dev.add_argument("--start-timeout", type=float, default=DEV_START_TIMEOUT_S, help="seconds to wait for health")
+    dev.set_defaults(func=cmd_dev)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""One ``fencingd serve`` process: a Raft node plus a gRPC server in front of it.
+
+Owns: building the grpc.server (bounded thread pool, ``maximum_concurrent_rpcs``, message
+size limits), registering the fencing services, the standard health service and server
+reflection, the health updater thread, the audit log, and graceful shutdown.
+Must never: implement an RPC (service.py does) or touch pysyncobj (raft_node.py does).
+
+Health (grpc.health.v1), overall ("") and per service: SERVING only while this member is
+connected to a quorum *and* a READ_BARRIER has applied on it since it started (so it has
+caught up with at least one leader's log); NOT_SERVING otherwise. Re-checked every
+``health_check_interval_s``; the updater proposes the barrier itself when none has applied.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import threading
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from coordinator import commands, limits
+from coordinator.api.v1 import fencing_pb2 as pb
+from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
+from coordinator.config import ServerConfig
+from coordinator.errors import ServiceError
+from coordinator.raft_node import RaftConfig, RaftNode
+from coordinator.service import (
+    AdminServicer,
+    ClusterServicer,
+    Core,
+    FencedStoreServicer,
+    LeaseServicer,
+    Proposer,
+)
+from coordinator.state_machine import FencingStateMachine
+
+log = logging.getLogger(__name__)
+
+FENCING_SERVICES = tuple(s.full_name for s in pb.DESCRIPTOR.services_by_name.values())
+AUDIT_LOGGER = "coordinator.audit"
+# The barrier the health updater proposes: short, so a check never overlaps the next.
+HEALTH_BARRIER_TIMEOUT_S = 1.0
+
+
+def raft_config(config: ServerConfig) -> RaftConfig:
+    return RaftConfig(
+        self_address=config.raft_address,
+        peer_addresses=config.peer_addresses,
+        data_dir=config.data_dir,
+        raft_min_timeout_s=config.raft_min_timeout_s,
+        raft_max_timeout_s=config.raft_max_timeout_s,
+        leader_fallback_timeout_s=config.leader_fallback_timeout_s,
+        heartbeat_s=config.heartbeat_s,
+        commands_queue_size=config.commands_queue_size,
+        log_compaction_min_entries=config.log_compaction_min_entries,
+        log_compaction_min_time_s=config.log_compaction_min_time_s,
+    )
+
+
+def audit_logger(config: ServerConfig) -> logging.Logger:
+    logger = logging.getLogger(AUDIT_LOGGER)
+    logger.setLevel(logging.INFO)
+    if config.audit_log_path:
+        handler = logging.FileHandler(config.audit_log_path, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    return logger
+
+
+class HealthUpdater(threading.Thread):
+    """Keeps the health service's statuses equal to ``is_serving()``, checked periodically."""
+
+    def __init__(self, node: RaftNode, proposer: Proposer, servicer: health.HealthServicer, interval_s: float):
+        super().__init__(name="health-updater", daemon=True)
+        self.node = node
+        self.proposer = proposer
+        self.servicer = servicer
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self.serving: bool | None = None
+
+    def is_serving(self) -> bool:
+        if not self.node.status()["has_quorum"]:
+            return False
+        if not self.proposer.barrier_applied.is_set():
+            try:
+                self.proposer.propose(commands.read_barrier(stamp_ms=0), HEALTH_BARRIER_TIMEOUT_S)
+            except ServiceError as error:
+                log.info("health: read barrier not applied yet: %s", error.reason)
+                return False
+        return self.proposer.barrier_applied.is_set()
+
+    def check_once(self) -> None:
+        try:
+            serving = self.is_serving()
+        except Exception:  # noqa: BLE001 - a probe must never kill the updater
+            log.exception("health check failed")
+            serving = False
+        if serving != self.serving:
+            log.info("health: %s", "SERVING" if serving else "NOT_SERVING")
+            self.serving = serving
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *FENCING_SERVICES):
+            self.servicer.set(name, status)
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            self.check_once()
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class FencingServer:
+    """The Raft node, the gRPC server and the health updater of one member."""
+
+    def __init__(self, config: ServerConfig, *, node: RaftNode | None = None) -> None:
+        self.config = config
+        self.node = node or RaftNode(raft_config(config), FencingStateMachine())
+        members = config.member_map
+        self.proposer = Proposer(
+            self.node,
+            inflight_max=config.inflight_proposals_max,
+            timeout_max_s=config.propose_timeout_max_s,
+            deadline_margin_s=config.propose_deadline_margin_s,
+            members=members,
+        )
+        core = Core(self.node, self.proposer, members=members)
+        self.grpc_server = grpc.server(
+            concurrent.futures.ThreadPoolExecutor(config.grpc_threads, thread_name_prefix="grpc"),
+            maximum_concurrent_rpcs=config.grpc_max_concurrent_rpcs,
+            options=[
+                ("grpc.max_receive_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
+                ("grpc.max_send_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        self.lease = LeaseServicer(core, acquire_wait_poll_s=config.acquire_wait_poll_ms / 1000)
+        pb_grpc.add_LeaseServicer_to_server(self.lease, self.grpc_server)
+        pb_grpc.add_FencedStoreServicer_to_server(FencedStoreServicer(core), self.grpc_server)
+        pb_grpc.add_ClusterServicer_to_server(ClusterServicer(core), self.grpc_server)
+        admin_token = config.resolved_admin_token()
+        if not admin_token:
+            log.warning("no admin token configured: Admin RPCs are open to every client (fine for dev only)")
+        pb_grpc.add_AdminServicer_to_server(
+            AdminServicer(core, admin_token=admin_token, audit=audit_logger(config)), self.grpc_server
+        )
+        self.health = health.HealthServicer()
+        for name in ("", *FENCING_SERVICES):
+            self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
+        reflection.enable_server_reflection(
+            (*FENCING_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc_server
+        )
+        self.port = self.grpc_server.add_insecure_port(config.bind_address)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {config.bind_address}")
+        self.updater = HealthUpdater(self.node, self.proposer, self.health, config.health_check_interval_s)
+
+    def start(self) -> None:
+        self.grpc_server.start()
+        self.updater.start()
+        log.info(
+            "serving member %s: gRPC on %s, pid %d", self.config.raft_address, self.config.bind_address, os.getpid()
+        )
+
+    def stop(self) -> None:
+        """Stop accepting, let running RPCs finish within the grace period, close the node."""
+        self.updater.stop()
+        self.health.enter_graceful_shutdown()  # probes see NOT_SERVING while we drain
+        self.grpc_server.stop(self.config.shutdown_grace_s).wait(self.config.shutdown_grace_s + 1)
+        self.lease.close()
+        self.node.close()
+        log.info("stopped member %s", self.config.raft_address)

@@ -1,0 +1,496 @@
+"""The gRPC servicers of ``fencing.v1``: validate, build a command, propose, map the result.
+
+Owns: request validation (through ``validation``), the ``Proposer`` (stamps commands, bounds
+proposals in flight, derives each proposal's deadline from the RPC's), response headers,
+Admin authorization and its audit log, and the translation of every outcome through
+``errors.STATUS_TABLE``.
+Must never: decide a domain rule (the state machine does), touch pysyncobj (the Raft node
+does), queue proposals without bound, or report an unknown outcome as a failure.
+
+Every member serves every RPC. A follower proposes through its local Raft node: pysyncobj
+forwards the entry to the leader, and the follower answers after it has applied the entry
+itself, so whatever it reads afterwards is at least that new. Reads (Describe, Read,
+Status.epoch, Snapshot) go through the log as a READ_BARRIER entry (DESIGN I9).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import functools
+import hmac
+import json
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import grpc
+
+from coordinator import commands, errors, limits, validation
+from coordinator.api.v1 import fencing_pb2 as pb
+from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
+from coordinator.errors import Failure, ServiceError
+from coordinator.raft_node import Outcome, ProposeResult, RaftNode
+from coordinator.state_machine import Reason
+
+log = logging.getLogger(__name__)
+
+# A proposal is never given less than this, even when the RPC deadline is nearly spent:
+# below it the answer would be OUTCOME_UNKNOWN almost surely.
+PROPOSE_TIMEOUT_S_MIN = 0.05
+# Worker threads that propose the items of one KeepAliveMany concurrently (shared by all
+# calls); each item still takes an in-flight slot.
+KEEP_ALIVE_MANY_WORKERS = 16
+
+
+def _checked(check: Callable[[Any], Any], value: Any) -> Any:
+    try:
+        return check(value)
+    except validation.InvalidField as exc:
+        raise errors.invalid(exc.field, str(exc)) from None
+
+
+class Proposer:
+    """Stamps and proposes commands with a deadline, at most ``inflight_max`` at a time."""
+
+    def __init__(
+        self,
+        node: RaftNode,
+        *,
+        inflight_max: int,
+        timeout_max_s: float,
+        deadline_margin_s: float,
+        members: dict[str, str],
+    ) -> None:
+        self.node = node
+        self.timeout_max_s = timeout_max_s
+        self.deadline_margin_s = deadline_margin_s
+        self._members = members
+        self._slots = threading.BoundedSemaphore(inflight_max)
+        # Set once a READ_BARRIER applied on this node since start (health: SERVING needs it).
+        self.barrier_applied = threading.Event()
+
+    def timeout_s(self, context: grpc.ServicerContext | None) -> float:
+        """min(RPC time left - margin, timeout_max_s): the server answers before the client gives up."""
+        remaining = None if context is None else context.time_remaining()
+        if remaining is None:
+            return self.timeout_max_s
+        return max(PROPOSE_TIMEOUT_S_MIN, min(self.timeout_max_s, remaining - self.deadline_margin_s))
+
+    def leader_hint(self) -> tuple[str, str]:
+        leader = self.node.leader_address() or ""
+        return leader, self._members.get(leader, "")
+
+    def propose(
+        self, command: commands.Command, timeout_s: float, *, max_bytes: int | None = None
+    ) -> ProposeResult:
+        """The APPLIED result of ``command``, or raise ServiceError for anything else."""
+        if not self._slots.acquire(blocking=False):
+            raise ServiceError(
+                Failure.OVERLOADED, "too many proposals in flight on this member; retry later"
+            )
+        try:
+            stamped = dataclasses.replace(command, stamp_ms=self.node.next_stamp_ms())
+            kwargs = {} if max_bytes is None else {"max_bytes": max_bytes}
+            result = self.node.propose(stamped.encode(), timeout_s, **kwargs)
+        finally:
+            self._slots.release()
+        if result.outcome is Outcome.APPLIED:
+            if command.op is commands.Op.READ_BARRIER:
+                self.barrier_applied.set()
+            return result
+        if result.outcome is Outcome.REFUSED:
+            raise errors.from_refusal(result.value, result.index)
+        leader, leader_api = self.leader_hint()
+        raise errors.from_propose_failure(result.outcome.value, result.detail, leader, leader_api)
+
+
+class Core:
+    """What every servicer shares: the node, the proposer, headers and error replies."""
+
+    def __init__(self, node: RaftNode, proposer: Proposer, *, members: dict[str, str]) -> None:
+        self.node = node
+        self.proposer = proposer
+        self.member_id = node.config.self_address
+        self.members = members
+
+    def header(self, index: int = 0) -> pb.ResponseHeader:
+        term, applied = self.node.term_and_applied()
+        return pb.ResponseHeader(member_id=self.member_id, raft_term=term, applied_index=index or applied)
+
+    def trailing(self, index: int = 0) -> tuple[tuple[str, str], ...]:
+        term, applied = self.node.term_and_applied()
+        return (
+            (errors.HEADER_MEMBER_ID, self.member_id),
+            (errors.HEADER_RAFT_TERM, str(term)),
+            (errors.HEADER_APPLIED_INDEX, str(index or applied)),
+        )
+
+    def abort(self, context: grpc.ServicerContext, error: ServiceError):
+        errors.abort(context, error, self.trailing(error.index))
+
+    def run(self, command: commands.Command, context, *, max_bytes: int | None = None) -> tuple[dict, int]:
+        """Propose with the RPC's deadline; (result dict, Raft index) or ServiceError."""
+        result = self.proposer.propose(command, self.proposer.timeout_s(context), max_bytes=max_bytes)
+        return result.value.result, result.index
+
+    def barrier(self, context, resource: str | None = None, key: str | None = None) -> tuple[dict, int]:
+        return self.run(commands.read_barrier(stamp_ms=0, resource=resource, key=key), context)
+
+
+def _unary(method):
+    """Turn a ServiceError raised by a unary handler into a rich status with header trailers."""
+
+    @functools.wraps(method)
+    def handler(self, request, context):
+        try:
+            return method(self, request, context)
+        except ServiceError as error:
+            self.core.abort(context, error)
+
+    return handler
+
+
+# -- Lease ---------------------------------------------------------------------------------
+
+
+class LeaseServicer(pb_grpc.LeaseServicer):
+    def __init__(self, core: Core, *, acquire_wait_poll_s: float) -> None:
+        self.core = core
+        self.acquire_wait_poll_s = acquire_wait_poll_s
+        self._batch_pool = concurrent.futures.ThreadPoolExecutor(
+            KEEP_ALIVE_MANY_WORKERS, thread_name_prefix="keepalive-many"
+        )
+
+    def close(self) -> None:
+        self._batch_pool.shutdown(wait=False, cancel_futures=True)
+
+    @_unary
+    def Acquire(self, request: pb.AcquireRequest, context) -> pb.AcquireResponse:
+        command = commands.acquire(
+            resource=_checked(validation.check_resource, request.resource),
+            holder=_checked(validation.check_holder, request.holder),
+            ttl_ms=_checked(validation.check_ttl_ms, request.ttl_ms),
+            op_id=_checked(validation.check_op_id, request.op_id),
+            stamp_ms=0,
+        )
+        # Bounded server-side wait: retry LEASE_HELD until min(wait_ms, ACQUIRE_WAIT_MS_MAX)
+        # or the RPC deadline. Every try is a new entry with the same op_id; refusals are
+        # not recorded, so only a successful try enters the dedup table.
+        wait_until = time.monotonic() + min(request.wait_ms, limits.ACQUIRE_WAIT_MS_MAX) / 1000
+        while True:
+            try:
+                result, index = self.core.run(command, context)
+                break
+            except ServiceError as error:
+                if error.key is not Reason.LEASE_HELD:
+                    raise
+                pause = self._wait_pause(error, wait_until, context)
+                if pause is None:
+                    raise
+                time.sleep(pause)
+        return pb.AcquireResponse(
+            header=self.core.header(index),
+            token=result["token"],
+            lease_id=result["token"],
+            expires_at_ms=result["expires_at_ms"],
+        )
+
+    def _wait_pause(self, held: ServiceError, wait_until: float, context) -> float | None:
+        """How long to sleep before the next try, or None to give up with ``held``."""
+        now = time.monotonic()
+        left = wait_until - now
+        rpc_left = context.time_remaining()
+        if rpc_left is not None:
+            # Keep room for one more proposal before the client's deadline.
+            left = min(left, rpc_left - self.core.proposer.deadline_margin_s - 2 * PROPOSE_TIMEOUT_S_MIN)
+        if left <= 0 or not context.is_active():
+            return None
+        try:
+            until_expiry_s = int(held.metadata.get("expires_at_ms", "0")) / 1000 - time.time()
+        except ValueError:
+            until_expiry_s = self.acquire_wait_poll_s
+        # Poll at most every acquire_wait_poll_s (a release ends a lease early), but not
+        # sooner than 10 ms even when the expiry looks already past (clocks differ).
+        return min(left, self.acquire_wait_poll_s, max(0.01, until_expiry_s))
+
+    @staticmethod
+    def _keep_alive_command(request: pb.KeepAliveRequest) -> commands.Command:
+        resource = _checked(validation.check_resource, request.resource)
+        token = _checked(validation.check_token, request.token)
+        if request.lease_id and request.lease_id != request.token:
+            raise errors.invalid("lease_id", f"lease_id {request.lease_id} must equal token {request.token} (or be 0)")
+        ttl_ms = None if request.ttl_ms == 0 else _checked(validation.check_ttl_ms, request.ttl_ms)
+        return commands.keep_alive(resource=resource, token=token, ttl_ms=ttl_ms, stamp_ms=0)
+
+    def _keep_alive(self, request: pb.KeepAliveRequest, context) -> pb.KeepAliveResponse:
+        result, index = self.core.run(self._keep_alive_command(request), context)
+        return pb.KeepAliveResponse(
+            header=self.core.header(index),
+            resource=request.resource,
+            token=result["token"],
+            expires_at_ms=result["expires_at_ms"],
+        )
+
+    @_unary
+    def KeepAlive(self, request: pb.KeepAliveRequest, context) -> pb.KeepAliveResponse:
+        return self._keep_alive(request, context)
+
+    @_unary
+    def KeepAliveMany(self, request: pb.KeepAliveManyRequest, context) -> pb.KeepAliveManyResponse:
+        if len(request.leases) > limits.KEEP_ALIVE_BATCH_ITEMS_MAX:
+            raise errors.invalid(
+                "leases", f"{len(request.leases)} items, more than {limits.KEEP_ALIVE_BATCH_ITEMS_MAX}"
+            )
+
+        def one(item: pb.KeepAliveRequest) -> tuple[pb.KeepAliveResult, int]:
+            try:
+                response = self._keep_alive(item, context)
+            except ServiceError as error:
+                return (
+                    pb.KeepAliveResult(
+                        resource=item.resource, token=item.token, ok=False,
+                        reason=error.reason, message=error.message,
+                    ),
+                    error.index,
+                )
+            return (
+                pb.KeepAliveResult(
+                    resource=item.resource, token=item.token, ok=True,
+                    expires_at_ms=response.expires_at_ms,
+                ),
+                response.header.applied_index,
+            )
+
+        outcomes = list(self._batch_pool.map(one, request.leases))
+        index = max((i for _, i in outcomes), default=0)
+        return pb.KeepAliveManyResponse(header=self.core.header(index), results=[r for r, _ in outcomes])
+
+    def KeepAliveStream(self, request_iterator, context):
+        # One response per request, in order. The first refusal ends the stream with its
+        # status (the failed request is the one after the last response).
+        for request in request_iterator:
+            try:
+                response = self._keep_alive(request, context)
+            except ServiceError as error:
+                self.core.abort(context, error)
+            yield response
+
+    @_unary
+    def Release(self, request: pb.ReleaseRequest, context) -> pb.ReleaseResponse:
+        command = commands.release(
+            resource=_checked(validation.check_resource, request.resource),
+            token=_checked(validation.check_token, request.token),
+            op_id=_checked(validation.check_op_id, request.op_id) if request.op_id else None,
+            stamp_ms=0,
+        )
+        result, index = self.core.run(command, context)
+        return pb.ReleaseResponse(header=self.core.header(index), released=result["released"], hwm=result["hwm"])
+
+    @_unary
+    def Describe(self, request: pb.DescribeRequest, context) -> pb.DescribeResponse:
+        resource = _checked(validation.check_resource, request.resource)
+        result, index = self.core.barrier(context, resource)
+        lease = result.get("lease")
+        return pb.DescribeResponse(
+            header=self.core.header(index),
+            resource=resource,
+            held=lease is not None,
+            holder="" if lease is None else lease["holder"],
+            token=0 if lease is None else lease["token"],
+            hwm=result["hwm"],
+            expires_at_ms=0 if lease is None else lease["expires_at_ms"],
+            log_clock_ms=result["log_clock_ms"],
+        )
+
+
+# -- FencedStore -------------------------------------------------------------------------
+
+
+class FencedStoreServicer(pb_grpc.FencedStoreServicer):
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    @_unary
+    def Write(self, request: pb.WriteRequest, context) -> pb.WriteResponse:
+        expected = request.expected_version if request.HasField("expected_version") else None
+        command = commands.write(
+            resource=_checked(validation.check_resource, request.resource),
+            key=_checked(validation.check_key, request.key),
+            value=_checked(validation.check_value, request.value),
+            token=_checked(validation.check_token, request.token),
+            op_id=_checked(validation.check_op_id, request.op_id),
+            expected_version=None if expected is None else _checked(validation.check_expected_version, expected),
+            stamp_ms=0,
+        )
+        result, index = self.core.run(command, context)
+        return pb.WriteResponse(header=self.core.header(index), version=result["version"], hwm=result["hwm"])
+
+    @_unary
+    def Delete(self, request: pb.DeleteRequest, context) -> pb.DeleteResponse:
+        command = commands.delete(
+            resource=_checked(validation.check_resource, request.resource),
+            key=_checked(validation.check_key, request.key),
+            token=_checked(validation.check_token, request.token),
+            op_id=_checked(validation.check_op_id, request.op_id),
+            stamp_ms=0,
+        )
+        result, index = self.core.run(command, context)
+        return pb.DeleteResponse(header=self.core.header(index), version=result["version"], deleted=result["deleted"])
+
+    @_unary
+    def Read(self, request: pb.ReadRequest, context) -> pb.ReadResponse:
+        resource = _checked(validation.check_resource, request.resource)
+        key = _checked(validation.check_key, request.key)
+        result, index = self.core.barrier(context, resource, key)
+        value = result.get("value")
+        return pb.ReadResponse(
+            header=self.core.header(index),
+            found=value is not None,
+            value=b"" if value is None else value,
+            version=result.get("version", 0),
+            hwm=result["hwm"],
+        )
+
+
+# -- Cluster -----------------------------------------------------------------------------
+
+
+class ClusterServicer(pb_grpc.ClusterServicer):
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    @_unary
+    def Status(self, request: pb.StatusRequest, context) -> pb.StatusResponse:
+        # Linearizable like a read (I9): without a barrier through the log there is no answer.
+        result, index = self.core.barrier(context)
+        status = self.core.node.status()
+        leader = status["leader"] or ""
+        return pb.StatusResponse(
+            header=self.core.header(index),
+            members=[
+                pb.Member(id=raft, api_address=api, is_leader=raft == leader)
+                for raft, api in self.core.members.items()
+            ],
+            leader=leader,
+            leader_api_address=self.core.members.get(leader, ""),
+            term=status["term"],
+            commit_index=status["commit_index"],
+            applied_index=max(index, status["last_applied"]),
+            epoch=result["epoch"],
+            has_quorum=bool(status["has_quorum"]),
+        )
+
+
+# -- Admin -------------------------------------------------------------------------------
+
+
+def _audit_args(request) -> dict[str, Any]:
+    """What an audit line records of a request: fields, with bytes shown by size only."""
+    out: dict[str, Any] = {}
+    for descriptor, value in request.ListFields():
+        if isinstance(value, bytes):
+            out[descriptor.name + "_bytes"] = len(value)
+        else:
+            out[descriptor.name] = value
+    return out
+
+
+def _admin(method):
+    """Authorize, run, and write exactly one audit line, whatever happens."""
+
+    @functools.wraps(method)
+    def handler(self, request, context):
+        started = time.monotonic()
+        principal, outcome, index = "unauthenticated", "OK", 0
+        try:
+            principal = self._authorize(context)
+            response = method(self, request, context)
+            index = response.header.applied_index
+            return response
+        except ServiceError as error:
+            outcome, index = f"{error.code.name}/{error.reason}", error.index
+            self.core.abort(context, error)
+        except BaseException as exc:
+            outcome = f"ERROR/{type(exc).__name__}"
+            raise
+        finally:
+            self._audit(
+                {
+                    "rpc": method.__name__,
+                    "principal": principal,
+                    "peer": context.peer(),
+                    "member": self.core.member_id,
+                    "args": _audit_args(request),
+                    "outcome": outcome,
+                    "index": index,
+                    "elapsed_ms": round((time.monotonic() - started) * 1000, 1),
+                }
+            )
+
+    return handler
+
+
+class AdminServicer(pb_grpc.AdminServicer):
+    """Admin calls: authorized by an optional bearer token, audited, fenced (I7)."""
+
+    def __init__(self, core: Core, *, admin_token: str, audit: logging.Logger) -> None:
+        self.core = core
+        self._token = admin_token
+        self._audit_log = audit
+
+    def _authorize(self, context) -> str:
+        if not self._token:
+            return "anonymous"  # no token configured: Admin is open (dev clusters)
+        values = [v for k, v in context.invocation_metadata() if k == "authorization"]
+        if not values:
+            raise ServiceError(Failure.UNAUTHENTICATED, "Admin needs 'authorization: Bearer TOKEN'")
+        scheme, _, presented = values[0].partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            presented.strip().encode(), self._token.encode()
+        ):
+            raise ServiceError(Failure.PERMISSION_DENIED, "the admin token is not valid")
+        return "admin-token"
+
+    def _audit(self, record: dict[str, Any]) -> None:
+        self._audit_log.info(json.dumps({"ts_ms": time.time_ns() // 1_000_000, **record}, default=str))
+
+    @_admin
+    def ForceRelease(self, request: pb.ForceReleaseRequest, context) -> pb.ForceReleaseResponse:
+        command = commands.force_release(
+            resource=_checked(validation.check_resource, request.resource),
+            op_id=_checked(validation.check_op_id, request.op_id),
+            stamp_ms=0,
+        )
+        result, index = self.core.run(command, context)
+        return pb.ForceReleaseResponse(header=self.core.header(index), hwm=result["hwm"])
+
+    @_admin
+    def SetEpochFloor(self, request: pb.SetEpochFloorRequest, context) -> pb.SetEpochFloorResponse:
+        command = commands.set_epoch_floor(
+            floor=_checked(validation.check_floor, request.floor),
+            fence_all=request.fence_all,
+            stamp_ms=0,
+        )
+        result, index = self.core.run(command, context)
+        return pb.SetEpochFloorResponse(header=self.core.header(index), epoch=result["epoch"])
+
+    @_admin
+    def Snapshot(self, request: pb.SnapshotRequest, context) -> pb.SnapshotResponse:
+        # The barrier makes the copy at least as new as every acknowledged write (I9); the
+        # copy itself is taken under the apply lock, so it is one consistent state.
+        self.core.barrier(context)
+        node = self.core.node
+        data, epoch, index = node.read(lambda sm: (sm.snapshot(), sm.epoch, node.term_and_applied()[1]))
+        return pb.SnapshotResponse(header=self.core.header(index), data=data, epoch=epoch, index=index)
+
+    @_admin
+    def Restore(self, request: pb.RestoreRequest, context) -> pb.RestoreResponse:
+        command = commands.restore(
+            data=_checked(validation.check_snapshot_data, request.data),
+            epoch_floor=_checked(validation.check_epoch_floor, request.epoch_floor),
+            stamp_ms=0,
+        )
+        result, index = self.core.run(command, context, max_bytes=limits.RESTORE_COMMAND_BYTES_MAX)
+        return pb.RestoreResponse(header=self.core.header(index), epoch=result["epoch"])

@@ -1,0 +1,126 @@
+"""``fencingd serve`` configuration: TOML plus flags, every bad key named; the error table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from coordinator import config, errors
+from coordinator.fencingd import build_parser
+from coordinator.state_machine import Reason, Rejected
+
+MEMBERS = ["127.0.0.2:7000=127.0.0.2:7100", "127.0.0.3:7000=127.0.0.3:7100", "127.0.0.4:7000=127.0.0.4:7100"]
+
+
+def write_toml(tmp_path, text: str) -> str:
+    path = tmp_path / "node.toml"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def parse(argv):
+    return config.from_args(build_parser().parse_args(["serve", *argv]))
+
+
+GOOD = (
+    'data_dir = "/tmp/x"\nraft_address = "127.0.0.3:7000"\n'
+    'members = ["127.0.0.2:7000=127.0.0.2:7100", "127.0.0.3:7000=127.0.0.3:7100", '
+    '"127.0.0.4:7000=127.0.0.4:7100"]\n'
+)
+
+
+def test_toml_file_with_flag_overrides(tmp_path):
+    cfg = parse(["--config", write_toml(tmp_path, GOOD + "inflight_proposals_max = 7\n"),
+                 "--propose-timeout-max-s", "2.5"])
+    assert cfg.inflight_proposals_max == 7 and cfg.propose_timeout_max_s == 2.5
+    assert cfg.api_address == "127.0.0.3:7100" == cfg.bind_address
+    assert cfg.peer_addresses == ("127.0.0.2:7000", "127.0.0.4:7000")
+    assert cfg.member_map["127.0.0.4:7000"] == "127.0.0.4:7100"
+
+
+def test_flags_alone(tmp_path):
+    cfg = parse(["--data-dir", str(tmp_path), "--raft-address", "127.0.0.2:7000", "--members", ",".join(MEMBERS),
+                 "--listen-address", "0.0.0.0:7100"])
+    assert cfg.bind_address == "0.0.0.0:7100" and cfg.api_address == "127.0.0.2:7100"
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("colour = 'blue'\n", "unknown key(s) colour"),
+    ("inflight_proposals_max = 'many'\n", "inflight_proposals_max: must be an integer"),
+    ("inflight_proposals_max = 0\n", "inflight_proposals_max: must be > 0"),
+    ("propose_timeout_max_s = true\n", "propose_timeout_max_s: must be a number"),
+    ("raft_min_timeout_s = 3.0\n", "raft_min_timeout_s: must be below raft_max_timeout_s"),
+    ("grpc_threads = 100\ngrpc_max_concurrent_rpcs = 10\n", "grpc_max_concurrent_rpcs: must be >= grpc_threads"),
+    ("log_level = 'LOUD'\n", "log_level: must be one of"),
+    ("admin_token = 'a'\nadmin_token_file = '/nonexistent'\n", "give one, not both"),
+    ("admin_token_file = '/nonexistent/token'\n", "admin_token_file: cannot read"),
+    ("listen_address = 'nowhere'\n", "listen_address: 'nowhere' is not HOST:PORT"),
+])
+def test_bad_values_are_named(tmp_path, extra, message):
+    with pytest.raises(config.ConfigError, match=None) as caught:
+        parse(["--config", write_toml(tmp_path, GOOD + extra)])
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('raft_address = "127.0.0.2:7000"\nmembers = []\n', "data_dir: required"),
+    ('data_dir = "/x"\nmembers = ["127.0.0.2:7000=127.0.0.2:7100"]\n', "raft_address: required"),
+    ('data_dir = "/x"\nraft_address = "127.0.0.9:7000"\nmembers = ["127.0.0.2:7000=127.0.0.2:7100"]\n',
+     "must include this member's raft_address"),
+    ('data_dir = "/x"\nraft_address = "127.0.0.2:7000"\n'
+     'members = ["127.0.0.2:7000=127.0.0.2:7100", "127.0.0.3:7000=127.0.0.3:7100"]\n', "use an odd number"),
+    ('data_dir = "/x"\nraft_address = "127.0.0.2:7000"\nmembers = ["127.0.0.2:7000"]\n',
+     "is not RAFT_HOST:PORT=API_HOST:PORT"),
+    ('data_dir = "/x"\nraft_address = "127.0.0.2:7000"\nmembers = [\n', "not valid TOML"),
+])
+def test_missing_or_inconsistent_cluster_is_refused(tmp_path, text, message):
+    with pytest.raises(config.ConfigError) as caught:
+        parse(["--config", write_toml(tmp_path, text)])
+    assert message in str(caught.value)
+
+
+def test_serve_exits_2_with_the_message(tmp_path):
+    path = write_toml(tmp_path, GOOD + "colour = 'blue'\n")
+    out = subprocess.run([sys.executable, "-m", "coordinator.fencingd", "serve", "--config", path],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "unknown key(s) colour" in out.stderr
+
+
+def test_every_refusal_reason_has_one_status():
+    for reason in Reason:
+        code, name = errors.STATUS_TABLE[reason]
+        assert isinstance(code, grpc.StatusCode) and name
+    for failure in errors.Failure:
+        assert failure in errors.STATUS_TABLE
+
+
+@pytest.mark.parametrize("outcome, detail, code, reason", [
+    ("unknown", "leader_changed", grpc.StatusCode.ABORTED, "OUTCOME_UNKNOWN"),
+    ("unknown", "deadline_exceeded", grpc.StatusCode.ABORTED, "OUTCOME_UNKNOWN"),
+    ("not_applied", "no_leader", grpc.StatusCode.UNAVAILABLE, "NO_LEADER"),
+    ("not_applied", "not_leader", grpc.StatusCode.UNAVAILABLE, "NO_LEADER"),
+    ("not_applied", "queue_full", grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED"),
+    ("not_applied", "command_too_large", grpc.StatusCode.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED"),
+])
+def test_propose_failures_map_through_the_table(outcome, detail, code, reason):
+    error = errors.from_propose_failure(outcome, detail, "10.0.0.1:7000", "10.0.0.1:7100")
+    assert (error.code, error.reason) == (code, reason)
+    if reason == "NO_LEADER":
+        assert error.metadata["leader_api"] == "10.0.0.1:7100"
+    if reason == "OUTCOME_UNKNOWN":
+        assert error.metadata["detail"] == detail
+
+
+def test_refusal_details_become_string_metadata():
+    refusal = Rejected(op=None, reason=Reason.LEASE_HELD, message="held",
+                       details={"holder": "a", "expires_at_ms": 12, "token": 3})
+    error = errors.from_refusal(refusal, index=9)
+    assert (error.code, error.reason, error.index) == (grpc.StatusCode.FAILED_PRECONDITION, "LEASE_HELD", 9)
+    assert error.metadata == {"holder": "a", "expires_at_ms": "12", "token": "3"}
+    status = errors.rich_status(error, (("fencing-member-id", "m"),))
+    assert status.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert ("fencing-member-id", "m") in status.trailing_metadata
