@@ -58,6 +58,7 @@ def raft_config(config: ServerConfig) -> RaftConfig:
         commands_queue_size=config.commands_queue_size,
         log_compaction_min_entries=config.log_compaction_min_entries,
         log_compaction_min_time_s=config.log_compaction_min_time_s,
+        track_synced=config.track_synced_for_tests,
     )
 
 

@@ -245,6 +245,13 @@ class _DedupEntry:
     # The log clock after the entry applied. Non-decreasing in apply order, which is what
     # lets eviction by age look only at the oldest entries.
     applied_at_ms: int
+    # outcome_to_wire(outcome), computed once when stored: snapshots run on the Raft
+    # tick thread and re-encoding up to DEDUP_ENTRIES_MAX outcomes each time stalled it.
+    wire: list = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.wire is None:
+            object.__setattr__(self, "wire", outcome_to_wire(self.outcome))
 
 
 def _copy_applied(outcome: Applied) -> Applied:
@@ -690,7 +697,7 @@ class FencingStateMachine:
                 ]
             )
         dedup = [
-            [op_id, int(e.op), e.resource, outcome_to_wire(e.outcome), e.applied_at_ms]
+            [op_id, int(e.op), e.resource, e.wire, e.applied_at_ms]
             for op_id, e in self._dedup.items()
         ]
         return msgpack.packb(
