@@ -1,0 +1,46 @@
+"""``python -m chaos run --profile ci [--out DIR]`` / ``--profile soak --minutes N [--seed S]``;
+``python -m chaos check HISTORY.jsonl`` runs the checker alone. Exit 0 iff no violations (and no
+harness errors such as a cluster that did not converge after heal)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m chaos")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a chaos profile against three real fencingd processes")
+    r.add_argument("--profile", choices=["ci", "soak"], default="ci")
+    r.add_argument("--out", default=None, help="run directory (default chaos-runs/<profile>-<time>)")
+    r.add_argument("--seed", type=int, default=None, help="soak: the same seed replays the fault schedule")
+    r.add_argument("--minutes", type=float, default=30.0, help="soak duration")
+    c = sub.add_parser("check", help="check a recorded history")
+    c.add_argument("history")
+    args = p.parse_args(argv)
+    if args.cmd == "check":
+        from chaos import check
+
+        return check.main([args.history])
+    if os.geteuid() != 0:
+        print("chaos run needs root (nft rules, SIGSTOP of processes)", file=sys.stderr)
+        return 2
+    out = args.out or os.path.join("chaos-runs", f"{args.profile}-{time.strftime('%Y%m%d-%H%M%S')}")
+    from chaos.runner import run_profile
+
+    code, summary = run_profile(args.profile, out, seed=args.seed, minutes=args.minutes)
+    brief = {k: summary[k] for k in ("profile", "seed", "wall_s", "fault_count", "ops", "ops_by_outcome",
+                                     "violations", "violations_by_kind", "errors")}
+    brief["failover_s"] = {k: v for k, v in summary["failover_s"].items() if k != "values"}
+    brief["convergence_s"] = {k: v for k, v in summary["convergence_s"].items() if k != "values"}
+    print(json.dumps(brief, indent=2))
+    print(f"[chaos] report: {os.path.join(out, 'summary.json')}  {os.path.join(out, 'timeline.html')}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

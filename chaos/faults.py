@@ -1,0 +1,446 @@
+"""Faults: small composable objects with ``inject(cluster)`` / ``heal(cluster)``.
+
+Every fault records which nodes it touched (``self.nodes``, Raft addresses) and whether it hit
+the leader (``leader_fault``: the runner then measures failover time). Network faults are nft
+rules in the table ``inet chaos`` on node-to-node Raft traffic only (``ip saddr NODE ip daddr NODE
+tcp dport|sport RAFT_PORT``);
+clients connect from 127.0.0.1 and still reach every node, so a partitioned node answers clients
+(NO_LEADER / forwarding paths). Heal of a network fault deletes the table (one network fault at a
+time). The harness teardown deletes it too, whatever happened.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import time
+
+from chaos.harness import NFT_TABLE, ChaosCluster, run_quiet, wait_until
+
+# -- nft helpers -------------------------------------------------------------------------
+
+
+def nft(*args: str) -> None:
+    r = run_quiet(["nft", *args])
+    if r.returncode != 0:
+        raise RuntimeError(f"nft {' '.join(args)}: {r.stderr.strip()}")
+
+
+def nft_ensure_input_chain() -> None:
+    nft("add", "table", "inet", NFT_TABLE)
+    nft("add", "chain", "inet", NFT_TABLE, "input", "{ type filter hook input priority 0 ; }")
+
+
+def nft_drop(src: str, dst: str, port: int | None = None, extra: str = "") -> None:
+    """Drop packets from ``src`` to ``dst``; with ``port``, only the Raft traffic of that port
+    (either direction of the TCP connection: dport for requests, sport for answers), so another
+    cluster using the same addresses on other ports is not touched."""
+    nft_ensure_input_chain()
+    base = ["add", "rule", "inet", NFT_TABLE, "input", "ip", "saddr", src, "ip", "daddr", dst]
+    tails = [["tcp", "dport", str(port)], ["tcp", "sport", str(port)]] if port else [[]]
+    for tail in tails:
+        nft(*base, *tail, *(extra.split() if extra else []), "drop")
+
+
+def nft_heal() -> None:
+    run_quiet(["nft", "delete", "table", "inet", NFT_TABLE])
+
+
+def nft_table_exists() -> bool:
+    return run_quiet(["nft", "list", "table", "inet", NFT_TABLE]).returncode == 0
+
+
+# -- base -----------------------------------------------------------------------------------
+
+
+class Fault:
+    kind = "fault"
+    leader_fault = False
+    network = False
+    #: for the report: True when nothing is expected to serve during the fault (no quorum)
+    no_quorum = False
+
+    def __init__(self) -> None:
+        self.nodes: list[str] = []
+        self.info: dict = {}
+
+    def inject(self, c: ChaosCluster) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def heal(self, c: ChaosCluster) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.kind})"
+
+
+def _pick(c: ChaosCluster, role: str, rng: random.Random | None = None) -> int:
+    leader = c.wait_leader()
+    if role == "leader":
+        return leader
+    followers = [n.index for n in c.nodes if n.index != leader]
+    return (rng or random).choice(followers)
+
+
+class Pause(Fault):
+    """SIGSTOP the leader or a follower; heal: SIGCONT."""
+
+    def __init__(self, role: str = "leader") -> None:
+        super().__init__()
+        self.role = role
+        self.kind = f"pause_{role}"
+        self.leader_fault = role == "leader"
+        self.i = -1
+
+    def inject(self, c):
+        self.i = _pick(c, self.role)
+        self.nodes = [c.nodes[self.i].raft_address]
+        c.pause(self.i)
+
+    def heal(self, c):
+        c.resume(self.i)
+
+
+class KillRestart(Fault):
+    """kill -9 one node (leader or follower); heal: restart it on the same data dir."""
+
+    def __init__(self, role: str = "leader") -> None:
+        super().__init__()
+        self.role = role
+        self.kind = f"kill_{role}"
+        self.leader_fault = role == "leader"
+        self.i = -1
+
+    def inject(self, c):
+        self.i = _pick(c, self.role)
+        self.nodes = [c.nodes[self.i].raft_address]
+        c.kill(self.i)
+
+    def heal(self, c):
+        c.start(self.i)
+
+
+class KillTwo(Fault):
+    """kill -9 the leader and the most up-to-date follower while the third node is paused;
+    heal: restart both, resume the third. No quorum during the fault."""
+
+    kind = "kill_two_pause_third"
+    no_quorum = True
+
+    def inject(self, c):
+        leader = c.wait_leader()
+        follower = c.most_up_to_date_follower(leader)
+        third = next(n.index for n in c.nodes if n.index not in (leader, follower))
+        self.killed, self.third = [leader, follower], third
+        self.nodes = [c.nodes[i].raft_address for i in (leader, follower, third)]
+        c.pause(third)
+        for i in self.killed:
+            c.kill(i)
+
+    def heal(self, c):
+        for i in self.killed:
+            c.start(i)
+        c.resume(self.third)
+
+
+class FullRestart(Fault):
+    """kill -9 every node; heal: start them all again."""
+
+    kind = "full_restart"
+    no_quorum = True
+
+    def inject(self, c):
+        self.nodes = [n.raft_address for n in c.nodes]
+        for n in c.nodes:
+            c.kill(n.index)
+
+    def heal(self, c):
+        for n in c.nodes:
+            c.start(n.index)
+
+
+class PowerLoss(Fault):
+    """kill -9 and cut the journal to its synced length (``scope``: leader or all); heal: start."""
+
+    def __init__(self, scope: str = "leader") -> None:
+        super().__init__()
+        self.scope = scope
+        self.kind = f"power_loss_{scope}"
+        self.leader_fault = scope == "leader"
+        self.no_quorum = scope == "all"
+        self.indexes: list[int] = []
+
+    def inject(self, c):
+        self.indexes = [c.wait_leader()] if self.scope == "leader" else [n.index for n in c.nodes]
+        self.nodes = [c.nodes[i].raft_address for i in self.indexes]
+        cuts = {}
+        for i in self.indexes:
+            old, new = c.power_loss(i)
+            cuts[c.nodes[i].raft_address] = old - new
+        self.info["bytes_cut"] = cuts
+
+    def heal(self, c):
+        for i in self.indexes:
+            c.start(i)
+
+
+class Partition(Fault):
+    """Symmetric partition: ``side`` (node indexes) cannot talk to the rest, both directions.
+
+    role ``follower``: one follower cut off (majority keeps serving);
+    role ``leader``: leader isolation (majority elects a new leader; the old one steps down);
+    role ``bridge``: two followers cannot talk to each other, both still reach the leader."""
+
+    network = True
+
+    def __init__(self, role: str = "follower") -> None:
+        super().__init__()
+        self.role = role
+        self.kind = {"leader": "isolate_leader", "follower": "partition_follower", "bridge": "partition_bridge"}[role]
+        self.leader_fault = role == "leader"
+
+    def inject(self, c):
+        leader = c.wait_leader()
+        if self.role == "bridge":
+            a, b = [n for n in c.nodes if n.index != leader]
+            pairs = [(a, b)]
+        else:
+            i = leader if self.role == "leader" else _pick(c, "follower")
+            pairs = [(c.nodes[i], n) for n in c.nodes if n.index != i]
+        self.nodes = sorted({x.raft_address for p in pairs for x in p})
+        for x, y in pairs:
+            nft_drop(x.host, y.host, c.raft_port)
+            nft_drop(y.host, x.host, c.raft_port)
+
+    def heal(self, c):
+        nft_heal()
+
+
+class OneWay(Fault):
+    """One-way partition: packets from the leader to the followers are dropped; the followers'
+    packets still reach the leader."""
+
+    kind = "one_way_leader_out"
+    network = True
+    leader_fault = True
+
+    def inject(self, c):
+        leader = c.nodes[c.wait_leader()]
+        self.nodes = [leader.raft_address]
+        for n in c.nodes:
+            if n is not leader:
+                nft_drop(leader.host, n.host, c.raft_port)
+
+    def heal(self, c):
+        nft_heal()
+
+
+class PacketLoss(Fault):
+    """Random loss of ``percent``% of node-to-node packets (nft numgen)."""
+
+    network = True
+
+    def __init__(self, percent: int = 30) -> None:
+        super().__init__()
+        self.percent = percent
+        self.kind = f"packet_loss_{percent}"
+
+    def inject(self, c):
+        self.nodes = [n.raft_address for n in c.nodes]
+        for a in c.nodes:
+            for b in c.nodes:
+                if a is not b:
+                    extra = "" if self.percent >= 100 else f"numgen random mod 100 < {self.percent}"
+                    nft_drop(a.host, b.host, c.raft_port, extra)
+
+    def heal(self, c):
+        nft_heal()
+
+
+class Delay(Fault):
+    """Delay node-to-node packets by ``ms`` ± ``jitter_ms`` (NFQUEUE + chaos.nfqueue_delay)."""
+
+    network = True
+
+    def __init__(self, ms: int = 100, jitter_ms: int = 20) -> None:
+        super().__init__()
+        self.ms, self.jitter_ms = ms, jitter_ms
+        self.kind = f"delay_{ms}ms"
+        self.proc: subprocess.Popen | None = None
+
+    def inject(self, c):
+        from chaos import nfqueue_delay
+
+        self.nodes = [n.raft_address for n in c.nodes]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "chaos.nfqueue_delay", "--delay-ms", str(self.ms), "--jitter-ms", str(self.jitter_ms)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        c.adopt(self.proc.pid)
+        ready, _, _ = select.select([self.proc.stdout], [], [], 15)
+        line = self.proc.stdout.readline() if ready else ""
+        if "READY" not in line:
+            self.proc.kill()
+            raise RuntimeError(f"delayer did not start: {line!r}")
+        pairs = [(a.host, b.host) for a in c.nodes for b in c.nodes if a is not b]
+        nfqueue_delay.add_rules(pairs, c.raft_port)
+
+    def heal(self, c):
+        from chaos import nfqueue_delay
+
+        nfqueue_delay.remove_rules()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        nft_heal()
+
+
+# -- the client GC pause ------------------------------------------------------------------
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "?"
+
+
+def gc_pause_schedule(c: ChaosCluster, recorder, resource: str, out_path: str, *, ttl_ms: int = 1500,
+                      unfenced: str | None = None, timeout_s: float = 40.0) -> dict:
+    """The deterministic client-GC-pause schedule.
+
+    1. A victim process acquires ``resource`` (``ttl_ms``), checks its lease (KeepAlive ok) and
+       SIGSTOPs itself between that check and its write.
+    2. The harness waits until the lease expired and a new owner (``recorder``, process of the
+       caller) acquired and wrote ``<owner>-value`` to key ``a``.
+    3. The harness resumes the victim, which writes its stale value with its old token — to the
+       FencedStore, or (``unfenced`` = host:port) to a store that ignores tokens.
+    Returns what happened: victim token, owner token, the victim's write outcome, the final value.
+    """
+    cmd = [sys.executable, "-m", "chaos.workload", "--gc-pause", "--process", f"gc-victim-{resource}",
+           "--endpoints", ",".join(c.endpoints), "--out", out_path, "--resource", resource, "--ttl-ms", str(ttl_ms)]
+    if unfenced:
+        cmd += ["--unfenced", unfenced]
+    victim = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    c.adopt(victim.pid)
+    deadline = time.monotonic() + timeout_s
+    result: dict = {"resource": resource, "unfenced": bool(unfenced)}
+    try:
+        ready, _, _ = select.select([victim.stdout], [], [], timeout_s)
+        line = victim.stdout.readline() if ready else ""
+        if not line.startswith("PAUSING"):
+            raise RuntimeError(f"gc victim did not pause: {line!r}")
+        result["victim_token"] = int(line.split("token=")[1])
+        wait_until(lambda: _proc_state(victim.pid) == "T", 5, what="victim stopped")
+        # the new owner: acquire once the lease expired, then write
+        owner_value = f"{recorder.process}-{resource}-owner"
+        while True:
+            outcome, res = recorder.acquire(resource, 5000, holder=recorder.process)
+            if outcome == "ok":
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError("new owner never acquired")
+            time.sleep(0.2)
+        result["owner_token"] = res.token
+        if unfenced:
+            from chaos.workload import unfenced_put
+
+            unfenced_put(unfenced, "a", owner_value)
+            result["owner_write"] = "ok"
+        else:
+            outcome, _ = recorder.write(resource, "a", owner_value, res.token)
+            result["owner_write"] = outcome
+        os.kill(victim.pid, signal.SIGCONT)
+        ready, _, _ = select.select([victim.stdout], [], [], max(1.0, deadline - time.monotonic()))
+        line = victim.stdout.readline() if ready else ""
+        parts = line.split()
+        result["victim_write"] = parts[1] if len(parts) > 1 else "none"
+        result["victim_reason"] = parts[2] if len(parts) > 2 else ""
+        victim.wait(timeout=max(1.0, deadline - time.monotonic()))
+        result["owner_value"] = owner_value
+        if unfenced:
+            from chaos.workload import unfenced_get
+
+            result["final_value"] = unfenced_get(unfenced, "a")
+        else:
+            outcome, r = recorder.read(resource, "a")
+            result["final_value"] = r.value.decode() if outcome == "ok" and r.found else None
+        recorder.release(resource, res.token)
+    finally:
+        if victim.poll() is None:
+            os.kill(victim.pid, signal.SIGCONT)
+            victim.kill()
+            victim.wait()
+    return result
+
+
+_GC_COUNTER = itertools.count(1)
+
+
+class ClientGcPause(Fault):
+    """The client GC pause (see ``gc_pause_schedule``): inject runs the whole schedule; the
+    stale write must be refused with STALE_TOKEN and the new owner's value must survive."""
+
+    kind = "client_gc_pause"
+
+    def __init__(self, recorder_factory, out_dir: str) -> None:
+        super().__init__()
+        self.recorder_factory = recorder_factory
+        self.out_dir = out_dir
+
+    def inject(self, c):
+        self.count = next(_GC_COUNTER)
+        resource = f"gc{self.count}"
+        rec = self.recorder_factory()
+        out = os.path.join(self.out_dir, f"gc-victim-{self.count}.jsonl")
+        self.info = gc_pause_schedule(c, rec, resource, out)
+        self.info["ok"] = (self.info.get("victim_write") == "refused"
+                           and self.info.get("victim_reason") == "STALE_TOKEN"
+                           and self.info.get("final_value") == self.info.get("owner_value"))
+        self.nodes = []
+
+    def heal(self, c):
+        pass
+
+
+def ci_schedule(recorder_factory, out_dir: str, with_delay: bool = True) -> list[Fault]:
+    faults: list[Fault] = [
+        Pause("leader"), Pause("follower"), KillRestart("leader"), KillRestart("follower"),
+        Partition("follower"), Partition("leader"), Partition("bridge"), OneWay(), PacketLoss(30),
+    ]
+    if with_delay:
+        faults.append(Delay(100, 20))
+    faults += [
+        ClientGcPause(recorder_factory, out_dir), PowerLoss("leader"), KillTwo(), FullRestart(),
+        PowerLoss("all"),
+    ]
+    return faults
+
+
+def random_fault(rng: random.Random, recorder_factory, out_dir: str, with_delay: bool = True) -> Fault:
+    makers = [
+        lambda: Pause("leader"), lambda: Pause("follower"), lambda: KillRestart("leader"),
+        lambda: KillRestart("follower"), lambda: Partition("follower"), lambda: Partition("leader"),
+        lambda: Partition("bridge"), lambda: OneWay(), lambda: PacketLoss(rng.choice([10, 30, 50])),
+        lambda: PowerLoss("leader"), lambda: KillTwo(), lambda: ClientGcPause(recorder_factory, out_dir), lambda: FullRestart(), lambda: PowerLoss("all"),
+    ]
+    if with_delay:
+        makers.append(lambda: Delay(rng.choice([50, 100, 200]), 20))
+    return rng.choice(makers)()
+
+
+def delay_available() -> bool:
+    try:
+        import netfilterqueue  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,331 @@
+"""Run a chaos profile: cluster + workload + nemesis schedule + recorder + checker + report.
+
+One run = one cluster, one history. Client processes (``chaos.workload``) run all along, each
+appending to its own JSONL; the runner appends faults, node samples, probe ops, ``final`` and
+``final_state`` records to ``nemesis.jsonl``; at the end all are merged into ``history.jsonl``
+and checked with ``chaos.check``.
+
+Per fault: inject, hold (failover probes for leader faults), heal, then wait for convergence
+(every node answers Status — a barrier through the log applied on that node, so it caught up —
+all name one leader, and a probe acquire + write succeeds). Every step has a hard deadline; a
+whole-run watchdog tears everything down and exits 3 if the profile overruns.
+
+Figures: failover time (leader fault injected -> a probe write acknowledged) and convergence time
+(heal -> converged as above).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import glob
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+from chaos import check as check_mod
+from chaos import faults as F
+from chaos.harness import ChaosCluster, network_teardown
+from chaos.history import HistoryWriter, read_history
+from chaos.workload import KEYS, Recorder, make_client
+
+RESOURCES = ["r0", "r1", "r2"]
+PROBE_RESOURCES = [f"probe{i}" for i in range(6)]
+CLIENTS = 4
+
+
+class Run:
+    def __init__(self, out_dir: str, seed: int, *, hold_s: float = 3.0, converge_timeout_s: float = 45.0):
+        self.out = os.path.abspath(out_dir)
+        os.makedirs(os.path.join(self.out, "clients"), exist_ok=True)
+        self.seed = seed
+        self.rng = random.Random(seed)
+        random.seed(seed)  # follower choices in faults: the same seed replays the schedule
+        self.hold_s = hold_s
+        self.converge_timeout_s = converge_timeout_s
+        self.cluster = ChaosCluster(os.path.join(self.out, "cluster"))
+        self.writer = HistoryWriter(os.path.join(self.out, "nemesis.jsonl"))
+        self.clients: list[subprocess.Popen] = []
+        self.stop_sampler = threading.Event()
+        self.steps: list[dict] = []
+        self.errors: list[str] = []
+        self.probe_n = 0
+        self._probe_client = None
+        self._probe_rec = None
+
+    # -- records --------------------------------------------------------------------
+
+    def fault_record(self, fault: F.Fault, action: str) -> int:
+        t = time.monotonic_ns()
+        self.writer.write({"type": "fault", "t_ns": t, "kind": fault.kind, "action": action, "nodes": fault.nodes})
+        return t
+
+    def sampler(self) -> None:
+        while not self.stop_sampler.wait(0.4):
+            try:
+                st = self.cluster.statuses(timeout_s=1.0)
+            except Exception:  # noqa: BLE001
+                continue
+            t = time.monotonic_ns()
+            for i, s in st.items():
+                node = self.cluster.nodes[i]
+                self.writer.write({"type": "node", "t_ns": t, "node": node.raft_address, "term": int(s.term),
+                                   "is_leader": s.leader == node.raft_address})
+
+    def recorder(self, process: str) -> Recorder:
+        return Recorder(make_client(self.cluster.endpoints, timeout_s=3.0), self.writer, process)
+
+    # -- probe -----------------------------------------------------------------------
+
+    def probe(self) -> bool:
+        """One acquire + write + release on a probe resource; True if the write was acknowledged."""
+        if self._probe_rec is None:
+            self._probe_rec = self.recorder("probe")
+        rec = self._probe_rec
+        self.probe_n += 1
+        resource = PROBE_RESOURCES[self.probe_n % len(PROBE_RESOURCES)]
+        outcome, res = rec.acquire(resource, 1500, holder="probe")
+        if outcome != "ok":
+            return False
+        outcome, _ = rec.write(resource, "a", f"probe-{self.probe_n}", res.token)
+        rec.release(resource, res.token)
+        return outcome == "ok"
+
+    def wait_converged(self, timeout_s: float) -> float | None:
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                self.cluster.wait_ready(timeout_s=max(0.5, deadline - time.monotonic()))
+                if self.probe():
+                    return time.monotonic() - t0
+            except (TimeoutError, RuntimeError) as exc:
+                if "exited" in str(exc):
+                    raise
+            time.sleep(0.1)
+        return None
+
+    # -- clients ----------------------------------------------------------------------
+
+    def start_clients(self, n: int = CLIENTS) -> None:
+        for k in range(n):
+            out = os.path.join(self.out, "clients", f"c{k}.jsonl")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "chaos.workload", "--process", f"c{k}", "--endpoints",
+                 ",".join(self.cluster.endpoints), "--out", out, "--resources", ",".join(RESOURCES),
+                 "--seed", str(self.seed * 100 + k)],
+                stdout=open(os.path.join(self.out, "clients", f"c{k}.log"), "w"), stderr=subprocess.STDOUT,
+            )
+            self.cluster.adopt(proc.pid)
+            self.clients.append(proc)
+
+    def stop_clients(self) -> None:
+        for p in self.clients:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.clients:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.errors.append(f"client pid {p.pid} did not stop: killed (an op may be missing)")
+                p.kill()
+                p.wait()
+
+    # -- one fault ---------------------------------------------------------------------
+
+    def run_fault(self, fault: F.Fault, hold_s: float) -> dict:
+        step: dict = {"kind": fault.kind}
+        t_start = time.monotonic()
+        try:
+            t_inject = self.fault_record_after(fault, "inject")
+            step["inject_t_ns"] = t_inject
+            step["info"] = fault.info
+            if fault.kind == "client_gc_pause":
+                step["gc_pause"] = fault.info
+                if not fault.info.get("ok"):
+                    self.errors.append(f"client_gc_pause: stale write not refused as expected: {fault.info}")
+            hold_until = time.monotonic() + hold_s
+            if fault.leader_fault:
+                # failover: from inject until a probe write is acknowledged (bounded)
+                limit = time.monotonic() + max(hold_s, 20.0)
+                while time.monotonic() < limit:
+                    if self.probe():
+                        step["failover_s"] = round((time.monotonic_ns() - t_inject) / 1e9, 3)
+                        break
+                    time.sleep(0.05)
+                else:
+                    step["failover_s"] = None
+            while time.monotonic() < hold_until:
+                time.sleep(0.1)
+        except Exception as exc:  # noqa: BLE001
+            self.errors.append(f"{fault.kind}: inject failed: {exc!r}")
+            step["error"] = repr(exc)
+            traceback.print_exc()
+        try:
+            fault.heal(self.cluster)
+        except Exception as exc:  # noqa: BLE001
+            self.errors.append(f"{fault.kind}: heal failed: {exc!r}")
+            network_teardown()
+        t_heal = self.fault_record(fault, "heal")
+        step["heal_t_ns"] = t_heal
+        conv = self.wait_converged(self.converge_timeout_s)
+        step["convergence_s"] = round(conv, 3) if conv is not None else None
+        if conv is None:
+            self.errors.append(f"{fault.kind}: no convergence within {self.converge_timeout_s}s after heal")
+        step["seconds"] = round(time.monotonic() - t_start, 2)
+        print(f"[chaos] {fault.kind:24s} failover={step.get('failover_s', '-')} convergence={step['convergence_s']}"
+              f" ({step['seconds']} s)", flush=True)
+        return step
+
+    def fault_record_after(self, fault: F.Fault, action: str) -> int:
+        """Inject, then write the record (the fault's node list is known only after inject);
+        the time recorded is the time just before inject."""
+        t = time.monotonic_ns()
+        fault.inject(self.cluster)
+        self.writer.write({"type": "fault", "t_ns": t, "kind": fault.kind, "action": action, "nodes": fault.nodes})
+        return t
+
+    # -- the end -----------------------------------------------------------------------
+
+    def finals(self) -> dict:
+        """final (per-node digest at one applied index) and final_state records."""
+        out: dict = {"digest": None}
+        nodes = self.cluster.nodes
+        for attempt in range(15):
+            with concurrent.futures.ThreadPoolExecutor(len(nodes)) as pool:
+                futs = [pool.submit(n.snapshot, 5.0) for n in nodes]
+                try:
+                    snaps = [f.result() for f in futs]
+                except Exception:  # noqa: BLE001
+                    time.sleep(0.3)
+                    continue
+            if len({s.index for s in snaps}) == 1:
+                for n, s in zip(nodes, snaps):
+                    self.writer.write({"type": "final", "node": n.raft_address, "applied_index": int(s.index),
+                                       "digest": hashlib.sha256(s.data).hexdigest()})
+                out["digest"] = {"index": int(snaps[0].index), "attempts": attempt + 1,
+                                 "equal": len({hashlib.sha256(s.data).digest() for s in snaps}) == 1}
+                break
+            time.sleep(0.2)
+        if out["digest"] is None:
+            self.errors.append("final digests: nodes never snapshotted at one applied index (no final records)")
+        client = make_client(self.cluster.endpoints, timeout_s=10.0)
+        resources = sorted(set(RESOURCES + PROBE_RESOURCES + self.gc_resources()))
+        for r in resources:
+            d = client.describe(r)
+            data = {}
+            for key in (KEYS if r in RESOURCES else ("a",)):
+                rd = client.read(r, key)
+                if rd.found:
+                    data[key] = {"value": rd.value.decode(), "version": int(rd.version)}
+            self.writer.write({"type": "final_state", "resource": r, "hwm": int(d.hwm), "data": data})
+        client.close()
+        return out
+
+    def gc_resources(self) -> list[str]:
+        return [s["gc_pause"]["resource"] for s in self.steps if s.get("gc_pause", {}).get("resource")]
+
+    def merge(self) -> str:
+        path = os.path.join(self.out, "history.jsonl")
+        with open(path, "w", encoding="utf-8") as out:
+            for src in [os.path.join(self.out, "nemesis.jsonl")] + sorted(glob.glob(os.path.join(self.out, "clients", "*.jsonl"))):
+                with open(src, encoding="utf-8") as f:
+                    for line in f:
+                        if line.strip():
+                            out.write(line if line.endswith("\n") else line + "\n")
+        return path
+
+    # -- the whole run -------------------------------------------------------------------
+
+    def execute(self, profile: str, schedule_fn, budget_s: float) -> dict:
+        t0 = time.monotonic()
+        self.writer.write({"type": "meta", "profile": profile, "seed": self.seed, "started_ns": time.monotonic_ns(),
+                           "endpoints": self.cluster.endpoints})
+        watchdog = threading.Timer(budget_s, self._overrun)
+        watchdog.daemon = True
+        watchdog.start()
+        final_info: dict = {}
+        try:
+            network_teardown()
+            self.cluster.start_all(timeout_s=60)
+            sampler = threading.Thread(target=self.sampler, daemon=True)
+            sampler.start()
+            self.start_clients()
+            time.sleep(2.0)
+            for fault, hold in schedule_fn(self):
+                self.steps.append(self.run_fault(fault, hold))
+            time.sleep(1.0)
+            self.stop_clients()
+            conv = self.wait_converged(self.converge_timeout_s)
+            if conv is None:
+                self.errors.append("final convergence failed")
+            self.stop_sampler.set()
+            final_info = self.finals()
+        except Exception as exc:  # noqa: BLE001
+            self.errors.append(f"run aborted: {exc!r}")
+            traceback.print_exc()
+        finally:
+            self.stop_sampler.set()
+            self.stop_clients()
+            self.cluster.teardown()
+            watchdog.cancel()
+            if self._probe_rec is not None:
+                self._probe_rec.client.close()
+            self.writer.close()
+        history_path = self.merge()
+        history = read_history(history_path)
+        report = check_mod.check_history(history)
+        with open(os.path.join(self.out, "check.json"), "w") as f:
+            json.dump(report.to_dict(), f, indent=2, default=str)
+        from chaos.report import write_report
+
+        summary = write_report(self.out, history, report, self.steps, self.errors, final_info,
+                               profile=profile, seed=self.seed, wall_s=time.monotonic() - t0)
+        return summary
+
+    def _overrun(self) -> None:
+        print("[chaos] profile overran its budget: tearing down", file=sys.stderr, flush=True)
+        try:
+            self.cluster.teardown()
+        finally:
+            os._exit(3)
+
+
+def ci_plan(run: Run):
+    with_delay = F.delay_available()
+    if not with_delay:
+        print("[chaos] delay fault skipped: netfilterqueue not importable", flush=True)
+    for fault in F.ci_schedule(lambda: run.recorder("gc-owner"), os.path.join(run.out, "clients"), with_delay):
+        yield fault, run.hold_s
+
+
+def soak_plan(minutes: float):
+    def plan(run: Run):
+        end = time.monotonic() + minutes * 60
+        with_delay = F.delay_available()
+        while time.monotonic() < end:
+            fault = F.random_fault(run.rng, lambda: run.recorder("gc-owner"), os.path.join(run.out, "clients"), with_delay)
+            yield fault, run.rng.uniform(5, 15)
+
+    return plan
+
+
+def run_profile(profile: str, out_dir: str, seed: int | None = None, minutes: float = 30.0) -> tuple[int, dict]:
+    seed = seed if seed is not None else random.SystemRandom().randrange(1, 2**31)
+    print(f"[chaos] profile={profile} seed={seed} out={out_dir}", flush=True)
+    if profile == "ci":
+        run = Run(out_dir, seed, hold_s=3.0)
+        summary = run.execute("ci", ci_plan, budget_s=8 * 60)
+    elif profile == "soak":
+        run = Run(out_dir, seed, hold_s=5.0, converge_timeout_s=60.0)
+        summary = run.execute("soak", soak_plan(minutes), budget_s=minutes * 60 + 20 * 60)
+    else:
+        raise SystemExit(f"unknown profile {profile}")
+    code = 0 if summary["violations"] == 0 and not summary["errors"] else 1
+    return code, summary

@@ -1,0 +1,270 @@
+"""Workload clients and the op recorder.
+
+``Recorder`` runs one client operation through ``FencingClient`` and writes one ``op`` record
+(chaos/history.py) per call: invoke/complete from ``time.monotonic_ns()``, outcome ok / refused
+(reason) / unknown, token, and what the server reported (applied_index from the response header,
+version, hwm, ...). One client call = one record: the client's own retries inside a call keep the
+same op_id, so the whole call is one attempt of the logical op.
+
+Classification: a result -> ok; ``NotApplied`` (refusals, Unavailable, Overloaded, invalid) ->
+refused (the client promises nothing was applied); ``OutcomeUnknown`` and anything else -> unknown.
+
+Run as a process: ``python -m chaos.workload --process c1 --endpoints A,B,C --out c1.jsonl
+--resources r0,r1,r2 --seed 7`` loops acquire / write / keepalive / read / delete / release on a
+handful of resources until SIGTERM (finishes the op in flight, then exits 0).
+
+``gc-pause`` mode (``--gc-pause``): acquire ``--resource`` with ``--ttl-ms``, check the lease is
+still live (KeepAlive ok), print ``PAUSING token=T`` and SIGSTOP itself — between its lease
+check and its write. The harness resumes it after the lease expired and another client acquired
+and wrote; it then writes with the old token and prints ``WRITE outcome reason``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from chaos.history import HistoryWriter
+from coordinator import exceptions as exc_mod
+from coordinator.client import FencingClient
+
+KEYS = ("a", "b")
+
+
+def _reason(error: BaseException) -> str:
+    reason = getattr(error, "reason", "") or ""
+    return reason or type(error).__name__
+
+
+class Recorder:
+    """Runs calls on a FencingClient and records each as one op line."""
+
+    def __init__(self, client: FencingClient, writer: HistoryWriter, process: str):
+        self.client = client
+        self.writer = writer
+        self.process = process
+        self.counts: dict[str, int] = {}
+
+    def _record(self, rec: dict[str, Any]) -> None:
+        self.writer.write(rec)
+        self.counts[rec["outcome"]] = self.counts.get(rec["outcome"], 0) + 1
+
+    def call(self, f: str, resource: str, fn: Callable[[bytes], Any], *, key=None, value=None, token=None,
+             result_of: Callable[[Any], dict] | None = None) -> tuple[str, Any]:
+        op_id = os.urandom(16)
+        rec: dict[str, Any] = {
+            "type": "op", "process": self.process, "op_id": op_id.hex(), "f": f, "resource": resource,
+            "key": key, "value": value, "token": token, "reason": None, "result": {},
+        }
+        rec["invoke_ns"] = time.monotonic_ns()
+        try:
+            res = fn(op_id)
+        except exc_mod.OutcomeUnknown as e:
+            rec.update(complete_ns=time.monotonic_ns(), outcome="unknown", reason=_reason(e))
+            self._record(rec)
+            return "unknown", e
+        except exc_mod.NotApplied as e:
+            rec.update(complete_ns=time.monotonic_ns(), outcome="refused", reason=_reason(e))
+            self._record(rec)
+            return "refused", e
+        except Exception as e:  # noqa: BLE001 - anything else: we cannot know
+            rec.update(complete_ns=time.monotonic_ns(), outcome="unknown", reason=_reason(e))
+            self._record(rec)
+            return "unknown", e
+        rec["complete_ns"] = time.monotonic_ns()
+        rec["outcome"] = "ok"
+        result = {"applied_index": res.header.applied_index}
+        if result_of is not None:
+            result.update(result_of(res))
+        rec["result"] = result
+        self._record(rec)
+        return "ok", res
+
+    # -- the operations ------------------------------------------------------------------
+
+    def acquire(self, resource: str, ttl_ms: int, holder: str):
+        return self.call("acquire", resource,
+                         lambda op: self.client.acquire(resource, ttl_ms=ttl_ms, holder=holder, op_id=op),
+                         result_of=lambda r: {"token": r.token, "hwm": r.token, "expires_at_ms": r.expires_at_ms})
+
+    def keepalive(self, resource: str, token: int):
+        return self.call("keepalive", resource, lambda op: self.client.keep_alive(resource, token=token),
+                         token=token, result_of=lambda r: {"token": r.token, "expires_at_ms": r.expires_at_ms})
+
+    def write(self, resource: str, key: str, value: str, token: int):
+        return self.call("write", resource,
+                         lambda op: self.client.write(resource, key, value.encode(), token=token, op_id=op),
+                         key=key, value=value, token=token,
+                         result_of=lambda r: {"version": r.version, "hwm": r.hwm})
+
+    def delete(self, resource: str, key: str, token: int):
+        return self.call("delete", resource, lambda op: self.client.delete(resource, key, token=token, op_id=op),
+                         key=key, token=token,
+                         result_of=lambda r: {"version": r.version, "deleted": r.deleted})
+
+    def read(self, resource: str, key: str):
+        def res(r):
+            return {"found": r.found, "value": r.value.decode() if r.found else None,
+                    "version": r.version if r.found else 0, "hwm": r.hwm}
+
+        return self.call("read", resource, lambda op: self.client.read(resource, key), key=key, result_of=res)
+
+    def release(self, resource: str, token: int):
+        return self.call("release", resource, lambda op: self.client.release(resource, token=token, op_id=op),
+                         token=token, result_of=lambda r: {"hwm": r.hwm, "released": r.released})
+
+
+def make_client(endpoints: list[str], *, timeout_s: float = 4.0) -> FencingClient:
+    return FencingClient(endpoints, timeout_s=timeout_s, attempt_timeout_s=1.5, retry_max_attempts=8,
+                         retry_backoff_s=0.05, retry_backoff_max_s=0.5)
+
+
+def run_client(process: str, endpoints: list[str], out: str, resources: list[str], seed: int,
+               stop: threading.Event, ttl_ms: int = 2000, think_s: float = 0.02) -> dict[str, int]:
+    rng = random.Random(seed)
+    seq = 0
+    with HistoryWriter(out) as writer, make_client(endpoints) as client:
+        rec = Recorder(client, writer, process)
+        while not stop.is_set():
+            resource = rng.choice(resources)
+            if rng.random() < 0.25:
+                rec.read(resource, rng.choice(KEYS))
+                time.sleep(think_s)
+                continue
+            outcome, res = rec.acquire(resource, ttl_ms, holder=process)
+            if outcome != "ok":
+                time.sleep(think_s * 5 if outcome == "refused" else think_s)
+                continue
+            token = res.token
+            for _ in range(rng.randint(1, 4)):
+                if stop.is_set():
+                    break
+                roll = rng.random()
+                key = rng.choice(KEYS)
+                if roll < 0.6:
+                    seq += 1
+                    o, _ = rec.write(resource, key, f"{process}-{seq}", token)
+                elif roll < 0.7:
+                    o, _ = rec.delete(resource, key, token)
+                elif roll < 0.85:
+                    o, _ = rec.keepalive(resource, token)
+                else:
+                    o, _ = rec.read(resource, key)
+                if o == "refused":
+                    break
+                time.sleep(think_s)
+            rec.release(resource, token)
+            time.sleep(think_s)
+        return rec.counts
+
+
+# -- an unfenced store (for the demonstration): a dict behind a TCP line protocol --------------
+
+
+class UnfencedStore:
+    """A tiny key-value store that ignores tokens: what a lease-only client writes to.
+    One JSON line per request: {"op": "put", "key": k, "value": v} / {"op": "get", "key": k}."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0):
+        import socketserver
+
+        self.data: dict[str, str] = {}
+        store = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self):
+                for raw in self.rfile:
+                    req = json.loads(raw)
+                    if req["op"] == "put":
+                        store.data[req["key"]] = req["value"]
+                        reply = {"ok": True}
+                    else:
+                        reply = {"ok": True, "value": store.data.get(req["key"])}
+                    self.wfile.write((json.dumps(reply) + "\n").encode())
+
+        self.server = socketserver.ThreadingTCPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.address = f"{host}:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _unfenced_call(address: str, req: dict) -> dict:
+    import socket
+
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall((json.dumps(req) + "\n").encode())
+        return json.loads(s.makefile().readline())
+
+
+def unfenced_put(address: str, key: str, value: str) -> None:
+    _unfenced_call(address, {"op": "put", "key": key, "value": value})
+
+
+def unfenced_get(address: str, key: str) -> str | None:
+    return _unfenced_call(address, {"op": "get", "key": key}).get("value")
+
+
+def run_gc_pause(process: str, endpoints: list[str], out: str, resource: str, ttl_ms: int,
+                 unfenced: str | None = None) -> int:
+    """The client-GC-pause victim (see module docstring)."""
+    with HistoryWriter(out) as writer, make_client(endpoints, timeout_s=8.0) as client:
+        rec = Recorder(client, writer, process)
+        outcome, res = rec.acquire(resource, ttl_ms, holder=process)
+        if outcome != "ok":
+            print(f"ACQUIRE-FAILED {res!r}", flush=True)
+            return 3
+        token = res.token
+        outcome, _ = rec.keepalive(resource, token)  # the lease check: still ours
+        if outcome != "ok":
+            print("LEASE-CHECK-FAILED", flush=True)
+            return 3
+        print(f"PAUSING token={token}", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)  # the "GC pause": right between check and write
+        if unfenced:  # a lease-only client: the store never sees the token
+            unfenced_put(unfenced, "a", f"{process}-stale")
+            print("WRITE ok UNFENCED", flush=True)
+            return 0
+        outcome, result = rec.write(resource, "a", f"{process}-stale", token)
+        reason = getattr(result, "reason", "") if outcome != "ok" else ""
+        print(f"WRITE {outcome} {reason}", flush=True)
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="chaos.workload")
+    p.add_argument("--process", required=True)
+    p.add_argument("--endpoints", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--resources", default="r0,r1,r2")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ttl-ms", type=int, default=2000)
+    p.add_argument("--gc-pause", action="store_true")
+    p.add_argument("--resource", default="gc")
+    p.add_argument("--unfenced", default=None, help="host:port of an UnfencedStore (demo)")
+    args = p.parse_args(argv)
+    endpoints = args.endpoints.split(",")
+    if args.gc_pause:
+        return run_gc_pause(args.process, endpoints, args.out, args.resource, args.ttl_ms, args.unfenced)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    counts = run_client(args.process, endpoints, args.out, args.resources.split(","), args.seed, stop,
+                        ttl_ms=args.ttl_ms)
+    print(json.dumps({"process": args.process, "counts": counts}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Each network fault really blocks (or delays) traffic between the chaos addresses, heal
+restores it, and teardown leaves no ``inet chaos`` table and no NFQUEUE rule.
+
+Needs root and nft (``apt-get install -y nftables iptables``); the delay test also needs
+``netfilterqueue``. Skipped otherwise. No fencingd process is started: a stub cluster with the
+three addresses and one listening socket per address stands in for the Raft ports.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import types
+
+import pytest
+
+from chaos import faults as F
+from chaos.harness import HOSTS, network_teardown, pick_ports
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("nft") is None, reason="needs root and nft (apt-get install nftables)"
+)
+
+
+class Stub:
+    """What the network faults need from a ChaosCluster: nodes, raft_port, wait_leader, adopt."""
+
+    def __init__(self, port: int):
+        self.raft_port = port
+        self.nodes = [types.SimpleNamespace(index=i, host=h, raft_address=f"{h}:{port}") for i, h in enumerate(HOSTS)]
+        self.adopted: list[int] = []
+
+    def wait_leader(self, *a, **k) -> int:
+        return 0
+
+    def adopt(self, pid: int) -> None:
+        self.adopted.append(pid)
+
+
+@pytest.fixture
+def net():
+    port, _ = pick_ports()
+    listeners = []
+    stop = threading.Event()
+    for h in HOSTS:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((h, port))
+        s.listen(64)
+        s.settimeout(0.2)
+        listeners.append(s)
+
+    def accept_loop(s):
+        while not stop.is_set():
+            try:
+                conn, _ = s.accept()
+            except OSError:
+                continue
+            threading.Thread(target=echo, args=(conn,), daemon=True).start()
+
+    def echo(conn):
+        with conn:
+            conn.settimeout(5)
+            try:
+                while data := conn.recv(100):
+                    conn.sendall(data)
+            except OSError:
+                pass
+
+    for s in listeners:
+        threading.Thread(target=accept_loop, args=(s,), daemon=True).start()
+    stub = Stub(port)
+    try:
+        yield stub
+    finally:
+        stop.set()
+        network_teardown()
+        for pid in stub.adopted:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        for s in listeners:
+            s.close()
+
+
+def connect(src: str, dst: str, port: int, timeout: float = 1.0) -> bool:
+    """A TCP connect from src to dst:port plus one echoed byte."""
+    with socket.socket() as s:
+        s.bind((src, 0))
+        s.settimeout(timeout)
+        try:
+            s.connect((dst, port))
+            s.sendall(b"x")
+            return s.recv(1) == b"x"
+        except OSError:
+            return False
+
+
+def rtt(src: str, dst: str, port: int, n: int = 5) -> float:
+    with socket.socket() as s:
+        s.bind((src, 0))
+        s.settimeout(5)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.connect((dst, port))
+        times = []
+        for _ in range(n):
+            t = time.monotonic()
+            s.sendall(b"x")
+            assert s.recv(1) == b"x"
+            times.append(time.monotonic() - t)
+        return sorted(times)[len(times) // 2]
+
+
+def table_exists() -> bool:
+    return subprocess.run(["nft", "list", "table", "inet", "chaos"], capture_output=True).returncode == 0
+
+
+A, B, C = HOSTS
+
+
+def test_symmetric_partition_blocks_and_heals(net):
+    assert connect(A, B, net.raft_port) and connect(B, A, net.raft_port)
+    fault = F.Partition("leader")  # stub leader = node 0 = A: A is cut off from B and C
+    fault.inject(net)
+    assert not connect(A, B, net.raft_port)
+    assert not connect(B, A, net.raft_port)
+    assert not connect(C, A, net.raft_port)
+    assert connect(B, C, net.raft_port)  # the majority side still talks
+    assert connect("127.0.0.1", A, net.raft_port)  # a client (from 127.0.0.1) still reaches A
+    fault.heal(net)
+    assert connect(A, B, net.raft_port) and connect(C, A, net.raft_port)
+    assert not table_exists()
+
+
+def test_partition_only_touches_the_raft_port(net):
+    other_port = net.raft_port + 1
+    with socket.socket() as srv:
+        srv.bind((B, other_port))
+        srv.listen(4)
+        fault = F.Partition("leader")
+        fault.inject(net)
+        try:
+            assert not connect(A, B, net.raft_port)
+            with socket.socket() as s:  # another service on B (another cluster's port) is untouched
+                s.bind((A, 0))
+                s.settimeout(1)
+                s.connect((B, other_port))
+        finally:
+            fault.heal(net)
+
+
+def test_one_way_partition(net):
+    fault = F.OneWay()  # A (stub leader) -> others dropped
+    fault.inject(net)
+    try:
+        assert not connect(A, B, net.raft_port)  # A's SYN never arrives
+        assert not connect(B, A, net.raft_port)  # B's SYN arrives but A's SYN-ACK is dropped
+        assert connect(B, C, net.raft_port)
+    finally:
+        fault.heal(net)
+    assert connect(A, B, net.raft_port)
+
+
+def test_packet_loss_drops_some(net):
+    fault = F.PacketLoss(100)
+    fault.inject(net)
+    try:
+        assert not connect(A, B, net.raft_port, timeout=0.5)
+    finally:
+        fault.heal(net)
+    assert connect(A, B, net.raft_port)
+    fault = F.PacketLoss(50)
+    fault.inject(net)
+    try:
+        results = [connect(A, B, net.raft_port, timeout=0.3) for _ in range(20)]
+    finally:
+        fault.heal(net)
+    assert 0 < sum(results) < 20  # some got through, some did not
+
+
+@pytest.mark.skipif(not F.delay_available() or shutil.which("iptables") is None,
+                    reason="needs netfilterqueue and iptables")
+def test_delay_adds_latency(net):
+    before = rtt(A, B, net.raft_port)
+    fault = F.Delay(100, 10)
+    fault.inject(net)
+    try:
+        during = rtt(A, B, net.raft_port)
+    finally:
+        fault.heal(net)
+    after = rtt(A, B, net.raft_port)
+    # request and answer both delayed: >= ~2 x 90 ms
+    assert during > 0.15, (before, during)
+    assert after < 0.05, after
+    listing = subprocess.run(["iptables", "-S", "OUTPUT"], capture_output=True, text=True).stdout
+    assert "chaos-delay" not in listing
+
+
+def test_teardown_leaves_no_table(net):
+    F.nft_drop(A, B, net.raft_port)
+    assert table_exists()
+    network_teardown()
+    assert not table_exists()
+    assert connect(A, B, net.raft_port)
