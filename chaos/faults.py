@@ -16,11 +16,13 @@ import os
 import random
 import select
 import signal
+import struct
 import subprocess
 import sys
 import time
 
 from chaos.harness import NFT_TABLE, ChaosCluster, run_quiet, wait_until
+from coordinator.journal import JOURNAL_NAME, SYNCED_SIDECAR_SUFFIX
 
 # -- nft helpers -------------------------------------------------------------------------
 
@@ -165,28 +167,149 @@ class FullRestart(Fault):
 
 
 class PowerLoss(Fault):
-    """kill -9 and cut the journal to its synced length (``scope``: leader or all); heal: start."""
+    """kill -9 and cut the journal to its synced length (``scope``: leader or all); heal: start.
 
-    def __init__(self, scope: str = "leader") -> None:
+    A cut only bites if the victim has unsynced journal bytes at the moment it dies, and right
+    after a group-commit sync it has none. So before the kill, for up to ``watch_s`` while the
+    workload runs, the victims' journal size is compared (from outside, every ``poll_s``) with
+    the synced length in the ``raft.journal.synced`` sidecar; a victim seen with size > synced is
+    SIGSTOPped, and once every one of its threads is stopped the two are read again: still
+    size > synced -> it stays frozen until the kill (SIGKILL with no SIGCONT in between, so not
+    one more byte is synced and the cut is guaranteed to drop something); otherwise it is
+    resumed and the watch goes on. A victim never caught within the window is killed anyway
+    (it may then lose 0 bytes; ``info["power_loss"][node]["caught"]`` is False).
+
+    ``info["bytes_cut"]``: bytes cut per node (Raft address); ``info["power_loss"]``: per node,
+    whether it was caught with unsynced bytes, how many, after how long, journal lengths.
+    """
+
+    def __init__(self, scope: str = "leader", watch_s: float = 2.0, poll_s: float = 0.001) -> None:
         super().__init__()
         self.scope = scope
         self.kind = f"power_loss_{scope}"
         self.leader_fault = scope == "leader"
         self.no_quorum = scope == "all"
         self.indexes: list[int] = []
+        self.watch_s = watch_s
+        self.poll_s = poll_s
 
     def inject(self, c):
         self.indexes = [c.wait_leader()] if self.scope == "leader" else [n.index for n in c.nodes]
         self.nodes = [c.nodes[i].raft_address for i in self.indexes]
-        cuts = {}
+        t0 = time.monotonic()
+        try:
+            watch = _catch_unsynced(c, self.indexes, self.watch_s, self.poll_s)
+        except Exception as exc:  # noqa: BLE001 - the power loss itself must still happen
+            watch = {}
+            self.info["watch_error"] = repr(exc)
+        self.info["watch_s"] = round(time.monotonic() - t0, 3)
+        cuts, details = {}, {}
         for i in self.indexes:
+            node = c.nodes[i]
+            d = watch.get(i, {"caught": False})
+            if d.get("caught"):
+                _kill_frozen(c, i)
             old, new = c.power_loss(i)
-            cuts[c.nodes[i].raft_address] = old - new
+            cuts[node.raft_address] = old - new
+            details[node.raft_address] = {**d, "journal_len": old, "synced_len": new, "bytes_cut": old - new}
         self.info["bytes_cut"] = cuts
+        self.info["power_loss"] = details
 
     def heal(self, c):
         for i in self.indexes:
             c.start(i)
+
+
+def journal_lengths(data_dir: str) -> tuple[int, int] | None:
+    """(journal file size, synced length from the sidecar), read from outside the node process;
+    None if either file is missing or the sidecar is short."""
+    path = os.path.join(data_dir, JOURNAL_NAME)
+    try:
+        with open(path + SYNCED_SIDECAR_SUFFIX, "rb") as f:
+            raw = f.read(8)
+        size = os.stat(path).st_size
+    except OSError:
+        return None
+    if len(raw) != 8:
+        return None
+    return size, struct.unpack("<Q", raw)[0]
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Every thread of ``pid`` is stopped (T) or gone: none can run, hence none can write.
+    A thread inside a syscall (fdatasync, pwrite) finishes it before it stops."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True  # the process is gone
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # the thread exited
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
+
+
+def _freeze(c: ChaosCluster, i: int, timeout_s: float = 1.0) -> bool:
+    """SIGSTOP node ``i`` (``c.pause``: teardown SIGCONTs it whatever happens) and wait until
+    every thread is stopped. False if that was not confirmed within ``timeout_s``."""
+    c.pause(i)
+    pid = c.nodes[i].proc.pid
+    deadline = time.monotonic() + timeout_s
+    while not _all_threads_stopped(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0002)
+    return True
+
+
+def _catch_unsynced(c: ChaosCluster, indexes: list[int], window_s: float, poll_s: float) -> dict[int, dict]:
+    """Freeze each node of ``indexes`` at a moment its journal has unsynced bytes (see
+    ``PowerLoss``). Returns per index: caught (frozen with unsynced bytes), unsynced_bytes,
+    after_s, freeze_attempts. Nodes not caught are left running."""
+    t0 = time.monotonic()
+    deadline = t0 + window_s
+    pending = list(indexes)
+    attempts = {i: 0 for i in indexes}
+    out: dict[int, dict] = {}
+    while pending and time.monotonic() < deadline:
+        for i in list(pending):
+            node = c.nodes[i]
+            if not node.alive or node.paused:
+                pending.remove(i)
+                out[i] = {"caught": False, "why": "not running" if not node.alive else "already paused"}
+                continue
+            lengths = journal_lengths(node.data_dir)
+            if lengths is None or lengths[0] <= lengths[1]:
+                continue
+            attempts[i] += 1
+            stopped = _freeze(c, i)
+            lengths = journal_lengths(node.data_dir)
+            if stopped and lengths is not None and lengths[0] > lengths[1]:
+                pending.remove(i)
+                out[i] = {"caught": True, "unsynced_bytes": lengths[0] - lengths[1],
+                          "after_s": round(time.monotonic() - t0, 4), "freeze_attempts": attempts[i]}
+            else:
+                c.resume(i)  # synced in between (or not confirmed stopped): watch on
+        time.sleep(poll_s)
+    for i in pending:
+        out[i] = {"caught": False, "why": f"no unsynced bytes seen within {window_s} s",
+                  "freeze_attempts": attempts[i]}
+    return out
+
+
+def _kill_frozen(c: ChaosCluster, i: int) -> None:
+    """SIGKILL a node frozen by ``_freeze`` without the SIGCONT that ``c.kill`` sends first, so
+    it cannot run (and sync) in between. SIGKILL ends a stopped process."""
+    node = c.nodes[i]
+    if node.proc is not None and node.proc.poll() is None:
+        os.kill(node.proc.pid, signal.SIGKILL)
+        node.proc.wait(timeout=10)
+    node.paused = False
+    node.close_channel()
 
 
 class Partition(Fault):
