@@ -149,8 +149,8 @@ class Node:
     def status(self, timeout_s: float = 1.5) -> pb.StatusResponse:
         return pb_grpc.ClusterStub(self.channel).Status(pb.StatusRequest(), timeout=timeout_s)
 
-    def snapshot(self, timeout_s: float = 5.0) -> pb.SnapshotResponse:
-        return pb_grpc.AdminStub(self.channel).Snapshot(pb.SnapshotRequest(), timeout=timeout_s)
+    def snapshot(self, timeout_s: float = 5.0, local: bool = False) -> pb.SnapshotResponse:
+        return pb_grpc.AdminStub(self.channel).Snapshot(pb.SnapshotRequest(local=local), timeout=timeout_s)
 
     def healthy(self, timeout_s: float = 1.0) -> bool:
         try:

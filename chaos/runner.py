@@ -197,9 +197,16 @@ class Run:
         """final (per-node digest at one applied index) and final_state records."""
         out: dict = {"digest": None}
         nodes = self.cluster.nodes
-        for attempt in range(15):
+        # One linearizable barrier first: every member then converges on the same last
+        # index, and local snapshots (no barrier of their own) stop moving it, so the
+        # replicas can be compared at one applied index.
+        try:
+            nodes[0].snapshot(10.0)
+        except Exception:  # noqa: BLE001 - reported below if the members never agree
+            pass
+        for attempt in range(50):
             with concurrent.futures.ThreadPoolExecutor(len(nodes)) as pool:
-                futs = [pool.submit(n.snapshot, 5.0) for n in nodes]
+                futs = [pool.submit(n.snapshot, 5.0, True) for n in nodes]
                 try:
                     snaps = [f.result() for f in futs]
                 except Exception:  # noqa: BLE001

@@ -480,7 +480,8 @@ class AdminServicer(pb_grpc.AdminServicer):
     def Snapshot(self, request: pb.SnapshotRequest, context) -> pb.SnapshotResponse:
         # The barrier makes the copy at least as new as every acknowledged write (I9); the
         # copy itself is taken under the apply lock, so it is one consistent state.
-        self.core.barrier(context)
+        if not request.local:
+            self.core.barrier(context)
         node = self.core.node
         data, epoch, index = node.read(lambda sm: (sm.snapshot(), sm.epoch, node.term_and_applied()[1]))
         return pb.SnapshotResponse(header=self.core.header(index), data=data, epoch=epoch, index=index)

@@ -627,3 +627,17 @@ def test_losing_the_quorum_is_not_serving_and_unavailable(cluster_b):
     # SIGTERM stops a member gracefully: exit code 0.
     for i in range(3):
         assert cluster_b.terminate(i) == 0
+
+
+def test_local_snapshot_adds_no_log_entry_and_replicas_agree(cluster_b):
+    n0, n1, n2 = cluster_b.nodes
+    barrier = n0.admin.Snapshot(pb.SnapshotRequest(), timeout=T)  # linearizable: one barrier entry
+    assert n0.admin.Snapshot(pb.SnapshotRequest(), timeout=T).index > barrier.index
+
+    def agreed():
+        snaps = [n.admin.Snapshot(pb.SnapshotRequest(local=True), timeout=T) for n in (n0, n1, n2)]
+        return snaps if len({(s.index, s.data) for s in snaps}) == 1 else None
+
+    snaps = wait_for(agreed, 10, what="members to agree on a local snapshot")
+    again = n0.admin.Snapshot(pb.SnapshotRequest(local=True), timeout=T)
+    assert again.index == snaps[0].index  # a local snapshot proposes nothing

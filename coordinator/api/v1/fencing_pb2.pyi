@@ -281,8 +281,10 @@ class SetEpochFloorResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class SnapshotRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("local",)
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
+    local: bool
+    def __init__(self, local: _Optional[bool] = ...) -> None: ...
 
 class SnapshotResponse(_message.Message):
     __slots__ = ("header", "data", "epoch", "index")
