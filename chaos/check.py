@@ -6,6 +6,10 @@ Usage::
 
 Exit code 0: no violations; 1: violations; 2: the input could not be read or is not a history.
 
+Attempts sharing an op_id (retries) form one logical operation: ok if any attempt was ok (its
+first ok answer speaks for it), refused only if every attempt was refused (a refusal does not
+cover an earlier attempt still in flight), else unknown. Reads are never grouped.
+
 Checks, each reporting its own violation kind (the constants below):
 
 1. Tokens (I1). ``TOKEN_DUPLICATE``: two different acquisitions (ok acquire / force_release,
@@ -19,7 +23,10 @@ Checks, each reporting its own violation kind (the constants below):
    (by an ok acquire / force_release, or by an accepted fenced op, whose token equalled the hwm).
    ``UNISSUED_TOKEN_ACCEPTED``: an ok fenced op whose token no ok acquire / force_release of that
    resource ever returned, or returned only at a higher applied index (accepted before issued),
-   or that carried no token at all.
+   or that carried no token at all. These checks need ``applied_index`` to be the index at
+   which the op itself was applied: a retry answered from the dedup table must report the
+   first application's index, not its own entry's, or an op applied before an epoch change
+   would look applied after it.
 3. Durability (I8), against the ``final_state`` records. ``LOST_WRITE``: the final data of a key
    does not reflect its latest acknowledged write / delete in apply order — the final version is
    below that op's version, or the value differs (or the key is absent / present) and no
@@ -30,9 +37,13 @@ Checks, each reporting its own violation kind (the constants below):
    linearized; one report per cause). A final value of a refused write is likewise not also
    reported as LOST_WRITE.
 4. ``NOT_LINEARIZABLE`` (I9): per (resource, key), writes / deletes / reads as one register
-   (``chaos.linearizability``). Ok ops take effect between invoke and complete; unknown-outcome
-   writes / deletes at any time after invoke or never; refused ones never; unknown reads say
-   nothing. Retries (same op_id) are one op from the first invoke to the first ok complete.
+   (``chaos.linearizability``; initial value: absent). Ok ops take effect between invoke and
+   complete; unknown-outcome writes / deletes at any time after invoke (even after the client
+   gave up) or never; refused ones never; unknown reads say nothing. A retried op spans from its
+   first invoke to its first ok complete. A report names either one read that is wrong on its
+   own (a value never written, written only later, or already overwritten) or the stretch of
+   concurrent ops where the history stops being linearizable, with the values the register
+   can hold before it and the later reads that pin its value.
 5. ``DUPLICATE_EFFECT`` (I5): two ok answers with the same op_id report different effects
    (applied_index, version, token, or a force_release's hwm). Reads are not deduplicated and are
    not compared.

@@ -1016,10 +1016,17 @@ def mutate(records: list[dict[str, Any]], how: str, rnd: random.Random) -> str |
         finals = {r["resource"]: r for r in records if r["type"] == "final_state"}
         unknown_deletes = {(r["resource"], r["key"]) for r in ops
                            if r["f"] == "delete" and r["outcome"] == "unknown"}
-        keys = [(res, k) for res, f in finals.items() for k in f["data"]
-                if (res, k) not in unknown_deletes
-                and any(r["f"] == "write" and r["outcome"] == "ok"
-                        and (r["resource"], r["key"]) == (res, k) for r in ops)]
+        latest: dict[tuple[str, str], dict[str, Any]] = {}
+        for r in ops:
+            if r["f"] in ("write", "delete") and r["outcome"] == "ok":
+                seen = latest.get((r["resource"], r["key"]))
+                if seen is None or r["result"]["applied_index"] > seen["result"]["applied_index"]:
+                    latest[(r["resource"], r["key"])] = r
+        # keys whose final value is their latest acknowledged write
+        keys = [(res, k) for res, f in finals.items() for k, entry in f["data"].items()
+                if (res, k) not in unknown_deletes and (res, k) in latest
+                and latest[(res, k)]["f"] == "write"
+                and latest[(res, k)]["value"] == entry["value"]]
         if not keys:
             return None
         res, k = rnd.choice(keys)
