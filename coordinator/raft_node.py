@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import inspect
 import logging
 import os
 import struct
@@ -201,6 +202,7 @@ class _Replica(SyncObjConsumer):
         self._on_fatal = on_fatal
         self.lock = threading.Lock()  # apply (tick thread) vs readers (other threads)
         self.last_applied_index = 0
+        self._apply_takes_index = "index" in inspect.signature(state_machine.apply).parameters
         super().__init__()
 
     # One @replicated entry point: pysyncobj numbers replicated methods by sorted
@@ -210,7 +212,8 @@ class _Replica(SyncObjConsumer):
         try:
             index = self._syncObj.raftLastApplied + 1
             with self.lock:
-                outcome = self._sm.apply(entry)
+                # The index lets the state machine report where an op_id first applied.
+                outcome = self._sm.apply(entry, index) if self._apply_takes_index else self._sm.apply(entry)
                 self.last_applied_index = index
             return index, outcome
         except BaseException as exc:  # noqa: BLE001 - any failure here is a bug
@@ -584,6 +587,8 @@ class RaftNode:
         result, error = box[0]
         if error == FAIL_REASON.SUCCESS:
             index, value = result
+            # A retry answered from the dedup table reports where its op_id first applied.
+            index = getattr(value, "first_applied_index", 0) or index
             refused = getattr(value, "reason", None) is not None
             return ProposeResult(Outcome.REFUSED if refused else Outcome.APPLIED, value=value, index=index)
         if error in _DEFINITE_FAILURES:

@@ -66,6 +66,10 @@ class Applied:
 
     op: Op
     result: dict[str, Any]
+    # On a retry answered from the dedup table: the log index at which the op_id first
+    # applied (0 otherwise). Replies must report that index, not the retry's own entry,
+    # or a history would order the effect after writes it preceded.
+    first_applied_index: int = dataclasses.field(default=0, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +249,8 @@ class _DedupEntry:
     # The log clock after the entry applied. Non-decreasing in apply order, which is what
     # lets eviction by age look only at the oldest entries.
     applied_at_ms: int
+    # The Raft log index of the entry that first applied this op_id (0 if unknown).
+    index: int = 0
     # outcome_to_wire(outcome), computed once when stored: snapshots run on the Raft
     # tick thread and re-encoding up to DEDUP_ENTRIES_MAX outcomes each time stalled it.
     wire: list = dataclasses.field(default=None, compare=False)
@@ -359,15 +365,15 @@ class FencingStateMachine:
 
     # -- applying commands ----------------------------------------------------------------
 
-    def apply(self, entry: bytes) -> Outcome:
-        """Decode and execute one log entry. Never raises for any input."""
+    def apply(self, entry: bytes, index: int = 0) -> Outcome:
+        """Decode and execute one log entry (at Raft ``index``). Never raises for any input."""
         try:
             cmd = decode(entry)
         except MalformedCommand as exc:
             return Rejected(op=None, reason=Reason.MALFORMED, message=str(exc))
-        return self.execute(cmd)
+        return self.execute(cmd, index)
 
-    def execute(self, cmd: Command) -> Outcome:
+    def execute(self, cmd: Command, index: int = 0) -> Outcome:
         """Execute one decoded command. Never raises for bad fields; refusals change nothing."""
         try:
             op = validate_envelope(cmd.op, cmd.stamp_ms, cmd.body)
@@ -386,7 +392,10 @@ class FencingStateMachine:
             entry = self._dedup.get(op_id)
             if entry is not None:
                 if entry.op is op and entry.resource == args["resource"]:
-                    return _copy_applied(entry.outcome)  # a retry: nothing changes (I5)
+                    # A retry: nothing changes (I5); report where it first applied.
+                    return dataclasses.replace(
+                        _copy_applied(entry.outcome), first_applied_index=entry.index
+                    )
                 return Rejected(
                     op=op,
                     reason=Reason.OP_ID_CONFLICT,
@@ -405,6 +414,7 @@ class FencingStateMachine:
                     resource=args["resource"],
                     outcome=_copy_applied(outcome),
                     applied_at_ms=now,
+                    index=index,
                 )
             self._evict_dedup()
         return outcome
@@ -679,7 +689,7 @@ class FencingStateMachine:
         Layout: ``[magic, SNAPSHOT_FORMAT_VERSION, epoch, log_clock_ms, resources, dedup]``;
         resources ``[[name, hwm, revision, lease|nil, [[key, value, version], ...]], ...]``,
         lease ``[holder, token, ttl_ms, expires_at_ms]``, dedup
-        ``[[op_id, op, resource, outcome_wire, applied_at_ms], ...]``.
+        ``[[op_id, op, resource, outcome_wire, applied_at_ms, first_index], ...]``.
         """
         resources = []
         for name in sorted(self._resources):
@@ -697,7 +707,7 @@ class FencingStateMachine:
                 ]
             )
         dedup = [
-            [op_id, int(e.op), e.resource, e.wire, e.applied_at_ms]
+            [op_id, int(e.op), e.resource, e.wire, e.applied_at_ms, e.index]
             for op_id, e in self._dedup.items()
         ]
         return msgpack.packb(
@@ -813,8 +823,8 @@ def _read_snapshot(
     dedup: collections.OrderedDict[bytes, _DedupEntry] = collections.OrderedDict()
     previous_at = 0
     for item in raw_dedup:
-        _need(isinstance(item, list) and len(item) == 5, "a dedup entry must be 5 items")
-        op_id, op, resource, wire, applied_at_ms = item
+        _need(isinstance(item, list) and len(item) == 6, "a dedup entry must be 6 items")
+        op_id, op, resource, wire, applied_at_ms, first_index = item
         _need(isinstance(op_id, bytes) and op_id not in dedup, "dedup op_ids must be unique bytes")
         _need(_is_int(op) and op in Op._value2member_map_, f"unknown dedup op {op!r}")
         _need(isinstance(resource, str), "dedup resource must be a string")
@@ -826,6 +836,10 @@ def _read_snapshot(
         applied_at_ms = _need_int(applied_at_ms, "dedup applied_at_ms", previous_at, log_clock_ms)
         previous_at = applied_at_ms
         dedup[op_id] = _DedupEntry(
-            op=Op(op), resource=resource, outcome=outcome, applied_at_ms=applied_at_ms
+            op=Op(op),
+            resource=resource,
+            outcome=outcome,
+            applied_at_ms=applied_at_ms,
+            index=_need_int(first_index, "dedup index", 0),
         )
     return epoch, log_clock_ms, resources, dedup

@@ -387,6 +387,8 @@ def test_same_op_id_applies_once(cluster):
     first = n1.store.Write(request, timeout=T)
     second = n2.store.Write(request, timeout=T)
     assert (second.version, second.hwm) == (first.version, first.hwm)
+    # The retry's header names the entry where the write first applied, not its own.
+    assert second.header.applied_index == first.header.applied_index
     following = n0.store.Write(pb.WriteRequest(resource=resource, key="k2", value=b"next", token=a.token,
                                                op_id=op_id()), timeout=T)
     assert following.version == first.version + 1  # the retry applied nothing
@@ -602,6 +604,20 @@ def test_snapshot_and_restore_fence_every_restored_resource(cluster_b):
     assert n0.cluster.Status(pb.StatusRequest(), timeout=T).epoch == c.token
 
 
+def test_local_snapshot_adds_no_log_entry_and_replicas_agree(cluster_b):
+    n0, n1, n2 = cluster_b.nodes
+    barrier = n0.admin.Snapshot(pb.SnapshotRequest(), timeout=T)  # linearizable: one barrier entry
+    assert n0.admin.Snapshot(pb.SnapshotRequest(), timeout=T).index > barrier.index
+
+    def agreed():
+        snaps = [n.admin.Snapshot(pb.SnapshotRequest(local=True), timeout=T) for n in (n0, n1, n2)]
+        return snaps if len({(s.index, s.data) for s in snaps}) == 1 else None
+
+    snaps = wait_for(agreed, 10, what="members to agree on a local snapshot")
+    again = n0.admin.Snapshot(pb.SnapshotRequest(local=True), timeout=T)
+    assert again.index == snaps[0].index  # a local snapshot proposes nothing
+
+
 def test_losing_the_quorum_is_not_serving_and_unavailable(cluster_b):
     survivor = cluster_b.nodes[0]
     assert survivor.health_status() == SERVING
@@ -628,16 +644,3 @@ def test_losing_the_quorum_is_not_serving_and_unavailable(cluster_b):
     for i in range(3):
         assert cluster_b.terminate(i) == 0
 
-
-def test_local_snapshot_adds_no_log_entry_and_replicas_agree(cluster_b):
-    n0, n1, n2 = cluster_b.nodes
-    barrier = n0.admin.Snapshot(pb.SnapshotRequest(), timeout=T)  # linearizable: one barrier entry
-    assert n0.admin.Snapshot(pb.SnapshotRequest(), timeout=T).index > barrier.index
-
-    def agreed():
-        snaps = [n.admin.Snapshot(pb.SnapshotRequest(local=True), timeout=T) for n in (n0, n1, n2)]
-        return snaps if len({(s.index, s.data) for s in snaps}) == 1 else None
-
-    snaps = wait_for(agreed, 10, what="members to agree on a local snapshot")
-    again = n0.admin.Snapshot(pb.SnapshotRequest(local=True), timeout=T)
-    assert again.index == snaps[0].index  # a local snapshot proposes nothing

@@ -1468,3 +1468,16 @@ def test_execute_never_raises_on_random_bodies(op, body):
     assert isinstance(outcome, (Applied, Rejected))
     if isinstance(outcome, Rejected):
         assert sm.digest() == before
+
+
+def test_dedup_hit_reports_the_index_where_the_op_id_first_applied():
+    sm = FencingStateMachine()
+    acq = cmds.acquire(resource="r", holder="h", ttl_ms=10_000, op_id=b"o" * 16, stamp_ms=1).encode()
+    first = sm.apply(acq, 7)
+    assert first.first_applied_index == 0  # applied here, at this entry
+    retry = sm.apply(acq, 12)
+    assert retry == first and retry.first_applied_index == 7
+    # Survives snapshot/restore, since replicas answer retries after a restart too.
+    other = FencingStateMachine()
+    other.restore(sm.snapshot())
+    assert other.apply(acq, 20).first_applied_index == 7
