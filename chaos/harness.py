@@ -29,7 +29,9 @@ from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.journal import cut_to_synced_length
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
-NFT_TABLE = "chaos"
+# Overridable so two runs on one machine (a soak beside CI) never delete each other's
+# rules; the default is what tests and docs name.
+NFT_TABLE = os.environ.get("FENCING_CHAOS_NFT_TABLE", "chaos")
 # Chaos timing: elections in 0.5-1 s keep failover short; an isolated leader steps down after 1 s.
 CHAOS_SETTINGS = {
     "raft_min_timeout_s": 0.5,

@@ -15,6 +15,7 @@ which the harness teardown always calls.
 
 from __future__ import annotations
 
+import os
 import argparse
 import heapq
 import random
@@ -24,7 +25,8 @@ import sys
 import threading
 import time
 
-QUEUE_NUM = 7
+# Overridable for the same reason as harness.NFT_TABLE: one queue per concurrent run.
+QUEUE_NUM = int(os.environ.get("FENCING_CHAOS_NFQUEUE_NUM", "7"))
 
 
 COMMENT = "chaos-delay"

@@ -823,8 +823,9 @@ def _read_snapshot(
     dedup: collections.OrderedDict[bytes, _DedupEntry] = collections.OrderedDict()
     previous_at = 0
     for item in raw_dedup:
-        _need(isinstance(item, list) and len(item) == 6, "a dedup entry must be 6 items")
-        op_id, op, resource, wire, applied_at_ms, first_index = item
+        # 5 items: written before first-applied indexes were kept (index unknown: 0).
+        _need(isinstance(item, list) and len(item) in (5, 6), "a dedup entry must be 5 or 6 items")
+        op_id, op, resource, wire, applied_at_ms, first_index = item if len(item) == 6 else (*item, 0)
         _need(isinstance(op_id, bytes) and op_id not in dedup, "dedup op_ids must be unique bytes")
         _need(_is_int(op) and op in Op._value2member_map_, f"unknown dedup op {op!r}")
         _need(isinstance(resource, str), "dedup resource must be a string")

@@ -1481,3 +1481,17 @@ def test_dedup_hit_reports_the_index_where_the_op_id_first_applied():
     other = FencingStateMachine()
     other.restore(sm.snapshot())
     assert other.apply(acq, 20).first_applied_index == 7
+
+
+def test_snapshot_with_five_item_dedup_entries_still_restores():
+    import msgpack
+
+    sm = FencingStateMachine()
+    acq = cmds.acquire(resource="r", holder="h", ttl_ms=10_000, op_id=b"p" * 16, stamp_ms=1).encode()
+    first = sm.apply(acq, 3)
+    parts = msgpack.unpackb(sm.snapshot(), raw=False)
+    parts[-1] = [item[:5] for item in parts[-1]]  # the layout before indexes were kept
+    older = FencingStateMachine()
+    older.restore(msgpack.packb(parts, use_bin_type=True))
+    retry = older.apply(acq, 9)
+    assert retry == first and retry.first_applied_index == 0  # known to have applied, index unknown
