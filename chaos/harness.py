@@ -27,6 +27,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.journal import cut_to_synced_length
+from coordinator.testing.cluster import reap
+from coordinator.testing.grpc_cluster import GrpcNode
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 # Overridable so two runs on one machine (a soak beside CI) never delete each other's
@@ -110,25 +112,11 @@ def network_teardown() -> None:
         pass
 
 
-class Node:
-    def __init__(self, index: int, host: str, raft_port: int, api_port: int, base_dir: str):
-        self.index = index
-        self.host = host
-        self.raft_address = f"{host}:{raft_port}"
-        self.api_address = f"{host}:{api_port}"
-        self.data_dir = os.path.join(base_dir, f"node{index}")
-        self.config_path = os.path.join(base_dir, f"node{index}.toml")
-        self.log_path = os.path.join(base_dir, f"node{index}.log")
-        self.proc: subprocess.Popen | None = None
-        self.paused = False
-        self._channel: grpc.Channel | None = None
+class Node(GrpcNode):
+    """A member as the chaos runner sees it: GrpcNode plus quick reconnects and probes."""
 
     def __repr__(self) -> str:
         return f"Node({self.index}, {self.raft_address})"
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     @property
     def up(self) -> bool:
@@ -136,17 +124,14 @@ class Node:
 
     @property
     def channel(self) -> grpc.Channel:
+        # Reconnect within half a second after a heal: failover figures measure the
+        # cluster, not gRPC's default reconnect backoff (up to two minutes).
         if self._channel is None:
             self._channel = grpc.insecure_channel(
                 self.api_address,
                 options=[("grpc.min_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 500)],
             )
         return self._channel
-
-    def close_channel(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
 
     def status(self, timeout_s: float = 1.5) -> pb.StatusResponse:
         return pb_grpc.ClusterStub(self.channel).Status(pb.StatusRequest(), timeout=timeout_s)
@@ -259,24 +244,7 @@ class ChaosCluster:
     def teardown(self) -> None:
         """Network rules away, then SIGCONT + SIGKILL every spawned / adopted pid. Never raises."""
         network_teardown()
-        for pid in self._adopted:
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        for proc in self._spawned:
-            if proc.poll() is None:
-                for sig in (signal.SIGCONT, signal.SIGKILL):
-                    try:
-                        os.kill(proc.pid, sig)
-                    except ProcessLookupError:
-                        pass
-        for proc in self._spawned:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        reap(self._spawned, self._adopted)
         for node in self.nodes:
             node.close_channel()
             node.paused = False

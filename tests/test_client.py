@@ -6,7 +6,7 @@ Two layers:
   real ``FencingStateMachine``, with injected faults (NO_LEADER, outcome unknown after
   applying, delays past the deadline, stopped nodes). Deterministic and fast: these pin the
   error table, the retry rules and the Lease helper;
-- against a real three-process cluster (``tests/grpc_cluster.py``, ``fencingd serve`` on
+- against a real three-process cluster (``coordinator/testing/grpc_cluster.py``, ``fencingd serve`` on
   127.0.0.2-4): failover when the leader is killed, the same-op_id retry applying once
   across a paused leader, and a Lease fenced by an admin force-release.
 """
@@ -585,7 +585,7 @@ def _server_exists() -> bool:
 def real_cluster(tmp_path_factory):
     if not _server_exists():
         pytest.skip("coordinator/server.py (the gRPC server) does not exist yet")
-    from grpc_cluster import GrpcCluster
+    from coordinator.testing.grpc_cluster import GrpcCluster
 
     cluster = GrpcCluster(str(tmp_path_factory.mktemp("grpc-cluster")))
     try:

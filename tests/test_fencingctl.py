@@ -335,7 +335,7 @@ def test_subprocess_exit_codes(fake):
 def real_cluster(tmp_path_factory):
     if importlib.util.find_spec("coordinator.server") is None:
         pytest.skip("coordinator/server.py (the gRPC server) does not exist yet")
-    from grpc_cluster import GrpcCluster
+    from coordinator.testing.grpc_cluster import GrpcCluster
 
     cluster = GrpcCluster(str(tmp_path_factory.mktemp("ctl-cluster")))
     try:

@@ -23,7 +23,7 @@ from grpc_status import rpc_status
 
 from coordinator import limits
 from coordinator.api.v1 import fencing_pb2 as pb
-from tests.grpc_cluster import RPC_TIMEOUT_S, SERVING, GrpcCluster, wait_for
+from coordinator.testing.grpc_cluster import RPC_TIMEOUT_S, SERVING, GrpcCluster, wait_for
 
 ADMIN_TOKEN = "test-admin-token"
 ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)

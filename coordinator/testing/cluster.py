@@ -44,6 +44,27 @@ def pick_ports(hosts=DEFAULT_HOSTS) -> tuple[int, int]:
     raise RuntimeError("no free port pair found on the test hosts")
 
 
+def reap(procs, pids=()) -> None:
+    """SIGCONT then SIGKILL every live process (a paused one cannot die otherwise), then wait.
+
+    Never raises: it runs from teardown paths that must always finish.
+    """
+    for proc in procs:
+        if proc.poll() is None:
+            pids = (*pids, proc.pid)
+    for pid in pids:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.05, what: str = "condition"):
     """Poll ``predicate`` until it returns a truthy value or the deadline passes."""
     deadline = time.monotonic() + timeout_s
@@ -191,18 +212,7 @@ class ProcessCluster:
         node.paused = False
 
     def close(self) -> None:
-        for proc in self._spawned:
-            if proc.poll() is None:
-                try:
-                    os.kill(proc.pid, signal.SIGCONT)
-                    proc.kill()
-                except ProcessLookupError:
-                    pass
-        for proc in self._spawned:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        reap(self._spawned)
         for node in self.nodes:
             if node.client is not None:
                 node.client.close()

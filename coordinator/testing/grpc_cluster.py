@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from coordinator.testing.cluster import DEFAULT_HOSTS, pick_ports, wait_until
+from coordinator.testing.cluster import DEFAULT_HOSTS, pick_ports, reap, wait_until
 
 # Test timing: elections in 0.5-1 s (production 1-2 s) keep failover tests short; the
 # health re-check every 0.2 s lets a test see NOT_SERVING within a second.
@@ -206,18 +206,7 @@ class GrpcCluster:
         self.nodes[i].paused = False
 
     def close(self) -> None:
-        for proc in self._spawned:
-            if proc.poll() is None:
-                try:
-                    os.kill(proc.pid, signal.SIGCONT)
-                    proc.kill()
-                except ProcessLookupError:
-                    pass
-        for proc in self._spawned:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        reap(self._spawned)
         for node in self.nodes:
             node.close_channel()
 
