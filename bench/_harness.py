@@ -1,0 +1,242 @@
+"""Shared helpers for the benchmarks: clusters of other node modules, stats, /proc readings.
+
+Benchmark-only. ``ModuleCluster`` is ``ProcessCluster`` (coordinator/testing/cluster.py)
+with a different node module: the benchmark runs the stock pysyncobj baseline
+(bench.stock_node) and an instrumented node (bench.instrumented_node) through the same
+lifecycle and cleanup code as the product node.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+
+from coordinator.testing.cluster import ProcessCluster
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def ensure_repo_on_path() -> None:
+    """Node processes run ``python -m coordinator...``/``bench...``: make that work from any cwd."""
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if REPO_ROOT not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([REPO_ROOT, *parts])
+    if REPO_ROOT not in sys.path:
+        sys.path.insert(0, REPO_ROOT)
+
+
+class ModuleCluster(ProcessCluster):
+    """ProcessCluster whose nodes run ``python -m <module>`` with the same arguments."""
+
+    def __init__(self, base_dir: str, *, module: str, env: dict | None = None, **kwargs):
+        super().__init__(base_dir, **kwargs)
+        self._module = module
+        self._env = env
+
+    def start(self, i: int, wait: bool = True, timeout_s: float = 20.0) -> None:
+        # Mirrors ProcessCluster.start with only the module (and env) changed.
+        node = self.nodes[i]
+        assert not node.alive, f"node {i} already running"
+        os.makedirs(node.data_dir, exist_ok=True)
+        peers = ",".join(n.address for n in self.nodes if n.index != i)
+        cmd = [
+            sys.executable, "-m", self._module,
+            "--self", node.address, "--peers", peers, "--data-dir", node.data_dir,
+            "--control-port", str(node.control_port), *self._args,
+        ]
+        env = None if self._env is None else {**os.environ, **self._env}
+        log = open(node.log_path, "ab")
+        node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        log.close()
+        node.paused = False
+        self._spawned.append(node.proc)
+        if node.client is not None:
+            node.client.close()
+            node.client = None
+        if wait:
+            self.wait_ping(i, timeout_s)
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted list (q in [0, 1])."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (all threads), from /proc/<pid>/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    # fields[0] is field 3 (state); utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_ctx_switches(pid: int) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches summed over all threads of ``pid``."""
+    vol = invol = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches"):
+                        vol += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches"):
+                        invol += int(line.split()[1])
+    except OSError:
+        pass
+    return vol, invol
+
+
+def fs_type(path: str) -> str:
+    """Filesystem type of the mount holding ``path`` (longest mount-point prefix)."""
+    path = os.path.realpath(path)
+    best, kind = "", "?"
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mnt = parts[1].replace("\\040", " ")
+                if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
+                    best, kind = mnt, parts[2]
+    except OSError:
+        pass
+    return kind
+
+
+def fdatasync_cost(directory: str, n: int = 200, record_bytes: int = 64) -> dict:
+    """Append ``record_bytes`` and fdatasync, ``n`` times, in ``directory``; latencies in ms."""
+    path = os.path.join(directory, "fdatasync-probe.bin")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    lat = []
+    try:
+        payload = b"x" * record_bytes
+        for _ in range(n):
+            t0 = time.perf_counter()
+            os.write(fd, payload)
+            os.fdatasync(fd)
+            lat.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    lat.sort()
+    return {
+        "n": n,
+        "record_bytes": record_bytes,
+        "mean_ms": sum(lat) / len(lat),
+        "p50_ms": percentile(lat, 0.50),
+        "p99_ms": percentile(lat, 0.99),
+        "max_ms": lat[-1],
+    }
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
+def host_cpu_busy_s() -> float:
+    """CPU seconds all processes on the host spent busy (user, nice, system, irq, softirq, steal)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return float("nan")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def git_state(repo: str = REPO_ROOT) -> str:
+    """``<short commit>`` plus ``-dirty`` when the work tree has changes (figures depend on it)."""
+    try:
+        out = subprocess.run(["git", "-C", repo, "describe", "--always", "--dirty", "--abbrev=10"],
+                             capture_output=True, text=True, timeout=5)
+        state = out.stdout.strip() or "?"
+        if state.endswith("-dirty"):
+            # Identify the uncommitted product code that was measured.
+            diff = subprocess.run(["git", "-C", repo, "diff", "HEAD", "--", "coordinator"],
+                                  capture_output=True, timeout=10).stdout
+            if diff:
+                import hashlib
+
+                state += f" (coordinator/ diff sha1 {hashlib.sha1(diff).hexdigest()[:10]})"
+        return state
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def thread_cpu_s(pid: int) -> dict[int, tuple[float, float]]:
+    """Per-thread (user, system) CPU seconds of ``pid``, keyed by native thread id."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = (int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK)
+    return out
+
+
+def proc_cpu_split_s(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process, exited threads included."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan"), float("nan")
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
+def thread_schedstat(pid: int) -> dict[int, tuple[float, float]]:
+    """Per-thread (on-CPU seconds, run-queue wait seconds) from /proc/<pid>/task/<tid>/schedstat."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                run_ns, wait_ns, _slices = (int(x) for x in f.read().split()[:3])
+        except (OSError, ValueError):
+            continue
+        out[int(tid)] = (run_ns / 1e9, wait_ns / 1e9)
+    return out
+
+
+def wait_for_idle_host(timeout_s: float, threshold_cores: float = 0.15, window_s: float = 2.0, log=None) -> float:
+    """Wait until the host's busy CPU over ``window_s`` is below ``threshold_cores``.
+
+    Returns the last measured busy cores (the caller reports it; it never fails).
+    """
+    deadline = time.monotonic() + timeout_s
+    busy = float("nan")
+    while True:
+        b0, t0 = host_cpu_busy_s(), time.monotonic()
+        time.sleep(window_s)
+        busy = (host_cpu_busy_s() - b0) / (time.monotonic() - t0)
+        if busy < threshold_cores or time.monotonic() >= deadline:
+            return busy
+        if log:
+            log(f"  (host busy: {busy:.2f} cores used by other processes; waiting)")
