@@ -49,9 +49,8 @@ class ModuleCluster(ProcessCluster):
             "--control-port", str(node.control_port), *self._args,
         ]
         env = None if self._env is None else {**os.environ, **self._env}
-        log = open(node.log_path, "ab")
-        node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        log.close()
+        with open(node.log_path, "ab") as log:
+            node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         node.paused = False
         self._spawned.append(node.proc)
         if node.client is not None:
@@ -166,12 +165,12 @@ def git_state(repo: str = REPO_ROOT) -> str:
     """``<short commit>`` plus ``-dirty`` when the work tree has changes (figures depend on it)."""
     try:
         out = subprocess.run(["git", "-C", repo, "describe", "--always", "--dirty", "--abbrev=10"],
-                             capture_output=True, text=True, timeout=5)
+                             capture_output=True, text=True, timeout=5, check=False)
         state = out.stdout.strip() or "?"
         if state.endswith("-dirty"):
             # Identify the uncommitted product code that was measured.
             diff = subprocess.run(["git", "-C", repo, "diff", "HEAD", "--", "coordinator"],
-                                  capture_output=True, timeout=10).stdout
+                                  capture_output=True, timeout=10, check=False).stdout
             if diff:
                 import hashlib
 
@@ -232,11 +231,13 @@ def wait_for_idle_host(timeout_s: float, threshold_cores: float = 0.15, window_s
     """
     deadline = time.monotonic() + timeout_s
     busy = float("nan")
+    rounds = 0
     while True:
+        rounds += 1
         b0, t0 = host_cpu_busy_s(), time.monotonic()
         time.sleep(window_s)
         busy = (host_cpu_busy_s() - b0) / (time.monotonic() - t0)
         if busy < threshold_cores or time.monotonic() >= deadline:
             return busy
-        if log:
+        if log and rounds % 5 == 1:
             log(f"  (host busy: {busy:.2f} cores used by other processes; waiting)")

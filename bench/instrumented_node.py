@@ -133,7 +133,6 @@ class ProbedSyncObj(raft_node._HardenedSyncObj):
         poller.poll = poll
 
     def _onTick(self, timeToWait=0.0):
-        global _profile_wanted
         if _profile_wanted and self._profiler is None:
             self._profiler = cProfile.Profile()
             self._profiler.enable()
@@ -184,9 +183,8 @@ def _probed_propose(self, command, timeout_s):
     t1 = _now()
     _count("propose_calls")
     _count("propose_cpu_s", _cpu() - c0)
-    if res.index:
-        if len(_props) < _MAX_EVENTS:
-            _props.append((res.index, t0, t1))
+    if res.index and len(_props) < _MAX_EVENTS:
+        _props.append((res.index, t0, t1))
     return res
 
 
@@ -195,9 +193,9 @@ def _install_apply_probe(node: raft_node.RaftNode) -> None:
     orig = sm.apply
     syncobj = node.syncobj
 
-    def apply(entry):
+    def apply(*args, **kwargs):  # pass through whatever signature the state machine has
         t0, c0 = _now(), _cpu()
-        out = orig(entry)
+        out = orig(*args, **kwargs)
         t1 = _now()
         _count("apply_calls")
         _count("apply_s", t1 - t0)

@@ -27,7 +27,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 from ._harness import (
@@ -42,6 +41,8 @@ from ._harness import (
 )
 
 ensure_repo_on_path()
+
+PYSPY_RATE = 500  # samples per second
 
 SEGMENTS = [
     # (name, from, to); L = leader, F = the follower whose ack reached the leader first.
@@ -103,7 +104,7 @@ def analyse(traces: dict[int, dict], leader: int, cpu: dict[int, float], out=sys
         c = traces[i]["counters"]
         role = "leader" if i == leader else "follower"
 
-        def per(name, scale=1.0):
+        def per(name, scale=1.0, c=c):
             return c.get(name, 0.0) * scale / ops
 
         ent_sync = c.get("sync_entries", 0) / c["sync_calls"] if c.get("sync_calls") else 0.0
@@ -186,7 +187,8 @@ def print_tick_thread_time(sched0, sched1, names, traces, leader, elapsed, ops, 
     # The leader's proposer threads wait in the same run queue and for the same GIL.
 
 
-def _pyspy_top(raw_path: str, out=sys.stdout, top: int = 25) -> None:
+def _pyspy_top(raw_path: str, out=sys.stdout, top: int = 25, expected_samples: float | None = None,
+               gil: bool = False) -> None:
     """Aggregate py-spy's collapsed stacks: own time per function, and samples per thread."""
     own = collections.Counter()
     incl = collections.Counter()
@@ -209,7 +211,11 @@ def _pyspy_top(raw_path: str, out=sys.stdout, top: int = 25) -> None:
     if not total:
         print("  py-spy: no samples", file=out)
         return
-    print(f"  py-spy: {total} samples (non-idle); by thread:", file=out)
+    share = ""
+    if expected_samples:
+        what = "GIL held" if gil else "non-idle thread-samples per wall sample"
+        share = f" = {100 * total / expected_samples:.0f}% {what} over the sampled time"
+    print(f"  py-spy: {total} samples ({'holding the GIL' if gil else 'non-idle'}){share}; by thread:", file=out)
     for th, n in per_thread.most_common(12):
         print(f"    {n / total * 100:5.1f}%  {th}", file=out)
     print("  top functions by own samples:", file=out)
@@ -276,11 +282,13 @@ def main(argv=None) -> int:
                         raw = os.path.join(base, f"pyspy-node{n.index}.txt")
                         procs.append((n, raw, subprocess.Popen(
                             [pyspy, "record", "--pid", str(n.proc.pid), "--format", "raw", "--threads",
-                             "--rate", "500", "--nonblocking", "-o", raw, "--duration", "60",
+                             "--rate", str(PYSPY_RATE), "--nonblocking", "-o", raw, "--duration", "60",
                              *(["--gil"] if args.pyspy_gil else [])],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
                     time.sleep(1.0)
+                    t_sample = time.monotonic()
                     r = L.call({"op": "bench", "threads": conc, "count": per_thread}, timeout_s=120)
+                    t_sample = time.monotonic() - t_sample + 1.0  # py-spy also sampled the idle second before
                     for n, raw, proc in procs:
                         proc.send_signal(2)  # SIGINT: py-spy writes its output and exits
                         try:
@@ -293,7 +301,7 @@ def main(argv=None) -> int:
                     for n, raw, _proc in procs:
                         print(f" node{n.index} ({'leader' if n.index == leader else 'follower'}):")
                         if os.path.exists(raw):
-                            _pyspy_top(raw)
+                            _pyspy_top(raw, expected_samples=PYSPY_RATE * t_sample, gil=args.pyspy_gil)
                         else:
                             print("  py-spy wrote nothing (ptrace not permitted?)")
             if args.cprofile:

@@ -51,15 +51,16 @@ from ._harness import (
 
 ensure_repo_on_path()
 
-import pysyncobj.version  # noqa: E402
+import pysyncobj.version
 
-from coordinator.testing.cluster import ProcessCluster  # noqa: E402
+from coordinator.testing.cluster import ProcessCluster
 
 TARGET_SEQ_OPS = 500.0
 TARGET_CONC_OPS = 3000.0
 TARGET_P99_MS = 15.0
 PROPOSER_COUNTS = (1, 8)
 CALL_TIMEOUT_S = 5.0  # per replicated call
+BUSY_HOST_CORES = 0.25  # other processes using more than this during a run: flagged (and retried)
 
 
 # -- one measured run ---------------------------------------------------------------
@@ -155,6 +156,28 @@ def _summarise(label: str, kind: str, threads: int, reply: dict) -> dict:
     return row
 
 
+def _measure_once(cluster: ProcessCluster, label: str, kind: str, fixes: str | None, leader: int,
+                  threads: int, args) -> dict:
+    if kind == "stock":
+        # Warm-up (connections, first batches), then a time-bounded run.
+        _run_bench(cluster, leader, threads, count=None, seconds=0.5)
+        reply = _run_bench(cluster, leader, threads, count=None, seconds=args.stock_seconds)
+    else:
+        warm = _run_bench(cluster, leader, threads, count=max(20, 200 // threads), seconds=None)
+        if args.count is not None:
+            per_thread = max(1, math.ceil(args.count / threads))
+        else:
+            rate = max(1.0, len(warm["latencies"]) / max(warm["elapsed_s"], 1e-6))
+            per_thread = max(20, min(50_000, math.ceil(rate * args.seconds / threads)))
+        reply = _run_bench(cluster, leader, threads, count=per_thread, seconds=None)
+    reply["leader"], reply["fixes"] = leader, fixes
+    now_leader = cluster.leader_index()
+    row = _summarise(label, kind, threads, reply)
+    if now_leader != leader:
+        row["note"] = f"leader changed during run (node{leader} -> {now_leader})"
+    return row
+
+
 def _measure_cluster(cluster: ProcessCluster, label: str, kind: str, fixes: str | None, args, log) -> list[dict]:
     rows = []
     t_start = time.perf_counter()
@@ -162,26 +185,23 @@ def _measure_cluster(cluster: ProcessCluster, label: str, kind: str, fixes: str 
     leader = cluster.wait_for_leader(timeout_s=30.0)
     log(f"  [{label}] leader node{leader} ({cluster.nodes[leader].address}) after {time.perf_counter() - t_start:.1f}s")
     for threads in PROPOSER_COUNTS:
-        if kind == "stock":
-            # Warm-up (connections, first batches), then a time-bounded run.
-            _run_bench(cluster, leader, threads, count=None, seconds=0.5)
-            reply = _run_bench(cluster, leader, threads, count=None, seconds=args.stock_seconds)
-        else:
-            warm = _run_bench(cluster, leader, threads, count=max(20, 200 // threads), seconds=None)
-            if args.count is not None:
-                per_thread = max(1, math.ceil(args.count / threads))
-            else:
-                rate = max(1.0, len(warm["latencies"]) / max(warm["elapsed_s"], 1e-6))
-                per_thread = max(20, min(50_000, math.ceil(rate * args.seconds / threads)))
-            reply = _run_bench(cluster, leader, threads, count=per_thread, seconds=None)
-        reply["leader"], reply["fixes"] = leader, fixes
-        now_leader = cluster.leader_index()
-        row = _summarise(label, kind, threads, reply)
-        if now_leader != leader:
-            row["note"] = f"leader changed during run (node{leader} -> {now_leader})"
+        best = None
+        for attempt in range(1 + max(0, args.retries)):
+            if attempt:
+                log(f"  [{label}] {threads} proposer(s): other processes used "
+                    f"{best['other_cores_busy']:.2f} cores; measuring again ({attempt}/{args.retries})")
+                if args.wait_idle > 0:
+                    wait_for_idle_host(args.wait_idle, log=log)
+            row = _measure_once(cluster, label, kind, fixes, leader, threads, args)
+            if best is None or (row["other_cores_busy"] or 0) < (best["other_cores_busy"] or 0):
+                best = row
+            if (best["other_cores_busy"] or 0) <= BUSY_HOST_CORES:
+                break
+        row = best
         rows.append(row)
         log(f"  [{label}] {threads} proposer(s): {row['ops']} ops in {row['elapsed_s']:.2f}s = "
-            f"{row['ops_per_s']:.0f} ops/s, p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms"
+            f"{row['ops_per_s']:.0f} ops/s, p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms, "
+            f"other load {row['other_cores_busy']:.2f} cores"
             + (f", errors {row['errors']}" if row["errors"] else ""))
     if kind == "ours":
         # Not a speed assertion: a sanity note that the replicas agree after the load.
@@ -238,7 +258,7 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
             notes.append(r["note"])
         if r.get("converged") is False:
             notes.append("replicas did NOT converge after the run")
-        if (r.get("other_cores_busy") or 0) > 0.25:
+        if (r.get("other_cores_busy") or 0) > BUSY_HOST_CORES:
             notes.append(f"other processes used {r['other_cores_busy']:.2f} cores during this run: "
                          "figures are pessimistic, rerun on an idle machine")
         if notes:
@@ -282,6 +302,9 @@ def parse_args(argv=None):
     p.add_argument("--wait-idle", type=float, default=0.0, metavar="SECONDS",
                    help="before each configuration, wait up to SECONDS for other processes on the host "
                         "to go quiet (< 0.15 cores); useful on shared machines (default: don't wait)")
+    p.add_argument("--retries", type=int, default=0,
+                   help="re-measure a run up to this many times when other processes used more than "
+                        f"{BUSY_HOST_CORES} cores during it, keeping the quietest (default 0)")
     p.add_argument("--data-dir", default=None,
                    help="where node data dirs and logs go (default: a fresh temp dir, removed afterwards)")
     p.add_argument("--keep", action="store_true", help="keep the data dir (node logs) after the run")
