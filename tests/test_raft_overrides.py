@@ -80,14 +80,14 @@ class Fatal(Exception):
     pass
 
 
-def make_node(tmp_path, fixes=ALL_FIXES, machine=None, name="n"):
+def make_node(tmp_path, fixes=ALL_FIXES, machine=None, name="n", **config_fields):
     fatal = []
 
     def on_fatal(message, code):
         fatal.append((message, code))
         raise Fatal(message)
 
-    config = RaftConfig(SELF, (LEADER, OTHER), str(tmp_path / name), fixes=frozenset(fixes))
+    config = RaftConfig(SELF, (LEADER, OTHER), str(tmp_path / name), fixes=frozenset(fixes), **config_fields)
     node = RaftNode(config, machine or ListMachine(), on_fatal=on_fatal,
                     transport_class=RecordingTransport, auto_tick=False)
     node.fatal = fatal
@@ -227,6 +227,67 @@ def test_late_ack_does_not_move_next_index_back(tmp_path, fixes):
         assert so._SyncObj__raftNextIndex[peer] == pipelined
     else:
         assert so._SyncObj__raftNextIndex[peer] == 5
+
+
+# -- commit notices ride on the next append -------------------------------------------
+
+
+def appends_sent(node):
+    return [m for _, m in node.syncobj._SyncObj__transport.sent if m["type"] == "append_entries"]
+
+
+def ack_all(node, next_index):
+    for peer in (LEADER, OTHER):
+        node.syncobj._SyncObj__onMessageReceived(TCPNode(peer), {
+            "type": "next_node_idx", "next_node_idx": next_index, "success": True, "reset": False})
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.2])
+def test_commit_notice_waits_for_the_next_append(tmp_path, delay_s):
+    node = make_node(tmp_path, heartbeat_s=0.3, commit_notify_delay_s=delay_s)
+    become_leader(node)
+    so = node.syncobj
+    ack_all(node, so._SyncObj__getCurrentLogIndex() + 1)
+    node.tick(0)  # the no-op commits
+    node.tick(0)
+    so._SyncObj__transport.sent.clear()
+
+    so._applyCommand(entry(node, b"c1", 0, 0)[0], None)
+    node.tick(0)
+    first = so._SyncObj__getCurrentLogIndex()
+    assert [len(m["entries"]) for m in appends_sent(node)] == [1, 1]
+    so._SyncObj__transport.sent.clear()
+    ack_all(node, first + 1)
+    node.tick(0)
+    assert so.raftCommitIndex == first
+    if delay_s == 0:
+        # Stock behaviour: the new commit index goes out at once, on its own.
+        assert [(m["entries"], m["commit_index"]) for m in appends_sent(node)] == [([], first)] * 2
+        return
+    assert appends_sent(node) == []  # held back
+    so._applyCommand(entry(node, b"c2", 0, 0)[0], None)
+    node.tick(0)
+    # The next command's append carries the held-back commit index.
+    assert [(len(m["entries"]), m["commit_index"]) for m in appends_sent(node)] == [(1, first)] * 2
+    so._SyncObj__transport.sent.clear()
+
+    ack_all(node, first + 2)
+    sends_before = so.commit_only_sends
+    started = time.monotonic()
+    node.tick(0)
+    assert so.raftCommitIndex == first + 1 and appends_sent(node) == []
+    deadline = started + 5.0
+    while not appends_sent(node) and time.monotonic() < deadline:
+        node.tick(0.01)
+    # With nothing to carry it, the notice goes out on its own once the delay ran out.
+    assert [(m["entries"], m["commit_index"]) for m in appends_sent(node)] == [([], first + 1)] * 2
+    assert time.monotonic() - started >= delay_s
+    assert so.commit_only_sends == sends_before + 1
+
+
+def test_commit_notify_delay_must_stay_below_the_heartbeat():
+    with pytest.raises(ValueError, match="commit_notify_delay_s"):
+        RaftConfig(SELF, (LEADER,), "/nonexistent", heartbeat_s=0.1, commit_notify_delay_s=0.1)
 
 
 # -- no_old_snapshot and keep_tail --------------------------------------------------------

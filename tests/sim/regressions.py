@@ -28,7 +28,7 @@ class Regression:
 
 REGRESSION_SEEDS: tuple[Regression, ...] = (
     Regression(
-        1,
+        82,
         "default",
         why="kill -9 and power-loss crashes with restarts, a crash right after a snapshot, "
         "snapshot installs, an old snapshot refused, partitions, a one-way cut, a pause, resets",
