@@ -177,9 +177,9 @@ class ProbedSyncObj(raft_node._HardenedSyncObj):
 _orig_propose = raft_node.RaftNode.propose
 
 
-def _probed_propose(self, command, timeout_s):
+def _probed_propose(self, command, timeout_s, **kwargs):
     t0, c0 = _now(), _cpu()
-    res = _orig_propose(self, command, timeout_s)
+    res = _orig_propose(self, command, timeout_s, **kwargs)
     t1 = _now()
     _count("propose_calls")
     _count("propose_cpu_s", _cpu() - c0)

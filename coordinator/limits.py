@@ -43,6 +43,12 @@ STAMP_MS_MAX = 2**53 - 1
 # Items per msgpack array/map in one command (largest body has 6 fields): caps decoder allocation.
 COMMAND_ITEMS_MAX = 16
 
+# Commands proposed at once on one node share one Raft entry (raft_node batching): at
+# most this many, and this many bytes of commands. Far below the Raft batch size
+# (appendEntriesBatchSizeBytes), so a shared entry never takes the split path either.
+RAFT_ENTRY_COMMANDS_MAX = 256
+RAFT_ENTRY_BYTES_MAX = 1024 * 1024
+
 # -- admin restore (DESIGN I11) --------------------------------------------------
 # A backup restored through Admin.Restore travels as one Raft entry. 4 MiB holds tens of
 # thousands of resources with small values; bigger states need a bigger limit *and* a

@@ -17,6 +17,15 @@ Fix names:
   truncate_on_conflict truncate only on a real term conflict (syncobj.py:991-1004)
   no_old_snapshot      never install a snapshot older than lastApplied (syncobj.py:1021-1025)
   commit_needs_match   commit only what this message proved matches (syncobj.py:1027-1035)
+  fast_backup          a follower answers a term conflict with the first index of its
+                       conflicting term, and the leader resends at its next tick
+                       (syncobj.py:988-989, 1077-1078: one index per heartbeat, which
+                       pipelined sends keep undoing: a divergent follower never caught up)
+
+Batching: commands proposed with a ``batch_key`` while the tick thread is busy share one
+Raft entry (``SHARED_ENTRY_MARKER`` + a msgpack list of commands), applied one by one in
+order under one index. Two commands with the same key never share an entry, so per key
+(the service uses the resource name) every command still has an index of its own.
 """
 
 from __future__ import annotations
@@ -59,6 +68,7 @@ ALL_FIXES = frozenset(
         "truncate_on_conflict",
         "no_old_snapshot",
         "commit_needs_match",
+        "fast_backup",
     }
 )
 
@@ -197,6 +207,31 @@ def _verify_dump(path: str) -> tuple[int, int]:
     return index, term
 
 
+# First byte of an entry that carries several commands. 0xc1 is the one byte msgpack never
+# uses, so no single command (a msgpack array) can start with it.
+SHARED_ENTRY_MARKER = b"\xc1"
+
+
+def encode_shared_entry(commands: list[bytes]) -> bytes:
+    return SHARED_ENTRY_MARKER + msgpack.packb(commands, use_bin_type=True)
+
+
+def decode_shared_entry(entry: bytes) -> list[bytes] | None:
+    """The commands of a shared entry, or None if ``entry`` is not a well-formed one."""
+    if entry[:1] != SHARED_ENTRY_MARKER:
+        return None
+    try:
+        commands = msgpack.unpackb(
+            entry[1:], use_list=True, raw=False,
+            max_array_len=limits.RAFT_ENTRY_COMMANDS_MAX, max_bin_len=limits.RAFT_ENTRY_BYTES_MAX,
+        )
+    except Exception:  # noqa: BLE001 - any decoding failure: not a shared entry
+        return None
+    if not isinstance(commands, list) or not commands or not all(isinstance(c, bytes) for c in commands):
+        return None
+    return commands
+
+
 def _entry_tuple(entry) -> tuple[bytes, int, int]:
     # pysyncobj compares entries as tuples (syncobj.py:1489-1495); a list from
     # msgpack would never compare equal and the journal would be cleared.
@@ -220,9 +255,13 @@ class _Replica(SyncObjConsumer):
     def apply(self, entry: bytes):
         try:
             index = self._syncObj.raftLastApplied + 1
+            shared = decode_shared_entry(entry)
             with self.lock:
-                # The index lets the state machine report where an op_id first applied.
-                outcome = self._sm.apply(entry, index) if self._apply_takes_index else self._sm.apply(entry)
+                if shared is None:
+                    # A malformed shared entry goes to the state machine as is: refused as a value.
+                    outcome = self._apply_one(entry, index)
+                else:
+                    outcome = [self._apply_one(command, index) for command in shared]
                 self.last_applied_index = index
             return index, outcome
         except BaseException as exc:  # noqa: BLE001 - any failure here is a bug
@@ -230,6 +269,10 @@ class _Replica(SyncObjConsumer):
             # (syncobj.py:708-734): stop loudly instead of wedging silently.
             self._on_fatal(f"state machine apply raised {exc!r}; stopping", EXIT_APPLY_FAILED)
             raise
+
+    def _apply_one(self, command: bytes, index: int):
+        # The index lets the state machine report where an op_id first applied.
+        return self._sm.apply(command, index) if self._apply_takes_index else self._sm.apply(command)
 
     def serialize(self, path: str, data) -> None:
         last, prev, _cluster = data
@@ -303,12 +346,18 @@ class _HardenedSyncObj(SyncObj):
         self._pending_acks: list[tuple] = []
         self._append_pending = False
         self._append_has_new_entries = True
+        self._replica = replica
+        self._queued_lock = threading.Lock()
+        self._queued: list[tuple[bytes, Any, Callable]] = []  # (command, batch key, callback)
+        self._queued_max = config.commands_queue_size
+        self.shared_entries = 0  # entries that carried more than one command
         self._commit_notify_delay_s = config.commit_notify_delay_s
         self._commit_notify_at = None  # when a held-back commit-only append must go out
         self.commit_only_sends = 0  # appends sent that carried no entry to anyone
         self.truncated_applied = 0  # times an applied entry would have been truncated
         self.refused_old_snapshots = 0
         self.leader_commit_seen = None  # commit index announced to this process by a leader
+        self._conflict_hint = None  # where to resume, for the append being handled
         conf = SyncObjConf(
             autoTick=kwargs.pop("autoTick", True),
             # Send one append per new entry (not every 100 ms) and coalesce them
@@ -319,7 +368,10 @@ class _HardenedSyncObj(SyncObj):
             # (RESTORE_COMMAND_BYTES_MAX), so the split-transmission path with its
             # length bug (syncobj.py:1276-1281) is never used.
             appendEntriesBatchSizeBytes=max(
-                512 * 1024, 4 * limits.COMMAND_BYTES_MAX, 2 * limits.RESTORE_COMMAND_BYTES_MAX
+                512 * 1024,
+                4 * limits.COMMAND_BYTES_MAX,
+                2 * limits.RESTORE_COMMAND_BYTES_MAX,
+                2 * limits.RAFT_ENTRY_BYTES_MAX,
             ),
             raftMinTimeout=config.raft_min_timeout_s,
             raftMaxTimeout=config.raft_max_timeout_s,
@@ -351,6 +403,82 @@ class _HardenedSyncObj(SyncObj):
     def _has(self, fix: str) -> bool:
         return fix in self._fixes
 
+    # -- shared entries -----------------------------------------------------------
+
+    def queue_command(self, command: bytes, batch_key, callback) -> None:
+        """Queue ``command`` for the next tick, which packs queued commands into entries.
+
+        Replaces pysyncobj's own queue for our commands (same bound: commands_queue_size),
+        so commands keep their arrival order whether they share an entry or not.
+        """
+        with self._queued_lock:
+            full = len(self._queued) >= self._queued_max
+            if not full:
+                self._queued.append((command, batch_key, callback))
+                wake = len(self._queued) == 1
+        if full:
+            callback(None, FAIL_REASON.QUEUE_FULL)
+            return
+        notifier = getattr(self, "_SyncObj__pipeNotifier", None)
+        if wake and notifier is not None:
+            notifier.notify()  # what pysyncobj's _applyCommand does (syncobj.py:498-499)
+
+    def _checkCommandsToApply(self):
+        # pysyncobj takes queued commands here (syncobj.py:503); ours go first, packed.
+        self._pack_queued()
+        SyncObj._checkCommandsToApply(self)
+
+    def _pack_queued(self) -> None:
+        with self._queued_lock:
+            queued, self._queued = self._queued, []
+        group: list[tuple[bytes, Any, Callable]] = []
+        keys: set = set()
+        size = 0
+        for item in queued:
+            command, key, _ = item
+            if key is None:
+                # Commands without a key keep their place in line, each in an entry of its own.
+                if group:
+                    self._propose_group(group)
+                    group, keys, size = [], set(), 0
+                self._propose_group([item])
+                continue
+            if group and (
+                key in keys
+                or len(group) >= limits.RAFT_ENTRY_COMMANDS_MAX
+                or size + len(command) > limits.RAFT_ENTRY_BYTES_MAX
+            ):
+                self._propose_group(group)
+                group, keys, size = [], set(), 0
+            group.append(item)
+            keys.add(key)
+            size += len(command)
+        if group:
+            self._propose_group(group)
+
+    def _propose_group(self, group: list[tuple[bytes, Any, Callable]]) -> None:
+        if len(group) == 1:
+            command, _, callback = group[0]
+            self._replica.apply(command, callback=callback)
+            return
+        callbacks = [callback for _, _, callback in group]
+
+        def fan_out(result, error):
+            if error != FAIL_REASON.SUCCESS:
+                for callback in callbacks:
+                    callback(None, error)
+                return
+            index, outcomes = result
+            if not isinstance(outcomes, list) or len(outcomes) != len(callbacks):
+                # Only a shared entry we did not build could get here; never guess.
+                self._on_fatal(f"shared entry at {index} answered {outcomes!r}", EXIT_APPLY_FAILED)
+                return
+            for callback, outcome in zip(callbacks, outcomes):
+                callback((index, outcome), error)
+
+        self.shared_entries += 1
+        self._replica.apply(encode_shared_entry([command for command, _, _ in group]), callback=fan_out)
+
     # -- group commit and coalesced sends --------------------------------------
 
     def _SyncObj__sendAppendEntries(self):
@@ -363,6 +491,8 @@ class _HardenedSyncObj(SyncObj):
         # Queue the ack; _flush_tick syncs the journal once, then sends them all.
         if nextNodeIdx is None:
             nextNodeIdx = self._SyncObj__getCurrentLogIndex() + 1
+        if reset and not success and self._conflict_hint is not None:
+            nextNodeIdx = min(nextNodeIdx, self._conflict_hint)
         self._pending_acks.append((node, reset, nextNodeIdx, success))
 
     def _flush_tick(self):
@@ -435,7 +565,14 @@ class _HardenedSyncObj(SyncObj):
         next_index_before = None
         if kind == "next_node_idx" and message.get("success") and self._has("next_index_forward"):
             next_index_before = self._SyncObj__raftNextIndex.get(node)
-        SyncObj._SyncObj__onMessageReceived(self, node, message)
+        if kind == "next_node_idx" and message.get("reset") and self._has("fast_backup"):
+            # A rejected append: resend from the new nextIndex at the next tick, not
+            # at the next heartbeat (pysyncobj waits for one, syncobj.py:1077-1078).
+            self._append_pending = True
+        try:
+            SyncObj._SyncObj__onMessageReceived(self, node, message)
+        finally:
+            self._conflict_hint = None
         if next_index_before is not None and self._isLeader():
             # A late ack for an earlier batch set nextIndex back (syncobj.py:1079-1082),
             # re-sending entries the follower has and, across the compacted head,
@@ -457,6 +594,11 @@ class _HardenedSyncObj(SyncObj):
         if "prevLogIdx" in message and "transmission" not in message:
             entries = list(message.get("entries", []))
             prev_idx, prev_term = message["prevLogIdx"], message["prevLogTerm"]
+            local_prev_term = self._local_term(prev_idx)
+            if self._has("fast_backup") and local_prev_term is not None and local_prev_term != prev_term:
+                # pysyncobj will reject with nextIndex = prevLogIdx, one entry back per round
+                # trip. Raft's usual shortcut: skip our whole conflicting term at once.
+                self._conflict_hint = self._first_index_of_term(prev_idx, local_prev_term)
             if self._has("truncate_on_conflict") and self._local_term(prev_idx) == prev_term:
                 # Skip the entries we already hold with the same term; pysyncobj
                 # would otherwise delete everything after prevLogIdx, even a
@@ -491,6 +633,15 @@ class _HardenedSyncObj(SyncObj):
         if 0 <= pos < len(log_):
             return log_[pos][2]
         return None
+
+    def _first_index_of_term(self, index: int, term: int) -> int:
+        """The first index of our run of ``term`` entries ending at ``index`` (never the log head)."""
+        log_ = self._journal_obj()
+        pos = index - log_[0][1]
+        # log_[0] is the snapshot point: committed, so it matches the leader's log.
+        while pos > 1 and log_[pos - 1][2] == term:
+            pos -= 1
+        return log_[max(pos, 1)][1] if len(log_) > 1 else index
 
     def _journal_obj(self):
         return self._SyncObj__raftLog
@@ -605,12 +756,18 @@ class RaftNode:
             return stamp
 
     def propose(
-        self, command: bytes, timeout_s: float, *, max_bytes: int = limits.COMMAND_BYTES_MAX
+        self,
+        command: bytes,
+        timeout_s: float,
+        *,
+        max_bytes: int = limits.COMMAND_BYTES_MAX,
+        batch_key: Any = None,
     ) -> ProposeResult:
         """Replicate ``command``; wait at most ``timeout_s`` for its fate.
 
         ``max_bytes`` caps the encoded command; only admin restore raises it, never above
         ``limits.RESTORE_COMMAND_BYTES_MAX`` (the Raft batch size is kept above that).
+        ``batch_key``: see ``propose_async``.
         """
         assert max_bytes <= limits.RESTORE_COMMAND_BYTES_MAX, "no entry may reach the split path"
         if not isinstance(command, (bytes, bytearray)) or len(command) > max_bytes:
@@ -622,11 +779,27 @@ class RaftNode:
             box.append((result, error))
             done.set()
 
-        self._replica.apply(bytes(command), callback=on_result)
+        self.propose_async(bytes(command), on_result, batch_key=batch_key)
         if not done.wait(max(0.0, timeout_s)):
             # The entry may still commit later: only the caller's op_id can tell.
             return ProposeResult(Outcome.UNKNOWN, detail="deadline_exceeded")
         result, error = box[0]
+        return self.result_of(result, error)
+
+    def propose_async(self, command: bytes, callback: Callable[[Any, int], None], *, batch_key: Any = None) -> None:
+        """Queue ``command``; ``callback(result, fail_reason)`` runs on the Raft thread.
+
+        With a ``batch_key`` (any hashable but None) the command may share a Raft entry with
+        others proposed meanwhile, never with one of the same key; without one it gets an
+        entry of its own. Sizes are the caller's to check (``propose`` does).
+        """
+        if len(command) > limits.COMMAND_BYTES_MAX:
+            batch_key = None  # an admin restore: always alone
+        self._syncobj.queue_command(command, batch_key, callback)
+
+    @staticmethod
+    def result_of(result, error) -> ProposeResult:
+        """Turn a pysyncobj callback's (result, fail reason) into a ProposeResult."""
         if error == FAIL_REASON.SUCCESS:
             index, value = result
             # A retry answered from the dedup table reports where its op_id first applied.

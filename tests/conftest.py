@@ -15,3 +15,15 @@ if ROOT not in sys.path:
 _paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 if ROOT not in _paths:
     os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *_paths])
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """In CI every test must run: a skip there (a missing package, say) fails the run."""
+    if os.environ.get("CI") != "true" or exitstatus != 0:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped:
+        names = ", ".join(report.nodeid for report in skipped)
+        print(f"\nCI=true: {len(skipped)} test(s) skipped, which CI does not allow: {names}", file=sys.stderr)
+        session.exitstatus = 1

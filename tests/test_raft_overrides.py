@@ -229,6 +229,95 @@ def test_late_ack_does_not_move_next_index_back(tmp_path, fixes):
         assert so._SyncObj__raftNextIndex[peer] == 5
 
 
+# -- commands sharing an entry -----------------------------------------------------------
+
+
+def collect(results, name):
+    return lambda result, error: results.append((name, result, error))
+
+
+def test_commands_with_distinct_keys_share_one_entry_in_order(tmp_path):
+    node = make_node(tmp_path)
+    become_leader(node)
+    so = node.syncobj
+    before = so._SyncObj__getCurrentLogIndex()
+    results = []
+    for name, key in [(b"a1", "a"), (b"b1", "b"), (b"a2", "a"), (b"n1", None), (b"c1", "c")]:
+        node.propose_async(name, collect(results, name), batch_key=key)
+    node.tick(0)
+    log = so._SyncObj__raftLog
+    shared = [raft_node.decode_shared_entry(ps_pickle.loads(e[0][1:])[1][0]) for e in log[before + 1 - log[0][1]:]]
+    # a2 repeats key "a": a new entry (of one command: a plain one); n1 has no key:
+    # alone, keeping its place; c1 is then alone too.
+    assert shared == [[b"a1", b"b1"], None, None, None]
+    ack_all(node, so._SyncObj__getCurrentLogIndex() + 1)
+    node.tick(0)
+    assert node.state_machine.applied == [b"a1", b"b1", b"a2", b"n1", b"c1"]
+    first = before + 1
+    assert results == [
+        (b"a1", (first, 1), 0), (b"b1", (first, 2), 0),  # one index, each its own outcome
+        (b"a2", (first + 1, 3), 0), (b"n1", (first + 2, 4), 0), (b"c1", (first + 3, 5), 0),
+    ]
+
+
+def test_a_malformed_shared_entry_reaches_the_state_machine_as_one_command(tmp_path):
+    node = make_node(tmp_path)
+    for bad in (raft_node.SHARED_ENTRY_MARKER + b"\xff", raft_node.SHARED_ENTRY_MARKER + b"\x90",
+                raft_node.encode_shared_entry([b"x"]) + b"\x01"):
+        assert raft_node.decode_shared_entry(bad) is None
+    fill_follower(node, last=2)
+    bad = raft_node.SHARED_ENTRY_MARKER + b"\x92\x01\x02"  # a list, but not of bytes
+    append(node, 2, 1, [entry(node, bad, 3, 1)], commit=3)
+    node.tick(0)
+    assert node.state_machine.applied == [b"p2", bad]  # refused there as a value, no crash
+
+
+def test_shared_queue_is_bounded(tmp_path):
+    node = make_node(tmp_path, commands_queue_size=2)
+    results = []
+    for i in range(3):
+        node.propose_async(b"k%d" % i, collect(results, i), batch_key=i)
+    assert results == [(2, None, raft_node.FAIL_REASON.QUEUE_FULL)]
+
+
+# -- fast_backup ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixes", [ALL_FIXES, ALL_FIXES - {"fast_backup"}])
+def test_conflict_answer_skips_the_whole_conflicting_term(tmp_path, fixes):
+    node = make_node(tmp_path, fixes)
+    fill_follower(node, last=3)  # entries 2..3 of term 1
+    # A later leader of term 2 wrote 4..9 that we hold (not committed here); term 3 replaces them.
+    append(node, 3, 1, [entry(node, b"q%d" % i, i, 2) for i in range(4, 10)], commit=3, term=2)
+    node.tick(0)
+    node.syncobj._SyncObj__transport.sent.clear()
+    append(node, 9, 3, [entry(node, b"r10", 10, 3)], commit=3, term=3)
+    node.tick(0)
+    reply = acks(node)[-1]
+    assert reply["reset"] and not reply["success"]
+    if "fast_backup" in fixes:
+        assert reply["next_node_idx"] == 4  # first index of our term-2 run: one round trip
+    else:
+        assert reply["next_node_idx"] == 9  # stock: one index back per round trip
+
+
+@pytest.mark.parametrize("fixes", [ALL_FIXES, ALL_FIXES - {"fast_backup"}])
+def test_rejected_append_is_resent_at_the_next_tick(tmp_path, fixes):
+    node = make_node(tmp_path, fixes, heartbeat_s=0.3)
+    become_leader(node)
+    so = node.syncobj
+    node.tick(0)
+    so._SyncObj__transport.sent.clear()
+    last = so._SyncObj__getCurrentLogIndex()
+    so._SyncObj__onMessageReceived(TCPNode(OTHER), {
+        "type": "next_node_idx", "next_node_idx": last, "success": False, "reset": True})
+    node.tick(0)
+    # Within the heartbeat period: only the rejection can have caused this send.
+    resent = [(m["prevLogIdx"], len(m["entries"])) for a, m in so._SyncObj__transport.sent
+              if a == OTHER and m["type"] == "append_entries"]
+    assert resent == ([(last - 1, 1)] if "fast_backup" in fixes else [])  # stock: wait for a heartbeat
+
+
 # -- commit notices ride on the next append -------------------------------------------
 
 

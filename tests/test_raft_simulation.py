@@ -176,6 +176,14 @@ def test_removing_a_fix_breaks_safety(fix):
     )
 
 
+def test_fast_backup_lets_a_divergent_follower_catch_up():
+    """A liveness fix: without it the regression seed never converges (no safety break)."""
+    with_fix = run_simulation(3720132, profile="crashy")
+    assert with_fix.ok, with_fix.describe()
+    without = run_simulation(3720132, profile="crashy", fixes=ALL_FIXES - {"fast_backup"})
+    assert without.violation_kinds == ["no_convergence"], without.describe()
+
+
 def test_next_index_forward_is_a_second_line_of_defence():
     """Not shown necessary on its own: with every other fix on, removing it breaks
     nothing (truncate_on_conflict and no_old_snapshot absorb the rewinds it

@@ -968,6 +968,7 @@ class Simulation:
         m.transport.detach()
         self.stats["truncated_applied"] += so.truncated_applied
         self.stats["refused_old_snapshots"] += so.refused_old_snapshots
+        self.stats["shared_entries"] += so.shared_entries
         self.stats["snapshots_taken"] += m.sm.snapshots
         m.node = None
         m.transport = None
@@ -1300,14 +1301,19 @@ class Simulation:
             self._propose(m, b"c%06d" % (len(self.commands) + 1))
         self._push(now + self.client_rng.randint(*self.params.client_gap_us), "client")
 
-    def _propose(self, m: _Member, payload: bytes) -> None:
+    def _propose(self, m: _Member, payload: bytes, *, alone: bool = False) -> None:
         cmd = _Command(payload, m.label, self.clock.now_us)
         self.commands[payload] = cmd
         self.stats["proposed"] += 1
         self._trace.update(b"propose %s %s" % (m.label.encode(), payload))
         # The callback path of RaftNode.propose(): propose() itself would block
-        # this single thread on an Event that only a later tick can set.
-        m.node._replica.apply(payload, callback=functools.partial(self._on_result, cmd, m, m.incarnation))
+        # this single thread on an Event that only a later tick can set. Client
+        # commands may share an entry (distinct keys); barriers go alone.
+        m.node.propose_async(
+            payload,
+            functools.partial(self._on_result, cmd, m, m.incarnation),
+            batch_key=None if alone else payload,
+        )
         self._wake(m.address, self.clock.now_us)  # pysyncobj's pipe notifier wakes the poll
 
     def _do_heal(self, _data) -> None:
@@ -1334,7 +1340,7 @@ class Simulation:
         if candidates:
             self._barrier_count += 1
             self._barrier = b"barrier-%03d" % self._barrier_count
-            self._propose(self.client_rng.choice(candidates), self._barrier)
+            self._propose(self.client_rng.choice(candidates), self._barrier, alone=True)
         self._push(self.clock.now_us + BARRIER_RETRY_US, "barrier")
 
     def _do_converge(self, _data) -> None:

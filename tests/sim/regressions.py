@@ -62,7 +62,22 @@ REGRESSION_SEEDS: tuple[Regression, ...] = (
     Regression(
         13,
         "network",
-        why="partitions, one-way cuts, resets and pauses only: snapshot installs and old snapshots refused",
-        exercised=("snapshot_installs", "refused_old_snapshots", "partitions", "oneway_cuts", "connection_resets"),
+        why="partitions, one-way cuts, resets and pauses only: snapshot installs, old snapshots "
+        "refused, commands sharing entries",
+        exercised=(
+            "snapshot_installs",
+            "refused_old_snapshots",
+            "partitions",
+            "oneway_cuts",
+            "connection_resets",
+            "shared_entries",
+        ),
+    ),
+    Regression(
+        3720132,
+        "crashy",
+        why="found by the random runs: a follower restarted with a long tail of an old term; "
+        "stock backup (one index per heartbeat, undone by pipelined sends) never caught it up",
+        exercised=("crashes_power_loss", "restarts", "snapshot_installs"),
     ),
 )
