@@ -519,6 +519,10 @@ class _HardenedSyncObj(SyncObj):
                 self._append_pending = False
                 self._commit_notify_at = None
                 SyncObj._SyncObj__sendAppendEntries(self)
+        self._sync_then_ack()
+
+    def _sync_then_ack(self) -> None:
+        """One journal sync for everything appended so far, then the acks that wait on it."""
         try:
             if self._has("durable_journal"):
                 self._journal.sync()
@@ -555,6 +559,11 @@ class _HardenedSyncObj(SyncObj):
         if due is not None and timeToWait > 0:
             timeToWait = max(0.0, min(timeToWait, due - _ps.monotonicTime()))
         SyncObj._onTick(self, timeToWait)
+        if self._pending_acks:
+            # A follower queued acks while handling appends in the poll that ends a tick:
+            # sync and answer now, not after the next tick body (which applies entries
+            # first). The leader's critical path is one follower's round trip.
+            self._sync_then_ack()
 
     # -- message handling --------------------------------------------------------
 

@@ -95,6 +95,7 @@ HEAL_CLIENT_US = 1_000_000
 CONVERGENCE_BOUND_US = 30_000_000
 BARRIER_RETRY_US = 500_000  # a barrier gets no answer when proposed mid-election
 CONVERGENCE_CHECK_US = 100_000  # one heartbeat
+PRESYNC_WAIT_US = 300_000  # a crash armed for "right before a sync" strikes anyway after this
 RECENT_EVENTS_MAX = 60  # events quoted in a failure report
 
 _LEADER_STATE = 2  # pysyncobj _RAFT_STATE.LEADER
@@ -126,6 +127,10 @@ OTHER_VIOLATIONS = frozenset(
     }
 )
 VIOLATION_KINDS = SAFETY_VIOLATIONS | OTHER_VIOLATIONS
+
+
+class _CrashBeforeSync(Exception):
+    """Raised inside a tick by an armed member's journal sync: it dies right there."""
 
 
 class SimFatal(Exception):
@@ -760,6 +765,7 @@ class _Member:
         self.truncated_seen = 0
         self.armed_snapshots = None  # crash_after_snapshot: SM.snapshots when armed
         self.armed_fault: Fault | None = None
+        self.armed_presync: Fault | None = None  # crash: dies at its next sync with unsynced bytes
         self.pending_tick = 0  # id of the one tick event that is current
         self.next_tick_at = 0
         self.disk_image: dict[str, bytes] = {}  # stock journal: the last writeback
@@ -849,6 +855,8 @@ class Simulation:
         self.raft_rng = random.Random(f"{seed}:raft")
         self.sched_rng = random.Random(f"{seed}:sched")
         self.fault_rng = random.Random(f"{seed}:faults")
+        # Its own stream, so choosing when a crash strikes never shifts the fault schedule.
+        self.presync_rng = random.Random(f"{seed}:presync")
         self.client_rng = random.Random(f"{seed}:clients")
         self.network = Network(self.clock, seed, NODE_ADDRESSES, self.params.net)
         self.network.on_due = self._wake
@@ -927,9 +935,19 @@ class Simulation:
             return
         m.node = node
         m.transport = node.syncobj._SyncObj__transport
+        node.syncobj._sync_then_ack = functools.partial(self._sync_or_crash, m, node.syncobj._sync_then_ack)
         node.syncobj.conf.onStateChanged = functools.partial(self._on_state_changed, m, m.incarnation)
         self._event(f"{m.label} started (incarnation {m.incarnation})")
         self._schedule_tick(m, self.clock.now_us + self.sched_rng.randint(*self.params.idle_tick_us))
+
+    def _sync_or_crash(self, m: _Member, sync_then_ack) -> None:
+        """A member armed to crash dies at its first sync that has unsynced bytes to cover:
+        written, not yet durable, nothing acknowledged on them yet (power loss cuts them)."""
+        if m.armed_presync is not None and self.durable:
+            path = os.path.join(m.data_dir, JOURNAL_NAME)
+            if m.node.journal.synced_length < os.path.getsize(path):
+                raise _CrashBeforeSync()
+        sync_then_ack()
 
     def _schedule_tick(self, m: _Member, at_us: int) -> None:
         self._seq += 1
@@ -981,6 +999,7 @@ class Simulation:
         self._release(m)
         m.armed_snapshots = None
         m.armed_fault = None
+        m.armed_presync = None
         self.network.set_paused(m.address, False)
         m.paused_until = 0
         if power_loss:
@@ -1170,6 +1189,11 @@ class Simulation:
             m.node.tick(0)
         except SimFatal:
             return  # already recorded by _on_fatal
+        except _CrashBeforeSync:
+            fault = m.armed_presync
+            self._crash(m, True, fault.duration_us, "right before a journal sync, power loss")
+            self.stats["crashes_before_sync"] += 1
+            return
         except Exception as exc:  # noqa: BLE001 - anything escaping a tick is a finding
             tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
             self._violate("exception", f"{m.label} tick raised {exc!r}\n" + "".join(tb[-6:]))
@@ -1407,7 +1431,13 @@ class Simulation:
                 self.network.set_paused(target.address, True)
                 self.stats["pauses"] += 1
         elif kind == "crash":
-            self._crash(target, fault.power_loss, fault.duration_us, "fault")
+            if fault.power_loss and self.durable and target.alive and self.presync_rng.random() < 0.5:
+                # Strike between a journal write and its sync: the one moment with unsynced
+                # bytes (a tick syncs before it acks or counts its own vote).
+                target.armed_presync = fault
+                self._push(now + PRESYNC_WAIT_US, "presync_deadline", (target, target.incarnation))
+            else:
+                self._crash(target, fault.power_loss, fault.duration_us, "fault")
         elif kind == "crash_pair":
             # The leader and one more node at once: the case that loses
             # acknowledged writes when anything acked is not yet durable.
@@ -1425,6 +1455,11 @@ class Simulation:
             if target.alive:
                 target.node.force_log_compaction()
                 self.stats["forced_compactions"] += 1
+
+    def _do_presync_deadline(self, data) -> None:
+        m, incarnation = data
+        if m.alive and m.incarnation == incarnation and m.armed_presync is not None:
+            self._crash(m, True, m.armed_presync.duration_us, "fault (no unsynced write came)")
 
     def _do_uncut(self, links) -> None:
         for src, dst in links:

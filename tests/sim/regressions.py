@@ -28,10 +28,11 @@ class Regression:
 
 REGRESSION_SEEDS: tuple[Regression, ...] = (
     Regression(
-        82,
+        1153,
         "default",
         why="kill -9 and power-loss crashes with restarts, a crash right after a snapshot, "
-        "snapshot installs, an old snapshot refused, partitions, a one-way cut, a pause, resets",
+        "one right before a journal sync, snapshot installs, old snapshots refused, partitions, "
+        "one-way cuts, pauses, resets, commands sharing entries",
         exercised=(
             "crashes_kill",
             "crashes_power_loss",
@@ -44,6 +45,8 @@ REGRESSION_SEEDS: tuple[Regression, ...] = (
             "oneway_cuts",
             "pauses",
             "connection_resets",
+            "crashes_before_sync",
+            "shared_entries",
         ),
     ),
     Regression(
@@ -60,7 +63,7 @@ REGRESSION_SEEDS: tuple[Regression, ...] = (
         ),
     ),
     Regression(
-        13,
+        3,
         "network",
         why="partitions, one-way cuts, resets and pauses only: snapshot installs, old snapshots "
         "refused, commands sharing entries",
