@@ -70,7 +70,9 @@ class ProbedJournal(raft_node.DurableJournal):
         self._unsynced.append(idx)
 
     def sync(self):
-        dirty = self._dirty
+        # May run on the leader's sync thread while the Raft thread appends.
+        dirty = self._end != self._synced_end
+        pending = self._unsynced[:]
         t0, c0 = _now(), _cpu()
         super().sync()
         if dirty:
@@ -78,10 +80,10 @@ class ProbedJournal(raft_node.DurableJournal):
             _count("sync_calls")
             _count("sync_s", t1 - t0)
             _count("sync_cpu_s", _cpu() - c0)
-            _count("sync_entries", len(self._unsynced))
-            for idx in self._unsynced:
+            _count("sync_entries", len(pending))
+            for idx in pending:
                 _mark(idx, "synced", t1)
-            self._unsynced.clear()
+            del self._unsynced[: len(pending)]
 
 
 class ProbedTransport(raft_node._BoundTCPTransport):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 import zlib
 from typing import Callable
 
@@ -118,7 +119,10 @@ class DurableJournal(Journal):
         self._committed_through = 0
         self._end = _HEADER.size
         self._synced_end = _HEADER.size
-        self._dirty = False
+        # sync() may run on another thread than the one that appends (the leader syncs in
+        # the background): it holds this lock, and so does everything that replaces,
+        # truncates or closes the file. Appends only ever extend it, from one thread.
+        self._io_lock = threading.Lock()
         self.sync_count = 0  # for benchmarks and tests: how many group commits ran
         self._term, self._voted_for = self._load_meta()
         self._fd = self._open_and_load()
@@ -204,14 +208,19 @@ class DurableJournal(Journal):
     # -- durability ----------------------------------------------------------
 
     def sync(self) -> None:
-        """Make every entry added so far durable. Cheap when nothing changed."""
-        if not self._dirty:
-            return
-        self._fdatasync(self._fd)
-        self._dirty = False
-        self._synced_end = self._end
-        self.sync_count += 1
-        self._write_synced_sidecar()
+        """Make every entry added before the call durable. Cheap when nothing changed.
+
+        Thread-safe against the appending thread: it covers the entries whose records
+        were complete when it started (``add`` writes the record, then moves the end).
+        """
+        with self._io_lock:
+            end = self._end
+            if end == self._synced_end:
+                return
+            self._fdatasync(self._fd)
+            self._synced_end = end
+            self.sync_count += 1
+            self._write_synced_sidecar()
 
     @property
     def synced_length(self) -> int:
@@ -240,7 +249,6 @@ class DurableJournal(Journal):
         self._entries.append((command, idx, term))
         self._offsets.append(self._end)
         self._end += len(record)
-        self._dirty = True
 
     def clear(self) -> None:
         # Used by pysyncobj when it replaces the log by a snapshot's two boundary
@@ -250,17 +258,17 @@ class DurableJournal(Journal):
     def deleteEntriesFrom(self, entryFrom: int) -> None:
         if entryFrom >= len(self._entries):
             return
-        new_end = self._offsets[entryFrom]
-        del self._entries[entryFrom:]
-        del self._offsets[entryFrom:]
-        os.ftruncate(self._fd, new_end)
-        # Synced at once: a later append must never land on top of a truncation a
-        # power cut could undo, or the "synced prefix" would mix old and new records.
-        self._fsync(self._fd)
-        self._end = new_end
-        self._dirty = False
-        self._synced_end = new_end
-        self._write_synced_sidecar()
+        with self._io_lock:
+            new_end = self._offsets[entryFrom]
+            del self._entries[entryFrom:]
+            del self._offsets[entryFrom:]
+            os.ftruncate(self._fd, new_end)
+            # Synced at once: a later append must never land on top of a truncation a
+            # power cut could undo, or the "synced prefix" would mix old and new records.
+            self._fsync(self._fd)
+            self._end = new_end
+            self._synced_end = new_end
+            self._write_synced_sidecar()
 
     def deleteEntriesTo(self, entryTo: int) -> None:
         """Compaction after a snapshot: keep entries[entryTo:], crash-atomically.
@@ -277,6 +285,10 @@ class DurableJournal(Journal):
         self._rewrite(kept, committed_through=committed)
 
     def _rewrite(self, entries: list[tuple[bytes, int, int]], committed_through: int) -> None:
+        with self._io_lock:
+            self._rewrite_locked(entries, committed_through)
+
+    def _rewrite_locked(self, entries: list[tuple[bytes, int, int]], committed_through: int) -> None:
         tmp = self._path + ".compact"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -301,7 +313,6 @@ class DurableJournal(Journal):
         self._offsets = offsets
         self._end = end
         self._synced_end = end
-        self._dirty = False
         self._committed_through = committed_through
         self._write_synced_sidecar()
 
@@ -315,8 +326,9 @@ class DurableJournal(Journal):
         if self._fd is None:
             return
         self.sync()
-        os.close(self._fd)
-        self._fd = None
+        with self._io_lock:
+            os.close(self._fd)
+            self._fd = None
 
     def flush(self) -> None:
         self.sync()

@@ -148,6 +148,10 @@ class RaftConfig:
     connection_retry_s: float = 0.5
     # Heartbeat period; also the longest a leader waits before resending.
     heartbeat_s: float = 0.1
+    # The leader runs its own journal fdatasync on a thread of its own, so the Raft thread
+    # keeps handling acks and new commands meanwhile (it counts itself toward a commit
+    # only once its copy is durable). False: sync inline, once per tick.
+    leader_sync_in_background: bool = True
     # A commit index advance with no new entry to carry it is announced to followers
     # after at most this long (0 = at once, stock behaviour). In a stream of commands
     # the next append carries it for free; announcing each commit on its own costs the
@@ -335,6 +339,72 @@ class _BoundTCPTransport(TCPTransport):
         conn.setSockoptKeepalive = bind_then_keepalive
 
 
+class _LeaderSync:
+    """The leader's own journal sync, on a thread of its own.
+
+    A leader may send entries before they are durable on its own disk (Raft allows it);
+    what it may not do is count itself toward their commit before. The Raft thread asks
+    for a sync of everything up to (term, index) and carries on; this thread runs the
+    fdatasync and publishes the (term, index) it covers, and the commit computation counts
+    the leader only up to there (``_HardenedSyncObj._cap_commit_votes``). Within one term
+    a leader never truncates its log, so a published index stays durable for that term.
+
+    ``background=False`` (the simulation, no threads) syncs inline at request time.
+    """
+
+    def __init__(self, journal, *, background: bool, wake: Callable[[], None], on_fatal) -> None:
+        self._journal = journal
+        self._background = background
+        self._wake = wake
+        self._on_fatal = on_fatal
+        self._cond = threading.Condition()
+        self._wanted: tuple[int, int] = (0, 0)
+        self._stopped = False
+        self.synced: tuple[int, int] = (0, 0)  # (term, index) durable on this node
+        self._thread = None
+        if background:
+            self._thread = threading.Thread(target=self._run, name="leader-sync", daemon=True)
+            self._thread.start()
+
+    def request(self, term: int, index: int) -> None:
+        if not self._background:
+            self._sync()
+            self.synced = max(self.synced, (term, index))
+            return
+        with self._cond:
+            if (term, index) > self._wanted:
+                self._wanted = (term, index)
+                self._cond.notify()
+
+    def _sync(self) -> bool:
+        try:
+            self._journal.sync()
+            return True
+        except BaseException as exc:  # noqa: BLE001
+            self._on_fatal(f"journal sync failed: {exc!r}", EXIT_DISK_FAILED)
+            return False
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._wanted <= self.synced and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                target = self._wanted
+            if not self._sync():
+                return
+            self.synced = target  # one tuple assignment: read whole by the Raft thread
+            self._wake()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+
+
 class _HardenedSyncObj(SyncObj):
     """pysyncobj with the durability and safety holes of PYSYNCOBJ.md closed."""
 
@@ -357,6 +427,9 @@ class _HardenedSyncObj(SyncObj):
         self.truncated_applied = 0  # times an applied entry would have been truncated
         self.refused_old_snapshots = 0
         self.leader_commit_seen = None  # commit index announced to this process by a leader
+        self._leader_sync = None  # set once the transport's pipe notifier exists (below)
+        self._true_match: dict = {}  # follower -> highest index it acked, this term
+        self._true_match_term = -1
         self._conflict_hint = None  # where to resume, for the append being handled
         conf = SyncObjConf(
             autoTick=kwargs.pop("autoTick", True),
@@ -398,6 +471,14 @@ class _HardenedSyncObj(SyncObj):
             consumers=[replica],
             **kwargs,
         )
+        if self._has("durable_journal"):
+            notifier = getattr(self, "_SyncObj__pipeNotifier", None)
+            self._leader_sync = _LeaderSync(
+                journal,
+                background=config.leader_sync_in_background and conf.autoTick,
+                wake=notifier.notify if notifier is not None else (lambda: None),
+                on_fatal=on_fatal,
+            )
         self.addOnTickCallback(self._flush_tick)
 
     def _has(self, fix: str) -> bool:
@@ -519,7 +600,13 @@ class _HardenedSyncObj(SyncObj):
                 self._append_pending = False
                 self._commit_notify_at = None
                 SyncObj._SyncObj__sendAppendEntries(self)
-        self._sync_then_ack()
+        if self._leader_sync is not None and self._isLeader() and not self._pending_acks:
+            # Ask for our own sync and go on: _cap_commit_votes counts us only up to it.
+            self._leader_sync.request(self.raftCurrentTerm, self._SyncObj__getCurrentLogIndex())
+        else:
+            self._sync_then_ack()
+            if self._leader_sync is not None and self._isLeader():
+                self._leader_sync.request(self.raftCurrentTerm, self._SyncObj__getCurrentLogIndex())
 
     def _sync_then_ack(self) -> None:
         """One journal sync for everything appended so far, then the acks that wait on it."""
@@ -553,7 +640,34 @@ class _HardenedSyncObj(SyncObj):
             return True
         return False
 
+    def _cap_commit_votes(self) -> None:
+        """Let pysyncobj's commit count (leader = 1, syncobj.py:655-672) see only durable copies.
+
+        The leader's own copy is durable up to what its sync thread published for this term.
+        Commit bound C = the quorum-th largest of {followers' acked indexes, our durable
+        index}; every follower's matchIndex is shown to pysyncobj as min(acked, C). Then
+        1 + #(shown >= i) reaches a quorum exactly for i <= C. The true acked indexes are
+        kept aside (pysyncobj only ever raises matchIndex, and resets it on election).
+        """
+        if self._leader_sync is None or not self._isLeader():
+            return
+        term = self.raftCurrentTerm
+        if self._true_match_term != term:
+            self._true_match, self._true_match_term = {}, term
+        synced_term, synced_index = self._leader_sync.synced
+        own = synced_index if synced_term == term else 0
+        match = self._SyncObj__raftMatchIndex
+        others = list(self._SyncObj__otherNodes)
+        true = self._true_match
+        for node in others:
+            true[node] = max(true.get(node, 0), match.get(node, 0))
+        durable = sorted([true[node] for node in others] + [own], reverse=True)
+        bound = durable[(len(others) + 1) // 2]  # quorum = n // 2 + 1; 0-based position
+        for node in others:
+            match[node] = min(true[node], bound)
+
     def _onTick(self, timeToWait=0.0):
+        self._cap_commit_votes()
         # A held-back commit notice bounds the poll wait, so it goes out on time.
         due = self._commit_notify_at
         if due is not None and timeToWait > 0:
@@ -908,3 +1022,5 @@ class RaftNode:
             so.destroy_synchronous()
         else:
             so.destroy()
+        if so._leader_sync is not None:
+            so._leader_sync.stop()

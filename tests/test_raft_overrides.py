@@ -229,6 +229,35 @@ def test_late_ack_does_not_move_next_index_back(tmp_path, fixes):
         assert so._SyncObj__raftNextIndex[peer] == 5
 
 
+# -- the leader's own sync off the Raft thread ----------------------------------------
+
+
+@pytest.mark.parametrize("synced_in_term", ["current", "previous"])
+def test_leader_counts_itself_only_up_to_its_durable_index(tmp_path, synced_in_term):
+    node = make_node(tmp_path)
+    become_leader(node)
+    so = node.syncobj
+    for i in range(5):
+        so._applyCommand(entry(node, b"c%d" % i, 0, 0)[0], None)
+    so._leader_sync.request = lambda term, index: None  # our own sync lags from here on
+    node.tick(0)
+    last, term = so._SyncObj__getCurrentLogIndex(), so.raftCurrentTerm
+    durable = last - 3
+    so._leader_sync.synced = (term if synced_in_term == "current" else term - 1, durable)
+    so._SyncObj__onMessageReceived(TCPNode(LEADER), {
+        "type": "next_node_idx", "next_node_idx": last + 1, "success": True, "reset": False})
+    node.tick(0)
+    node.tick(0)
+    # One follower plus our own durable copy: a quorum only up to our durable index (an
+    # index published in an earlier term proves nothing: a log can change across terms).
+    assert so.raftCommitIndex == (durable if synced_in_term == "current" else 1)
+    so._SyncObj__onMessageReceived(TCPNode(OTHER), {
+        "type": "next_node_idx", "next_node_idx": last + 1, "success": True, "reset": False})
+    node.tick(0)
+    node.tick(0)
+    assert so.raftCommitIndex == last  # both followers: a quorum without us
+
+
 # -- commands sharing an entry -----------------------------------------------------------
 
 
