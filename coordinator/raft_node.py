@@ -420,6 +420,7 @@ class _HardenedSyncObj(SyncObj):
         self._queued_lock = threading.Lock()
         self._queued: list[tuple[bytes, Any, Callable]] = []  # (command, batch key, callback)
         self._queued_max = config.commands_queue_size
+        self._packing = False
         self.shared_entries = 0  # entries that carried more than one command
         self._commit_notify_delay_s = config.commit_notify_delay_s
         self._commit_notify_at = None  # when a held-back commit-only append must go out
@@ -506,8 +507,24 @@ class _HardenedSyncObj(SyncObj):
 
     def _checkCommandsToApply(self):
         # pysyncobj takes queued commands here (syncobj.py:503); ours go first, packed.
-        self._pack_queued()
+        self._packing = True
+        try:
+            self._pack_queued()
+        finally:
+            self._packing = False
         SyncObj._checkCommandsToApply(self)
+
+    def _applyCommand(self, command, callback, commandType=None):
+        if not self._packing:
+            return SyncObj._applyCommand(self, command, callback, commandType)
+        # syncobj.py:492-501 without its pipe notify: on the Raft thread, right before
+        # the queue is read, a wake-up would only cost one more (empty) tick per entry.
+        if commandType is not None:
+            command = _ps._bchr(commandType) + command
+        try:
+            self._SyncObj__commandsQueue.put_nowait((command, callback))
+        except _ps.Queue.Full:
+            self._SyncObj__callErrCallback(FAIL_REASON.QUEUE_FULL, callback)
 
     def _pack_queued(self) -> None:
         with self._queued_lock:

@@ -301,6 +301,20 @@ def test_a_malformed_shared_entry_reaches_the_state_machine_as_one_command(tmp_p
     assert node.state_machine.applied == [b"p2", bad]  # refused there as a value, no crash
 
 
+def test_queued_commands_wake_the_raft_thread_once(tmp_path):
+    node = make_node(tmp_path)
+    become_leader(node)
+    so = node.syncobj
+    wakes = []
+    so._SyncObj__pipeNotifier.notify = lambda: wakes.append(1)
+    for i in range(3):
+        node.propose_async(b"w%d" % i, lambda result, error: None, batch_key=i)
+    assert wakes == [1]  # the first queued command wakes it; the rest ride along
+    node.tick(0)
+    # Handing the packed entry to pysyncobj's queue on the Raft thread wakes nobody.
+    assert wakes == [1] and len(so._SyncObj__raftLog) > 2  # and the entry was appended
+
+
 def test_shared_queue_is_bounded(tmp_path):
     node = make_node(tmp_path, commands_queue_size=2)
     results = []
