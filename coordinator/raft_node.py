@@ -431,6 +431,7 @@ class _HardenedSyncObj(SyncObj):
         self._leader_sync = None  # set once the transport's pipe notifier exists (below)
         self._true_match: dict = {}  # follower -> highest index it acked, this term
         self._true_match_term = -1
+        self._match_capped = False  # some follower's matchIndex is shown below its ack
         self._conflict_hint = None  # where to resume, for the append being handled
         conf = SyncObjConf(
             autoTick=kwargs.pop("autoTick", True),
@@ -671,17 +672,26 @@ class _HardenedSyncObj(SyncObj):
         term = self.raftCurrentTerm
         if self._true_match_term != term:
             self._true_match, self._true_match_term = {}, term
+            self._match_capped = False
         synced_term, synced_index = self._leader_sync.synced
         own = synced_index if synced_term == term else 0
         match = self._SyncObj__raftMatchIndex
+        if not self._match_capped and all(acked <= own for acked in match.values()):
+            # The usual case, checked without hashing a node (pysyncobj's nodes hash in
+            # Python): our durable copy covers every ack, so pysyncobj's count is exact.
+            return
         others = list(self._SyncObj__otherNodes)
         true = self._true_match
         for node in others:
             true[node] = max(true.get(node, 0), match.get(node, 0))
         durable = sorted([true[node] for node in others] + [own], reverse=True)
         bound = durable[(len(others) + 1) // 2]  # quorum = n // 2 + 1; 0-based position
+        capped = False
         for node in others:
-            match[node] = min(true[node], bound)
+            shown = min(true[node], bound)
+            match[node] = shown
+            capped = capped or shown < true[node]
+        self._match_capped = capped
 
     def _onTick(self, timeToWait=0.0):
         self._cap_commit_votes()
