@@ -92,9 +92,18 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+_CONTAINERS = (dict, list, tuple)
+
+
+def _flat(mapping: dict) -> bool:
+    return not any(isinstance(v, _CONTAINERS) for v in mapping.values())
+
+
 def _sorted_map(value: Any) -> Any:
     """``value`` with every dict's keys in sorted order, so its msgpack bytes are canonical."""
     if isinstance(value, dict):
+        if _flat(value):  # results and details are flat maps: one sort, no recursion
+            return dict(sorted(value.items()))
         return {k: _sorted_map(value[k]) for k in sorted(value)}
     if isinstance(value, (list, tuple)):
         return [_sorted_map(v) for v in value]
@@ -834,13 +843,17 @@ def _read_snapshot(
         except ValueError as exc:
             raise ValueError(f"bad snapshot: dedup outcome: {exc}") from exc
         _need(isinstance(outcome, Applied) and outcome.op == op, "dedup outcome must be Applied")
+        result = wire[2]
+        if not (_flat(result) and list(result) == sorted(result)):
+            wire = None  # not canonical (a hand-made backup): re-encoded from the outcome
         applied_at_ms = _need_int(applied_at_ms, "dedup applied_at_ms", previous_at, log_clock_ms)
         previous_at = applied_at_ms
         dedup[op_id] = _DedupEntry(
-            op=Op(op),
+            op=outcome.op,
             resource=resource,
             outcome=outcome,
             applied_at_ms=applied_at_ms,
             index=_need_int(first_index, "dedup index", 0),
+            wire=wire,  # canonical as read: not encoded again (restore time is a stall too)
         )
     return epoch, log_clock_ms, resources, dedup
