@@ -862,7 +862,13 @@ class _HardenedSyncObj(SyncObj):
             # Stock code clears the whole journal when its head is older than the
             # dump (syncobj.py:1489-1495), dropping acknowledged entries.
             clearJournal = False
-        return SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+        loaded = SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+        if installing:
+            # The leader's election timer started when its message arrived (syncobj.py:952);
+            # restoring a full state takes about a second (RAFT.md), and a follower that
+            # spent it installing the leader's own snapshot must not then depose it.
+            self._SyncObj__raftElectionDeadline = _ps.monotonicTime() + self._SyncObj__generateRaftTimeout()
+        return loaded
 
     def _align_journal_head(self, index: int, term: int) -> bool:
         log_ = self._journal_obj()

@@ -458,6 +458,30 @@ def test_old_snapshot_never_rolls_state_back(tmp_path, fixes):
         assert len(node.state_machine.applied) == 3  # applied state went backwards
 
 
+def test_installing_a_snapshot_restarts_the_election_timer(tmp_path, monkeypatch):
+    new = snapshot_of(tmp_path, upto=8)
+    node = make_node(tmp_path)
+    fill_follower(node, last=3)
+    so = node.syncobj
+    clock = [1000.0]
+    monkeypatch.setattr(raft_node._ps, "monotonicTime", lambda: clock[0])
+    so._SyncObj__raftElectionDeadline = clock[0] + node.config.raft_min_timeout_s  # as the append set it
+    restore = node._replica.deserialize
+
+    def slow_restore(path):
+        clock[0] += 5.0  # a large state takes a while: longer than any election timeout
+        return restore(path)
+
+    monkeypatch.setattr(node._replica, "deserialize", slow_restore)
+    so._SyncObj__serializer._Serializer__deserializer = slow_restore
+    with open(so.conf.fullDumpFile, "wb") as f:
+        f.write(new)
+    so._SyncObj__loadDumpFile(clearJournal=True)  # as on snapshot install
+    assert len(node.state_machine.applied) == 7  # installed
+    # The timer counts from the end of the install, not from the message that carried it.
+    assert so._SyncObj__raftElectionDeadline >= clock[0] + node.config.raft_min_timeout_s
+
+
 @pytest.mark.parametrize("fixes", [ALL_FIXES, ALL_FIXES - {"keep_tail"}])
 def test_restart_keeps_journal_tail_after_newer_snapshot(tmp_path, fixes):
     node = make_node(tmp_path, fixes)
