@@ -490,11 +490,10 @@ class _HardenedSyncObj(SyncObj):
             **kwargs,
         )
         if self._has("durable_journal"):
-            notifier = getattr(self, "_SyncObj__pipeNotifier", None)
             self._leader_sync = _LeaderSync(
                 journal,
                 background=config.leader_sync_in_background and conf.autoTick,
-                wake=notifier.notify if notifier is not None else (lambda: None),
+                wake=self._wake_raft_thread,
                 on_fatal=on_fatal,
             )
         self.addOnTickCallback(self._flush_tick)
@@ -518,9 +517,18 @@ class _HardenedSyncObj(SyncObj):
         if full:
             callback(None, FAIL_REASON.QUEUE_FULL)
             return
+        if wake:
+            self._wake_raft_thread()  # what pysyncobj's _applyCommand does (syncobj.py:498-499)
+
+    def _wake_raft_thread(self) -> None:
+        """End the Raft thread's poll early, from any thread (pysyncobj's pipe notifier)."""
         notifier = getattr(self, "_SyncObj__pipeNotifier", None)
-        if wake and notifier is not None:
-            notifier.notify()  # what pysyncobj's _applyCommand does (syncobj.py:498-499)
+        if notifier is None:
+            return
+        try:
+            notifier.notify()
+        except BlockingIOError:
+            pass  # the pipe is full: a wake-up is pending already
 
     def _checkCommandsToApply(self):
         # pysyncobj takes queued commands here (syncobj.py:503); ours go first, packed.
