@@ -47,6 +47,7 @@ from typing import Any, Callable
 import msgpack
 import pysyncobj
 import pysyncobj.syncobj as _ps
+import pysyncobj.tcp_connection as _ps_tcp
 import pysyncobj.version
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.config import FAIL_REASON
@@ -102,6 +103,45 @@ def _create_journal(journal_file):
 
 
 _ps.createJournal = _create_journal
+
+
+# Every Raft message is zlib.compress(pickle, 3)'d before it is sent (tcp_connection.py:144).
+# For the small messages Raft sends all the time that costs 60-90 us each (zlib sets up
+# its state per call), an append goes to each follower, and nothing here gains from
+# compression (appends carry msgpack commands, mostly random op_ids). Below this size
+# messages go out as a zlib stream of stored blocks: the same format, so any pysyncobj
+# peer still decompresses it (tcp_connection.py:291), for the cost of an Adler-32.
+ZLIB_STORED_BELOW_BYTES = 64 * 1024
+
+
+def zlib_stored(data: bytes) -> bytes:
+    """``data`` as a valid zlib stream of uncompressed ("stored") deflate blocks (RFC 1950/1951)."""
+    out = [b"\x78\x01"]  # CMF: deflate, 32 KiB window; FLG: no dictionary, check bits ok
+    view = memoryview(data)
+    step = 0xFFFF
+    for pos in range(0, max(len(data), 1), step):
+        chunk = view[pos : pos + step]
+        final = pos + step >= len(data)
+        out.append(struct.pack("<BHH", 1 if final else 0, len(chunk), len(chunk) ^ 0xFFFF))
+        out.append(chunk)
+    out.append(struct.pack(">I", zlib.adler32(data)))
+    return b"".join(out)
+
+
+class _RaftWireZlib:
+    """What tcp_connection.py sees as ``zlib``: stored blocks for small messages."""
+
+    decompress = staticmethod(zlib.decompress)
+    error = zlib.error
+
+    @staticmethod
+    def compress(data: bytes, level: int = -1) -> bytes:
+        if len(data) < ZLIB_STORED_BELOW_BYTES:
+            return zlib_stored(data)
+        return zlib.compress(data, level)  # large snapshot chunks: worth compressing
+
+
+_ps_tcp.zlib = _RaftWireZlib
 
 
 class Outcome(enum.Enum):

@@ -559,3 +559,29 @@ def test_outgoing_connections_bind_own_address(tmp_path):
     finally:
         node.close()
         listener.close()
+
+
+# -- Raft wire: stored zlib blocks ------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [0, 1, 700, 65_535, 65_536, 200_000])
+def test_stored_zlib_stream_is_what_any_pysyncobj_peer_decompresses(size):
+    import os
+    import zlib
+
+    data = os.urandom(size)
+    stream = raft_node.zlib_stored(data)
+    assert zlib.decompress(stream) == data  # what tcp_connection.py:291 does on the other side
+    reader = zlib.decompressobj()
+    assert reader.decompress(stream) == data and reader.eof and not reader.unused_data
+    assert len(stream) <= size + 11 + 5 * (size // 65_535)  # stored: no compression attempted
+
+
+def test_raft_connections_send_stored_blocks_below_the_threshold():
+    import pysyncobj.tcp_connection as tcp
+
+    small = b"x" * 1000
+    assert tcp.zlib.compress(small, 3) == raft_node.zlib_stored(small)
+    big = b"x" * raft_node.ZLIB_STORED_BELOW_BYTES
+    assert len(tcp.zlib.compress(big, 3)) < len(big) // 10  # large chunks still compressed
+    assert tcp.zlib.decompress(tcp.zlib.compress(big, 3)) == big
