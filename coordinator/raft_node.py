@@ -23,8 +23,7 @@ Fix names:
                        pipelined sends keep undoing: a divergent follower never caught up)
 
 Batching: commands proposed with a ``batch_key`` while the tick thread is busy share one
-Raft entry (``SHARED_ENTRY_MARKER`` + a msgpack list of commands), applied one by one in
-order under one index. Two commands with the same key never share an entry, so per key
+Raft entry (``raft_wire.encode_shared_entry``), applied one by one in order under one index. Two commands with the same key never share an entry, so per key
 (the service uses the resource name) every command still has an index of its own.
 """
 
@@ -52,11 +51,11 @@ import pysyncobj.version
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.config import FAIL_REASON
 from pysyncobj.journal import FileJournal, Journal
-from pysyncobj.node import TCPNode
 from pysyncobj.transport import TCPTransport
 
-from . import limits
+from . import limits, raft_wire
 from .journal import DurableJournal, JOURNAL_NAME, fsync_directory
+from .leader_sync import LeaderSync
 
 log = logging.getLogger(__name__)
 
@@ -105,29 +104,8 @@ def _create_journal(journal_file):
 _ps.createJournal = _create_journal
 
 
-# Every Raft message is zlib.compress(pickle, 3)'d before it is sent (tcp_connection.py:144).
-# For the small messages Raft sends all the time that costs 60-90 us each (zlib sets up
-# its state per call), an append goes to each follower, and nothing here gains from
-# compression (appends carry msgpack commands, mostly random op_ids). Below this size
-# messages go out as a zlib stream of stored blocks: the same format, so any pysyncobj
-# peer still decompresses it (tcp_connection.py:291), for the cost of an Adler-32.
-ZLIB_STORED_BELOW_BYTES = 64 * 1024
-
-
-def zlib_stored(data: bytes) -> bytes:
-    """``data`` as a valid zlib stream of uncompressed ("stored") deflate blocks (RFC 1950/1951)."""
-    out = [b"\x78\x01"]  # CMF: deflate, 32 KiB window; FLG: no dictionary, check bits ok
-    view = memoryview(data)
-    step = 0xFFFF
-    for pos in range(0, max(len(data), 1), step):
-        chunk = view[pos : pos + step]
-        final = pos + step >= len(data)
-        out.append(struct.pack("<BHH", 1 if final else 0, len(chunk), len(chunk) ^ 0xFFFF))
-        out.append(chunk)
-    out.append(struct.pack(">I", zlib.adler32(data)))
-    return b"".join(out)
-
-
+# pysyncobj deflates every Raft message (tcp_connection.py:144); small ones go out as
+# stored zlib blocks instead, the same format for any peer (raft_wire.py says why).
 class _RaftWireZlib:
     """What tcp_connection.py sees as ``zlib``: stored blocks for small messages."""
 
@@ -136,8 +114,8 @@ class _RaftWireZlib:
 
     @staticmethod
     def compress(data: bytes, level: int = -1) -> bytes:
-        if len(data) < ZLIB_STORED_BELOW_BYTES:
-            return zlib_stored(data)
+        if len(data) < raft_wire.ZLIB_STORED_BELOW_BYTES:
+            return raft_wire.zlib_stored(data)
         return zlib.compress(data, level)  # large snapshot chunks: worth compressing
 
 
@@ -253,31 +231,6 @@ def _verify_dump(path: str) -> tuple[int, int]:
     return index, term
 
 
-# First byte of an entry that carries several commands. 0xc1 is the one byte msgpack never
-# uses, so no single command (a msgpack array) can start with it.
-SHARED_ENTRY_MARKER = b"\xc1"
-
-
-def encode_shared_entry(commands: list[bytes]) -> bytes:
-    return SHARED_ENTRY_MARKER + msgpack.packb(commands, use_bin_type=True)
-
-
-def decode_shared_entry(entry: bytes) -> list[bytes] | None:
-    """The commands of a shared entry, or None if ``entry`` is not a well-formed one."""
-    if entry[:1] != SHARED_ENTRY_MARKER:
-        return None
-    try:
-        commands = msgpack.unpackb(
-            entry[1:], use_list=True, raw=False,
-            max_array_len=limits.RAFT_ENTRY_COMMANDS_MAX, max_bin_len=limits.RAFT_ENTRY_BYTES_MAX,
-        )
-    except Exception:  # noqa: BLE001 - any decoding failure: not a shared entry
-        return None
-    if not isinstance(commands, list) or not commands or not all(isinstance(c, bytes) for c in commands):
-        return None
-    return commands
-
-
 @contextlib.contextmanager
 def _gc_paused():
     """The cyclic GC off while a snapshot is built or read: millions of short-lived
@@ -315,7 +268,7 @@ class _Replica(SyncObjConsumer):
     def apply(self, entry: bytes):
         try:
             index = self._syncObj.raftLastApplied + 1
-            shared = decode_shared_entry(entry)
+            shared = raft_wire.decode_shared_entry(entry)
             with self.lock:
                 if shared is None:
                     # A malformed shared entry goes to the state machine as is: refused as a value.
@@ -395,72 +348,6 @@ class _BoundTCPTransport(TCPTransport):
         conn.setSockoptKeepalive = bind_then_keepalive
 
 
-class _LeaderSync:
-    """The leader's own journal sync, on a thread of its own.
-
-    A leader may send entries before they are durable on its own disk (Raft allows it);
-    what it may not do is count itself toward their commit before. The Raft thread asks
-    for a sync of everything up to (term, index) and carries on; this thread runs the
-    fdatasync and publishes the (term, index) it covers, and the commit computation counts
-    the leader only up to there (``_HardenedSyncObj._cap_commit_votes``). Within one term
-    a leader never truncates its log, so a published index stays durable for that term.
-
-    ``background=False`` (the simulation, no threads) syncs inline at request time.
-    """
-
-    def __init__(self, journal, *, background: bool, wake: Callable[[], None], on_fatal) -> None:
-        self._journal = journal
-        self._background = background
-        self._wake = wake
-        self._on_fatal = on_fatal
-        self._cond = threading.Condition()
-        self._wanted: tuple[int, int] = (0, 0)
-        self._stopped = False
-        self.synced: tuple[int, int] = (0, 0)  # (term, index) durable on this node
-        self._thread = None
-        if background:
-            self._thread = threading.Thread(target=self._run, name="leader-sync", daemon=True)
-            self._thread.start()
-
-    def request(self, term: int, index: int) -> None:
-        if not self._background:
-            self._sync()
-            self.synced = max(self.synced, (term, index))
-            return
-        with self._cond:
-            if (term, index) > self._wanted:
-                self._wanted = (term, index)
-                self._cond.notify()
-
-    def _sync(self) -> bool:
-        try:
-            self._journal.sync()
-            return True
-        except BaseException as exc:  # noqa: BLE001
-            self._on_fatal(f"journal sync failed: {exc!r}", EXIT_DISK_FAILED)
-            return False
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while self._wanted <= self.synced and not self._stopped:
-                    self._cond.wait()
-                if self._stopped:
-                    return
-                target = self._wanted
-            if not self._sync():
-                return
-            self.synced = target  # one tuple assignment: read whole by the Raft thread
-            self._wake()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-
-
 class _HardenedSyncObj(SyncObj):
     """pysyncobj with the durability and safety holes of PYSYNCOBJ.md closed."""
 
@@ -530,11 +417,12 @@ class _HardenedSyncObj(SyncObj):
             **kwargs,
         )
         if self._has("durable_journal"):
-            self._leader_sync = _LeaderSync(
+            self._leader_sync = LeaderSync(
                 journal,
                 background=config.leader_sync_in_background and conf.autoTick,
                 wake=self._wake_raft_thread,
                 on_fatal=on_fatal,
+                exit_code=EXIT_DISK_FAILED,
             )
         self.addOnTickCallback(self._flush_tick)
 
@@ -640,7 +528,7 @@ class _HardenedSyncObj(SyncObj):
                 callback((index, outcome), error)
 
         self.shared_entries += 1
-        self._replica.apply(encode_shared_entry([command for command, _, _ in group]), callback=fan_out)
+        self._replica.apply(raft_wire.encode_shared_entry([command for command, _, _ in group]), callback=fan_out)
 
     # -- group commit and coalesced sends --------------------------------------
 

@@ -14,7 +14,7 @@ import pytest
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import Transport
 
-from coordinator import raft_node
+from coordinator import raft_node, raft_wire
 from coordinator.raft_node import ALL_FIXES, EXIT_APPLY_FAILED, Outcome, RaftConfig, RaftNode
 
 SELF = "127.0.0.10:4001"
@@ -275,7 +275,7 @@ def test_commands_with_distinct_keys_share_one_entry_in_order(tmp_path):
         node.propose_async(name, collect(results, name), batch_key=key)
     node.tick(0)
     log = so._SyncObj__raftLog
-    shared = [raft_node.decode_shared_entry(ps_pickle.loads(e[0][1:])[1][0]) for e in log[before + 1 - log[0][1]:]]
+    shared = [raft_wire.decode_shared_entry(ps_pickle.loads(e[0][1:])[1][0]) for e in log[before + 1 - log[0][1]:]]
     # a2 repeats key "a": a new entry (of one command: a plain one); n1 has no key:
     # alone, keeping its place; c1 is then alone too.
     assert shared == [[b"a1", b"b1"], None, None, None]
@@ -291,11 +291,11 @@ def test_commands_with_distinct_keys_share_one_entry_in_order(tmp_path):
 
 def test_a_malformed_shared_entry_reaches_the_state_machine_as_one_command(tmp_path):
     node = make_node(tmp_path)
-    for bad in (raft_node.SHARED_ENTRY_MARKER + b"\xff", raft_node.SHARED_ENTRY_MARKER + b"\x90",
-                raft_node.encode_shared_entry([b"x"]) + b"\x01"):
-        assert raft_node.decode_shared_entry(bad) is None
+    for bad in (raft_wire.SHARED_ENTRY_MARKER + b"\xff", raft_wire.SHARED_ENTRY_MARKER + b"\x90",
+                raft_wire.encode_shared_entry([b"x"]) + b"\x01"):
+        assert raft_wire.decode_shared_entry(bad) is None
     fill_follower(node, last=2)
-    bad = raft_node.SHARED_ENTRY_MARKER + b"\x92\x01\x02"  # a list, but not of bytes
+    bad = raft_wire.SHARED_ENTRY_MARKER + b"\x92\x01\x02"  # a list, but not of bytes
     append(node, 2, 1, [entry(node, bad, 3, 1)], commit=3)
     node.tick(0)
     assert node.state_machine.applied == [b"p2", bad]  # refused there as a value, no crash
@@ -570,7 +570,7 @@ def test_stored_zlib_stream_is_what_any_pysyncobj_peer_decompresses(size):
     import zlib
 
     data = os.urandom(size)
-    stream = raft_node.zlib_stored(data)
+    stream = raft_wire.zlib_stored(data)
     assert zlib.decompress(stream) == data  # what tcp_connection.py:291 does on the other side
     reader = zlib.decompressobj()
     assert reader.decompress(stream) == data and reader.eof and not reader.unused_data
@@ -581,7 +581,7 @@ def test_raft_connections_send_stored_blocks_below_the_threshold():
     import pysyncobj.tcp_connection as tcp
 
     small = b"x" * 1000
-    assert tcp.zlib.compress(small, 3) == raft_node.zlib_stored(small)
-    big = b"x" * raft_node.ZLIB_STORED_BELOW_BYTES
+    assert tcp.zlib.compress(small, 3) == raft_wire.zlib_stored(small)
+    big = b"x" * raft_wire.ZLIB_STORED_BELOW_BYTES
     assert len(tcp.zlib.compress(big, 3)) < len(big) // 10  # large chunks still compressed
     assert tcp.zlib.decompress(tcp.zlib.compress(big, 3)) == big
