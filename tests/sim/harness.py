@@ -935,19 +935,25 @@ class Simulation:
             return
         m.node = node
         m.transport = node.syncobj._SyncObj__transport
-        node.syncobj._sync_then_ack = functools.partial(self._sync_or_crash, m, node.syncobj._sync_then_ack)
+        # Every journal sync a tick runs goes through one of these two: a follower's (then its
+        # acks), a leader's own (after it sent the entries). An armed crash strikes at either.
+        so = node.syncobj
+        so._sync_then_ack = functools.partial(self._sync_or_crash, m, so._sync_then_ack)
+        if so._leader_sync is not None:
+            so._leader_sync.request = functools.partial(self._sync_or_crash, m, so._leader_sync.request)
         node.syncobj.conf.onStateChanged = functools.partial(self._on_state_changed, m, m.incarnation)
         self._event(f"{m.label} started (incarnation {m.incarnation})")
         self._schedule_tick(m, self.clock.now_us + self.sched_rng.randint(*self.params.idle_tick_us))
 
-    def _sync_or_crash(self, m: _Member, sync_then_ack) -> None:
+    def _sync_or_crash(self, m: _Member, sync, *args) -> None:
         """A member armed to crash dies at its first sync that has unsynced bytes to cover:
-        written, not yet durable, nothing acknowledged on them yet (power loss cuts them)."""
+        written (a leader's also sent), not yet durable, not yet acknowledged or counted
+        toward a commit (power loss cuts them)."""
         if m.armed_presync is not None and self.durable:
             path = os.path.join(m.data_dir, JOURNAL_NAME)
             if m.node.journal.synced_length < os.path.getsize(path):
                 raise _CrashBeforeSync()
-        sync_then_ack()
+        sync(*args)
 
     def _schedule_tick(self, m: _Member, at_us: int) -> None:
         self._seq += 1
