@@ -72,6 +72,13 @@ class Command:
     stamp_ms: int
     body: dict[str, Any]
 
+    @property
+    def resource(self) -> str | None:
+        """The resource this command acts on (None for cluster-wide ones). Proposers use it
+        as the Raft batch key: commands on different resources may share an entry, and per
+        resource every command keeps an index of its own (the chaos checker orders by it)."""
+        return self.body.get("resource")
+
     def encode(self) -> bytes:
         """The msgpack bytes of this command, as proposed to the Raft log."""
         return msgpack.packb(

@@ -23,8 +23,9 @@ Fix names:
                        pipelined sends keep undoing: a divergent follower never caught up)
 
 Batching: commands proposed with a ``batch_key`` while the tick thread is busy share one
-Raft entry (``raft_wire.encode_shared_entry``), applied one by one in order under one index. Two commands with the same key never share an entry, so per key
-(the service uses the resource name) every command still has an index of its own.
+Raft entry (``raft_wire.encode_shared_entry``), applied one by one in order under one
+index. Two commands with the same key never share an entry, so per key (the service uses
+the resource name) every command still has an index of its own.
 """
 
 from __future__ import annotations
@@ -570,13 +571,12 @@ class _HardenedSyncObj(SyncObj):
                 self._append_pending = False
                 self._commit_notify_at = None
                 SyncObj._SyncObj__sendAppendEntries(self)
-        if self._leader_sync is not None and self._isLeader() and not self._pending_acks:
+        leading = self._leader_sync is not None and self._isLeader()
+        if self._pending_acks or not leading:
+            self._sync_then_ack()
+        if leading:
             # Ask for our own sync and go on: _cap_commit_votes counts us only up to it.
             self._leader_sync.request(self.raftCurrentTerm, self._SyncObj__getCurrentLogIndex())
-        else:
-            self._sync_then_ack()
-            if self._leader_sync is not None and self._isLeader():
-                self._leader_sync.request(self.raftCurrentTerm, self._SyncObj__getCurrentLogIndex())
 
     def _sync_then_ack(self) -> None:
         """One journal sync for everything appended so far, then the acks that wait on it."""
@@ -701,7 +701,7 @@ class _HardenedSyncObj(SyncObj):
                 # pysyncobj will reject with nextIndex = prevLogIdx, one entry back per round
                 # trip. Raft's usual shortcut: skip our whole conflicting term at once.
                 self._conflict_hint = self._first_index_of_term(prev_idx, local_prev_term)
-            if self._has("truncate_on_conflict") and self._local_term(prev_idx) == prev_term:
+            if self._has("truncate_on_conflict") and local_prev_term == prev_term:
                 # Skip the entries we already hold with the same term; pysyncobj
                 # would otherwise delete everything after prevLogIdx, even a
                 # matching tail that was acknowledged (syncobj.py:991-1004).
@@ -892,7 +892,7 @@ class RaftNode:
             # The entry may still commit later: only the caller's op_id can tell.
             return ProposeResult(Outcome.UNKNOWN, detail="deadline_exceeded")
         result, error = box[0]
-        return self.result_of(result, error)
+        return self._result_of(result, error)
 
     def propose_async(self, command: bytes, callback: Callable[[Any, int], None], *, batch_key: Any = None) -> None:
         """Queue ``command``; ``callback(result, fail_reason)`` runs on the Raft thread.
@@ -906,7 +906,7 @@ class RaftNode:
         self._syncobj.queue_command(command, batch_key, callback)
 
     @staticmethod
-    def result_of(result, error) -> ProposeResult:
+    def _result_of(result, error) -> ProposeResult:
         """Turn a pysyncobj callback's (result, fail reason) into a ProposeResult."""
         if error == FAIL_REASON.SUCCESS:
             index, value = result

@@ -93,9 +93,7 @@ class Proposer:
         try:
             stamped = dataclasses.replace(command, stamp_ms=self.node.next_stamp_ms())
             kwargs = {} if max_bytes is None else {"max_bytes": max_bytes}
-            # Commands on different resources may share a Raft entry; per resource every
-            # command keeps an index of its own (the chaos checker orders by it).
-            kwargs["batch_key"] = command.body.get("resource")
+            kwargs["batch_key"] = command.resource  # shared Raft entries only across resources
             result = self.node.propose(stamped.encode(), timeout_s, **kwargs)
         finally:
             self._slots.release()

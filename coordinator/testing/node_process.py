@@ -48,7 +48,7 @@ class NodeService:
 
     def propose_command(self, cmd: commands.Command, timeout_s: float):
         stamped = dataclasses.replace(cmd, stamp_ms=self.node.next_stamp_ms())
-        return self.node.propose(stamped.encode(), timeout_s, batch_key=cmd.body.get("resource"))
+        return self.node.propose(stamped.encode(), timeout_s, batch_key=cmd.resource)
 
     def handle(self, req: dict) -> dict:
         op = req.get("op")
