@@ -135,6 +135,13 @@ class ServerConfig:
             " run can simulate power loss (journal.cut_to_synced_length); costs one extra write per sync"
         ),
     )
+    # -- observability --------------------------------------------------------------------
+    metrics_address: str = dataclasses.field(
+        default="",
+        metadata=_doc(
+            "host:port of the Prometheus endpoint (HTTP GET /metrics); empty: no metrics, and no cost"
+        ),
+    )
     # -- process ------------------------------------------------------------------------
     log_level: str = dataclasses.field(
         default="INFO", metadata=_doc("DEBUG, INFO, WARNING or ERROR")
@@ -242,6 +249,12 @@ def validate(config: ServerConfig) -> ServerConfig:
         raise ConfigError(f"members: {len(rafts)} members; use an odd number (a majority of an even count buys nothing)")
     if config.listen_address:
         _parse_address("listen_address", config.listen_address)
+    if config.metrics_address:
+        metrics = _parse_address("metrics_address", config.metrics_address)
+        taken = {"raft_address": config.raft_address, "the gRPC address": config.bind_address}
+        for what, address in taken.items():
+            if _parse_address(what, address) == metrics:
+                raise ConfigError(f"metrics_address: {config.metrics_address} is also {what}")
     if config.admin_token and config.admin_token_file:
         raise ConfigError("admin_token and admin_token_file: give one, not both")
     positive = {

@@ -31,8 +31,10 @@ DEV_START_TIMEOUT_S = 60.0
 # grace period is 5 s, plus closing the Raft node).
 DEV_STOP_TIMEOUT_S = 15.0
 DEV_MEMBERS = 3
-# dev: API ports are base, base+1, base+2; Raft ports are base+100, +101, +102.
+# dev: API ports are base, base+1, base+2; Raft ports are base+100, +101, +102; metrics
+# (Prometheus, HTTP) base+200, +201, +202.
 DEV_RAFT_PORT_OFFSET = 100
+DEV_METRICS_PORT_OFFSET = 200
 
 
 def _setup_logging(level: str) -> None:
@@ -114,7 +116,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
     host = args.host
     apis = [f"{host}:{args.base_port + i}" for i in range(DEV_MEMBERS)]
     rafts = [f"{host}:{args.base_port + DEV_RAFT_PORT_OFFSET + i}" for i in range(DEV_MEMBERS)]
-    busy = [a for a in apis + rafts if not _port_free(host, int(a.rsplit(":", 1)[1]))]
+    metrics = [f"{host}:{args.base_port + DEV_METRICS_PORT_OFFSET + i}" for i in range(DEV_MEMBERS)]
+    busy = [a for a in apis + rafts + metrics if not _port_free(host, int(a.rsplit(":", 1)[1]))]
     if busy:
         print(f"fencingd dev: ports in use: {', '.join(busy)} (choose another --base-port)", file=sys.stderr)
         return 1
@@ -129,6 +132,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
                 f'data_dir = "{os.path.join(data_dir, f"node{i}")}"\n'
                 f'raft_address = "{rafts[i]}"\n'
                 f"members = {_toml_list(members)}\n"
+                f'metrics_address = "{metrics[i]}"\n'
                 f'log_level = "{args.log_level}"\n'
             )
         log_path = os.path.join(data_dir, f"node{i}.log")
@@ -188,7 +192,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
     print("fencingd dev: cluster is up", flush=True)
     for i in range(DEV_MEMBERS):
-        print(f"  member {i}: api {apis[i]}  raft {rafts[i]}  log {logs[i]}", flush=True)
+        print(f"  member {i}: api {apis[i]}  raft {rafts[i]}  metrics http://{metrics[i]}/metrics  log {logs[i]}", flush=True)
     print(f"ENDPOINTS {','.join(apis)}", flush=True)
     print(f"try: fencingctl --endpoints {','.join(apis)} status", flush=True)
     print(f"     fencingctl --endpoints {','.join(apis)} acquire orders/7 --ttl-ms 10000 --holder me", flush=True)
@@ -211,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
     dev = sub.add_parser("dev", help="run a local three-member cluster on loopback until Ctrl-C")
     dev.add_argument("--data-dir", default="./fencing-dev-data", help="where the members keep their data (reused on restart)")
-    dev.add_argument("--base-port", type=int, default=7100, help="API ports N..N+2, Raft ports N+100..N+102")
+    dev.add_argument("--base-port", type=int, default=7100, help="API ports N..N+2, Raft ports N+100..N+102, metrics N+200..N+202")
     dev.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
     dev.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     dev.add_argument("--start-timeout", type=float, default=DEV_START_TIMEOUT_S, help="seconds to wait for health")

@@ -951,6 +951,7 @@ class RaftNode:
             "log_len": raw.get("log_len", 0),
             "ready": self._caught_up(),
             "journal_syncs": getattr(self.journal, "sync_count", 0),
+            "shared_entries": so.shared_entries,
             "truncated_applied": so.truncated_applied,
             "refused_old_snapshots": so.refused_old_snapshots,
         }

@@ -2,7 +2,8 @@
 
 Owns: building the grpc.server (bounded thread pool, ``maximum_concurrent_rpcs``, message
 size limits), registering the fencing services, the standard health service and server
-reflection, the health updater thread, the audit log, and graceful shutdown.
+reflection, the health updater thread, the audit log, the metrics endpoint (when
+``metrics_address`` is set), and graceful shutdown.
 Must never: implement an RPC (service.py does) or touch pysyncobj (raft_node.py does).
 
 Health (grpc.health.v1), overall ("") and per service: SERVING only while this member is
@@ -27,6 +28,7 @@ from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.config import ServerConfig
 from coordinator.errors import ServiceError
+from coordinator.metrics import Metrics
 from coordinator.raft_node import RaftConfig, RaftNode
 from coordinator.service import (
     AdminServicer,
@@ -124,12 +126,14 @@ class FencingServer:
         self.config = config
         self.node = node or RaftNode(raft_config(config), FencingStateMachine())
         members = config.member_map
+        self.metrics = Metrics() if config.metrics_address else None
         self.proposer = Proposer(
             self.node,
             inflight_max=config.inflight_proposals_max,
             timeout_max_s=config.propose_timeout_max_s,
             deadline_margin_s=config.propose_deadline_margin_s,
             members=members,
+            metrics=self.metrics,
         )
         core = Core(self.node, self.proposer, members=members)
         self.grpc_server = grpc.server(
@@ -140,6 +144,7 @@ class FencingServer:
                 ("grpc.max_send_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
                 ("grpc.so_reuseport", 0),
             ],
+            interceptors=[] if self.metrics is None else [self.metrics.interceptor()],
         )
         self.lease = LeaseServicer(core, acquire_wait_poll_s=config.acquire_wait_poll_ms / 1000)
         pb_grpc.add_LeaseServicer_to_server(self.lease, self.grpc_server)
@@ -162,8 +167,20 @@ class FencingServer:
         if self.port == 0:
             raise OSError(f"cannot listen on {config.bind_address}")
         self.updater = HealthUpdater(self.node, self.proposer, self.health, config.health_check_interval_s)
+        if self.metrics is not None:
+            self.metrics.watch(self.member_status)
+
+    def member_status(self) -> dict:
+        """What the metrics report of this member at scrape time (never blocks on Raft)."""
+        status = self.node.status()
+        status["api_address"] = self.config.api_address
+        status["serving"] = bool(self.updater.serving)
+        status["epoch"] = self.node.read(lambda sm: sm.epoch)
+        return status
 
     def start(self) -> None:
+        if self.metrics is not None:
+            self.metrics.serve(self.config.metrics_address)  # fails here, before serving RPCs
         self.grpc_server.start()
         self.updater.start()
         log.info(
@@ -176,5 +193,7 @@ class FencingServer:
         self.health.enter_graceful_shutdown()  # probes see NOT_SERVING while we drain
         self.grpc_server.stop(self.config.shutdown_grace_s).wait(self.config.shutdown_grace_s + 1)
         self.lease.close()
+        if self.metrics is not None:
+            self.metrics.close()
         self.node.close()
         log.info("stopped member %s", self.config.raft_address)

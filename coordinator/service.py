@@ -31,6 +31,7 @@ from coordinator import commands, errors, limits, validation
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.errors import Failure, ServiceError
+from coordinator.metrics import Metrics
 from coordinator.raft_node import Outcome, ProposeResult, RaftNode
 from coordinator.state_machine import Reason
 
@@ -62,8 +63,10 @@ class Proposer:
         timeout_max_s: float,
         deadline_margin_s: float,
         members: dict[str, str],
+        metrics: Metrics | None = None,
     ) -> None:
         self.node = node
+        self.metrics = metrics
         self.timeout_max_s = timeout_max_s
         self.deadline_margin_s = deadline_margin_s
         self._members = members
@@ -87,9 +90,12 @@ class Proposer:
     ) -> ProposeResult:
         """The APPLIED result of ``command``, or raise ServiceError for anything else."""
         if not self._slots.acquire(blocking=False):
+            if self.metrics is not None:
+                self.metrics.proposal_done("overloaded", 0.0)
             raise ServiceError(
                 Failure.OVERLOADED, "too many proposals in flight on this member; retry later"
             )
+        started = time.perf_counter()
         try:
             stamped = dataclasses.replace(command, stamp_ms=self.node.next_stamp_ms())
             kwargs = {} if max_bytes is None else {"max_bytes": max_bytes}
@@ -97,6 +103,8 @@ class Proposer:
             result = self.node.propose(stamped.encode(), timeout_s, **kwargs)
         finally:
             self._slots.release()
+        if self.metrics is not None:
+            self.metrics.proposal_done(result.outcome.value, time.perf_counter() - started)
         if result.outcome is Outcome.APPLIED:
             if command.op is commands.Op.READ_BARRIER:
                 self.barrier_applied.set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import random
 import signal
 import socket
@@ -11,12 +12,15 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import grpc
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from coordinator.fencingd import DEV_RAFT_PORT_OFFSET
+from coordinator.fencingd import DEV_METRICS_PORT_OFFSET, DEV_RAFT_PORT_OFFSET
+
+OFFSETS = (0, DEV_RAFT_PORT_OFFSET, DEV_METRICS_PORT_OFFSET)  # API, Raft, metrics
 
 # Three fresh Python processes, an election and a read barrier; generous for slow CI.
 START_TIMEOUT_S = 60.0
@@ -37,7 +41,7 @@ def _base_port() -> int:
     rng = random.Random(os.getpid() * 31 + time.monotonic_ns())
     for _ in range(200):
         base = rng.randrange(20_000, 40_000)
-        if all(_free(base + i) and _free(base + DEV_RAFT_PORT_OFFSET + i) for i in range(3)):
+        if all(_free(base + offset + i) for offset in OFFSETS for i in range(3)):
             return base
     raise RuntimeError("no free port range for fencingd dev")
 
@@ -99,12 +103,18 @@ def test_dev_cluster_starts_stops_and_restarts_on_the_same_data(tmp_path):
             written = pb_grpc.FencedStoreStub(ch2).Write(pb.WriteRequest(
                 resource="dev/demo", key="k", value=b"survives restart", token=acq.token, op_id=os.urandom(16)),
                 timeout=10)
+        # Each member serves Prometheus metrics on the port its line prints.
+        line = dev.output[[i for i, text in enumerate(dev.output) if text.strip().startswith("member 0:")][0]]
+        url = re.search(r"metrics (http://\S+)", line).group(1)
+        assert url == f"http://127.0.0.1:{base + DEV_METRICS_PORT_OFFSET}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            assert "fencing_raft_applied_index" in reply.read().decode()
         assert dev.stop(signal.SIGTERM) == 0
         assert "fencingd dev: all members stopped\n" in dev.output
     finally:
         dev.kill()
     for i in range(3):  # every member is gone: nobody listens on its ports
-        assert _free(base + i) and _free(base + DEV_RAFT_PORT_OFFSET + i)
+        assert all(_free(base + offset + i) for offset in OFFSETS)
 
     again = Dev(data_dir, base)
     try:
