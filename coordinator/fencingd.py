@@ -96,6 +96,15 @@ def _healthy(api_address: str, timeout_s: float = 1.0) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def cmd_health(args: argparse.Namespace) -> int:
+    """Exit 0 iff the member at ``--address`` says SERVING (for container health checks)."""
+    if _healthy(args.address, timeout_s=args.timeout_s):
+        print(f"{args.address}: SERVING", flush=True)
+        return 0
+    print(f"{args.address}: not serving (or no answer within {args.timeout_s} s)", file=sys.stderr, flush=True)
+    return 1
+
+
 def _die_with_parent() -> None:
     """In the child before exec: get SIGTERM if the dev supervisor dies (Linux), never orphaned."""
     try:
@@ -220,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     dev.add_argument("--start-timeout", type=float, default=DEV_START_TIMEOUT_S, help="seconds to wait for health")
     dev.set_defaults(func=cmd_dev)
+    health = sub.add_parser(
+        "health", help="exit 0 iff a member answers SERVING (grpc.health.v1): for container probes"
+    )
+    health.add_argument("--address", default="127.0.0.1:7100", help="the member's API address (HOST:PORT)")
+    health.add_argument("--timeout-s", type=float, default=2.0, help="seconds to wait for the answer")
+    health.set_defaults(func=cmd_health)
     return parser
 
 

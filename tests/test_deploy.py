@@ -1,0 +1,205 @@
+"""deploy/: every manifest runs the same entry point with a configuration fencingd accepts.
+
+No Docker engine or Kubernetes cluster exists here, so these tests check what can go wrong
+around them: each member's configuration goes through the real config loader, the members
+of one cluster agree with each other and with the ports the manifests publish, and the
+health command the images probe with answers right against a real gRPC health service.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import configparser
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+
+import grpc
+import pytest
+import yaml
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from coordinator import config as config_mod
+from coordinator.fencingd import build_parser
+from coordinator.raft_node import EXIT_APPLY_FAILED, EXIT_DISK_FAILED
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEPLOY = os.path.join(REPO, "deploy")
+CONFIG_PATH = "/etc/fencing/fencing.toml"
+RAFT_PORT, API_PORT, METRICS_PORT = 7000, 7100, 7300
+
+
+def load_member(values: dict, tmp_path) -> config_mod.ServerConfig:
+    """The config a member would run with; its admin token file is replaced by a real one
+    (the manifests point at a secret mounted only at run time)."""
+    token = tmp_path / "admin-token"
+    token.write_text("t0ken")
+    assert values.get("admin_token_file"), "every deployed member needs an admin token"
+    return config_mod.build(values, {"admin_token_file": str(token)})
+
+
+def port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def check_cluster(configs: list[config_mod.ServerConfig]) -> None:
+    """Members agree: one member list, each one in it once, ports as the manifests publish."""
+    assert len(configs) == 3
+    assert len({c.members for c in configs}) == 1, "every member must list the same members"
+    assert sorted(c.raft_address for c in configs) == sorted(configs[0].member_map)
+    for c in configs:
+        assert port(c.raft_address) == RAFT_PORT
+        assert port(c.api_address) == port(c.bind_address) == API_PORT
+        assert port(c.metrics_address) == METRICS_PORT
+        assert c.data_dir.startswith("/var/lib/fencing/")
+
+
+# -- Dockerfile -------------------------------------------------------------------------------
+
+
+def dockerfile() -> dict[str, list[str]]:
+    """Instruction -> arguments of every line (continuations joined)."""
+    with open(os.path.join(DEPLOY, "Dockerfile"), encoding="utf-8") as f:
+        text = re.sub(r"\\\n", " ", f.read())
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.setdefault(word.upper(), []).append(rest.strip())
+    return out
+
+
+def test_the_image_runs_fencingd_serve_on_a_mounted_config_as_a_non_root_user():
+    d = dockerfile()
+    assert yaml.safe_load(d["ENTRYPOINT"][-1]) == ["fencingd", "serve"]
+    assert yaml.safe_load(d["CMD"][-1]) == ["--config", CONFIG_PATH]
+    assert {int(p) for p in d["EXPOSE"][-1].split()} == {RAFT_PORT, API_PORT, METRICS_PORT}
+    assert d["USER"][-1] not in ("root", "0")
+    assert "fencingd" in d["HEALTHCHECK"][-1] and "health" in d["HEALTHCHECK"][-1]
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    assert scripts["fencingd"] == "coordinator.fencingd:main"
+    for copy in d["COPY"]:
+        for source in copy.split()[:-1]:
+            assert os.path.exists(os.path.join(REPO, source)), f"COPY {source}: not in the repository"
+
+
+# -- docker compose ---------------------------------------------------------------------------
+
+
+def test_compose_members_form_one_cluster_on_the_published_ports(tmp_path):
+    with open(os.path.join(DEPLOY, "compose.yaml"), encoding="utf-8") as f:
+        compose = yaml.safe_load(f)
+    services = compose["services"]
+    assert sorted(services) == ["node1", "node2", "node3"]
+    configs = []
+    for name, service in services.items():
+        assert service["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
+        assert service["command"] == ["--config", CONFIG_PATH]
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}  # target -> source
+        source = mounts[CONFIG_PATH]
+        with open(os.path.join(DEPLOY, source), "rb") as f:
+            values = tomllib.load(f)
+        config = load_member(values, tmp_path)
+        assert config.raft_address.split(":")[0] == service["hostname"] == name
+        assert values["admin_token_file"] == "/run/secrets/admin_token"
+        assert service["secrets"] == ["admin_token"]
+        published = {int(p.rsplit(":", 1)[1]) for p in service["ports"]}
+        assert published == {API_PORT, METRICS_PORT}
+        assert mounts["/var/lib/fencing"] in compose["volumes"]
+        configs.append(config)
+    check_cluster(configs)
+    assert compose["secrets"]["admin_token"]["file"] == "./compose/admin-token"
+
+
+# -- Kubernetes -------------------------------------------------------------------------------
+
+
+def test_kubernetes_members_get_valid_configs_and_probes_match_the_ports(tmp_path):
+    with open(os.path.join(DEPLOY, "kubernetes", "fencing.yaml"), encoding="utf-8") as f:
+        docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(f)}
+    sts = docs[("StatefulSet", "fencing")]
+    replicas = sts["spec"]["replicas"]
+    assert replicas == 3
+    peers = docs[("Service", sts["spec"]["serviceName"])]
+    assert peers["spec"]["clusterIP"] == "None" and peers["spec"]["publishNotReadyAddresses"] is True
+    assert docs[("PodDisruptionBudget", "fencing")]["spec"]["minAvailable"] == replicas // 2 + 1
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    assert container.get("command") is None, "the image's entry point (fencingd serve) must run"
+    configs = []
+    for i in range(replicas):
+        pod = f"{sts['metadata']['name']}-{i}"
+        args = [a.replace("$(POD_NAME)", pod) for a in container["args"]]
+        parsed = build_parser().parse_args(["serve", *args])
+        values = {k: v for k, v in vars(parsed).items() if k in config_mod._FIELDS and v is not None}
+        config = load_member(values, tmp_path)
+        assert config.raft_address.startswith(f"{pod}.{peers['metadata']['name']}.")
+        configs.append(config)
+    check_cluster(configs)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"raft": RAFT_PORT, "grpc": API_PORT, "metrics": METRICS_PORT}
+    assert container["readinessProbe"]["grpc"]["port"] == API_PORT  # grpc.health.v1
+    assert "grpc" not in container["livenessProbe"], "a partitioned member must not be restarted"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert configs[0].data_dir.startswith(mounts["data"])
+    assert any(a.startswith("--admin-token-file=" + mounts["admin"]) for a in container["args"])
+
+
+# -- systemd ----------------------------------------------------------------------------------
+
+
+def test_the_systemd_unit_runs_the_example_config_and_stops_on_fatal_exits(tmp_path):
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str
+    unit.read(os.path.join(DEPLOY, "systemd", "fencingd.service"))
+    service = unit["Service"]
+    argv = shlex.split(service["ExecStart"])
+    assert os.path.basename(argv[0]) == "fencingd" and argv[1:] == ["serve", "--config", CONFIG_PATH]
+    with open(os.path.join(DEPLOY, "systemd", "fencing.toml"), "rb") as f:
+        config = load_member(tomllib.load(f), tmp_path)
+    assert config.data_dir.startswith(service["ReadWritePaths"] + "/")
+    assert os.path.dirname(config.audit_log_path) == service["ReadWritePaths"]
+    assert service["KillSignal"] == "SIGTERM"
+    assert int(service["TimeoutStopSec"]) > config.shutdown_grace_s
+    assert {2, EXIT_APPLY_FAILED, EXIT_DISK_FAILED} <= {int(c) for c in service["RestartPreventExitStatus"].split()}
+    assert port(config.raft_address) == RAFT_PORT and port(config.api_address) == API_PORT
+
+
+# -- the probe command ------------------------------------------------------------------------
+
+
+def run_health(address: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "coordinator.fencingd", "health", "--address", address, "--timeout-s", "2"],
+        capture_output=True, text=True, timeout=30,
+    )
+
+
+def test_fencingd_health_exits_zero_only_while_serving():
+    servicer = health.HealthServicer()
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    bound = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    address = f"127.0.0.1:{bound}"
+    try:
+        servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        refused = run_health(address)
+        assert refused.returncode == 1 and "not serving" in refused.stderr
+        servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        ok = run_health(address)
+        assert ok.returncode == 0 and "SERVING" in ok.stdout
+    finally:
+        server.stop(0)
+    gone = run_health(address)  # nobody listens any more
+    assert gone.returncode == 1
+
+
+@pytest.mark.parametrize("path", ["compose/node1.toml", "compose/node2.toml", "compose/node3.toml",
+                                  "systemd/fencing.toml"])
+def test_every_deployed_config_file_has_only_known_keys(path):
+    config_mod.read_toml(os.path.join(DEPLOY, path))  # raises on an unknown key
