@@ -57,8 +57,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server = FencingServer(cfg)
-    server.start()
+    server = None
+    try:
+        server = FencingServer(cfg)
+        server.start()
+    except OSError as exc:  # a port in use, an address not on this machine
+        print(f"fencingd: cannot start: {exc}", file=sys.stderr, flush=True)
+        if server is not None:
+            server.node.close()
+        return 1
     print(f"READY member={cfg.raft_address} api={cfg.bind_address} pid={os.getpid()}", flush=True)
     while not stop.wait(1.0):
         pass

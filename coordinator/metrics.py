@@ -63,9 +63,11 @@ class Metrics:
 
     # -- proposals ------------------------------------------------------------------------
 
-    def proposal_done(self, outcome: str, seconds: float) -> None:
+    def proposal_done(self, outcome: str, seconds: float | None) -> None:
+        """Count one proposal; ``seconds`` None: refused before it reached Raft (not timed)."""
         self._outcome[outcome].inc()
-        self.proposal_duration.observe(seconds)
+        if seconds is not None:
+            self.proposal_duration.observe(seconds)
 
     # -- RPCs ---------------------------------------------------------------------------------
 
@@ -94,7 +96,10 @@ class Metrics:
     def serve(self, address: str) -> None:
         """Serve ``GET /metrics`` on ``address`` (HOST:PORT) from a daemon thread."""
         host, _, port = address.rpartition(":")
-        self._http, _thread = start_http_server(int(port), addr=host, registry=self.registry)
+        try:
+            self._http, _thread = start_http_server(int(port), addr=host, registry=self.registry)
+        except OSError as exc:
+            raise OSError(exc.errno, f"metrics_address {address}: {exc.strerror or exc}") from None
 
     def close(self) -> None:
         if self._http is not None:

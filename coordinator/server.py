@@ -171,7 +171,8 @@ class FencingServer:
             self.metrics.watch(self.member_status)
 
     def member_status(self) -> dict:
-        """What the metrics report of this member at scrape time (never blocks on Raft)."""
+        """What the metrics report of this member when scraped: what the node publishes, and
+        the epoch (under the apply lock, like any local read)."""
         status = self.node.status()
         status["api_address"] = self.config.api_address
         status["serving"] = bool(self.updater.serving)

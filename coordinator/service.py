@@ -91,7 +91,7 @@ class Proposer:
         """The APPLIED result of ``command``, or raise ServiceError for anything else."""
         if not self._slots.acquire(blocking=False):
             if self.metrics is not None:
-                self.metrics.proposal_done("overloaded", 0.0)
+                self.metrics.proposal_done("overloaded", None)
             raise ServiceError(
                 Failure.OVERLOADED, "too many proposals in flight on this member; retry later"
             )

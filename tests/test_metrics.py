@@ -221,3 +221,25 @@ def test_a_scrape_shows_rpcs_proposals_and_the_raft_state(cluster):
         wait_for(lambda i=i: value(scrape(cluster.metrics_urls[i]), "fencing_raft_applied_index") >= applied,
                  timeout_s=10, what=f"member {i} to apply index {applied}")
         assert value(scrape(cluster.metrics_urls[i]), "fencing_raft_is_leader") == 0
+
+
+def test_a_metrics_port_in_use_stops_the_member_with_a_clear_error(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    raft_port, api_port = pick_ports(DEFAULT_HOSTS[:1])
+    host = DEFAULT_HOSTS[0]
+    with socket.socket() as taken:
+        taken.bind((host, 0))
+        taken.listen()
+        metrics_address = f"{host}:{taken.getsockname()[1]}"
+        proc = subprocess.run(
+            [sys.executable, "-m", "coordinator.fencingd", "serve", "--data-dir", str(tmp_path / "d"),
+             "--raft-address", f"{host}:{raft_port}", "--members", f"{host}:{raft_port}={host}:{api_port}",
+             "--metrics-address", metrics_address, "--log-level", "WARNING"],
+            capture_output=True, text=True, timeout=60,
+        )
+    assert proc.returncode == 1, proc.stderr
+    assert f"fencingd: cannot start: [Errno 98] metrics_address {metrics_address}" in proc.stderr
+    assert "Traceback" not in proc.stderr
