@@ -21,7 +21,7 @@ from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.metrics import PROPOSAL_OUTCOMES, Metrics
 from coordinator.raft_node import Outcome
 from coordinator.testing.cluster import DEFAULT_HOSTS, pick_ports
-from coordinator.testing.grpc_cluster import RPC_TIMEOUT_S, GrpcCluster, wait_for
+from coordinator.testing.grpc_cluster import RPC_TIMEOUT_S, running_cluster, wait_for
 
 T = RPC_TIMEOUT_S
 WRITE = "/fencing.v1.FencedStore/Write"
@@ -155,16 +155,9 @@ def cluster(tmp_path_factory, request):
     base = str(tmp_path_factory.mktemp("metrics"))
     metrics_port, _ = pick_ports(DEFAULT_HOSTS)
     node_settings = {i: {"metrics_address": f"{h}:{metrics_port}"} for i, h in enumerate(DEFAULT_HOSTS)}
-    with GrpcCluster(base, node_settings=node_settings) as c:
+    for c in running_cluster(base, request, node_settings=node_settings):
         c.metrics_urls = [f"http://{h}:{metrics_port}/metrics" for h in DEFAULT_HOSTS]
-        try:
-            c.start_all()
-        except BaseException:
-            print(c.logs())
-            raise
         yield c
-        if request.session.testsfailed:
-            print(c.logs())
 
 
 def scrape(url: str) -> dict:

@@ -23,7 +23,7 @@ from grpc_status import rpc_status
 
 from coordinator import limits
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.testing.grpc_cluster import RPC_TIMEOUT_S, SERVING, GrpcCluster, wait_for
+from coordinator.testing.grpc_cluster import RPC_TIMEOUT_S, SERVING, running_cluster, wait_for
 
 ADMIN_TOKEN = "test-admin-token"
 ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
@@ -69,15 +69,7 @@ def check_header(header: pb.ResponseHeader, node) -> None:
 def cluster(tmp_path_factory, request):
     base = str(tmp_path_factory.mktemp("grpc-a"))
     node_settings = {i: {"audit_log_path": os.path.join(base, f"audit{i}.log")} for i in range(3)}
-    with GrpcCluster(base, settings={"admin_token": ADMIN_TOKEN}, node_settings=node_settings) as c:
-        try:
-            c.start_all()
-        except BaseException:
-            print(c.logs())
-            raise
-        yield c
-        if request.session.testsfailed:
-            print(c.logs())
+    yield from running_cluster(base, request, settings={"admin_token": ADMIN_TOKEN}, node_settings=node_settings)
 
 
 @pytest.fixture(scope="module")
@@ -554,15 +546,7 @@ def test_outcome_unknown_then_retry_with_the_same_op_id_applies_once(cluster):
 @pytest.fixture(scope="module")
 def cluster_b(tmp_path_factory, request):
     base = str(tmp_path_factory.mktemp("grpc-b"))
-    with GrpcCluster(base, node_settings={0: {"inflight_proposals_max": 1}}) as c:
-        try:
-            c.start_all()
-        except BaseException:
-            print(c.logs())
-            raise
-        yield c
-        if request.session.testsfailed:
-            print(c.logs())
+    yield from running_cluster(base, request, node_settings={0: {"inflight_proposals_max": 1}})
 
 
 def test_resource_exhausted_beyond_the_inflight_bound(cluster_b):

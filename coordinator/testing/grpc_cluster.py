@@ -247,6 +247,20 @@ class GrpcCluster:
         return "\n".join(out)
 
 
+def running_cluster(base_dir: str, request, **kwargs):
+    """Generator for a pytest fixture: a started GrpcCluster, its logs printed if starting
+    it or any test of the session failed, every process gone afterwards."""
+    with GrpcCluster(base_dir, **kwargs) as cluster:
+        try:
+            cluster.start_all()
+        except BaseException:
+            print(cluster.logs())
+            raise
+        yield cluster
+        if request.session.testsfailed:
+            print(cluster.logs())
+
+
 def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
     return wait_until(predicate, timeout_s, interval_s=interval_s, what=what)
 
