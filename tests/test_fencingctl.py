@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import importlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -332,17 +331,10 @@ def test_subprocess_exit_codes(fake):
 
 
 @pytest.fixture(scope="module")
-def real_cluster(tmp_path_factory):
-    if importlib.util.find_spec("coordinator.server") is None:
-        pytest.skip("coordinator/server.py (the gRPC server) does not exist yet")
-    from coordinator.testing.grpc_cluster import GrpcCluster
+def real_cluster(tmp_path_factory, request):
+    from coordinator.testing.grpc_cluster import running_cluster
 
-    cluster = GrpcCluster(str(tmp_path_factory.mktemp("ctl-cluster")))
-    try:
-        cluster.start_all(timeout_s=60)
-        yield cluster
-    finally:
-        cluster.close()
+    yield from running_cluster(str(tmp_path_factory.mktemp("ctl-cluster")), request)
 
 
 def test_real_cluster_acquire_write_fence_read(real_cluster, capsys):
