@@ -65,6 +65,7 @@ class AsyncFencingClient(_ClientBase):
         retry_max_attempts: int = RETRY_MAX_ATTEMPTS_DEFAULT,
         retry_backoff_s: float = RETRY_BACKOFF_S_DEFAULT,
         retry_backoff_max_s: float = RETRY_BACKOFF_MAX_S_DEFAULT,
+        bearer_token: str | None = None,
         admin_token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
@@ -75,6 +76,7 @@ class AsyncFencingClient(_ClientBase):
             retry_max_attempts=retry_max_attempts,
             retry_backoff_s=retry_backoff_s,
             retry_backoff_max_s=retry_backoff_max_s,
+            bearer_token=bearer_token,
             admin_token=admin_token,
             credentials=credentials,
         )

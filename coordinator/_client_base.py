@@ -264,6 +264,7 @@ class _ClientBase:
         retry_max_attempts: int = RETRY_MAX_ATTEMPTS_DEFAULT,
         retry_backoff_s: float = RETRY_BACKOFF_S_DEFAULT,
         retry_backoff_max_s: float = RETRY_BACKOFF_MAX_S_DEFAULT,
+        bearer_token: str | None = None,
         admin_token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
@@ -282,13 +283,16 @@ class _ClientBase:
             raise ValueError("retry_max_attempts must be at least 1")
         if retry_backoff_s < 0 or retry_backoff_max_s < retry_backoff_s:
             raise ValueError("need 0 <= retry_backoff_s <= retry_backoff_max_s")
+        if bearer_token and admin_token and bearer_token != admin_token:
+            raise ValueError("give bearer_token or admin_token (its older name), not both")
+        bearer_token = bearer_token or admin_token
         self._endpoints: tuple[str, ...] = tuple(normalized)
         self._timeout_s = float(timeout_s)
         self._attempt_timeout_s = float(attempt_timeout_s)
         self._max_attempts = int(retry_max_attempts)
         self._backoff = Backoff(base_s=float(retry_backoff_s), max_s=float(retry_backoff_max_s))
         self._metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {admin_token}"),) if admin_token else ()
+            (("authorization", f"Bearer {bearer_token}"),) if bearer_token else ()
         )
         self._credentials = credentials
         self._rng = random.Random()

@@ -8,7 +8,7 @@ line per error.
 Usage::
 
     fencingctl [--endpoints HOST:PORT,...] [--output table|json] [--timeout S]
-               [--admin-token TOKEN] COMMAND ...   (these options may also follow COMMAND)
+               [--credential TOKEN] [--admin-token TOKEN] COMMAND ...   (these options may also follow COMMAND)
 
     status
     acquire   RESOURCE --ttl-ms N [--holder H] [--wait-ms N] [--op-id HEX]
@@ -32,8 +32,9 @@ holder, wait_ms, floor, fence_all, epoch_floor). Numbers must be JSON integers: 
 negative, missing, a float, a string or a boolean is refused here, before anything is sent.
 
 Endpoints come from ``--endpoints``, else ``$FENCING_ENDPOINTS``, else the local dev cluster
-(``coordinator.client.DEFAULT_ENDPOINTS``). The admin credential comes from
-``--admin-token`` or ``$FENCING_ADMIN_TOKEN``.
+(``coordinator.client.DEFAULT_ENDPOINTS``). The caller's credential (a bearer token, not a
+fencing token) comes from ``--credential`` or ``$FENCING_CREDENTIAL``, else ``--admin-token``
+or ``$FENCING_ADMIN_TOKEN`` (its older name).
 
 Exit codes (scripts may rely on them):
 
@@ -77,6 +78,7 @@ EXIT_LIMIT = 7
 
 ENDPOINTS_ENV = "FENCING_ENDPOINTS"
 ADMIN_TOKEN_ENV = "FENCING_ADMIN_TOKEN"
+CREDENTIAL_ENV = "FENCING_CREDENTIAL"
 
 _EXIT_CODES_HELP = """\
 exit codes:
@@ -295,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Client and admin tool of the fencing coordinator.",
         epilog=_EXIT_CODES_HELP
         + f"\nendpoints: --endpoints, else ${ENDPOINTS_ENV}, else {','.join(DEFAULT_ENDPOINTS)}"
-        + f"\nadmin credential: --admin-token, else ${ADMIN_TOKEN_ENV}\n",
+        + f"\ncredential: --credential, else ${CREDENTIAL_ENV}, else --admin-token, else ${ADMIN_TOKEN_ENV}\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_common_options(parser, defaults=True)
@@ -387,7 +389,11 @@ def _add_common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> N
         help="deadline of the whole command, retries included (default 10)",
     )
     parser.add_argument(
-        "--admin-token", default=default(None), help=f"bearer credential (default ${ADMIN_TOKEN_ENV})"
+        "--credential", default=default(None), metavar="TOKEN",
+        help=f"this caller's bearer credential on a cluster with principals (default ${CREDENTIAL_ENV})",
+    )
+    parser.add_argument(
+        "--admin-token", default=default(None), help=f"older name of --credential (default ${ADMIN_TOKEN_ENV})"
     )
 
 
@@ -598,9 +604,12 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 request = _request_from_args(args, name)
         endpoints = args.endpoints or os.environ.get(ENDPOINTS_ENV) or ",".join(DEFAULT_ENDPOINTS)
-        admin_token = args.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
+        credential = (
+            args.credential or os.environ.get(CREDENTIAL_ENV)
+            or args.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
+        )
         try:
-            client = FencingClient(endpoints, timeout_s=args.timeout, admin_token=admin_token)
+            client = FencingClient(endpoints, timeout_s=args.timeout, bearer_token=credential)
         except ValueError as error:
             raise UsageError(f"--endpoints: {error}") from None
     except UsageError as error:

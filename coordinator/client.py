@@ -133,8 +133,10 @@ class FencingClient(_ClientBase):
     - ``retry_max_attempts`` (10): attempts per call (1 disables retries).
     - ``retry_backoff_s`` (0.05) / ``retry_backoff_max_s`` (1.0): exponential backoff with
       jitter between attempts.
-    - ``admin_token`` (None): a bearer credential, sent on every call as
-      ``authorization: Bearer <token>``; Admin RPCs need it when the cluster has one.
+    - ``bearer_token`` (None): this caller's credential (not a fencing token), sent on every call as
+      ``authorization: Bearer <token>``: a principal's token on a cluster with a principals
+      file (README "Who may call"), or the admin token for Admin RPCs. ``admin_token`` is
+      its older name.
     - ``credentials`` (None): ``grpc.ChannelCredentials`` for TLS/mTLS; None is plaintext.
 
     Every method also takes ``timeout_s=`` to override the whole-call deadline once.
@@ -153,6 +155,7 @@ class FencingClient(_ClientBase):
         retry_max_attempts: int = RETRY_MAX_ATTEMPTS_DEFAULT,
         retry_backoff_s: float = RETRY_BACKOFF_S_DEFAULT,
         retry_backoff_max_s: float = RETRY_BACKOFF_MAX_S_DEFAULT,
+        bearer_token: str | None = None,
         admin_token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
@@ -163,6 +166,7 @@ class FencingClient(_ClientBase):
             retry_max_attempts=retry_max_attempts,
             retry_backoff_s=retry_backoff_s,
             retry_backoff_max_s=retry_backoff_max_s,
+            bearer_token=bearer_token,
             admin_token=admin_token,
             credentials=credentials,
         )

@@ -26,6 +26,8 @@ import os
 import tomllib
 from typing import Any
 
+from coordinator.auth import PrincipalsError, load_principals
+
 
 class ConfigError(ValueError):
     """The configuration is unusable; the message names the key and says why."""
@@ -64,6 +66,13 @@ class ServerConfig:
     )
     admin_token_file: str = dataclasses.field(
         default="", metadata=_doc("file holding the admin token (keeps it out of ps); exclusive with admin_token")
+    )
+    principals_file: str = dataclasses.field(
+        default="",
+        metadata=_doc(
+            "TOML file of principals (bearer-token sha256, resource prefixes, admin; see"
+            " coordinator/auth.py); set: every fencing RPC needs a principal's token; empty: open data plane"
+        ),
     )
     audit_log_path: str = dataclasses.field(
         default="",
@@ -179,6 +188,15 @@ class ServerConfig:
             return token
         return self.admin_token
 
+    def principals(self) -> list:
+        """[(token sha256, Principal)] from ``principals_file``; [] without one."""
+        if not self.principals_file:
+            return []
+        try:
+            return load_principals(self.principals_file)
+        except PrincipalsError as exc:
+            raise ConfigError(f"principals_file: {exc}") from exc
+
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ServerConfig)}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -286,6 +304,7 @@ def validate(config: ServerConfig) -> ServerConfig:
     if config.log_level.upper() not in _LOG_LEVELS:
         raise ConfigError(f"log_level: must be one of {', '.join(_LOG_LEVELS)}")
     config.resolved_admin_token()  # a missing or empty token file fails at start, not at first use
+    config.principals()  # so does a bad principals file
     return config
 
 

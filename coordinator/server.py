@@ -26,6 +26,7 @@ from grpc_reflection.v1alpha import reflection
 from coordinator import commands, limits
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
+from coordinator.auth import Authenticator
 from coordinator.config import ServerConfig
 from coordinator.errors import ServiceError
 from coordinator.metrics import Metrics
@@ -135,7 +136,11 @@ class FencingServer:
             members=members,
             metrics=self.metrics,
         )
-        core = Core(self.node, self.proposer, members=members)
+        principals = config.principals()
+        authenticator = (
+            Authenticator(principals, admin_token=config.resolved_admin_token()) if principals else None
+        )
+        core = Core(self.node, self.proposer, members=members, authenticator=authenticator)
         self.grpc_server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(config.grpc_threads, thread_name_prefix="grpc"),
             maximum_concurrent_rpcs=config.grpc_max_concurrent_rpcs,
@@ -151,8 +156,10 @@ class FencingServer:
         pb_grpc.add_FencedStoreServicer_to_server(FencedStoreServicer(core), self.grpc_server)
         pb_grpc.add_ClusterServicer_to_server(ClusterServicer(core), self.grpc_server)
         admin_token = config.resolved_admin_token()
-        if not admin_token:
-            log.warning("no admin token configured: Admin RPCs are open to every client (fine for dev only)")
+        if not principals:
+            log.warning("no principals_file: every client may use every resource (fine for dev only)")
+            if not admin_token:
+                log.warning("no admin token configured: Admin RPCs are open to every client (fine for dev only)")
         pb_grpc.add_AdminServicer_to_server(
             AdminServicer(core, admin_token=admin_token, audit=audit_logger(config)), self.grpc_server
         )

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import grpc
 
 from coordinator import commands, errors, limits, validation
+from coordinator.auth import Authenticator, Principal
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.errors import Failure, ServiceError
@@ -116,13 +117,44 @@ class Proposer:
 
 
 class Core:
-    """What every servicer shares: the node, the proposer, headers and error replies."""
+    """What every servicer shares: the node, the proposer, who may call, headers and error replies."""
 
-    def __init__(self, node: RaftNode, proposer: Proposer, *, members: dict[str, str]) -> None:
+    def __init__(
+        self,
+        node: RaftNode,
+        proposer: Proposer,
+        *,
+        members: dict[str, str],
+        authenticator: Authenticator | None = None,
+    ) -> None:
         self.node = node
         self.proposer = proposer
         self.member_id = node.config.self_address
         self.members = members
+        self.authenticator = authenticator  # None: open data plane (no principals file)
+
+    def principal(self, context) -> Principal | None:
+        """The authenticated caller (None when there is no principals file); raises
+        UNAUTHENTICATED for a missing or unknown bearer token."""
+        if self.authenticator is None:
+            return None
+        found = self.authenticator.principal(context.invocation_metadata() or ())
+        if found is None:
+            raise ServiceError(
+                Failure.UNAUTHENTICATED, "this cluster needs 'authorization: Bearer TOKEN' of a known principal"
+            )
+        return found
+
+    def authorize(self, context, resource: str | None) -> None:
+        """DESIGN I10: the caller may act on ``resource`` (any resource: admin principals)."""
+        principal = self.principal(context)
+        if principal is None or resource is None or principal.admin or principal.may_use(resource):
+            return
+        raise ServiceError(
+            Failure.PERMISSION_DENIED,
+            f"principal {principal.name!r} may not use resource {resource!r}"
+            f" (its prefixes: {', '.join(repr(p) for p in principal.prefixes) or 'none'})",
+        )
 
     def header(self, index: int = 0) -> pb.ResponseHeader:
         term, applied = self.node.term_and_applied()
@@ -140,7 +172,8 @@ class Core:
         errors.abort(context, error, self.trailing(error.index))
 
     def run(self, command: commands.Command, context, *, max_bytes: int | None = None) -> tuple[dict, int]:
-        """Propose with the RPC's deadline; (result dict, Raft index) or ServiceError."""
+        """Authorize, then propose with the RPC's deadline; (result dict, Raft index) or ServiceError."""
+        self.authorize(context, command.resource)
         result = self.proposer.propose(command, self.proposer.timeout_s(context), max_bytes=max_bytes)
         return result.value.result, result.index
 
@@ -248,6 +281,7 @@ class LeaseServicer(pb_grpc.LeaseServicer):
 
     @_unary
     def KeepAliveMany(self, request: pb.KeepAliveManyRequest, context) -> pb.KeepAliveManyResponse:
+        self.core.principal(context)  # an unknown caller fails the call, not each item
         if len(request.leases) > limits.KEEP_ALIVE_BATCH_ITEMS_MAX:
             raise errors.invalid(
                 "leases", f"{len(request.leases)} items, more than {limits.KEEP_ALIVE_BATCH_ITEMS_MAX}"
@@ -450,6 +484,11 @@ class AdminServicer(pb_grpc.AdminServicer):
         self._audit_log = audit
 
     def _authorize(self, context) -> str:
+        principal = self.core.principal(context)  # with a principals file (admin_token is one)
+        if principal is not None:
+            if not principal.admin:
+                raise ServiceError(Failure.PERMISSION_DENIED, f"principal {principal.name!r} is not an admin")
+            return principal.name
         if not self._token:
             return "anonymous"  # no token configured: Admin is open (dev clusters)
         values = [v for k, v in context.invocation_metadata() if k == "authorization"]
