@@ -26,10 +26,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-import tomllib
 from typing import Any, Iterable
 
-from coordinator import limits
+from coordinator import limits, tomlfile
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _PREFIX = re.compile(r"[A-Za-z0-9._/:-]*", re.ASCII)  # resource-name characters; "" = all
@@ -56,13 +55,7 @@ def token_digest(token: str) -> str:
 
 def load_principals(path: str) -> list[tuple[str, Principal]]:
     """[(token sha256, principal)] from ``path``; raises PrincipalsError naming what is wrong."""
-    try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
-    except OSError as exc:
-        raise PrincipalsError(f"cannot read principals file {path}: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise PrincipalsError(f"principals file {path} is not valid TOML: {exc}") from exc
+    raw = tomlfile.load(path, "principals file", PrincipalsError)
     unknown = sorted(set(raw) - {"principal"})
     if unknown:
         raise PrincipalsError(f"{path}: unknown key(s) {', '.join(unknown)} (only [[principal]] tables)")

@@ -8,7 +8,8 @@ line per error.
 Usage::
 
     fencingctl [--endpoints HOST:PORT,...] [--output table|json] [--timeout S]
-               [--credential TOKEN] [--admin-token TOKEN] COMMAND ...   (these options may also follow COMMAND)
+               [--credential TOKEN] [--admin-token TOKEN] [--ca-file F [--cert-file F --key-file F]]
+               COMMAND ...   (these options may also follow COMMAND)
 
     status
     acquire   RESOURCE --ttl-ms N [--holder H] [--wait-ms N] [--op-id HEX]
@@ -79,6 +80,8 @@ EXIT_LIMIT = 7
 ENDPOINTS_ENV = "FENCING_ENDPOINTS"
 ADMIN_TOKEN_ENV = "FENCING_ADMIN_TOKEN"
 CREDENTIAL_ENV = "FENCING_CREDENTIAL"
+# TLS: the CA that signed the members' certificates, and for mutual TLS our own pair.
+TLS_ENV = {"ca_file": "FENCING_CA_FILE", "cert_file": "FENCING_CERT_FILE", "key_file": "FENCING_KEY_FILE"}
 
 _EXIT_CODES_HELP = """\
 exit codes:
@@ -395,6 +398,12 @@ def _add_common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> N
     parser.add_argument(
         "--admin-token", default=default(None), help=f"older name of --credential (default ${ADMIN_TOKEN_ENV})"
     )
+    for name, env in TLS_ENV.items():
+        what = {"ca_file": "TLS: PEM CA of the members' certificates (default: plaintext)",
+                "cert_file": "mutual TLS: this client's PEM certificate",
+                "key_file": "mutual TLS: its PEM private key"}[name]
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=default(None),
+                            metavar="FILE", help=f"{what} (default ${env})")
 
 
 def _positive_float(text: str) -> float:
@@ -578,6 +587,11 @@ def _print_error(error: BaseException, category: str, output: str, code: int) ->
     sys.stdout.flush()
 
 
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run fencingctl; returns the exit code (the console script exits with it)."""
     parser = build_parser()
@@ -608,8 +622,20 @@ def main(argv: list[str] | None = None) -> int:
             args.credential or os.environ.get(CREDENTIAL_ENV)
             or args.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
         )
+        tls = {name: getattr(args, name) or os.environ.get(env) for name, env in TLS_ENV.items()}
+        channel_credentials = None
+        if any(tls.values()):
+            try:
+                pem = {name: _read_bytes(path) if path else None for name, path in tls.items()}
+            except OSError as error:
+                raise UsageError(f"TLS file: {error}") from None
+            import grpc
+
+            channel_credentials = grpc.ssl_channel_credentials(pem["ca_file"], pem["key_file"], pem["cert_file"])
         try:
-            client = FencingClient(endpoints, timeout_s=args.timeout, bearer_token=credential)
+            client = FencingClient(
+                endpoints, timeout_s=args.timeout, bearer_token=credential, credentials=channel_credentials
+            )
         except ValueError as error:
             raise UsageError(f"--endpoints: {error}") from None
     except UsageError as error:

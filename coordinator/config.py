@@ -23,9 +23,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import tomllib
 from typing import Any
 
+from coordinator import tomlfile
 from coordinator.auth import PrincipalsError, load_principals
 
 
@@ -66,6 +66,15 @@ class ServerConfig:
     )
     admin_token_file: str = dataclasses.field(
         default="", metadata=_doc("file holding the admin token (keeps it out of ps); exclusive with admin_token")
+    )
+    # -- TLS on the gRPC API (the Raft port is not covered: RAFT.md "Not closed here") -----
+    tls_cert_file: str = dataclasses.field(
+        default="", metadata=_doc("PEM certificate chain the gRPC API serves; empty: plaintext (with tls_key_file)")
+    )
+    tls_key_file: str = dataclasses.field(default="", metadata=_doc("PEM private key of tls_cert_file"))
+    tls_client_ca_file: str = dataclasses.field(
+        default="",
+        metadata=_doc("PEM CA bundle; set: clients must present a certificate it signed (mutual TLS)"),
     )
     principals_file: str = dataclasses.field(
         default="",
@@ -188,6 +197,26 @@ class ServerConfig:
             return token
         return self.admin_token
 
+    def tls_files(self) -> tuple[bytes, bytes, bytes | None] | None:
+        """(certificate chain, private key, client CA or None) as PEM bytes; None: plaintext."""
+        if not (self.tls_cert_file or self.tls_key_file or self.tls_client_ca_file):
+            return None
+        if not (self.tls_cert_file and self.tls_key_file):
+            raise ConfigError("tls_cert_file and tls_key_file: give both (or neither, for plaintext)")
+
+        def read(key: str, path: str) -> bytes:
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as exc:
+                raise ConfigError(f"{key}: cannot read {path}: {exc}") from exc
+            if b"-----BEGIN " not in data:
+                raise ConfigError(f"{key}: {path} is not PEM")
+            return data
+
+        ca = read("tls_client_ca_file", self.tls_client_ca_file) if self.tls_client_ca_file else None
+        return read("tls_cert_file", self.tls_cert_file), read("tls_key_file", self.tls_key_file), ca
+
     def principals(self) -> list:
         """[(token sha256, Principal)] from ``principals_file``; [] without one."""
         if not self.principals_file:
@@ -305,17 +334,12 @@ def validate(config: ServerConfig) -> ServerConfig:
         raise ConfigError(f"log_level: must be one of {', '.join(_LOG_LEVELS)}")
     config.resolved_admin_token()  # a missing or empty token file fails at start, not at first use
     config.principals()  # so does a bad principals file
+    config.tls_files()  # and unreadable TLS files
     return config
 
 
 def read_toml(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    raw = tomlfile.load(path, "config file", ConfigError)
     unknown = sorted(set(raw) - set(_FIELDS))
     if unknown:
         raise ConfigError(f"config file {path}: unknown key(s) {', '.join(unknown)}")

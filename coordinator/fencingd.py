@@ -89,11 +89,15 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def _healthy(api_address: str, timeout_s: float = 1.0) -> bool:
+def _healthy(api_address: str, timeout_s: float = 1.0, credentials=None) -> bool:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(api_address) as channel:
+    channel = (
+        grpc.insecure_channel(api_address) if credentials is None
+        else grpc.secure_channel(api_address, credentials)
+    )
+    with channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
@@ -105,11 +109,27 @@ def _healthy(api_address: str, timeout_s: float = 1.0) -> bool:
 
 def cmd_health(args: argparse.Namespace) -> int:
     """Exit 0 iff the member at ``--address`` says SERVING (for container health checks)."""
-    if _healthy(args.address, timeout_s=args.timeout_s):
+    credentials = None
+    if args.ca_file or args.cert_file or args.key_file:
+        import grpc
+
+        try:
+            credentials = grpc.ssl_channel_credentials(*(
+                _read_file(path) if path else None for path in (args.ca_file, args.key_file, args.cert_file)
+            ))
+        except OSError as exc:
+            print(f"fencingd health: {exc}", file=sys.stderr, flush=True)
+            return 2
+    if _healthy(args.address, timeout_s=args.timeout_s, credentials=credentials):
         print(f"{args.address}: SERVING", flush=True)
         return 0
     print(f"{args.address}: not serving (or no answer within {args.timeout_s} s)", file=sys.stderr, flush=True)
     return 1
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _die_with_parent() -> None:
@@ -241,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     health.add_argument("--address", default="127.0.0.1:7100", help="the member's API address (HOST:PORT)")
     health.add_argument("--timeout-s", type=float, default=2.0, help="seconds to wait for the answer")
+    health.add_argument("--ca-file", help="TLS: PEM CA that signed the member's certificate (default: plaintext)")
+    health.add_argument("--cert-file", help="mutual TLS: this probe's PEM certificate")
+    health.add_argument("--key-file", help="mutual TLS: its PEM private key")
     health.set_defaults(func=cmd_health)
     return parser
 

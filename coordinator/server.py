@@ -170,7 +170,17 @@ class FencingServer:
         reflection.enable_server_reflection(
             (*FENCING_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc_server
         )
-        self.port = self.grpc_server.add_insecure_port(config.bind_address)
+        tls = config.tls_files()
+        if tls is None:
+            self.port = self.grpc_server.add_insecure_port(config.bind_address)
+        else:
+            cert, key, client_ca = tls
+            self.port = self.grpc_server.add_secure_port(
+                config.bind_address,
+                grpc.ssl_server_credentials(
+                    [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+                ),
+            )
         if self.port == 0:
             raise OSError(f"cannot listen on {config.bind_address}")
         self.updater = HealthUpdater(self.node, self.proposer, self.health, config.health_check_interval_s)

@@ -44,8 +44,10 @@ def _toml_value(value) -> str:
 
 
 class GrpcNode:
-    def __init__(self, index: int, host: str, raft_port: int, api_port: int, base_dir: str):
+    def __init__(self, index: int, host: str, raft_port: int, api_port: int, base_dir: str,
+                 credentials: grpc.ChannelCredentials | None = None):
         self.index = index
+        self.credentials = credentials  # TLS clusters: how the tests' channels connect
         self.host = host
         self.raft_address = f"{host}:{raft_port}"
         self.api_address = f"{host}:{api_port}"
@@ -63,7 +65,10 @@ class GrpcNode:
     @property
     def channel(self) -> grpc.Channel:
         if self._channel is None:
-            self._channel = grpc.insecure_channel(self.api_address)
+            self._channel = (
+                grpc.insecure_channel(self.api_address) if self.credentials is None
+                else grpc.secure_channel(self.api_address, self.credentials)
+            )
         return self._channel
 
     def close_channel(self) -> None:
@@ -102,11 +107,12 @@ class GrpcCluster:
     """Three ``fencingd serve`` members; per-node config overrides via ``node_settings``."""
 
     def __init__(self, base_dir: str, *, hosts=DEFAULT_HOSTS, settings: dict | None = None,
-                 node_settings: dict[int, dict] | None = None):
+                 node_settings: dict[int, dict] | None = None,
+                 credentials: grpc.ChannelCredentials | None = None):
         self.base_dir = base_dir
         os.makedirs(base_dir, exist_ok=True)
         raft_port, api_port = pick_ports(hosts)
-        self.nodes = [GrpcNode(i, h, raft_port, api_port, base_dir) for i, h in enumerate(hosts)]
+        self.nodes = [GrpcNode(i, h, raft_port, api_port, base_dir, credentials) for i, h in enumerate(hosts)]
         self.settings = {**TEST_SETTINGS, **(settings or {})}
         self.node_settings = node_settings or {}
         self._spawned: list[subprocess.Popen] = []
