@@ -64,8 +64,8 @@ class Failure(enum.Enum):
     OVERLOADED = "overloaded"  # the in-flight proposal bound is reached
     COMMAND_TOO_LARGE = "command_too_large"  # propose: encoded command over its cap
     OUTCOME_UNKNOWN = "outcome_unknown"  # propose: may or may not have applied
-    UNAUTHENTICATED = "unauthenticated"  # Admin: no credentials
-    PERMISSION_DENIED = "permission_denied"  # Admin: wrong credentials
+    UNAUTHENTICATED = "unauthenticated"  # no (or an unknown) bearer credential where one is needed
+    PERMISSION_DENIED = "permission_denied"  # a known caller, not allowed this resource or Admin
 
 
 _C = grpc.StatusCode

@@ -187,6 +187,7 @@ def _unary(method):
     @functools.wraps(method)
     def handler(self, request, context):
         try:
+            self.core.principal(context)  # who is calling comes first, before any input check
             return method(self, request, context)
         except ServiceError as error:
             self.core.abort(context, error)
@@ -281,7 +282,6 @@ class LeaseServicer(pb_grpc.LeaseServicer):
 
     @_unary
     def KeepAliveMany(self, request: pb.KeepAliveManyRequest, context) -> pb.KeepAliveManyResponse:
-        self.core.principal(context)  # an unknown caller fails the call, not each item
         if len(request.leases) > limits.KEEP_ALIVE_BATCH_ITEMS_MAX:
             raise errors.invalid(
                 "leases", f"{len(request.leases)} items, more than {limits.KEEP_ALIVE_BATCH_ITEMS_MAX}"

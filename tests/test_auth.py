@@ -114,6 +114,9 @@ def test_no_or_unknown_credential_is_unauthenticated_and_health_stays_open(clust
         assert code_of(node.cluster.Status, pb.StatusRequest(), metadata=metadata) is grpc.StatusCode.UNAUTHENTICATED
         many = pb.KeepAliveManyRequest(leases=[pb.KeepAliveRequest(resource="orders/1", token=1)])
         assert code_of(node.lease.KeepAliveMany, many, metadata=metadata) is grpc.StatusCode.UNAUTHENTICATED
+    # Who is calling is checked before the input: a stranger learns nothing from validation.
+    bad = pb.WriteRequest(resource="orders/1", key="k", value=b"v", token=0, op_id=b"short")
+    assert code_of(node.store.Write, bad) is grpc.StatusCode.UNAUTHENTICATED
     assert node.health_status() is not None  # probes need no credential
 
 
