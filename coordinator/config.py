@@ -139,7 +139,7 @@ class ServerConfig:
         default=10_000, metadata=_doc("commands queued for the Raft thread; beyond it OVERLOADED")
     )
     log_compaction_min_entries: int = dataclasses.field(
-        # A snapshot runs on the Raft thread (~0.3 s with a full dedup table): rarer is smoother.
+        # A snapshot runs on the Raft thread (~40 ms with a full dedup table): rarer is smoother.
         default=50_000, metadata=_doc("entries after which the log is snapshotted and compacted")
     )
     log_compaction_min_time_s: float = dataclasses.field(

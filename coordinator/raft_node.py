@@ -183,7 +183,7 @@ class RaftConfig:
     # Bounded queue of proposals waiting for the tick thread; beyond it, QUEUE_FULL.
     commands_queue_size: int = 10_000
     # Snapshot + compact after this many entries or this many seconds. A snapshot runs
-    # on the tick thread (~0.3 s with a full dedup table), so rarer is smoother; 50k
+    # on the tick thread (~40 ms with a full dedup table), so rarer is smoother; 50k
     # entries keep the in-memory log near 10 MB and a replay on restart around a second.
     log_compaction_min_entries: int = 50_000
     log_compaction_min_time_s: float = 300.0

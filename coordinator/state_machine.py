@@ -252,6 +252,7 @@ class _Resource:
 
 @dataclasses.dataclass(frozen=True)
 class _DedupEntry:
+    op_id: bytes
     op: Op
     resource: str
     outcome: Applied
@@ -260,13 +261,17 @@ class _DedupEntry:
     applied_at_ms: int
     # The Raft log index of the entry that first applied this op_id (0 if unknown).
     index: int = 0
-    # outcome_to_wire(outcome), computed once when stored: snapshots run on the Raft
-    # tick thread and re-encoding up to DEDUP_ENTRIES_MAX outcomes each time stalled it.
-    wire: list = dataclasses.field(default=None, compare=False)
+    # outcome_to_wire(outcome) when the caller has it already (a snapshot being restored).
+    wire: dataclasses.InitVar[list | None] = None
+    # This entry exactly as it appears in a snapshot's dedup array (msgpack), packed once
+    # when stored: snapshots run on the Raft tick thread, and building and packing up to
+    # DEDUP_ENTRIES_MAX entries each time stalled it ~100 ms; joining them takes a few ms.
+    packed: bytes = dataclasses.field(init=False, compare=False, repr=False)
 
-    def __post_init__(self) -> None:
-        if self.wire is None:
-            object.__setattr__(self, "wire", outcome_to_wire(self.outcome))
+    def __post_init__(self, wire: list | None) -> None:
+        item = [self.op_id, int(self.op), self.resource, wire or outcome_to_wire(self.outcome),
+                self.applied_at_ms, self.index]
+        object.__setattr__(self, "packed", msgpack.packb(item, use_bin_type=True))
 
 
 def _copy_applied(outcome: Applied) -> Applied:
@@ -419,6 +424,7 @@ class FencingStateMachine:
             self._log_clock_ms = now
             if op_id is not None:
                 self._dedup[op_id] = _DedupEntry(
+                    op_id=op_id,
                     op=op,
                     resource=args["resource"],
                     outcome=_copy_applied(outcome),
@@ -715,20 +721,18 @@ class FencingStateMachine:
                     [[key, *res.data[key]] for key in sorted(res.data)],
                 ]
             )
-        dedup = [
-            [op_id, int(e.op), e.resource, e.wire, e.applied_at_ms, e.index]
-            for op_id, e in self._dedup.items()
-        ]
-        return msgpack.packb(
+        # msgpack is concatenative: an array is its header then its packed items, so the
+        # dedup entries' stored bytes are joined as they are (the same bytes as packing
+        # the whole document at once; a test holds both forms equal).
+        packer = msgpack.Packer(use_bin_type=True)
+        head = [_SNAPSHOT_MAGIC, SNAPSHOT_FORMAT_VERSION, self._epoch, self._log_clock_ms, resources]
+        return b"".join(
             [
-                _SNAPSHOT_MAGIC,
-                SNAPSHOT_FORMAT_VERSION,
-                self._epoch,
-                self._log_clock_ms,
-                resources,
-                dedup,
-            ],
-            use_bin_type=True,
+                packer.pack_array_header(len(head) + 1),
+                *(packer.pack(part) for part in head),
+                packer.pack_array_header(len(self._dedup)),
+                *(e.packed for e in self._dedup.values()),
+            ]
         )
 
     def restore(self, data: bytes) -> None:
@@ -849,11 +853,12 @@ def _read_snapshot(
         applied_at_ms = _need_int(applied_at_ms, "dedup applied_at_ms", previous_at, log_clock_ms)
         previous_at = applied_at_ms
         dedup[op_id] = _DedupEntry(
+            op_id=op_id,
             op=outcome.op,
             resource=resource,
             outcome=outcome,
             applied_at_ms=applied_at_ms,
             index=_need_int(first_index, "dedup index", 0),
-            wire=wire,  # canonical as read: not encoded again (restore time is a stall too)
+            wire=wire,  # canonical as read: not converted again (restore time is a stall too)
         )
     return epoch, log_clock_ms, resources, dedup
