@@ -4,7 +4,8 @@ Owns: the registry of one ``fencingd serve`` process, the gRPC server intercepto
 and times RPCs, the proposal counters, the collector that reads the Raft node when scraped,
 and the HTTP endpoint (``metrics_address``, ``GET /metrics``).
 Must never: block an RPC or the Raft thread. Raft figures are read at scrape time from what
-the node already publishes (``RaftNode.status()``); nothing here runs on the tick thread.
+the node already publishes (``RaftNode.status()``), plus the epoch under the apply lock (one
+attribute read); nothing here runs on the tick thread.
 
 Off unless ``metrics_address`` is set: then the interceptor is not installed and proposals
 are not timed, so the hot path costs nothing. On, it adds two clock reads and two
