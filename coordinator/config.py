@@ -76,6 +76,14 @@ class ServerConfig:
         default="",
         metadata=_doc("PEM CA bundle; set: clients must present a certificate it signed (mutual TLS)"),
     )
+    raft_secret_file: str = dataclasses.field(
+        default="",
+        metadata=_doc(
+            "file holding a secret shared by every member: Raft traffic is then encrypted and"
+            " authenticated (Fernet), and a peer without it is dropped before its data is read;"
+            " empty: plaintext, and anyone reaching the Raft port can run code on this member"
+        ),
+    )
     principals_file: str = dataclasses.field(
         default="",
         metadata=_doc(
@@ -197,6 +205,22 @@ class ServerConfig:
             return token
         return self.admin_token
 
+    def resolved_raft_secret(self) -> str:
+        """The Raft secret from ``raft_secret_file``; "" if none."""
+        if not self.raft_secret_file:
+            return ""
+        try:
+            with open(self.raft_secret_file, encoding="utf-8") as f:
+                secret = f.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"raft_secret_file: cannot read {self.raft_secret_file}: {exc}") from exc
+        if len(secret) < RAFT_SECRET_CHARS_MIN:
+            raise ConfigError(
+                f"raft_secret_file: {self.raft_secret_file} holds {len(secret)} characters;"
+                f" use at least {RAFT_SECRET_CHARS_MIN} (e.g. openssl rand -hex 32)"
+            )
+        return secret
+
     def tls_files(self) -> tuple[bytes, bytes, bytes | None] | None:
         """(certificate chain, private key, client CA or None) as PEM bytes; None: plaintext."""
         if not (self.tls_cert_file or self.tls_key_file or self.tls_client_ca_file):
@@ -226,6 +250,10 @@ class ServerConfig:
         except PrincipalsError as exc:
             raise ConfigError(f"principals_file: {exc}") from exc
 
+
+# The Raft secret is stretched with PBKDF2 under a fixed salt (pysyncobj encryptor.py):
+# only its own length protects it from guessing.
+RAFT_SECRET_CHARS_MIN = 32
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ServerConfig)}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -335,6 +363,7 @@ def validate(config: ServerConfig) -> ServerConfig:
     config.resolved_admin_token()  # a missing or empty token file fails at start, not at first use
     config.principals()  # so does a bad principals file
     config.tls_files()  # and unreadable TLS files
+    config.resolved_raft_secret()  # and a missing or short Raft secret
     return config
 
 

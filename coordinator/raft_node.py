@@ -191,6 +191,10 @@ class RaftConfig:
     # records its synced length for power-loss simulation.
     fixes: frozenset[str] = ALL_FIXES
     track_synced: bool = False
+    # Shared secret of member-to-member traffic: pysyncobj's Fernet (AES-CBC + HMAC,
+    # encryptor.py), so a peer without it is disconnected before anything it sent is
+    # unpickled. None: plaintext pickle, and whoever reaches the Raft port can run code.
+    secret: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self):
         unknown = set(self.fixes) - ALL_FIXES
@@ -409,6 +413,7 @@ class _HardenedSyncObj(SyncObj):
             logCompactionMinTime=config.log_compaction_min_time_s,
             bindAddress=config.self_address,
             dynamicMembershipChange=False,
+            password=config.secret or None,
         )
         super().__init__(
             config.self_address,

@@ -62,6 +62,7 @@ def raft_config(config: ServerConfig) -> RaftConfig:
         log_compaction_min_entries=config.log_compaction_min_entries,
         log_compaction_min_time_s=config.log_compaction_min_time_s,
         track_synced=config.track_synced_for_tests,
+        secret=config.resolved_raft_secret() or None,
     )
 
 
