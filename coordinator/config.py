@@ -195,31 +195,14 @@ class ServerConfig:
     def resolved_admin_token(self) -> str:
         """The admin token from ``admin_token`` or ``admin_token_file``; "" if none."""
         if self.admin_token_file:
-            try:
-                with open(self.admin_token_file, encoding="utf-8") as f:
-                    token = f.read().strip()
-            except OSError as exc:
-                raise ConfigError(f"admin_token_file: cannot read {self.admin_token_file}: {exc}") from exc
-            if not token:
-                raise ConfigError(f"admin_token_file: {self.admin_token_file} is empty")
-            return token
+            return _secret_from_file("admin_token_file", self.admin_token_file, chars_min=1)
         return self.admin_token
 
     def resolved_raft_secret(self) -> str:
         """The Raft secret from ``raft_secret_file``; "" if none."""
         if not self.raft_secret_file:
             return ""
-        try:
-            with open(self.raft_secret_file, encoding="utf-8") as f:
-                secret = f.read().strip()
-        except OSError as exc:
-            raise ConfigError(f"raft_secret_file: cannot read {self.raft_secret_file}: {exc}") from exc
-        if len(secret) < RAFT_SECRET_CHARS_MIN:
-            raise ConfigError(
-                f"raft_secret_file: {self.raft_secret_file} holds {len(secret)} characters;"
-                f" use at least {RAFT_SECRET_CHARS_MIN} (e.g. openssl rand -hex 32)"
-            )
-        return secret
+        return _secret_from_file("raft_secret_file", self.raft_secret_file, chars_min=RAFT_SECRET_CHARS_MIN)
 
     def tls_files(self) -> tuple[bytes, bytes, bytes | None] | None:
         """(certificate chain, private key, client CA or None) as PEM bytes; None: plaintext."""
@@ -254,6 +237,22 @@ class ServerConfig:
 # The Raft secret is stretched with PBKDF2 under a fixed salt (pysyncobj encryptor.py):
 # only its own length protects it from guessing.
 RAFT_SECRET_CHARS_MIN = 32
+
+def _secret_from_file(key: str, path: str, *, chars_min: int) -> str:
+    """The stripped content of ``path``; ConfigError naming ``key`` if unreadable or short."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            secret = f.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"{key}: cannot read {path}: {exc}") from exc
+    if not secret:
+        raise ConfigError(f"{key}: {path} is empty")
+    if len(secret) < chars_min:
+        raise ConfigError(
+            f"{key}: {path} holds {len(secret)} characters; use at least {chars_min} (e.g. openssl rand -hex 32)"
+        )
+    return secret
+
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ServerConfig)}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
