@@ -66,7 +66,7 @@ from typing import Any, Callable
 
 from coordinator import exceptions as exc
 from coordinator import limits
-from coordinator.client import DEFAULT_ENDPOINTS, FencingClient
+from coordinator.client import DEFAULT_ENDPOINTS, FencingClient, tls_credentials
 
 EXIT_OK = 0
 EXIT_OTHER = 1
@@ -587,11 +587,6 @@ def _print_error(error: BaseException, category: str, output: str, code: int) ->
     sys.stdout.flush()
 
 
-def _read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run fencingctl; returns the exit code (the console script exits with it)."""
     parser = build_parser()
@@ -623,15 +618,10 @@ def main(argv: list[str] | None = None) -> int:
             or args.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
         )
         tls = {name: getattr(args, name) or os.environ.get(env) for name, env in TLS_ENV.items()}
-        channel_credentials = None
-        if any(tls.values()):
-            try:
-                pem = {name: _read_bytes(path) if path else None for name, path in tls.items()}
-            except OSError as error:
-                raise UsageError(f"TLS file: {error}") from None
-            import grpc
-
-            channel_credentials = grpc.ssl_channel_credentials(pem["ca_file"], pem["key_file"], pem["cert_file"])
+        try:
+            channel_credentials = tls_credentials(**tls)
+        except OSError as error:
+            raise UsageError(f"TLS file: {error}") from None
         try:
             client = FencingClient(
                 endpoints, timeout_s=args.timeout, bearer_token=credential, credentials=channel_credentials

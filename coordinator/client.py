@@ -115,9 +115,38 @@ __all__ = [
     "Snapshot",
     "WriteResult",
     "new_op_id",
+    "open_channel",
+    "tls_credentials",
 ]
 
 log = logging.getLogger("coordinator.client")
+
+
+def open_channel(
+    target: str, credentials: grpc.ChannelCredentials | None = None, *, options: Sequence = ()
+) -> grpc.Channel:
+    """A sync channel to ``target``: TLS with ``credentials``, plaintext without."""
+    if credentials is None:
+        return grpc.insecure_channel(target, options=options)
+    return grpc.secure_channel(target, credentials, options=options)
+
+
+def tls_credentials(
+    ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None
+) -> grpc.ChannelCredentials | None:
+    """Channel credentials from PEM files: the CA that signed the members' certificates, and
+    for mutual TLS this client's certificate and key. None when no file is given (plaintext).
+    Raises OSError when a file cannot be read."""
+    if not (ca_file or cert_file or key_file):
+        return None
+
+    def read(path: str | None) -> bytes | None:
+        if not path:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    return grpc.ssl_channel_credentials(read(ca_file), read(key_file), read(cert_file))
 
 
 class FencingClient(_ClientBase):
@@ -171,12 +200,7 @@ class FencingClient(_ClientBase):
             credentials=credentials,
         )
         for endpoint in self._endpoints:
-            channel = (
-                grpc.secure_channel(endpoint, credentials, options=CHANNEL_OPTIONS)
-                if credentials is not None
-                else grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
-            )
-            self._stubs[endpoint] = Stubs(channel)
+            self._stubs[endpoint] = Stubs(open_channel(endpoint, credentials, options=CHANNEL_OPTIONS))
         self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()
 
     def close(self) -> None:

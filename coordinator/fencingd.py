@@ -93,11 +93,9 @@ def _healthy(api_address: str, timeout_s: float = 1.0, credentials=None) -> bool
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    channel = (
-        grpc.insecure_channel(api_address) if credentials is None
-        else grpc.secure_channel(api_address, credentials)
-    )
-    with channel:
+    from coordinator.client import open_channel
+
+    with open_channel(api_address, credentials) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
@@ -109,27 +107,18 @@ def _healthy(api_address: str, timeout_s: float = 1.0, credentials=None) -> bool
 
 def cmd_health(args: argparse.Namespace) -> int:
     """Exit 0 iff the member at ``--address`` says SERVING (for container health checks)."""
-    credentials = None
-    if args.ca_file or args.cert_file or args.key_file:
-        import grpc
+    from coordinator.client import tls_credentials
 
-        try:
-            credentials = grpc.ssl_channel_credentials(*(
-                _read_file(path) if path else None for path in (args.ca_file, args.key_file, args.cert_file)
-            ))
-        except OSError as exc:
-            print(f"fencingd health: {exc}", file=sys.stderr, flush=True)
-            return 2
+    try:
+        credentials = tls_credentials(args.ca_file, args.cert_file, args.key_file)
+    except OSError as exc:
+        print(f"fencingd health: {exc}", file=sys.stderr, flush=True)
+        return 2
     if _healthy(args.address, timeout_s=args.timeout_s, credentials=credentials):
         print(f"{args.address}: SERVING", flush=True)
         return 0
     print(f"{args.address}: not serving (or no answer within {args.timeout_s} s)", file=sys.stderr, flush=True)
     return 1
-
-
-def _read_file(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def _die_with_parent() -> None:

@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
+from coordinator.client import open_channel
 from coordinator.testing.cluster import DEFAULT_HOSTS, pick_ports, reap, wait_until
 
 # Test timing: elections in 0.5-1 s (production 1-2 s) keep failover tests short; the
@@ -65,10 +66,7 @@ class GrpcNode:
     @property
     def channel(self) -> grpc.Channel:
         if self._channel is None:
-            self._channel = (
-                grpc.insecure_channel(self.api_address) if self.credentials is None
-                else grpc.secure_channel(self.api_address, self.credentials)
-            )
+            self._channel = open_channel(self.api_address, self.credentials)
         return self._channel
 
     def close_channel(self) -> None:
