@@ -138,9 +138,8 @@ class FencingServer:
             metrics=self.metrics,
         )
         principals = config.principals()
-        authenticator = (
-            Authenticator(principals, admin_token=config.resolved_admin_token()) if principals else None
-        )
+        admin_token = config.resolved_admin_token()
+        authenticator = Authenticator(principals, admin_token=admin_token) if principals else None
         core = Core(self.node, self.proposer, members=members, authenticator=authenticator)
         self.grpc_server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(config.grpc_threads, thread_name_prefix="grpc"),
@@ -156,7 +155,6 @@ class FencingServer:
         pb_grpc.add_LeaseServicer_to_server(self.lease, self.grpc_server)
         pb_grpc.add_FencedStoreServicer_to_server(FencedStoreServicer(core), self.grpc_server)
         pb_grpc.add_ClusterServicer_to_server(ClusterServicer(core), self.grpc_server)
-        admin_token = config.resolved_admin_token()
         if not principals:
             log.warning("no principals_file: every client may use every resource (fine for dev only)")
             if not admin_token:

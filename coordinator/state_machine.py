@@ -252,7 +252,7 @@ class _Resource:
 
 @dataclasses.dataclass(frozen=True)
 class _DedupEntry:
-    op_id: bytes
+    op_id: dataclasses.InitVar[bytes]  # the table's key; only packed into ``packed``
     op: Op
     resource: str
     outcome: Applied
@@ -268,8 +268,8 @@ class _DedupEntry:
     # DEDUP_ENTRIES_MAX entries each time stalled it ~100 ms; joining them takes a few ms.
     packed: bytes = dataclasses.field(init=False, compare=False, repr=False)
 
-    def __post_init__(self, wire: list | None) -> None:
-        item = [self.op_id, int(self.op), self.resource, wire or outcome_to_wire(self.outcome),
+    def __post_init__(self, op_id: bytes, wire: list | None) -> None:
+        item = [op_id, int(self.op), self.resource, wire or outcome_to_wire(self.outcome),
                 self.applied_at_ms, self.index]
         object.__setattr__(self, "packed", msgpack.packb(item, use_bin_type=True))
 
