@@ -652,6 +652,7 @@ class LeaseBase:
         self.holder = acquired.holder
         self.token = acquired.token
         self.lease_id = acquired.lease_id
+        self.token_proof = acquired.token_proof  # b"" unless the cluster signs (DESIGN §6)
         self.ttl_ms = ttl_ms
         self.acquired = acquired
         self._expires_at_ms = acquired.expires_at_ms

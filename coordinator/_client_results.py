@@ -65,6 +65,9 @@ class AcquireResult(_Result):
     expires_at_ms: int  # on the log clock (DESIGN I6), not this machine's clock
     op_id: bytes
     header: Header
+    # DESIGN §6: the cluster's signature over (resource, token) for guards at external
+    # resources (coordinator.guard, coordinator.proof); b"" when the cluster signs nothing.
+    token_proof: bytes = b""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +197,7 @@ def acquire_result(r: pb.AcquireResponse, *, resource: str, holder: str, op_id: 
         expires_at_ms=r.expires_at_ms,
         op_id=op_id,
         header=header_from_pb(r.header),
+        token_proof=r.token_proof,
     )
 
 

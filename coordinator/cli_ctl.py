@@ -65,7 +65,7 @@ import tempfile
 from typing import Any, Callable
 
 from coordinator import exceptions as exc
-from coordinator import limits
+from coordinator import limits, proof
 from coordinator.client import DEFAULT_ENDPOINTS, FencingClient, tls_credentials
 
 EXIT_OK = 0
@@ -508,7 +508,11 @@ def _run(client: FencingClient, args: argparse.Namespace, name: str, request: di
             request["resource"], ttl_ms=request["ttl_ms"], holder=request.get("holder"),
             wait_ms=request.get("wait_ms", 0), op_id=request.get("op_id"),
         )
-        _emit(_jsonable(r), out)
+        doc = _jsonable(r)
+        doc.pop("token_proof", None)
+        if r.token_proof:  # only when the cluster signs (DESIGN §6); text form, for a guard
+            doc["token_proof"] = proof.to_text(r.token_proof)
+        _emit(doc, out)
     elif name == "keepalive":
         r = client.keep_alive(request["resource"], request["token"], ttl_ms=request.get("ttl_ms"))
         _emit(_jsonable(r), out)

@@ -27,6 +27,7 @@ from typing import Any
 
 from coordinator import tomlfile
 from coordinator.auth import PrincipalsError, load_principals
+from coordinator.proof import ProofError, ProofSigner
 
 
 class ConfigError(ValueError):
@@ -82,6 +83,14 @@ class ServerConfig:
             "file holding a secret shared by every member: Raft traffic is then encrypted and"
             " authenticated (Fernet), and a peer without it is dropped before its data is read;"
             " empty: plaintext, and anyone reaching the Raft port can run code on this member"
+        ),
+    )
+    token_signing_key_file: str = dataclasses.field(
+        default="",
+        metadata=_doc(
+            "PEM Ed25519 private key (fencingd keygen), the same on every member: Acquire then"
+            " returns token_proof, a signature a guard at an external resource checks with the"
+            " public key (DESIGN §6, coordinator/proof.py); empty: no proofs"
         ),
     )
     principals_file: str = dataclasses.field(
@@ -224,6 +233,15 @@ class ServerConfig:
         ca = read("tls_client_ca_file", self.tls_client_ca_file) if self.tls_client_ca_file else None
         return read("tls_cert_file", self.tls_cert_file), read("tls_key_file", self.tls_key_file), ca
 
+    def proof_signer(self):
+        """The ProofSigner of ``token_signing_key_file``; None without one."""
+        if not self.token_signing_key_file:
+            return None
+        try:
+            return ProofSigner.from_file(self.token_signing_key_file)
+        except ProofError as exc:
+            raise ConfigError(f"token_signing_key_file: {exc}") from exc
+
     def principals(self) -> list:
         """[(token sha256, Principal)] from ``principals_file``; [] without one."""
         if not self.principals_file:
@@ -363,6 +381,7 @@ def validate(config: ServerConfig) -> ServerConfig:
     config.principals()  # so does a bad principals file
     config.tls_files()  # and unreadable TLS files
     config.resolved_raft_secret()  # and a missing or short Raft secret
+    config.proof_signer()  # and a token signing key that is not an Ed25519 private key
     return config
 
 

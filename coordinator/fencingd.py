@@ -2,6 +2,8 @@
 
     fencingd serve --config node1.toml [--flag value ...]   one cluster member
     fencingd dev [--data-dir DIR] [--base-port N]            a local three-member cluster
+    fencingd health --address HOST:PORT                      exit 0 iff the member is SERVING
+    fencingd keygen --private-key F --public-key G           a token signing key pair (DESIGN §6)
 
 Owns: argument parsing, logging setup, signal handling, and the ``dev`` supervisor that
 runs three ``fencingd serve`` children on loopback.
@@ -119,6 +121,31 @@ def cmd_health(args: argparse.Namespace) -> int:
         return 0
     print(f"{args.address}: not serving (or no answer within {args.timeout_s} s)", file=sys.stderr, flush=True)
     return 1
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    """Write a fresh Ed25519 pair: the private half for token_signing_key_file on every
+    member (mode 0600), the public half for guards. Never overwrites a file."""
+    from coordinator.proof import generate_key_pair
+
+    private, public = generate_key_pair()
+    written: list[str] = []
+    for path, data, mode in ((args.private_key, private, 0o600), (args.public_key, public, 0o644)):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        except OSError as exc:
+            for done in written:  # no half-written pair: a lone private key is useless
+                os.unlink(done)
+            print(f"fencingd keygen: cannot create {path}: {exc.strerror}", file=sys.stderr, flush=True)
+            return 1
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        written.append(path)
+    print(f"private key (token_signing_key_file, every member): {args.private_key}", flush=True)
+    print(f"public key (for guards at external resources):     {args.public_key}", flush=True)
+    return 0
 
 
 def _die_with_parent() -> None:
@@ -254,6 +281,12 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--cert-file", help="mutual TLS: this probe's PEM certificate")
     health.add_argument("--key-file", help="mutual TLS: its PEM private key")
     health.set_defaults(func=cmd_health)
+    keygen = sub.add_parser(
+        "keygen", help="write an Ed25519 key pair for signed token proofs (token_signing_key_file)"
+    )
+    keygen.add_argument("--private-key", required=True, help="file to create for the private key (mode 0600)")
+    keygen.add_argument("--public-key", required=True, help="file to create for the public key")
+    keygen.set_defaults(func=cmd_keygen)
     return parser
 
 

@@ -140,7 +140,10 @@ class FencingServer:
         principals = config.principals()
         admin_token = config.resolved_admin_token()
         authenticator = Authenticator(principals, admin_token=admin_token) if principals else None
-        core = Core(self.node, self.proposer, members=members, authenticator=authenticator)
+        core = Core(
+            self.node, self.proposer, members=members, authenticator=authenticator,
+            proof_signer=config.proof_signer(),
+        )
         self.grpc_server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(config.grpc_threads, thread_name_prefix="grpc"),
             maximum_concurrent_rpcs=config.grpc_max_concurrent_rpcs,

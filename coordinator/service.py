@@ -33,6 +33,7 @@ from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.errors import Failure, ServiceError
 from coordinator.metrics import Metrics
+from coordinator.proof import ProofSigner
 from coordinator.raft_node import Outcome, ProposeResult, RaftNode
 from coordinator.state_machine import Reason
 
@@ -126,12 +127,14 @@ class Core:
         *,
         members: dict[str, str],
         authenticator: Authenticator | None = None,
+        proof_signer: ProofSigner | None = None,
     ) -> None:
         self.node = node
         self.proposer = proposer
         self.member_id = node.config.self_address
         self.members = members
         self.authenticator = authenticator  # None: open data plane (no principals file)
+        self.proof_signer = proof_signer  # None: Acquire returns no token_proof
 
     def principal(self, context) -> Principal | None:
         """The authenticated caller (None when there is no principals file); raises
@@ -238,7 +241,14 @@ class LeaseServicer(pb_grpc.LeaseServicer):
             token=result["token"],
             lease_id=result["token"],
             expires_at_ms=result["expires_at_ms"],
+            token_proof=self._proof(command.resource, result["token"]),
         )
+
+    def _proof(self, resource: str, token: int) -> bytes:
+        # Signed after the grant applied: only a token the log issued for this resource
+        # ever gets a proof (a force-release's fence-only epoch never does).
+        signer = self.core.proof_signer
+        return b"" if signer is None else signer.sign(resource, token)
 
     def _wait_pause(self, held: ServiceError, wait_until: float, context) -> float | None:
         """How long to sleep before the next try, or None to give up with ``held``."""

@@ -201,6 +201,7 @@ def test_seed_scenario_stale_writer_is_refused(cluster):
     b = n1.lease.Acquire(pb.AcquireRequest(resource=resource, holder="worker-b", ttl_ms=5_000, op_id=op_id(),
                                            wait_ms=5_000), timeout=10)
     assert b.token > a.token and b.lease_id == b.token
+    assert a.token_proof == b.token_proof == b"", "no token_signing_key_file: no proofs"
 
     # A wakes up and writes: refused, and told the current high-water mark.
     code, reason, meta, _ = failure(n2.store.Write, pb.WriteRequest(

@@ -31,16 +31,18 @@ class AcquireRequest(_message.Message):
     def __init__(self, resource: _Optional[str] = ..., holder: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., op_id: _Optional[bytes] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
-    __slots__ = ("header", "token", "lease_id", "expires_at_ms")
+    __slots__ = ("header", "token", "lease_id", "expires_at_ms", "token_proof")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_PROOF_FIELD_NUMBER: _ClassVar[int]
     header: ResponseHeader
     token: int
     lease_id: int
     expires_at_ms: int
-    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., token: _Optional[int] = ..., lease_id: _Optional[int] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
+    token_proof: bytes
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., token: _Optional[int] = ..., lease_id: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., token_proof: _Optional[bytes] = ...) -> None: ...
 
 class KeepAliveRequest(_message.Message):
     __slots__ = ("resource", "token", "lease_id", "ttl_ms")
