@@ -42,7 +42,8 @@ PROOF_DOMAIN = b"fencing.v1 token proof\x00"  # signatures made for anything els
 PROOF_TEXT_PREFIX = "fp1."
 KEY_ID_BYTES = 8
 SIGNATURE_BYTES = 64
-PROOF_BYTES_MAX = 512  # resource names are at most 256 bytes (limits.RESOURCE_NAME_BYTES_MAX)
+RESOURCE_BYTES_MAX = 256  # limits.RESOURCE_NAME_BYTES_MAX: the coordinator names nothing longer
+PROOF_BYTES_MAX = 512  # room for the longest name plus the fixed fields (~95 bytes)
 TOKEN_MAX = 2**64 - 1  # tokens are uint64 on the wire
 
 
@@ -91,7 +92,8 @@ def from_text(text: str) -> bytes:
     if len(body) > 2 * PROOF_BYTES_MAX:
         raise InvalidProof("malformed", f"token proof longer than {PROOF_BYTES_MAX} bytes")
     try:
-        return base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+        # validate=True: a stray character is an error, not something silently skipped.
+        return base64.b64decode(body + "=" * (-len(body) % 4), altchars=b"-_", validate=True)
     except (binascii.Error, ValueError) as exc:
         raise InvalidProof("malformed", f"token proof is not base64url: {exc}") from None
 
@@ -164,8 +166,10 @@ class ProofSigner:
         return cls(load_private_key(path))
 
     def sign(self, resource: str, token: int) -> bytes:
-        if not isinstance(resource, str) or not isinstance(token, int) or not 0 < token <= TOKEN_MAX:
-            raise ValueError("a proof needs a resource name and a token in 1..2**64-1")
+        if not isinstance(resource, str) or len(resource.encode("utf-8")) > RESOURCE_BYTES_MAX:
+            raise ValueError(f"a proof needs a resource name of at most {RESOURCE_BYTES_MAX} bytes")
+        if type(token) is not int or not 0 < token <= TOKEN_MAX:  # a bool is no token
+            raise ValueError("a proof needs a token in 1..2**64-1")
         signature = self._key.sign(_signed_part(self.key_id, resource, token))
         return msgpack.packb([PROOF_VERSION, self.key_id, resource, token, signature], use_bin_type=True)
 
@@ -203,7 +207,8 @@ class ProofVerifier:
             fields = msgpack.unpackb(bytes(raw), raw=False, strict_map_key=True, max_bin_len=PROOF_BYTES_MAX)
         except (ValueError, msgpack.UnpackException, TypeError) as exc:
             raise InvalidProof("malformed", f"token proof is not msgpack: {exc}") from None
-        if not (isinstance(fields, list) and len(fields) == 5 and fields[0] == PROOF_VERSION):
+        if not (isinstance(fields, list) and len(fields) == 5 and type(fields[0]) is int
+                and fields[0] == PROOF_VERSION):
             raise InvalidProof("malformed", f"not a version-{PROOF_VERSION} token proof")
         _, key_id, proof_resource, token, signature = fields
         if not (
@@ -214,6 +219,10 @@ class ProofVerifier:
         ):
             raise InvalidProof("malformed", "token proof fields have the wrong types or sizes")
         key = self._keys.get(key_id)
+        # One statement, one byte string: a proof must be exactly what sign() makes of its
+        # fields, so nothing that keys on proof bytes (a replay cache) sees two forms of one.
+        if msgpack.packb(fields, use_bin_type=True) != bytes(raw):
+            raise InvalidProof("malformed", "token proof is not in canonical msgpack form")
         if key is None:
             raise InvalidProof("unknown_key", f"token proof signed by key {key_id.hex()}, which this guard does not trust")
         try:
