@@ -25,7 +25,7 @@ import dataclasses
 import os
 from typing import Any
 
-from coordinator import tomlfile
+from coordinator import pemfile, tomlfile
 from coordinator.auth import PrincipalsError, load_principals
 from coordinator.proof import ProofError, ProofSigner
 
@@ -221,14 +221,7 @@ class ServerConfig:
             raise ConfigError("tls_cert_file and tls_key_file: give both (or neither, for plaintext)")
 
         def read(key: str, path: str) -> bytes:
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-            except OSError as exc:
-                raise ConfigError(f"{key}: cannot read {path}: {exc}") from exc
-            if b"-----BEGIN " not in data:
-                raise ConfigError(f"{key}: {path} is not PEM")
-            return data
+            return pemfile.read(path, key, ConfigError)
 
         ca = read("tls_client_ca_file", self.tls_client_ca_file) if self.tls_client_ca_file else None
         return read("tls_cert_file", self.tls_cert_file), read("tls_key_file", self.tls_key_file), ca

@@ -37,6 +37,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from coordinator import pemfile
+
 PROOF_VERSION = 1
 PROOF_DOMAIN = b"fencing.v1 token proof\x00"  # signatures made for anything else never verify here
 PROOF_TEXT_PREFIX = "fp1."
@@ -101,22 +103,11 @@ def from_text(text: str) -> bytes:
 # -- keys ---------------------------------------------------------------------------------
 
 
-def _read(path: str, what: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise ProofError(f"cannot read {what} {path}: {exc}") from exc
-    if b"-----BEGIN " not in data:
-        raise ProofError(f"{what} {path} is not PEM")
-    return data
-
-
 def load_private_key(path: str) -> Ed25519PrivateKey:
     """The Ed25519 private key in PEM file ``path`` (``fencingd keygen`` or
     ``openssl genpkey -algorithm ed25519``)."""
     try:
-        key = serialization.load_pem_private_key(_read(path, "private key"), password=None)
+        key = serialization.load_pem_private_key(pemfile.read(path, "private key", ProofError), password=None)
     except (ValueError, TypeError) as exc:
         raise ProofError(f"private key {path} cannot be loaded: {exc}") from exc
     if not isinstance(key, Ed25519PrivateKey):
@@ -127,7 +118,7 @@ def load_private_key(path: str) -> Ed25519PrivateKey:
 def load_public_key(path: str) -> Ed25519PublicKey:
     """The Ed25519 public key in PEM file ``path``; a private key file is refused, so a guard
     never ends up holding what could sign."""
-    data = _read(path, "public key")
+    data = pemfile.read(path, "public key", ProofError)
     if b"PRIVATE KEY" in data:
         raise ProofError(f"public key {path} holds a private key; give the guard the public half only")
     try:
