@@ -667,3 +667,16 @@ def test_losing_the_quorum_is_not_serving_and_unavailable(cluster_b):
     for i in range(3):
         assert cluster_b.terminate(i) == 0
 
+
+
+def test_member_threads_carry_their_names_at_the_os_level(cluster):
+    """top -H / perf / /proc show which thread is which (fencingd._name_os_threads)."""
+    node = cluster.nodes[cluster.wait_ready()]
+    node.lease.Describe(pb.DescribeRequest(resource=unique("names")), timeout=T)  # starts a gRPC worker
+    task_dir = f"/proc/{node.proc.pid}/task"
+    names = set()
+    for tid in os.listdir(task_dir):
+        with open(os.path.join(task_dir, tid, "comm")) as f:
+            names.add(f.read().strip())
+    assert {"_autoTickThread", "_serve", "leader-sync", "health-updater"} <= names, names
+    assert any(n.startswith("grpc_") for n in names), names
