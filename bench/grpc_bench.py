@@ -156,6 +156,34 @@ def proc_cpu_s(pid: int) -> float:
         return 0.0
 
 
+def thread_stats(pid: int) -> dict[tuple[str, str], tuple[float, float, int, int]]:
+    """Per thread of ``pid``: (tid, OS name) -> (user s, system s, voluntary, involuntary
+    context switches). fencingd names its threads (fencingd._name_os_threads)."""
+    out = {}
+    task_dir = f"/proc/{pid}/task"
+    try:
+        tids = os.listdir(task_dir)
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"{task_dir}/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"{task_dir}/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            switches = {}
+            with open(f"{task_dir}/{tid}/status") as f:
+                for line in f:
+                    if "ctxt_switches:" in line:  # voluntary_... and nonvoluntary_...
+                        key, value = line.split(":")
+                        switches[key] = int(value)
+        except (OSError, IndexError, ValueError):
+            continue
+        out[(tid, name)] = (int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK,
+                            switches.get("voluntary_ctxt_switches", 0), switches.get("nonvoluntary_ctxt_switches", 0))
+    return out
+
+
 def host_busy_s() -> tuple[float, float]:
     """(CPU seconds all cores spent not idle, of which stolen by the hypervisor) since boot."""
     with open("/proc/stat") as f:
@@ -487,6 +515,71 @@ def profile_run(runner: Runner, args, out_dir: str) -> dict:
     return result
 
 
+def threads_run(runner: Runner, args) -> dict:
+    """One extra run: CPU (user/system) and context switches per op, per process and per
+    thread name, read from /proc at the window's edges."""
+    mode, workload, clients = args.threads_run.split("/")
+    pids = {("leader" if n.index == runner.leader_index else f"follower {n.index}"): n.proc.pid
+            for n in runner.cluster.nodes}
+    pids["clients"] = [p.pid for p in runner.workers.procs]
+    snaps: dict = {}
+
+    def snap() -> dict:
+        out = {}
+        for label, pid in pids.items():
+            merged: dict = {}
+            for p in (pid if isinstance(pid, list) else [pid]):
+                merged.update({(p, *k): v for k, v in thread_stats(p).items()})
+            out[label] = merged
+        return out
+
+    def on_window(t_meas: float, t_end: float) -> None:
+        def body():
+            time.sleep(max(0.0, t_meas - time.monotonic()))
+            snaps["a"] = (time.monotonic(), snap())
+            time.sleep(max(0.0, t_end - time.monotonic()))
+            snaps["b"] = (time.monotonic(), snap())
+        threading.Thread(target=body, daemon=True).start()
+
+    row = runner.measure("fencing", mode, workload, int(clients), on_window=on_window)
+    deadline = time.monotonic() + 10
+    while "b" not in snaps and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if "b" not in snaps:
+        return {"run": args.threads_run, "error": "no /proc snapshot"}
+    (ta, a), (tb, b) = snaps["a"], snaps["b"]
+    ops = max(1.0, row["ops_per_s"] * (tb - ta))
+    result = {"run": args.threads_run, "ops_per_s": row["ops_per_s"], "processes": {}}
+    for label in pids:
+        groups: dict = {}
+        for key, (u, sy, vol, inv) in b[label].items():
+            u0, sy0, vol0, inv0 = a[label].get(key, (0.0, 0.0, 0, 0))
+            name = key[2].rstrip("0123456789").rstrip("_-") or key[2]  # grpc_3 -> grpc
+            g = groups.setdefault(name, [0.0, 0.0, 0, 0])
+            g[0] += u - u0
+            g[1] += sy - sy0
+            g[2] += vol - vol0
+            g[3] += inv - inv0
+        per_op = {name: {"user_ms": 1000 * g[0] / ops, "sys_ms": 1000 * g[1] / ops,
+                         "vol_cs": g[2] / ops, "invol_cs": g[3] / ops} for name, g in groups.items()}
+        result["processes"][label] = dict(sorted(per_op.items(), key=lambda kv: -(kv[1]["user_ms"] + kv[1]["sys_ms"])))
+    return result
+
+
+def print_threads(res: dict) -> None:
+    if "error" in res:
+        print(f"\nthreads ({res['run']}): {res['error']}")
+        return
+    print(f"\nper op during {res['run']} at {res['ops_per_s']:.0f} ops/s: CPU ms (user + system) and "
+          f"context switches (voluntary + involuntary), by process and thread name")
+    for label, groups in res["processes"].items():
+        tot = {k: sum(g[k] for g in groups.values()) for k in ("user_ms", "sys_ms", "vol_cs", "invol_cs")}
+        print(f"  {label:12s} {tot['user_ms']:.3f} + {tot['sys_ms']:.3f} ms   {tot['vol_cs']:5.2f} + {tot['invol_cs']:.2f} switches")
+        for name, g in groups.items():
+            if g["user_ms"] + g["sys_ms"] >= 0.005 or g["vol_cs"] >= 0.05:
+                print(f"    {name:16s} {g['user_ms']:.3f} + {g['sys_ms']:.3f} ms   {g['vol_cs']:5.2f} + {g['invol_cs']:.2f}")
+
+
 def print_profile(prof: dict) -> None:
     print(f"\npy-spy on the leader (pid {prof['leader_pid']}) during {prof['run']}:")
     for label, title in (("active", "non-idle samples"), ("gil", "samples holding the GIL")):
@@ -609,6 +702,9 @@ def parse_args(argv=None):
     p.add_argument("--profile", action="store_true",
                    help="after the runs, one extra run (--profile-run) with py-spy record on the leader")
     p.add_argument("--profile-run", default="raw/write/16", help="MODE/WORKLOAD/CLIENTS (default raw/write/16)")
+    p.add_argument("--threads", action="store_true",
+                   help="after the runs, one extra run (--threads-run) with CPU and context switches per op by thread")
+    p.add_argument("--threads-run", default="raw/write/16", help="MODE/WORKLOAD/CLIENTS (default raw/write/16)")
     return p.parse_args(argv)
 
 
@@ -645,6 +741,7 @@ def main(argv=None) -> int:
     baseline_conn = None
     rows: list[dict] = []
     prof = None
+    thr = None
     interrupted = False
     def on_term(*_):
         raise KeyboardInterrupt
@@ -679,6 +776,8 @@ def main(argv=None) -> int:
                         rows.append(runner.measure("baseline", mode, "write", clients))
                     for workload in workloads:
                         rows.append(runner.measure("fencing", mode, workload, clients))
+        if args.threads:
+            thr = threads_run(runner, args)
         if args.profile:
             prof = profile_run(runner, args, tempfile.mkdtemp(prefix="grpc-bench-profile-"))
         info["leader_moves_between_runs"] = runner.leader_moves
@@ -742,11 +841,14 @@ def main(argv=None) -> int:
     print("\nfor scale (CHAOS.md, etcd 3.4, 3 nodes, this machine, other runs): fenced-write txn 370-630/s "
           "with 1 client, 1.5-1.7k/s with 16; lease cycles ~140/s with 1, ~340/s with 16; "
           "in-memory Python gRPC dict ~1.06k/s with 1, ~2.6k/s with 16")
+    if thr is not None:
+        print_threads(thr)
     if prof is not None:
         print_profile(prof)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"info": info, "rows": rows, "summary": summary, "targets": targets, "profile": prof},
+            json.dump({"info": info, "rows": rows, "summary": summary, "targets": targets, "profile": prof,
+                       "threads": thr},
                       f, indent=2, default=str)
         print(f"\nfigures written to {args.json}")
     return 130 if interrupted else 0
