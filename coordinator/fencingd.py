@@ -38,6 +38,9 @@ DEV_MEMBERS = 3
 # (Prometheus, HTTP) base+200, +201, +202.
 DEV_RAFT_PORT_OFFSET = 100
 DEV_METRICS_PORT_OFFSET = 200
+# dev: the token signing pair (made on first start, kept in the data dir).
+DEV_SIGNING_KEY = "token-signing.pem"
+DEV_VERIFY_KEY = "token-signing.pub"
 
 
 def _setup_logging(level: str) -> None:
@@ -148,26 +151,35 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 1
 
 
-def cmd_keygen(args: argparse.Namespace) -> int:
-    """Write a fresh Ed25519 pair: the private half for token_signing_key_file on every
-    member (mode 0600), the public half for guards. Never overwrites a file."""
+def _write_key_pair(private_path: str, public_path: str) -> str | None:
+    """Create a fresh Ed25519 pair: the private half mode 0600, the public half 0644.
+    Never overwrites a file, never leaves half a pair; the error line, or None."""
     from coordinator.proof import generate_key_pair
 
     private, public = generate_key_pair()
     written: list[str] = []
-    for path, data, mode in ((args.private_key, private, 0o600), (args.public_key, public, 0o644)):
+    for path, data, mode in ((private_path, private, 0o600), (public_path, public, 0o644)):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         except OSError as exc:
-            for done in written:  # no half-written pair: a lone private key is useless
+            for done in written:  # a lone private key is useless
                 os.unlink(done)
-            print(f"fencingd keygen: cannot create {path}: {exc.strerror}", file=sys.stderr, flush=True)
-            return 1
+            return f"cannot create {path}: {exc.strerror}"
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         written.append(path)
+    return None
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    """Write a fresh Ed25519 pair: the private half for token_signing_key_file on every
+    member, the public half for guards at external resources."""
+    error = _write_key_pair(args.private_key, args.public_key)
+    if error is not None:
+        print(f"fencingd keygen: {error}", file=sys.stderr, flush=True)
+        return 1
     print(f"private key (token_signing_key_file, every member): {args.private_key}", flush=True)
     print(f"public key (for guards at external resources):     {args.public_key}", flush=True)
     return 0
@@ -199,6 +211,13 @@ def cmd_dev(args: argparse.Namespace) -> int:
         print(f"fencingd dev: ports in use: {', '.join(busy)} (choose another --base-port)", file=sys.stderr)
         return 1
     members = [f"{r}={a}" for r, a in zip(rafts, apis, strict=True)]
+    # The dev cluster signs token proofs (DESIGN §6) with a key made on its first start.
+    signing_key, verify_key = (os.path.join(data_dir, DEV_SIGNING_KEY), os.path.join(data_dir, DEV_VERIFY_KEY))
+    if not os.path.exists(signing_key):
+        error = _write_key_pair(signing_key, verify_key)
+        if error is not None:
+            print(f"fencingd dev: {error}", file=sys.stderr)
+            return 1
     children: list[subprocess.Popen] = []
     logs = []
     for i in range(DEV_MEMBERS):
@@ -210,6 +229,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
                 f'raft_address = "{rafts[i]}"\n'
                 f"members = {_toml_list(members)}\n"
                 f'metrics_address = "{metrics[i]}"\n'
+                f'token_signing_key_file = "{signing_key}"\n'
                 f'log_level = "{args.log_level}"\n'
             )
         log_path = os.path.join(data_dir, f"node{i}.log")
@@ -270,6 +290,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     print("fencingd dev: cluster is up", flush=True)
     for i in range(DEV_MEMBERS):
         print(f"  member {i}: api {apis[i]}  raft {rafts[i]}  metrics http://{metrics[i]}/metrics  log {logs[i]}", flush=True)
+    print(f"  token proofs: Acquire signs them; guards verify with {verify_key}", flush=True)
     print(f"ENDPOINTS {','.join(apis)}", flush=True)
     print(f"try: fencingctl --endpoints {','.join(apis)} status", flush=True)
     print(f"     fencingctl --endpoints {','.join(apis)} acquire orders/7 --ttl-ms 10000 --holder me", flush=True)

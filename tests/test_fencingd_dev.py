@@ -16,6 +16,7 @@ import urllib.request
 
 import grpc
 
+from coordinator import proof
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.fencingd import DEV_METRICS_PORT_OFFSET, DEV_RAFT_PORT_OFFSET
@@ -103,6 +104,13 @@ def test_dev_cluster_starts_stops_and_restarts_on_the_same_data(tmp_path):
             written = pb_grpc.FencedStoreStub(ch2).Write(pb.WriteRequest(
                 resource="dev/demo", key="k", value=b"survives restart", token=acq.token, op_id=os.urandom(16)),
                 timeout=10)
+        # Acquire signs a token proof; the public key is where dev says (DESIGN §6).
+        verify_key = os.path.join(data_dir, "token-signing.pub")
+        assert any(verify_key in text for text in dev.output)
+        stated = proof.ProofVerifier.from_files(verify_key).verify(acq.token_proof, resource="dev/demo")
+        assert stated.token == acq.token
+        with open(verify_key, "rb") as f:
+            first_key = f.read()
         # Each member serves Prometheus metrics on the port its line prints.
         line = dev.output[[i for i, text in enumerate(dev.output) if text.strip().startswith("member 0:")][0]]
         url = re.search(r"metrics (http://\S+)", line).group(1)
@@ -124,6 +132,8 @@ def test_dev_cluster_starts_stops_and_restarts_on_the_same_data(tmp_path):
             assert (read.value, read.version, read.hwm) == (b"survives restart", written.version, acq.token)
             status = pb_grpc.ClusterStub(ch).Status(pb.StatusRequest(), timeout=10)
             assert status.epoch == acq.token and len(status.members) == 3
+            with open(verify_key, "rb") as f:
+                assert f.read() == first_key, "a restart keeps the signing pair"
         assert again.stop(signal.SIGINT) == 0  # Ctrl-C
     finally:
         again.kill()
