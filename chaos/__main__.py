@@ -30,9 +30,13 @@ def main(argv: list[str] | None = None) -> int:
         print("chaos run needs root (nft rules, SIGSTOP of processes)", file=sys.stderr)
         return 2
     out = args.out or os.path.join("chaos-runs", f"{args.profile}-{time.strftime('%Y%m%d-%H%M%S')}")
-    from chaos.runner import run_profile
+    from chaos.runner import OutDirInUse, run_profile
 
-    code, summary = run_profile(args.profile, out, seed=args.seed, minutes=args.minutes)
+    try:
+        code, summary = run_profile(args.profile, out, seed=args.seed, minutes=args.minutes)
+    except OutDirInUse as exc:
+        print(f"chaos run: {exc}", file=sys.stderr)
+        return 2
     brief = {k: summary[k] for k in ("profile", "seed", "wall_s", "fault_count", "ops", "ops_by_outcome",
                                      "violations", "violations_by_kind", "errors")}
     brief["failover_s"] = {k: v for k, v in summary["failover_s"].items() if k != "values"}

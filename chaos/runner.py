@@ -40,9 +40,17 @@ PROBE_RESOURCES = [f"probe{i}" for i in range(6)]
 CLIENTS = 4
 
 
+class OutDirInUse(Exception):
+    """A run needs a directory of its own."""
+
+
 class Run:
     def __init__(self, out_dir: str, seed: int, *, hold_s: float = 3.0, converge_timeout_s: float = 45.0):
         self.out = os.path.abspath(out_dir)
+        if os.path.isdir(self.out) and os.listdir(self.out):
+            # History files are appended to and the cluster would start on the old run's
+            # data: a reused directory mixes two runs and the checker reports nonsense.
+            raise OutDirInUse(f"run directory {self.out} is not empty: give a new --out")
         os.makedirs(os.path.join(self.out, "clients"), exist_ok=True)
         self.seed = seed
         self.rng = random.Random(seed)

@@ -1188,3 +1188,20 @@ def test_cli_exit_codes(tmp_path):
     assert run_cli(str(tmp_path / "missing.jsonl")).returncode == 2
     result = run_cli(str(garbled), "--json")
     assert result.returncode == 2 and "error" in json.loads(result.stdout)
+
+
+def test_a_run_refuses_a_directory_that_holds_an_earlier_run(tmp_path):
+    """Histories are appended to: reusing --out once mixed two runs' final records into a
+    false REPLICAS_DIVERGED. A run now needs an empty or new directory."""
+    from chaos.runner import OutDirInUse, Run
+
+    old = tmp_path / "run"
+    old.mkdir()
+    (old / "history.jsonl").write_text('{"earlier": true}\n')
+    with pytest.raises(OutDirInUse, match="not empty"):
+        Run(str(old), seed=1)
+    assert sorted(p.name for p in old.iterdir()) == ["history.jsonl"]
+    assert (old / "history.jsonl").read_text() == '{"earlier": true}\n'
+    fresh = Run(str(tmp_path / "new"), seed=1)  # a new directory is fine
+    fresh.writer.close()
+    assert (tmp_path / "new" / "clients").is_dir() and fresh.seed == 1
