@@ -220,11 +220,12 @@ class ServerConfig:
         if not (self.tls_cert_file and self.tls_key_file):
             raise ConfigError("tls_cert_file and tls_key_file: give both (or neither, for plaintext)")
 
-        def read(key: str, path: str) -> bytes:
-            return pemfile.read(path, key, ConfigError)
-
-        ca = read("tls_client_ca_file", self.tls_client_ca_file) if self.tls_client_ca_file else None
-        return read("tls_cert_file", self.tls_cert_file), read("tls_key_file", self.tls_key_file), ca
+        ca = pemfile.read(self.tls_client_ca_file, "tls_client_ca_file", ConfigError) if self.tls_client_ca_file else None
+        return (
+            pemfile.read(self.tls_cert_file, "tls_cert_file", ConfigError),
+            pemfile.read(self.tls_key_file, "tls_key_file", ConfigError),
+            ca,
+        )
 
     def proof_signer(self):
         """The ProofSigner of ``token_signing_key_file``; None without one."""

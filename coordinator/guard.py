@@ -52,7 +52,8 @@ import sqlite3
 from collections.abc import Iterator
 
 from coordinator import validation
-from coordinator.proof import TOKEN_MAX, ProofVerifier
+from coordinator.limits import TOKEN_MAX
+from coordinator.proof import ProofVerifier
 
 __all__ = ["SqliteGuard", "StaleToken"]
 

@@ -38,15 +38,14 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from coordinator import pemfile
+from coordinator.limits import RESOURCE_NAME_BYTES_MAX, TOKEN_MAX
 
 PROOF_VERSION = 1
 PROOF_DOMAIN = b"fencing.v1 token proof\x00"  # signatures made for anything else never verify here
 PROOF_TEXT_PREFIX = "fp1."
 KEY_ID_BYTES = 8
 SIGNATURE_BYTES = 64
-RESOURCE_BYTES_MAX = 256  # limits.RESOURCE_NAME_BYTES_MAX: the coordinator names nothing longer
-PROOF_BYTES_MAX = 512  # room for the longest name plus the fixed fields (~95 bytes)
-TOKEN_MAX = 2**64 - 1  # tokens are uint64 on the wire
+PROOF_BYTES_MAX = 512  # room for the longest resource name plus the fixed fields (~95 bytes)
 
 
 class ProofError(ValueError):
@@ -157,8 +156,9 @@ class ProofSigner:
         return cls(load_private_key(path))
 
     def sign(self, resource: str, token: int) -> bytes:
-        if not isinstance(resource, str) or len(resource.encode("utf-8")) > RESOURCE_BYTES_MAX:
-            raise ValueError(f"a proof needs a resource name of at most {RESOURCE_BYTES_MAX} bytes")
+        # No proof for a name the coordinator never issues a token for.
+        if not isinstance(resource, str) or len(resource.encode("utf-8")) > RESOURCE_NAME_BYTES_MAX:
+            raise ValueError(f"a proof needs a resource name of at most {RESOURCE_NAME_BYTES_MAX} bytes")
         if type(token) is not int or not 0 < token <= TOKEN_MAX:  # a bool is no token
             raise ValueError("a proof needs a token in 1..2**64-1")
         signature = self._key.sign(_signed_part(self.key_id, resource, token))
