@@ -81,18 +81,46 @@ def proc_cpu_s(pid: int) -> float:
 
 def proc_ctx_switches(pid: int) -> tuple[int, int]:
     """(voluntary, involuntary) context switches summed over all threads of ``pid``."""
-    vol = invol = 0
+    per_thread = thread_ctx_switches(pid).values()
+    return sum(v for v, _ in per_thread), sum(i for _, i in per_thread)
+
+
+def thread_ctx_switches(pid: int) -> dict[int, tuple[int, int]]:
+    """Per-thread (voluntary, involuntary) context switches of ``pid``, keyed by native thread id."""
+    out = {}
     try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        vol = invol = 0
+        try:
             with open(f"/proc/{pid}/task/{tid}/status") as f:
                 for line in f:
                     if line.startswith("voluntary_ctxt_switches"):
-                        vol += int(line.split()[1])
+                        vol = int(line.split()[1])
                     elif line.startswith("nonvoluntary_ctxt_switches"):
-                        invol += int(line.split()[1])
+                        invol = int(line.split()[1])
+        except OSError:
+            continue
+        out[int(tid)] = (vol, invol)
+    return out
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """Per-thread OS name (``comm``; fencingd sets it from the Python name), keyed by native thread id."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        pass
-    return vol, invol
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                out[int(tid)] = f.read().strip()
+        except OSError:
+            continue
+    return out
 
 
 def fs_type(path: str) -> str:

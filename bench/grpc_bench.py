@@ -156,34 +156,6 @@ def proc_cpu_s(pid: int) -> float:
         return 0.0
 
 
-def thread_stats(pid: int) -> dict[tuple[str, str], tuple[float, float, int, int]]:
-    """Per thread of ``pid``: (tid, OS name) -> (user s, system s, voluntary, involuntary
-    context switches). fencingd names its threads (fencingd._name_os_threads)."""
-    out = {}
-    task_dir = f"/proc/{pid}/task"
-    try:
-        tids = os.listdir(task_dir)
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"{task_dir}/{tid}/comm") as f:
-                name = f.read().strip()
-            with open(f"{task_dir}/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            switches = {}
-            with open(f"{task_dir}/{tid}/status") as f:
-                for line in f:
-                    if "ctxt_switches:" in line:  # voluntary_... and nonvoluntary_...
-                        key, value = line.split(":")
-                        switches[key] = int(value)
-        except (OSError, IndexError, ValueError):
-            continue
-        out[(tid, name)] = (int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK,
-                            switches.get("voluntary_ctxt_switches", 0), switches.get("nonvoluntary_ctxt_switches", 0))
-    return out
-
-
 def host_busy_s() -> tuple[float, float]:
     """(CPU seconds all cores spent not idle, of which stolen by the hypervisor) since boot."""
     with open("/proc/stat") as f:
@@ -524,12 +496,17 @@ def threads_run(runner: Runner, args) -> dict:
     pids["clients"] = [p.pid for p in runner.workers.procs]
     snaps: dict = {}
 
+    from bench._harness import thread_cpu_s, thread_ctx_switches, thread_names
+
     def snap() -> dict:
+        """label -> {(pid, tid, name): (user s, system s, voluntary, involuntary switches)}"""
         out = {}
         for label, pid in pids.items():
             merged: dict = {}
             for p in (pid if isinstance(pid, list) else [pid]):
-                merged.update({(p, *k): v for k, v in thread_stats(p).items()})
+                names, switches = thread_names(p), thread_ctx_switches(p)
+                for tid, (user, system) in thread_cpu_s(p).items():
+                    merged[(p, tid, names.get(tid, "?"))] = (user, system, *switches.get(tid, (0, 0)))
             out[label] = merged
         return out
 
