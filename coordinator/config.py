@@ -82,7 +82,7 @@ class ServerConfig:
         metadata=_doc(
             "file holding a secret shared by every member: Raft traffic is then encrypted and"
             " authenticated (Fernet), and a peer without it is dropped before its data is read;"
-            " empty: plaintext, and anyone reaching the Raft port can run code on this member"
+            " empty: plaintext, and anyone reaching the Raft port can pose as a member"
         ),
     )
     token_signing_key_file: str = dataclasses.field(

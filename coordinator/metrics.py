@@ -193,6 +193,10 @@ class _MemberCollector:
          "Times a leader asked to truncate an applied entry (refused; should stay 0)"),
         ("refused_old_snapshots", "fencing_raft_refused_old_snapshots",
          "Snapshots older than the applied state that were refused"),
+        ("refused_peer_messages", "fencing_raft_refused_peer_messages",
+         "Raft connections and messages refused because no member of ours sends them"),
+        ("refused_entries", "fencing_raft_refused_entries",
+         "Committed log entries skipped because they named a pickle global (should stay 0)"),
     )
 
     def __init__(self, status: Callable[[], dict[str, Any]]) -> None:

@@ -46,6 +46,7 @@ from typing import Any, Callable
 
 import msgpack
 import pysyncobj
+import pysyncobj.pickle as _ps_pickle
 import pysyncobj.syncobj as _ps
 import pysyncobj.tcp_connection as _ps_tcp
 import pysyncobj.version
@@ -123,6 +124,24 @@ class _RaftWireZlib:
 _ps_tcp.zlib = _RaftWireZlib
 
 
+# pysyncobj unpickles every Raft frame (tcp_connection.py:291) and every log entry it applies
+# (syncobj.py:874, 894, 977, 1419): code execution for anyone who reaches a Raft port or gets
+# an entry into the log. What pysyncobj itself sends and stores is plain data, so both modules
+# get an unpickler that refuses every global (raft_wire.plain_loads says why that suffices).
+# A refused frame drops the connection (tcp_connection.py:293-296); entries are checked
+# further by _SyncObj__doApplyCommand below.
+class _RaftWirePickle:
+    """What syncobj.py and tcp_connection.py see as ``pickle``: plain data in, any data out."""
+
+    dumps = staticmethod(_ps_pickle.dumps)
+    loads = staticmethod(raft_wire.plain_loads)
+    to_bytes = staticmethod(_ps_pickle.to_bytes)
+
+
+_ps.pickle = _RaftWirePickle
+_ps_tcp.pickle = _RaftWirePickle
+
+
 class Outcome(enum.Enum):
     APPLIED = "applied"  # committed and applied; the state machine accepted it
     REFUSED = "refused"  # committed and applied; the state machine refused it (a value)
@@ -193,7 +212,7 @@ class RaftConfig:
     track_synced: bool = False
     # Shared secret of member-to-member traffic: pysyncobj's Fernet (AES-CBC + HMAC,
     # encryptor.py), so a peer without it is disconnected before anything it sent is
-    # unpickled. None: plaintext pickle, and whoever reaches the Raft port can run code.
+    # unpickled. None: plaintext, and whoever reaches the Raft port can pose as a member.
     secret: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self):
@@ -352,6 +371,25 @@ class _BoundTCPTransport(TCPTransport):
 
         conn.setSockoptKeepalive = bind_then_keepalive
 
+    def _onIncomingMessageReceived(self, conn, message):
+        """Accept only members on incoming connections: no read-only nodes, no utility commands.
+
+        pysyncobj lets any connection announce itself as a read-only node, which is then sent
+        every entry, or send utility commands (status, add, remove, set_version, transfer;
+        transport.py:375-384) that no member of ours uses. Only the first message is seen
+        here (after the secret's key exchange, when there is one): it must name a member.
+        """
+        if self._syncObj.encryptor and not conn.sendRandKey:
+            return super()._onIncomingMessageReceived(conn, message)  # the key exchange
+        if not isinstance(message, str) or message not in self._nodeAddrToNode:
+            log.warning("raft: dropped an incoming connection that did not name a member (%s)",
+                        type(message).__name__)
+            self._syncObj.refused_peer_messages += 1
+            conn.disconnect()
+            self._unknownConnections.discard(conn)
+            return
+        super()._onIncomingMessageReceived(conn, message)
+
 
 class _HardenedSyncObj(SyncObj):
     """pysyncobj with the durability and safety holes of PYSYNCOBJ.md closed."""
@@ -375,6 +413,11 @@ class _HardenedSyncObj(SyncObj):
         self.commit_only_sends = 0  # appends sent that carried no entry to anyone
         self.truncated_applied = 0  # times an applied entry would have been truncated
         self.refused_old_snapshots = 0
+        # Peer input no member of ours sends: connections that did not name a member and
+        # split transmissions (frames that call anything are dropped by tcp_connection.py:293-296
+        # before we see them).
+        self.refused_peer_messages = 0
+        self.refused_entries = 0  # committed entries no member of ours writes: skipped everywhere
         self.leader_commit_seen = None  # commit index announced to this process by a leader
         self._leader_sync = None  # set once the transport's pipe notifier exists (below)
         self._true_match: dict = {}  # follower -> highest index it acked, this term
@@ -667,6 +710,12 @@ class _HardenedSyncObj(SyncObj):
 
     def _SyncObj__onMessageReceived(self, node, message):
         kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "append_entries" and "transmission" in message:
+            # An entry split over several messages, unpickled whole (syncobj.py:977). Ours never
+            # split (appendEntriesBatchSizeBytes is above any entry we make, see __init__).
+            self.refused_peer_messages += 1
+            log.warning("raft: dropped a split append from %s; members of ours never send one", node)
+            return
         if kind == "append_entries":
             message = self._sanitize_append(message)
         next_index_before = None
@@ -687,6 +736,37 @@ class _HardenedSyncObj(SyncObj):
             nxt = self._SyncObj__raftNextIndex
             if node in nxt and nxt[node] < next_index_before:
                 nxt[node] = next_index_before
+
+    def _SyncObj__doApplyCommand(self, command):
+        # Every entry a member of ours writes is a NO_OP (a new leader's first entry) or a
+        # REGULAR call of _Replica.apply with one bytes argument (syncobj.py:1585-1599). Anything
+        # else came from someone with access to a Raft port: pysyncobj would unpickle it
+        # (syncobj.py:874, 894, 1419) and call whatever method id it names with whatever
+        # arguments, so a wrong id or argument list raised and stopped every member. Such an
+        # entry is skipped, by every member alike, so replicas stay equal.
+        kind = command[:1]
+        if kind == _ps._bchr(_ps._COMMAND_TYPE.REGULAR):
+            try:
+                call = raft_wire.plain_loads(command[1:])
+            except Exception as exc:  # noqa: BLE001 - refused or not a pickle at all
+                return self._skip_entry(f"not a plain-data pickle: {exc}")
+            if (
+                type(call) is not tuple or len(call) != 2 or call[0] != self._apply_method_id()
+                or type(call[1]) is not tuple or len(call[1]) != 1 or type(call[1][0]) is not bytes
+            ):
+                return self._skip_entry("not a call of this state machine's apply with one bytes argument")
+            return self._replica.apply(call[1][0], _doApply=True)
+        if kind in (_ps._bchr(_ps._COMMAND_TYPE.MEMBERSHIP), _ps._bchr(_ps._COMMAND_TYPE.VERSION)):
+            return self._skip_entry("a membership or code-version change (membership is static here)")
+        return SyncObj._SyncObj__doApplyCommand(self, command)  # NO_OP and unknown types: ignored
+
+    def _apply_method_id(self) -> int:
+        return self._methodToID[(id(self._replica), "apply_v0")]
+
+    def _skip_entry(self, why: str) -> None:
+        self.refused_entries += 1
+        log.error("raft: skipped entry %d, which no member of ours writes: %s", self.raftLastApplied + 1, why)
+        return None
 
     def _sanitize_append(self, message: dict) -> dict:
         if message.get("term", -1) < self.raftCurrentTerm:
@@ -959,6 +1039,8 @@ class RaftNode:
             "shared_entries": so.shared_entries,
             "truncated_applied": so.truncated_applied,
             "refused_old_snapshots": so.refused_old_snapshots,
+            "refused_peer_messages": so.refused_peer_messages,
+            "refused_entries": so.refused_entries,
         }
 
     def _caught_up(self) -> bool:

@@ -1,12 +1,16 @@
-"""Byte formats of the Raft layer that need no pysyncobj: shared entries and the wire's zlib.
+"""Byte formats of the Raft layer that need no pysyncobj: shared entries, the wire's zlib,
+and the unpickling of what peers send.
 
-Owns: the encoding of an entry that carries several commands, and a zlib stream of stored
-(uncompressed) blocks for Raft messages. Must never: import pysyncobj (raft_node.py is the
-one module that does) or decide what a command means (the state machine does).
+Owns: the encoding of an entry that carries several commands, a zlib stream of stored
+(uncompressed) blocks for Raft messages, and ``plain_loads``, an unpickler that builds only
+plain data. Must never: import pysyncobj (raft_node.py is the one module that does) or
+decide what a command means (the state machine does).
 """
 
 from __future__ import annotations
 
+import io
+import pickle
 import struct
 import zlib
 
@@ -60,3 +64,53 @@ def zlib_stored(data: bytes) -> bytes:
         out.append(chunk)
     out.append(struct.pack(">I", zlib.adler32(data)))
     return b"".join(out)
+
+
+# pysyncobj frames every Raft message as pickle (tcp_connection.py:144, 291) and stores every
+# log entry as a pickled call (syncobj.py:894, 1599), so whoever reaches a Raft port, or gets an
+# entry into the log, would run code on every member (PYSYNCOBJ.md). Everything pysyncobj puts
+# there is plain data: dicts, lists, tuples, bytes, str, int, float, bool, None. pickle can only
+# reach code through find_class (GLOBAL, STACK_GLOBAL, INST, OBJ and the EXT* registry all go
+# through it; REDUCE/NEWOBJ/BUILD need an object only find_class can make) or through a
+# persistent_load hook, which we never define. So find_class below hands out two harmless
+# stand-ins and refuses every other name: the pickle documentation's "Restricting Globals".
+#
+# The stand-ins exist because pysyncobj pickles with protocol 2 (pysyncobj/pickle.py), which
+# has no opcode for bytes: b"" is written as a call of builtins.bytes() and any other bytes
+# as _codecs.encode(text, "latin1"). Journals on disk hold entries written that way.
+
+
+class RefusedPickle(pickle.UnpicklingError):
+    """A pickle that calls anything but the two bytes constructors: never pysyncobj's own."""
+
+
+def _latin1_bytes(text, encoding):
+    if type(text) is not str or encoding != "latin1":
+        raise RefusedPickle("_codecs.encode is accepted only as protocol 2 writes bytes (str, 'latin1')")
+    return text.encode("latin1")
+
+
+def _empty_bytes(*args):
+    if args:
+        raise RefusedPickle("builtins.bytes is accepted only without arguments (protocol 2's b'')")
+    return b""
+
+
+_BYTES_CONSTRUCTORS = {
+    ("_codecs", "encode"): _latin1_bytes,
+    ("__builtin__", "bytes"): _empty_bytes,
+    ("builtins", "bytes"): _empty_bytes,
+}
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        try:
+            return _BYTES_CONSTRUCTORS[(module, name)]
+        except KeyError:
+            raise RefusedPickle(f"pickle names {module}.{name}; only plain data is accepted from peers") from None
+
+
+def plain_loads(data: bytes):
+    """``pickle.loads`` for peer input: plain data only; a pickle that calls anything else is refused."""
+    return _PlainDataUnpickler(io.BytesIO(data)).load()

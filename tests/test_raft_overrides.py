@@ -585,3 +585,72 @@ def test_raft_connections_send_stored_blocks_below_the_threshold():
     big = b"x" * raft_wire.ZLIB_STORED_BELOW_BYTES
     assert len(tcp.zlib.compress(big, 3)) < len(big) // 10  # large chunks still compressed
     assert tcp.zlib.decompress(tcp.zlib.compress(big, 3)) == big
+
+
+# -- peer input: entries that call code never run ---------------------------------------
+
+
+class _CreatesMarker:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_committed_entry_that_calls_code_is_skipped_and_the_log_goes_on(tmp_path):
+    marker = tmp_path / "pwned-entry"
+    poisoned = b"\x00" + ps_pickle.dumps(_CreatesMarker(str(marker)))
+    ps_pickle.loads(poisoned[1:])  # the control: unpickled the stock way, it runs code
+    assert marker.exists()
+    marker.unlink()
+    node = make_node(tmp_path)
+    append(node, 1, 0, [entry(node, b"p2", 2, 1), (poisoned, 3, 1), entry(node, b"p4", 4, 1)], commit=1)
+    append(node, 4, 1, [], commit=4)
+    node.tick(0)
+    assert not marker.exists()
+    assert node.status()["refused_entries"] == 1 and not node.fatal
+    assert node.syncobj.raftLastApplied == 4
+    assert node._replica._sm.applied == [b"p2", b"p4"]  # every replica skips the same entry
+
+
+def test_a_split_append_is_dropped_unread(tmp_path):
+    # pysyncobj joins the parts of a split entry and unpickles them (syncobj.py:960-977);
+    # our members never split one, so a split append is refused whole.
+    node = make_node(tmp_path)
+    fill_follower(node, last=2)
+    whole = ps_pickle.dumps(entry(node, b"p3", 3, 1))
+    before = log_of(node)
+    for part, data in (("start", whole[:10]), ("finish", whole[10:])):
+        node.syncobj._SyncObj__onMessageReceived(TCPNode(LEADER), {
+            "type": "append_entries", "transmission": part, "data": data, "term": 1,
+            "commit_index": 1, "prevLogIdx": 2, "prevLogTerm": 1,
+        })
+    assert log_of(node) == before
+    assert node.status()["refused_peer_messages"] == 2
+
+
+@pytest.mark.parametrize("forged", [
+    "wrong-method-id", "two-arguments", "text-argument", "keyword-arguments", "not-a-tuple",
+    "membership", "code-version", "not-a-pickle",
+])
+def test_a_committed_entry_no_member_writes_is_skipped(tmp_path, forged):
+    # Stock pysyncobj calls whatever method id and arguments an entry names
+    # (syncobj.py:894-907): these raised inside apply and stopped every member.
+    node = make_node(tmp_path)
+    apply_id = node.syncobj._methodToID[(id(node._replica), "apply_v0")]
+    body = {
+        "wrong-method-id": b"\x00" + ps_pickle.dumps((apply_id + 1000, (b"x",))),
+        "two-arguments": b"\x00" + ps_pickle.dumps((apply_id, (b"x", b"y"))),
+        "text-argument": b"\x00" + ps_pickle.dumps((apply_id, ("x",))),
+        "keyword-arguments": b"\x00" + ps_pickle.dumps((apply_id, (b"x",), {"index": 1})),
+        "not-a-tuple": b"\x00" + ps_pickle.dumps(apply_id),
+        "membership": b"\x02" + ps_pickle.dumps(["rem", "127.0.0.12:4001", "127.0.0.12:4001"]),
+        "code-version": b"\x03" + ps_pickle.dumps(7),
+        "not-a-pickle": b"\x00garbage",
+    }[forged]
+    append(node, 1, 0, [entry(node, b"p2", 2, 1), (body, 3, 1), entry(node, b"p4", 4, 1)], commit=1)
+    append(node, 4, 1, [], commit=4)
+    node.tick(0)
+    assert node.status()["refused_entries"] == 1 and not node.fatal
+    assert node._replica._sm.applied == [b"p2", b"p4"]

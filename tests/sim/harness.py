@@ -7,7 +7,8 @@ and the safety checks run during and after each run. ``run_simulation(seed)``
 replays one run exactly: everything it does is drawn from ``seed``.
 
 Must never: sleep, read the real clock, use threads, or share Python objects
-between nodes (every message crosses the network as a pickle), and never leave
+between nodes (every message crosses the network as a pickle, read back with the
+members' plain-data unpickler), and never leave
 pysyncobj patched after a run.
 
 Model, in short (the docstrings below give the details):
@@ -64,6 +65,7 @@ import pysyncobj.transport as _ps_transport
 from pysyncobj.config import FAIL_REASON
 from pysyncobj.transport import Transport
 
+from coordinator import raft_wire
 from coordinator.journal import JOURNAL_NAME, DurableJournal
 from coordinator.raft_node import _DEFINITE_FAILURES, ALL_FIXES, RaftConfig, RaftNode
 
@@ -528,7 +530,7 @@ class SimTransport(Transport):
                     network.stats["messages_dropped_unconnected"] += 1
                     continue
                 network.stats["messages_delivered"] += 1
-                self._onMessageReceived(node, pickle.loads(payload))
+                self._onMessageReceived(node, raft_wire.plain_loads(payload))
 
     def detach(self) -> None:
         if self._attached:

@@ -1,0 +1,212 @@
+"""What a stranger who reaches a Raft port can do: not run code, not join, not skip the secret.
+
+pysyncobj unpickles every frame and every log entry (PYSYNCOBJ.md); raft_node installs an
+unpickler that builds plain data only (raft_wire.plain_loads) and accepts only connections
+that name a member. The probe sends one frame exactly as a pysyncobj peer would (length,
+zlib, pickle) whose unpickling would create a marker file: harmless, and visible. Each test
+first shows that the same bytes do create the marker when unpickled the stock way.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import os
+import pickle
+import pickletools
+import socket
+import struct
+import zlib
+
+import pysyncobj.pickle as ps_pickle
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from coordinator import config as config_mod, raft_wire
+from coordinator.client import FencingClient
+from coordinator.raft_node import RaftConfig, RaftNode
+from coordinator.testing.cluster import pick_ports, wait_until
+from coordinator.testing.grpc_cluster import running_cluster
+from coordinator.state_machine import FencingStateMachine
+
+SECRET = "0123456789abcdef0123456789abcdef-test"
+PEERS = ("127.0.0.3:1", "127.0.0.4:1")  # nothing listens there: the node stays a follower
+
+
+class _CreatesMarker:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def frame(payload: bytes) -> bytes:
+    body = zlib.compress(payload)
+    return struct.pack("i", len(body)) + body
+
+
+def exchange(raft_address: str, *frames: bytes, timeout_s: float = 10.0) -> bytes:
+    """Send ``frames`` to ``raft_address``; return what it answered once it hung up.
+
+    Raises TimeoutError when the member keeps the connection open past ``timeout_s``.
+    """
+    host, port = raft_address.rsplit(":", 1)
+    received = b""
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as s:
+        s.sendall(b"".join(frames))
+        s.settimeout(timeout_s)
+        try:
+            while chunk := s.recv(4096):
+                received += chunk
+        except ConnectionResetError:
+            pass
+    return received
+
+
+def probe(raft_address: str, marker: str, *, announce: str | None = None) -> None:
+    """Send one malicious frame (after naming ``announce``, if given); return once hung up on."""
+    first = () if announce is None else (frame(ps_pickle.dumps(announce)),)
+    exchange(raft_address, *first, frame(pickle.dumps(_CreatesMarker(marker))))
+
+
+def assert_probe_is_real(marker) -> None:
+    """The control: the probe's payload runs code when unpickled the stock way."""
+    pickle.loads(pickle.dumps(_CreatesMarker(str(marker))))
+    assert marker.exists()
+    marker.unlink()
+
+
+@pytest.fixture
+def lone_node(tmp_path):
+    host = "127.0.0.2"
+    raft_port, _ = pick_ports((host,))
+    node = RaftNode(RaftConfig(f"{host}:{raft_port}", PEERS, str(tmp_path / "n")), FencingStateMachine())
+    yield node
+    node.close()
+
+
+@pytest.mark.parametrize("announce", [None, PEERS[0]], ids=["first-frame", "after-naming-a-member"])
+def test_without_a_secret_a_frame_that_calls_code_is_refused(lone_node, tmp_path, announce):
+    marker = tmp_path / "pwned-plain"
+    assert_probe_is_real(marker)
+    probe(lone_node.config.self_address, str(marker), announce=announce)
+    assert not marker.exists()
+    assert lone_node.status()["self"] == lone_node.config.self_address  # still running
+
+
+@pytest.mark.parametrize(
+    "hello",
+    ["readonly", ["status"], ["transfer", "127.0.0.3:1"], "127.0.0.99:1", b"127.0.0.3:1", 7],
+    ids=["readonly", "utility-status", "utility-transfer", "not-a-member", "bytes", "int"],
+)
+def test_a_connection_that_does_not_name_a_member_is_dropped_unanswered(lone_node, hello):
+    # Stock pysyncobj answers ["status"] with its status, takes "readonly" as a node it then
+    # sends every entry to, and would run "transfer" for anyone (transport.py:343-384).
+    before = lone_node.status()["refused_peer_messages"]
+    answer = exchange(lone_node.config.self_address, frame(ps_pickle.dumps(hello)))
+    assert answer == b""
+    wait_until(lambda: lone_node.status()["refused_peer_messages"] == before + 1, 10,
+               what="the refusal to be counted")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, request):
+    base = tmp_path_factory.mktemp("secret")
+    secret_file = base / "raft-secret"
+    secret_file.write_text(SECRET + "\n")
+    yield from running_cluster(str(base), request, settings={"raft_secret_file": str(secret_file)})
+
+
+def test_members_with_the_secret_replicate_and_a_stranger_is_dropped_unread(cluster, tmp_path):
+    """With the secret a stranger is dropped before the unpickler sees its frame at all."""
+    endpoints = [n.api_address for n in cluster.nodes]
+    with FencingClient(endpoints) as client:
+        lease = client.acquire("secret/1", holder="t", ttl_ms=60_000)
+        client.write("secret/1", "k", b"v", token=lease.token)
+        leader = cluster.wait_ready()
+        follower = cluster.nodes[(leader + 1) % 3]
+        with FencingClient([follower.api_address]) as direct:
+            assert direct.read("secret/1", "k").value == b"v"  # replicated over the encrypted wire
+    marker = tmp_path / "pwned-secret"
+    for node in cluster.nodes:
+        probe(node.raft_address, str(marker))
+    assert not marker.exists()
+    with FencingClient(endpoints) as client:  # the members are unharmed
+        assert client.write("secret/1", "k", b"w", token=lease.token).version >= 2
+
+
+@pytest.mark.parametrize("content, fragment", [("short", "at least 32"), (None, "cannot read")])
+def test_a_missing_or_short_secret_stops_the_member_at_start(tmp_path, content, fragment):
+    path = tmp_path / "secret"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(config_mod.ConfigError) as caught:
+        config_mod.build({"data_dir": str(tmp_path / "d"), "raft_address": "127.0.0.1:7000",
+                          "members": ["127.0.0.1:7000=127.0.0.1:7100"], "raft_secret_file": str(path)}, {})
+    assert str(caught.value).startswith("raft_secret_file: ") and fragment in str(caught.value)
+
+
+def test_the_secret_never_shows_in_a_config_repr():
+    assert SECRET not in repr(RaftConfig("127.0.0.1:1", (), "/nonexistent", secret=SECRET))
+
+
+# -- raft_wire.plain_loads: plain data in, nothing callable -------------------------------
+
+plain = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text() | st.binary(),
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=8) | st.integers(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(plain, st.sampled_from([2, 4, 5]))
+def test_plain_data_round_trips(value, protocol):
+    # Protocol 2 is what pysyncobj writes (bytes as _codecs.encode(text, "latin1")).
+    assert raft_wire.plain_loads(pickle.dumps(value, protocol=protocol)) == value
+
+
+def test_what_pysyncobj_sends_loads_unchanged():
+    message = {"type": "append_entries", "term": 3, "commit_index": 9, "prevLogIdx": 9, "prevLogTerm": 3,
+               "entries": [(b"\x00" + ps_pickle.dumps((0, (b"cmd",))), 10, 3), (b"", 11, 3)]}
+    assert raft_wire.plain_loads(ps_pickle.dumps(message)) == message
+
+
+class _Calls:
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return (self.fn, self.args)
+
+
+def _ext_payload():
+    copyreg.add_extension("os", "getcwd", 0x7FFF_FF01)
+    try:
+        return pickle.dumps(_Calls(os.getcwd), protocol=2)
+    finally:
+        copyreg.remove_extension("os", "getcwd", 0x7FFF_FF01)
+
+
+REFUSED = {
+    "global-protocol-0": lambda: pickle.dumps(_Calls(os.getcwd), protocol=0),
+    "global-protocol-2": lambda: pickle.dumps(_Calls(os.getcwd), protocol=2),
+    "stack-global-protocol-4": lambda: pickle.dumps(_Calls(os.getcwd), protocol=4),
+    "inst-opcode": lambda: b"(ios\ngetcwd\n.",
+    "obj-opcode": lambda: b"(cos\ngetcwd\no.",
+    "ext-registry": _ext_payload,
+    "persistent-id": lambda: b"P0\n.",
+    "codecs-other-encoding": lambda: pickle.dumps(_Calls(__import__("_codecs").encode, "x" * 9, "zlib"), protocol=2),
+    "codecs-not-text": lambda: pickle.dumps(_Calls(__import__("_codecs").encode, b"x", "latin1"), protocol=2),
+    "bytes-with-a-size": lambda: pickle.dumps(_Calls(bytes, 10**12), protocol=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_anything_callable_is_refused(name):
+    payload = REFUSED[name]()
+    kinds = {op.name for op, _, _ in pickletools.genops(payload)}
+    assert kinds & {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "EXT4", "EXT2", "EXT1", "PERSID"}
+    with pytest.raises(pickle.UnpicklingError):
+        raft_wire.plain_loads(payload)
