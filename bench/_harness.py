@@ -178,15 +178,23 @@ def cpu_model() -> str:
     return "?"
 
 
-def host_cpu_busy_s() -> float:
-    """CPU seconds all processes on the host spent busy (user, nice, system, irq, softirq, steal)."""
+def host_cpu_s() -> tuple[float, float]:
+    """(CPU seconds all cores spent busy, of which stolen by the hypervisor) since boot.
+
+    Busy is user, nice, system, irq, softirq and steal, from /proc/stat; NaN when unreadable.
+    """
     try:
         with open("/proc/stat") as f:
             fields = f.readline().split()
     except OSError:
-        return float("nan")
+        return float("nan"), float("nan")
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
-    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK, steal / CLK_TCK
+
+
+def host_cpu_busy_s() -> float:
+    """CPU seconds all processes on the host spent busy (user, nice, system, irq, softirq, steal)."""
+    return host_cpu_s()[0]
 
 
 def git_state(repo: str = REPO_ROOT) -> str:

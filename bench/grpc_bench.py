@@ -50,8 +50,18 @@ import tempfile
 import threading
 import time
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+from ._harness import (
+    ensure_repo_on_path,
+    fdatasync_cost,
+    fs_type,
+    git_state,
+    host_cpu_s,
+    percentile,
+    proc_cpu_s,
+    thread_cpu_s,
+    thread_ctx_switches,
+    thread_names,
+)
 
 # Production timings (config.ServerConfig defaults), overriding grpc_cluster's test ones.
 CLUSTER_SETTINGS = {
@@ -74,15 +84,6 @@ TARGETS = [
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def ensure_repo_on_path() -> None:
-    """Node and client processes import ``coordinator``/``bench`` from the repository root."""
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if REPO_ROOT not in parts:
-        os.environ["PYTHONPATH"] = os.pathsep.join([REPO_ROOT, *parts])
-    if REPO_ROOT not in sys.path:
-        sys.path.insert(0, REPO_ROOT)
 
 
 # -- the in-memory baseline server ---------------------------------------------------------
@@ -147,23 +148,6 @@ def _baseline_main(conn, host: str) -> None:
 # -- /proc readings ------------------------------------------------------------------------
 
 
-def proc_cpu_s(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def host_busy_s() -> tuple[float, float]:
-    """(CPU seconds all cores spent not idle, of which stolen by the hypervisor) since boot."""
-    with open("/proc/stat") as f:
-        parts = f.readline().split()[1:]
-    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in parts[:8])
-    return (user + nice + system + irq + softirq + steal) / CLK_TCK, steal / CLK_TCK
-
-
 def loadavg() -> str:
     try:
         with open("/proc/loadavg") as f:
@@ -172,41 +156,9 @@ def loadavg() -> str:
         return "?"
 
 
-def fs_type(path: str) -> str:
-    try:
-        out = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or "?"
-    except (OSError, subprocess.SubprocessError):
-        return "?"
-
-
-def fdatasync_ms(directory: str, n: int = 100) -> float:
+def fdatasync_ms(directory: str) -> float:
     """Median ms of one 64-byte append + fdatasync in ``directory`` (the journal's pattern)."""
-    path = os.path.join(directory, "fdatasync-probe")
-    times = []
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        for _ in range(n):
-            t = time.perf_counter()
-            os.write(fd, b"x" * 64)
-            os.fdatasync(fd)
-            times.append(time.perf_counter() - t)
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    times.sort()
-    return round(times[len(times) // 2] * 1000, 3)
-
-
-def git_state() -> str:
-    try:
-        rev = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "-C", REPO_ROOT, "status", "--porcelain", "--", "coordinator"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-        return rev + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "?"
+    return round(fdatasync_cost(directory, n=100)["p50_ms"], 3)
 
 
 # -- client processes ----------------------------------------------------------------------
@@ -279,13 +231,6 @@ class Workers:
                 p.join(timeout=5)
 
 
-def percentile(sorted_values, q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    k = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
-    return sorted_values[k]
-
-
 # -- one measured run ----------------------------------------------------------------------
 
 
@@ -341,7 +286,7 @@ class Runner:
             def snap():
                 pids = self.our_pids()
                 return {
-                    "t": time.monotonic(), "host": host_busy_s(),
+                    "t": time.monotonic(), "host": host_cpu_s(),
                     "leader": proc_cpu_s(leader_pid),
                     "followers": sum(proc_cpu_s(p) for p in follower_pids),
                     "baseline": proc_cpu_s(self.baseline_pid),
@@ -496,7 +441,6 @@ def threads_run(runner: Runner, args) -> dict:
     pids["clients"] = [p.pid for p in runner.workers.procs]
     snaps: dict = {}
 
-    from bench._harness import thread_cpu_s, thread_ctx_switches, thread_names
 
     def snap() -> dict:
         """label -> {(pid, tid, name): (user s, system s, voluntary, involuntary switches)}"""
