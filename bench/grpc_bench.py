@@ -74,6 +74,10 @@ CLUSTER_SETTINGS = {
 BASELINE_GRPC_THREADS = 64  # = ServerConfig.grpc_threads default
 BASELINE_MAX_CONCURRENT_RPCS = 512  # = ServerConfig.grpc_max_concurrent_rpcs default
 
+# "fencing": the members as fencingd serve placed them (cpu_affinity, default auto: one CPU
+# each); "fencing-os" (--compare-os-placement): the same members, threads on any CPU.
+FENCING_SYSTEMS = ("fencing", "fencing-os")
+
 # The issue's targets (2 cores, three local nodes, local clients).
 TARGETS = [
     ("write", 1, 500.0),
@@ -154,6 +158,10 @@ def loadavg() -> str:
             return " ".join(f.read().split()[:3])
     except OSError:
         return "?"
+
+
+def _cpu_list(cpus) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
 
 
 def fdatasync_ms(directory: str) -> float:
@@ -247,6 +255,19 @@ class Runner:
         self.round = 1
         self.leader_moves = 0
         self.terms: list[int] = []
+        # What fencingd serve chose at start (cpu_affinity): restored after a fencing-os run.
+        self.node_cpus = {n.index: os.sched_getaffinity(n.proc.pid) for n in cluster.nodes}
+
+    def place_nodes(self, by_os: bool) -> None:
+        """Every thread of every member: on all CPUs (``by_os``) or back on what it chose at start."""
+        every = set(range(os.cpu_count() or 1)) & set(os.sched_getaffinity(0)) or set(range(os.cpu_count() or 1))
+        for n in self.cluster.nodes:
+            cpus = every if by_os else self.node_cpus[n.index]
+            for tid in os.listdir(f"/proc/{n.proc.pid}/task"):
+                try:
+                    os.sched_setaffinity(int(tid), cpus)
+                except ProcessLookupError:
+                    pass  # a thread that ended meanwhile
 
     def our_pids(self) -> list[int]:
         pids = [os.getpid(), self.baseline_pid] + [p.pid for p in self.workers.procs]
@@ -257,7 +278,8 @@ class Runner:
                 on_window=None) -> dict:
         self.run_no += 1
         seconds = self.args.seconds if seconds is None else seconds
-        if system == "fencing":
+        ours = system in FENCING_SYSTEMS
+        if ours:
             # An election between runs (a starved machine can miss heartbeats) moves the
             # leader: follow it, and flag the row.
             try:
@@ -306,9 +328,15 @@ class Runner:
             if on_window is not None:
                 on_window(t_meas, t_end)
 
-        term_before = self.term() if system == "fencing" else None
-        res = self.workers.run(spec, clients, on_window=sampler)
-        term_after = self.term() if system == "fencing" else None
+        term_before = self.term() if ours else None
+        if system == "fencing-os":
+            self.place_nodes(by_os=True)
+        try:
+            res = self.workers.run(spec, clients, on_window=sampler)
+        finally:
+            if system == "fencing-os":
+                self.place_nodes(by_os=False)
+        term_after = self.term() if ours else None
         samples["thread"].join(timeout=10)
         lat = sorted(res["latencies"])
         a, b = samples.get("a"), samples.get("b")
@@ -334,11 +362,11 @@ class Runner:
             "max_ms": (lat[-1] * 1000) if lat else float("nan"),
             "errors": res["errors"], "setup_errors": res["setup_errors"],
             "cores": cores, "loadavg_after": loadavg(),
-            "leader_node": self.leader_index if system == "fencing" else None,
+            "leader_node": self.leader_index if ours else None,
             "raft_term_before": term_before, "raft_term_after": term_after,
             "election_during_run": term_before is not None and term_before != term_after,
         }
-        log(f"  {system:8s} {mode:3s} {workload:5s} c={clients:<3d} {row['ops_per_s']:8.0f} ops/s  "
+        log(f"  {system:10s} {mode:3s} {workload:5s} c={clients:<3d} {row['ops_per_s']:8.0f} ops/s  "
             f"p50 {row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:7.2f} ms  "
             f"leader {cores.get('leader', 0):.2f} other {cores.get('other', 0):.2f} cores"
             + (f"  errors {row['errors']}" if row["errors"] else "")
@@ -531,7 +559,7 @@ def fmt_errors(errors: dict) -> str:
 def print_table(rows: list[dict]) -> None:
     base = {(r["round"], r["mode"], r["clients"]): r["ops_per_s"] for r in rows
             if r["system"] == "baseline" and r["workload"] == "write"}
-    header = (f"{'round':>5s} {'system':9s} {'client':6s} {'workload':9s} {'clients':>7s} {'ops':>7s} {'ops/s':>8s} "
+    header = (f"{'round':>5s} {'system':10s} {'client':6s} {'workload':9s} {'clients':>7s} {'ops':>7s} {'ops/s':>8s} "
               f"{'p50 ms':>7s} {'p99 ms':>8s} {'x base':>6s} {'leader':>6s} {'follow':>6s} {'client':>6s} {'other':>5s} "
               f"{'steal':>5s}  errors")
     print(header)
@@ -539,7 +567,7 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         b = base.get((r["round"], r["mode"], r["clients"]))
         ratio = "-"
-        if r["system"] == "fencing" and r["workload"] == "write" and b:
+        if r["system"] in FENCING_SYSTEMS and r["workload"] == "write" and b:
             ratio = f"{r['ops_per_s'] / b:.2f}"
         elif r["system"] == "baseline":
             ratio = "1.00"
@@ -552,7 +580,7 @@ def print_table(rows: list[dict]) -> None:
             errs[f"setup:{k}"] = v
         if r.get("election_during_run"):
             errs["ELECTION"] = 1
-        print(f"{r['round']:5d} {r['system']:9s} {r['mode']:6s} {wl:9s} {r['clients']:7d} {r['ops']:7d} {r['ops_per_s']:8.0f} "
+        print(f"{r['round']:5d} {r['system']:10s} {r['mode']:6s} {wl:9s} {r['clients']:7d} {r['ops']:7d} {r['ops_per_s']:8.0f} "
               f"{r['p50_ms']:7.2f} {r['p99_ms']:8.2f} {ratio:>6s} {leader:6.2f} {follow:>6s} {c.get('clients', float('nan')):6.2f} "
               f"{c.get('other', float('nan')):5.2f} {c.get('steal', float('nan')):5.2f}  {fmt_errors(errs)}")
 
@@ -578,7 +606,7 @@ def summarize(rows: list[dict]) -> list[dict]:
 def print_summary(summary: list[dict]) -> None:
     base = {(s["mode"], s["clients"]): s["ops_per_s"] for s in summary
             if s["system"] == "baseline" and s["workload"] == "write"}
-    header = (f"{'system':9s} {'client':6s} {'workload':9s} {'clients':>7s} {'runs':>4s} {'median/s':>8s} "
+    header = (f"{'system':10s} {'client':6s} {'workload':9s} {'clients':>7s} {'runs':>4s} {'median/s':>8s} "
               f"{'min':>6s} {'max':>6s} {'p50 ms':>7s} {'p99 ms':>8s} {'x base':>6s}")
     print(header)
     print("-" * len(header))
@@ -586,7 +614,7 @@ def print_summary(summary: list[dict]) -> None:
         wl = "write" if s["workload"] == "write" else "acq+w+rel"
         b = base.get((s["mode"], s["clients"]))
         ratio = f"{s['ops_per_s'] / b:.2f}" if b and s["workload"] == "write" else "-"
-        print(f"{s['system']:9s} {s['mode']:6s} {wl:9s} {s['clients']:7d} {s['runs']:4d} {s['ops_per_s']:8.0f} "
+        print(f"{s['system']:10s} {s['mode']:6s} {wl:9s} {s['clients']:7d} {s['runs']:4d} {s['ops_per_s']:8.0f} "
               f"{s['ops_min']:6.0f} {s['ops_max']:6.0f} {s['p50_ms']:7.2f} {s['p99_ms']:8.2f} {ratio:>6s}")
 
 
@@ -626,6 +654,9 @@ def parse_args(argv=None):
     p.add_argument("--threads", action="store_true",
                    help="after the runs, one extra run (--threads-run) with CPU and context switches per op by thread")
     p.add_argument("--threads-run", default="raw/write/16", help="MODE/WORKLOAD/CLIENTS (default raw/write/16)")
+    p.add_argument("--compare-os-placement", action="store_true",
+                   help="after each run, the same run with every member's threads free to run on any CPU"
+                        " (system fencing-os), then back to what cpu_affinity chose")
     return p.parse_args(argv)
 
 
@@ -685,6 +716,8 @@ def main(argv=None) -> int:
             f"baseline {baseline_address}")
         info["leader_api"] = cluster.nodes[leader].api_address
         runner = Runner(args, workers, cluster, leader, baseline_proc.pid, baseline_address)
+        info["node_cpus"] = {i: _cpu_list(c) for i, c in runner.node_cpus.items()}
+        log(f"members' CPUs as fencingd serve chose them (cpu_affinity): {info['node_cpus']}")
         # Rounds run every configuration once each, in turn: a slow spell of the machine
         # (a neighbour, the hypervisor) then hits one run per configuration, not all of them.
         for round_no in range(1, args.rounds + 1):
@@ -697,6 +730,8 @@ def main(argv=None) -> int:
                         rows.append(runner.measure("baseline", mode, "write", clients))
                     for workload in workloads:
                         rows.append(runner.measure("fencing", mode, workload, clients))
+                        if args.compare_os_placement:
+                            rows.append(runner.measure("fencing-os", mode, workload, clients))
         if args.threads:
             thr = threads_run(runner, args)
         if args.profile:
@@ -738,6 +773,8 @@ def main(argv=None) -> int:
           f"grpcio {info.get('grpcio', '?')}, git {info['git']}, data on {info['data_dir_fs']})")
     print(f"load average: {info['loadavg_start']} at start, {info['loadavg_end']} at end; "
           f"{args.warmup:g} s warm-up + {args.seconds:g} s measured per run; elapsed {info['elapsed_s']} s")
+    if "node_cpus" in info:
+        print("members' CPUs (cpu_affinity): " + ", ".join(f"node {i}: {c}" for i, c in info["node_cpus"].items()))
     elections = [r for r in rows if r.get("election_during_run")]
     if elections or info.get("leader_moves_between_runs"):
         print(f"WARNING: Raft term changed during {len(elections)} run(s) (marked ELECTION); the leader moved "

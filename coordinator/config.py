@@ -25,7 +25,7 @@ import dataclasses
 import os
 from typing import Any
 
-from coordinator import pemfile, tomlfile
+from coordinator import cpu_pin, pemfile, tomlfile
 from coordinator.auth import PrincipalsError, load_principals
 from coordinator.proof import ProofError, ProofSigner
 
@@ -181,6 +181,15 @@ class ServerConfig:
     log_level: str = dataclasses.field(
         default="INFO", metadata=_doc("DEBUG, INFO, WARNING or ERROR")
     )
+    cpu_affinity: str = dataclasses.field(
+        default="auto",
+        metadata=_doc(
+            "CPU this member runs on: 'auto' takes one of the CPUs it may use (this member's"
+            " place in members, modulo their count), a number takes that CPU, 'off' leaves it to"
+            " the OS. One CPU makes the GIL handoffs between the gRPC and Raft threads cheap"
+            " (coordinator/cpu_pin.py)"
+        ),
+    )
 
     # -- derived ----------------------------------------------------------------------------
 
@@ -188,6 +197,18 @@ class ServerConfig:
     def member_map(self) -> dict[str, str]:
         """Raft address -> API address, for every member."""
         return dict(_parse_member(m) for m in self.members)
+
+    @property
+    def member_index(self) -> int:
+        """This member's place in ``members`` (0-based)."""
+        return list(self.member_map).index(self.raft_address)
+
+    def pinned_cpu(self) -> int | None:
+        """The CPU ``cpu_affinity`` asks for on this machine; None: the OS places threads."""
+        try:
+            return cpu_pin.choose_cpu(self.cpu_affinity, self.member_index, cpu_pin.allowed_cpus())
+        except cpu_pin.AffinityError as exc:
+            raise ConfigError(f"cpu_affinity: {exc}") from exc
 
     @property
     def peer_addresses(self) -> tuple[str, ...]:
@@ -376,6 +397,7 @@ def validate(config: ServerConfig) -> ServerConfig:
     config.tls_files()  # and unreadable TLS files
     config.resolved_raft_secret()  # and a missing or short Raft secret
     config.proof_signer()  # and a token signing key that is not an Ed25519 private key
+    config.pinned_cpu()  # and a CPU this machine does not let us use
     return config
 
 
