@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
-from coordinator import limits
+from coordinator import cpu_pin, limits
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.testing.grpc_cluster import RPC_TIMEOUT_S, SERVING, running_cluster, wait_for
 
@@ -547,7 +547,12 @@ def test_outcome_unknown_then_retry_with_the_same_op_id_applies_once(cluster):
 @pytest.fixture(scope="module")
 def cluster_b(tmp_path_factory, request):
     base = str(tmp_path_factory.mktemp("grpc-b"))
-    yield from running_cluster(base, request, node_settings={0: {"inflight_proposals_max": 1}})
+    yield from running_cluster(base, request, node_settings={0: {"inflight_proposals_max": 1, "cpu_affinity": "off"}})
+
+
+def test_cpu_affinity_off_leaves_threads_to_the_os(cluster_b):
+    cluster_b.wait_ready()
+    assert _threads_cpus(cluster_b.nodes[0].proc.pid) == _threads_cpus(os.getpid())
 
 
 def test_resource_exhausted_beyond_the_inflight_bound(cluster_b):
@@ -680,3 +685,23 @@ def test_member_threads_carry_their_names_at_the_os_level(cluster):
             names.add(f.read().strip())
     assert {"_autoTickThread", "_serve", "leader-sync", "health-updater"} <= names, names
     assert any(n.startswith("grpc_") for n in names), names
+
+
+def _threads_cpus(pid: int) -> set[str]:
+    """Cpus_allowed_list of every thread of ``pid``."""
+    found = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            found.add(next(line.split(":", 1)[1].strip() for line in f if line.startswith("Cpus_allowed_list")))
+    return found
+
+
+def test_each_member_runs_every_thread_on_the_cpu_auto_chose(cluster):
+    """cpu_affinity = "auto" (the default): member i on the i-th usable CPU, every thread of it."""
+    leader = cluster.nodes[cluster.wait_ready()]
+    leader.lease.Describe(pb.DescribeRequest(resource=unique("cpus")), timeout=T)  # starts a gRPC worker
+    allowed = cpu_pin.allowed_cpus()
+    everything = _threads_cpus(os.getpid())  # this test process: not pinned
+    for node in cluster.nodes:
+        cpu = cpu_pin.choose_cpu("auto", node.index, allowed)
+        assert _threads_cpus(node.proc.pid) == ({str(cpu)} if cpu is not None else everything), node.index
