@@ -74,8 +74,8 @@ CLUSTER_SETTINGS = {
 BASELINE_GRPC_THREADS = 64  # = ServerConfig.grpc_threads default
 BASELINE_MAX_CONCURRENT_RPCS = 512  # = ServerConfig.grpc_max_concurrent_rpcs default
 
-# "fencing": the members as fencingd serve placed them (cpu_affinity, default auto: one CPU
-# each); "fencing-os" (--compare-os-placement): the same members, threads on any CPU.
+# "fencing": the members as fencingd serve placed them (cpu_affinity, default auto: the
+# leader on one CPU); "fencing-os" (--compare-os-placement): the same members, threads on any CPU.
 FENCING_SYSTEMS = ("fencing", "fencing-os")
 
 # The issue's targets (2 cores, three local nodes, local clients).
@@ -255,24 +255,23 @@ class Runner:
         self.round = 1
         self.leader_moves = 0
         self.terms: list[int] = []
-        # What fencingd serve chose at start (cpu_affinity): restored after a fencing-os run.
-        self.node_cpus = {n.index: os.sched_getaffinity(n.proc.pid) for n in cluster.nodes}
+        # Where fencingd serve put each member (cpu_affinity; by default only the leader is
+        # pinned), as of the last look: printed, and restored after a fencing-os run.
+        self.node_cpus = self.nodes_cpus()
 
-    def place_nodes(self, by_os: bool) -> None:
-        """Every thread of every member: on all CPUs (``by_os``) or back on what it chose at start."""
-        every = set(range(os.cpu_count() or 1)) & set(os.sched_getaffinity(0)) or set(range(os.cpu_count() or 1))
+    def nodes_cpus(self) -> dict[int, set[int]]:
+        return {n.index: os.sched_getaffinity(n.proc.pid) for n in self.cluster.nodes}
+
+    def place_nodes(self, cpus_by_node: dict[int, set[int]] | None) -> None:
+        """Every thread of every member on ``cpus_by_node[i]``, or on any CPU (None)."""
+        every = os.sched_getaffinity(0)
         for n in self.cluster.nodes:
-            cpus = every if by_os else self.node_cpus[n.index]
+            cpus = every if cpus_by_node is None else cpus_by_node[n.index]
             for tid in os.listdir(f"/proc/{n.proc.pid}/task"):
                 try:
                     os.sched_setaffinity(int(tid), cpus)
                 except ProcessLookupError:
                     pass  # a thread that ended meanwhile
-
-    def our_pids(self) -> list[int]:
-        pids = [os.getpid(), self.baseline_pid] + [p.pid for p in self.workers.procs]
-        pids += [n.proc.pid for n in self.cluster.nodes if n.proc is not None]
-        return pids
 
     def measure(self, system: str, mode: str, workload: str, clients: int, *, seconds: float | None = None,
                 on_window=None) -> dict:
@@ -330,12 +329,13 @@ class Runner:
 
         term_before = self.term() if ours else None
         if system == "fencing-os":
-            self.place_nodes(by_os=True)
+            self.node_cpus = self.nodes_cpus()
+            self.place_nodes(None)
         try:
             res = self.workers.run(spec, clients, on_window=sampler)
         finally:
             if system == "fencing-os":
-                self.place_nodes(by_os=False)
+                self.place_nodes(self.node_cpus)
         term_after = self.term() if ours else None
         samples["thread"].join(timeout=10)
         lat = sorted(res["latencies"])
@@ -656,7 +656,7 @@ def parse_args(argv=None):
     p.add_argument("--threads-run", default="raw/write/16", help="MODE/WORKLOAD/CLIENTS (default raw/write/16)")
     p.add_argument("--compare-os-placement", action="store_true",
                    help="after each run, the same run with every member's threads free to run on any CPU"
-                        " (system fencing-os), then back to what cpu_affinity chose")
+                        " (system fencing-os), then back to where cpu_affinity had put them")
     return p.parse_args(argv)
 
 
@@ -717,7 +717,7 @@ def main(argv=None) -> int:
         info["leader_api"] = cluster.nodes[leader].api_address
         runner = Runner(args, workers, cluster, leader, baseline_proc.pid, baseline_address)
         info["node_cpus"] = {i: _cpu_list(c) for i, c in runner.node_cpus.items()}
-        log(f"members' CPUs as fencingd serve chose them (cpu_affinity): {info['node_cpus']}")
+        log(f"members' CPUs as fencingd serve placed them (cpu_affinity): {info['node_cpus']}")
         # Rounds run every configuration once each, in turn: a slow spell of the machine
         # (a neighbour, the hypervisor) then hits one run per configuration, not all of them.
         for round_no in range(1, args.rounds + 1):

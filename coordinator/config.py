@@ -184,10 +184,10 @@ class ServerConfig:
     cpu_affinity: str = dataclasses.field(
         default="auto",
         metadata=_doc(
-            "CPU this member runs on: 'auto' takes one of the CPUs it may use (this member's"
-            " place in members, modulo their count), a number takes that CPU, 'off' leaves it to"
-            " the OS. One CPU makes the GIL handoffs between the gRPC and Raft threads cheap"
-            " (coordinator/cpu_pin.py)"
+            "CPU of this member's threads: 'auto' puts them on one of the CPUs it may use (its"
+            " place in members, modulo their count) while it is the leader and frees them while"
+            " it follows; a number puts them on that CPU always; 'off' leaves them to the OS. One"
+            " CPU makes the GIL handoffs between gRPC and Raft threads cheap (coordinator/cpu_pin.py)"
         ),
     )
 
@@ -204,7 +204,8 @@ class ServerConfig:
         return list(self.member_map).index(self.raft_address)
 
     def pinned_cpu(self) -> int | None:
-        """The CPU ``cpu_affinity`` asks for on this machine; None: the OS places threads."""
+        """The CPU ``cpu_affinity`` names on this machine (for ``auto``: the one used while
+        leading); None: the OS places threads."""
         try:
             return cpu_pin.choose_cpu(self.cpu_affinity, self.member_index, cpu_pin.allowed_cpus())
         except cpu_pin.AffinityError as exc:

@@ -74,21 +74,6 @@ def _name_os_threads() -> None:
 _UNNAMED_THREAD = re.compile(r"Thread-\d+ \((.+)\)")
 
 
-def _pin_to_cpu(cfg: config_mod.ServerConfig) -> None:
-    """Before any thread starts: every thread of this member on one CPU (cpu_pin.py says why)."""
-    cpu = cfg.pinned_cpu()
-    if cpu is None:
-        log.info("cpu_affinity=%s: threads placed by the OS", cfg.cpu_affinity)
-        return
-    try:
-        cpu_pin.pin_process(cpu)
-    except OSError as exc:  # e.g. a seccomp profile that forbids it: run unpinned, say so
-        log.warning("cpu_affinity=%s: could not pin to CPU %d (%s); threads placed by the OS",
-                    cfg.cpu_affinity, cpu, exc)
-        return
-    log.info("cpu_affinity=%s: every thread on CPU %d", cfg.cpu_affinity, cpu)
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         cfg = config_mod.from_args(args)
@@ -96,7 +81,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"fencingd: configuration error: {exc}", file=sys.stderr)
         return 2
     _setup_logging(cfg.log_level)
-    _pin_to_cpu(cfg)
+    placement = cpu_pin.Placement(cfg.cpu_affinity, cfg.member_index, log=log.info)
+    placement.start()  # before any thread starts: threads inherit where they were started
     _name_os_threads()
     from coordinator.server import FencingServer  # imports grpc and pysyncobj: after config checks
 
@@ -105,7 +91,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     server = None
     try:
-        server = FencingServer(cfg)
+        server = FencingServer(cfg, on_leadership=placement.on_leadership)
         server.start()
     except OSError as exc:  # a port in use, an address not on this machine
         print(f"fencingd: cannot start: {exc}", file=sys.stderr, flush=True)

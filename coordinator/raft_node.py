@@ -394,8 +394,9 @@ class _BoundTCPTransport(TCPTransport):
 class _HardenedSyncObj(SyncObj):
     """pysyncobj with the durability and safety holes of PYSYNCOBJ.md closed."""
 
-    def __init__(self, config: RaftConfig, replica: _Replica, journal, on_fatal, **kwargs):
+    def __init__(self, config: RaftConfig, replica: _Replica, journal, on_fatal, on_leadership=None, **kwargs):
         # Set before SyncObj.__init__: the tick thread starts inside it.
+        self._on_leadership = on_leadership
         self._fixes = config.fixes
         self._journal = journal
         self._on_fatal = on_fatal
@@ -457,6 +458,7 @@ class _HardenedSyncObj(SyncObj):
             bindAddress=config.self_address,
             dynamicMembershipChange=False,
             password=config.secret or None,
+            onStateChanged=self._state_changed,
         )
         super().__init__(
             config.self_address,
@@ -477,6 +479,16 @@ class _HardenedSyncObj(SyncObj):
 
     def _has(self, fix: str) -> bool:
         return fix in self._fixes
+
+    def _state_changed(self, old_state, new_state) -> None:
+        # pysyncobj calls this on the Raft thread for every state change (syncobj.py:1239-1244).
+        was, now = old_state == _ps._RAFT_STATE.LEADER, new_state == _ps._RAFT_STATE.LEADER
+        if self._on_leadership is None or was == now:
+            return
+        try:
+            self._on_leadership(now)
+        except Exception:  # noqa: BLE001 - an observer must never break the Raft thread
+            log.exception("raft: the leadership observer failed")
 
     # -- shared entries -----------------------------------------------------------
 
@@ -916,7 +928,10 @@ class RaftNode:
         auto_tick: bool = True,
         journal_fsync: Callable[[int], None] | None = None,
         wall_ms: Callable[[], int] | None = None,
+        on_leadership: Callable[[bool], None] | None = None,
     ) -> None:
+        """``on_leadership(is_leader)`` runs on the Raft thread whenever this node becomes or
+        stops being the leader; it must be quick and must not propose or wait."""
         check_pysyncobj_version()
         self.config = config
         self.state_machine = state_machine
@@ -937,7 +952,7 @@ class RaftNode:
         kwargs = {"transportClass": transport_class or _BoundTCPTransport}
         if not auto_tick:
             kwargs["autoTick"] = False
-        self._syncobj = _HardenedSyncObj(config, self._replica, journal, on_fatal, **kwargs)
+        self._syncobj = _HardenedSyncObj(config, self._replica, journal, on_fatal, on_leadership, **kwargs)
 
     # -- proposing -----------------------------------------------------------
 

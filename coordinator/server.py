@@ -18,6 +18,7 @@ import concurrent.futures
 import logging
 import os
 import threading
+from typing import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -124,9 +125,10 @@ class HealthUpdater(threading.Thread):
 class FencingServer:
     """The Raft node, the gRPC server and the health updater of one member."""
 
-    def __init__(self, config: ServerConfig, *, node: RaftNode | None = None) -> None:
+    def __init__(self, config: ServerConfig, *, node: RaftNode | None = None,
+                 on_leadership: Callable[[bool], None] | None = None) -> None:
         self.config = config
-        self.node = node or RaftNode(raft_config(config), FencingStateMachine())
+        self.node = node or RaftNode(raft_config(config), FencingStateMachine(), on_leadership=on_leadership)
         members = config.member_map
         self.metrics = Metrics() if config.metrics_address else None
         self.proposer = Proposer(

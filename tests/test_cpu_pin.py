@@ -60,25 +60,75 @@ def test_config_member_index_follows_the_members_list(tmp_path):
 _CHILD = r"""
 import json, os, sys, threading
 from coordinator import cpu_pin
-ready, stop = threading.Event(), threading.Event()
-def park():
-    ready.set(); stop.wait(30)
-before = threading.Thread(target=park); before.start(); ready.wait(30)  # exists before pinning
-cpu_pin.pin_process(int(sys.argv[1]))
-ready.clear(); after = threading.Thread(target=park); after.start(); ready.wait(30)  # started after
-allowed = {}
-for tid in os.listdir("/proc/self/task"):
-    with open(f"/proc/self/task/{tid}/status") as f:
-        allowed[tid] = next(l.split(":", 1)[1].strip() for l in f if l.startswith("Cpus_allowed_list"))
-stop.set(); before.join(); after.join()
-print(json.dumps(allowed))
+
+def cpus_by_thread():
+    found = {}
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/status") as f:
+            found[tid] = next(l.split(":", 1)[1].strip() for l in f if l.startswith("Cpus_allowed_list"))
+    return found
+
+stop = threading.Event()
+def start_thread():
+    ready = threading.Event()
+    threading.Thread(target=lambda: (ready.set(), stop.wait(60))).start()
+    ready.wait(30)
+
+setting, index, allowed = sys.argv[1], int(sys.argv[2]), {int(c) for c in sys.argv[3].split(",")}
+steps = {}
+start_thread()  # a thread from before start()
+placement = cpu_pin.Placement(setting, index, allowed, log=lambda m: None)
+placement.start()
+steps["start"] = cpus_by_thread()
+placement.on_leadership(True)
+start_thread()  # a thread started while leading
+steps["leader"] = cpus_by_thread()
+placement.on_leadership(False)
+steps["follower"] = cpus_by_thread()
+stop.set()
+print(json.dumps(steps))
 """
 
 
-def test_pin_process_moves_every_thread_and_threads_started_later_follow():
-    cpu = max(cpu_pin.allowed_cpus())
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(cpu)], capture_output=True, text=True,
-                         timeout=60, check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
-    allowed = json.loads(out.stdout)
-    assert len(allowed) == 3  # main, one thread from before, one from after
-    assert set(allowed.values()) == {str(cpu)}, allowed
+def placement_steps(setting: str, index: int, allowed: set[int]) -> dict[str, set[str]]:
+    """Run a Placement in a child process; per step, the CPU lists its threads had."""
+    out = subprocess.run([sys.executable, "-c", _CHILD, setting, str(index), ",".join(map(str, sorted(allowed)))],
+                         capture_output=True, text=True, timeout=60, check=True,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    steps = json.loads(out.stdout)
+    assert len(steps["start"]) == 2 and len(steps["leader"]) == 3  # main + the threads started
+    return {step: set(by_thread.values()) for step, by_thread in steps.items()}
+
+
+def _as_list(cpus) -> str:
+    """The kernel's Cpus_allowed_list form: ranges of consecutive CPUs."""
+    cpus, parts, i = sorted(cpus), [], 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        parts.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+ALLOWED = cpu_pin.allowed_cpus()
+
+
+def test_auto_pins_every_thread_while_leading_and_frees_them_after():
+    cpu = cpu_pin.choose_cpu("auto", 1, ALLOWED)
+    steps = placement_steps("auto", 1, ALLOWED)
+    everything = {_as_list(ALLOWED)}
+    expected_leading = {str(cpu)} if cpu is not None else everything
+    assert steps == {"start": everything, "leader": expected_leading, "follower": everything}
+
+
+def test_a_cpu_number_pins_from_the_start_whatever_the_role():
+    cpu = max(ALLOWED)
+    steps = placement_steps(str(cpu), 0, ALLOWED)
+    assert steps == {"start": {str(cpu)}, "leader": {str(cpu)}, "follower": {str(cpu)}}
+
+
+def test_off_leaves_every_thread_where_it_was():
+    everything = {_as_list(ALLOWED)}
+    assert placement_steps("off", 1, ALLOWED) == {"start": everything, "leader": everything, "follower": everything}

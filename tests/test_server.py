@@ -696,12 +696,34 @@ def _threads_cpus(pid: int) -> set[str]:
     return found
 
 
-def test_each_member_runs_every_thread_on_the_cpu_auto_chose(cluster):
-    """cpu_affinity = "auto" (the default): member i on the i-th usable CPU, every thread of it."""
+def test_the_leader_runs_every_thread_on_the_cpu_auto_chose_and_followers_are_free(cluster):
+    """cpu_affinity = "auto" (the default): the leader's threads on one CPU, followers' anywhere."""
     leader = cluster.nodes[cluster.wait_ready()]
     leader.lease.Describe(pb.DescribeRequest(resource=unique("cpus")), timeout=T)  # starts a gRPC worker
-    allowed = cpu_pin.allowed_cpus()
+    assert_auto_placement(cluster, leader.index)
+
+
+def assert_auto_placement(cluster, leader_index: int) -> None:
     everything = _threads_cpus(os.getpid())  # this test process: not pinned
     for node in cluster.nodes:
-        cpu = cpu_pin.choose_cpu("auto", node.index, allowed)
-        assert _threads_cpus(node.proc.pid) == ({str(cpu)} if cpu is not None else everything), node.index
+        if not node.alive:
+            continue
+        cpu = cpu_pin.choose_cpu("auto", node.index, cpu_pin.allowed_cpus())
+        want = {str(cpu)} if node.index == leader_index and cpu is not None else everything
+        wait_for(lambda: _threads_cpus(node.proc.pid) == want, 10, f"node {node.index} on CPUs {want}")
+
+
+@pytest.fixture(scope="module")
+def cluster_c(tmp_path_factory, request):
+    yield from running_cluster(str(tmp_path_factory.mktemp("grpc-c")), request)
+
+
+def test_placement_follows_leadership(cluster_c):
+    first = cluster_c.wait_ready()
+    assert_auto_placement(cluster_c, first)
+    cluster_c.pause(first)  # the others elect a new leader meanwhile
+    second = cluster_c.wait_ready()
+    assert second != first
+    cluster_c.resume(first)  # the same process learns it no longer leads
+    assert cluster_c.wait_ready() == second
+    assert_auto_placement(cluster_c, second)  # new leader pinned, old leader's threads freed
