@@ -196,7 +196,7 @@ class _MemberCollector:
         ("refused_peer_messages", "fencing_raft_refused_peer_messages",
          "Raft connections and messages refused because no member of ours sends them"),
         ("refused_entries", "fencing_raft_refused_entries",
-         "Committed log entries skipped because they named a pickle global (should stay 0)"),
+         "Committed log entries skipped because no member of ours writes them (should stay 0)"),
     )
 
     def __init__(self, status: Callable[[], dict[str, Any]]) -> None:

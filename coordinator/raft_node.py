@@ -127,13 +127,17 @@ _ps_tcp.zlib = _RaftWireZlib
 # pysyncobj unpickles every Raft frame (tcp_connection.py:291) and every log entry it applies
 # (syncobj.py:874, 894, 977, 1419): code execution for anyone who reaches a Raft port or gets
 # an entry into the log. What pysyncobj itself sends and stores is plain data, so both modules
-# get an unpickler that refuses every global (raft_wire.plain_loads says why that suffices).
+# get an unpickler that refuses every global (raft_wire.plain_loads says why that suffices),
+# and what we send is pickled with protocol 5, which needs no global for bytes.
 # A refused frame drops the connection (tcp_connection.py:293-296); entries are checked
 # further by _SyncObj__doApplyCommand below.
 class _RaftWirePickle:
-    """What syncobj.py and tcp_connection.py see as ``pickle``: plain data in, any data out."""
+    """What syncobj.py and tcp_connection.py see as ``pickle``: plain data in, protocol 5 out."""
 
-    dumps = staticmethod(_ps_pickle.dumps)
+    @staticmethod
+    def dumps(value, protocol=None) -> bytes:  # pysyncobj's signature; it ignores protocol too
+        return raft_wire.dumps(value)
+
     loads = staticmethod(raft_wire.plain_loads)
     to_bytes = staticmethod(_ps_pickle.to_bytes)
 

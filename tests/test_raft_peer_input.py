@@ -210,3 +210,16 @@ def test_anything_callable_is_refused(name):
     assert kinds & {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "EXT4", "EXT2", "EXT1", "PERSID"}
     with pytest.raises(pickle.UnpicklingError):
         raft_wire.plain_loads(payload)
+
+
+def test_what_our_members_send_and_store_names_no_global():
+    # Protocol 5 has an opcode for bytes; pysyncobj's protocol 2 calls _codecs.encode for each.
+    import pysyncobj.syncobj as ps_syncobj
+    import pysyncobj.tcp_connection as ps_tcp
+
+    message = {"type": "append_entries", "term": 3, "entries": [(b"\x00cmd", 10, 3), (b"", 11, 3)]}
+    for module in (ps_tcp, ps_syncobj):  # frames; entries (syncobj.py:1599)
+        payload = module.pickle.dumps(message)
+        opcodes = {op.name for op, _, _ in pickletools.genops(payload)}
+        assert not opcodes & {"GLOBAL", "STACK_GLOBAL", "REDUCE", "INST", "OBJ"}, opcodes
+        assert raft_wire.plain_loads(payload) == message
