@@ -273,6 +273,11 @@ class Runner:
                 except ProcessLookupError:
                     pass  # a thread that ended meanwhile
 
+    def our_pids(self) -> list[int]:
+        pids = [os.getpid(), self.baseline_pid] + [p.pid for p in self.workers.procs]
+        pids += [n.proc.pid for n in self.cluster.nodes if n.proc is not None]
+        return pids
+
     def measure(self, system: str, mode: str, workload: str, clients: int, *, seconds: float | None = None,
                 on_window=None) -> dict:
         self.run_no += 1
