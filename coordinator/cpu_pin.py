@@ -8,16 +8,15 @@ Why: a member is one Python process whose gRPC workers, Raft thread and gRPC's o
 hand one GIL to each other several times per request (bench/README.md counts ~20 context
 switches per fenced write on the leader). When those threads sit on different cores, each
 handoff wakes a thread on another core and the GIL sits idle meanwhile; on one core the
-handoff is an ordinary switch. Measured here (2 cores, three members, 16 clients): ~1,000
-fenced writes/s with the OS placing threads, ~1,450-2,000/s with each member on one CPU.
-A member cannot use much more than one core anyway (the GIL); what it gives up is running
-gRPC's C++ threads beside the Python ones.
+handoff is an ordinary switch. A member cannot use much more than one core anyway (the
+GIL); what it gives up is running gRPC's C++ threads beside the Python ones.
 
 Only the leader is pinned by default (``auto``): it does most of the work, and a follower is
 mostly one Raft thread with little to hand over. When members share a machine (``fencingd
 dev``, the benchmark) a pinned follower can sit on the leader's CPU and take time from it;
-a free one is moved away by the scheduler. Measured, 16 clients, alternating in one run:
-every thread free ~1,100 writes/s, every member pinned ~1,380/s, only the leader ~1,610/s.
+a free one is moved away by the scheduler. Measured here (2 cores, three members, 16
+clients, alternating in one benchmark run): every thread free ~1,100 fenced writes/s, every
+member pinned ~1,380/s, only the leader ~1,610/s (bench/README.md has the other runs).
 """
 
 from __future__ import annotations
