@@ -50,6 +50,8 @@ import tempfile
 import threading
 import time
 
+from coordinator import cpu_pin
+
 from ._harness import (
     ensure_repo_on_path,
     fdatasync_cost,
@@ -160,10 +162,6 @@ def loadavg() -> str:
         return "?"
 
 
-def _cpu_list(cpus) -> str:
-    return ",".join(str(c) for c in sorted(cpus))
-
-
 def fdatasync_ms(directory: str) -> float:
     """Median ms of one 64-byte append + fdatasync in ``directory`` (the journal's pattern)."""
     return round(fdatasync_cost(directory, n=100)["p50_ms"], 3)
@@ -266,12 +264,7 @@ class Runner:
         """Every thread of every member on ``cpus_by_node[i]``, or on any CPU (None)."""
         every = os.sched_getaffinity(0)
         for n in self.cluster.nodes:
-            cpus = every if cpus_by_node is None else cpus_by_node[n.index]
-            for tid in os.listdir(f"/proc/{n.proc.pid}/task"):
-                try:
-                    os.sched_setaffinity(int(tid), cpus)
-                except ProcessLookupError:
-                    pass  # a thread that ended meanwhile
+            cpu_pin.pin_process(every if cpus_by_node is None else cpus_by_node[n.index], pid=n.proc.pid)
 
     def our_pids(self) -> list[int]:
         pids = [os.getpid(), self.baseline_pid] + [p.pid for p in self.workers.procs]
@@ -721,7 +714,7 @@ def main(argv=None) -> int:
             f"baseline {baseline_address}")
         info["leader_api"] = cluster.nodes[leader].api_address
         runner = Runner(args, workers, cluster, leader, baseline_proc.pid, baseline_address)
-        info["node_cpus"] = {i: _cpu_list(c) for i, c in runner.node_cpus.items()}
+        info["node_cpus"] = {i: cpu_pin.cpu_list(c) for i, c in runner.node_cpus.items()}
         log(f"members' CPUs as fencingd serve placed them (cpu_affinity): {info['node_cpus']}")
         # Rounds run every configuration once each, in turn: a slow spell of the machine
         # (a neighbour, the hypervisor) then hits one run per configuration, not all of them.

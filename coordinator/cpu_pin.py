@@ -57,22 +57,43 @@ def choose_cpu(setting: str, member_index: int, allowed: set[int]) -> int | None
         raise AffinityError(f"must be {AUTO!r}, {OFF!r} or a CPU number, got {setting!r}")
     cpu = int(setting)
     if cpu not in allowed:
-        raise AffinityError(f"CPU {cpu} is not one this process may use ({_ranges(allowed)})")
+        raise AffinityError(f"CPU {cpu} is not one this process may use ({cpu_list(allowed)})")
     return cpu
 
 
-def pin_process(cpus: set[int]) -> None:
-    """Every thread of this process, and every thread it starts later, on ``cpus`` only."""
-    os.sched_setaffinity(0, cpus)  # the calling thread; threads it starts inherit this
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        return
-    for tid in tids:
+def pin_process(cpus: set[int], pid: int | None = None) -> None:
+    """Every thread of process ``pid`` (default: this one) on ``cpus`` only; threads this
+    process starts later inherit it too."""
+    if pid is None:
+        os.sched_setaffinity(0, cpus)  # the calling thread first: threads it starts inherit this
+    for tid in _thread_ids(pid):
         try:
             os.sched_setaffinity(tid, cpus)
         except ProcessLookupError:
             pass  # a thread that ended meanwhile
+
+
+def threads_cpus(pid: int) -> set[frozenset[int]]:
+    """The distinct CPU sets the threads of ``pid`` may run on (one set: they all agree)."""
+    found = set()
+    for tid in _thread_ids(pid):
+        try:
+            found.add(frozenset(os.sched_getaffinity(tid)))
+        except ProcessLookupError:
+            pass  # a thread that ended meanwhile
+    return found
+
+
+def cpu_list(cpus) -> str:
+    """``cpus`` as "0,1,3", for logs and reports."""
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def _thread_ids(pid: int | None) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{'self' if pid is None else pid}/task")]
+    except OSError:
+        return []
 
 
 class Placement:
@@ -103,16 +124,12 @@ class Placement:
         if is_leader:
             self._move({self.cpu}, f"leader: every thread on CPU {self.cpu}")
         else:
-            self._move(self.allowed, f"not the leader: threads on CPUs {_ranges(self.allowed)}")
+            self._move(self.allowed, f"not the leader: threads on CPUs {cpu_list(self.allowed)}")
 
     def _move(self, cpus: set[int], what: str) -> None:
         try:
             pin_process(cpus)
         except OSError as exc:  # e.g. a seccomp profile that forbids it: run as placed, say so
-            self._log(f"cpu_affinity={self.setting}: could not place threads on CPUs {_ranges(cpus)} ({exc})")
+            self._log(f"cpu_affinity={self.setting}: could not place threads on CPUs {cpu_list(cpus)} ({exc})")
             return
         self._log(f"cpu_affinity={self.setting}: {what}")
-
-
-def _ranges(cpus: set[int]) -> str:
-    return ",".join(str(c) for c in sorted(cpus))

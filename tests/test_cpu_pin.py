@@ -62,11 +62,8 @@ import json, os, sys, threading
 from coordinator import cpu_pin
 
 def cpus_by_thread():
-    found = {}
-    for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/status") as f:
-            found[tid] = next(l.split(":", 1)[1].strip() for l in f if l.startswith("Cpus_allowed_list"))
-    return found
+    return {"threads": len(os.listdir("/proc/self/task")),
+            "cpus": sorted(sorted(cpus) for cpus in cpu_pin.threads_cpus(os.getpid()))}
 
 stop = threading.Event()
 def start_thread():
@@ -90,26 +87,14 @@ print(json.dumps(steps))
 """
 
 
-def placement_steps(setting: str, index: int, allowed: set[int]) -> dict[str, set[str]]:
-    """Run a Placement in a child process; per step, the CPU lists its threads had."""
-    out = subprocess.run([sys.executable, "-c", _CHILD, setting, str(index), ",".join(map(str, sorted(allowed)))],
+def placement_steps(setting: str, index: int, allowed: set[int]) -> dict[str, set[frozenset[int]]]:
+    """Run a Placement in a child process; per step, the distinct CPU sets of its threads."""
+    out = subprocess.run([sys.executable, "-c", _CHILD, setting, str(index), cpu_pin.cpu_list(allowed)],
                          capture_output=True, text=True, timeout=60, check=True,
                          env={**os.environ, "PYTHONPATH": os.getcwd()})
     steps = json.loads(out.stdout)
-    assert len(steps["start"]) == 2 and len(steps["leader"]) == 3  # main + the threads started
-    return {step: set(by_thread.values()) for step, by_thread in steps.items()}
-
-
-def _as_list(cpus) -> str:
-    """The kernel's Cpus_allowed_list form: ranges of consecutive CPUs."""
-    cpus, parts, i = sorted(cpus), [], 0
-    while i < len(cpus):
-        j = i
-        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
-            j += 1
-        parts.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
-        i = j + 1
-    return ",".join(parts)
+    assert steps["start"]["threads"] == 2 and steps["leader"]["threads"] == 3  # main + the threads started
+    return {step: {frozenset(cpus) for cpus in seen["cpus"]} for step, seen in steps.items()}
 
 
 ALLOWED = cpu_pin.allowed_cpus()
@@ -118,17 +103,18 @@ ALLOWED = cpu_pin.allowed_cpus()
 def test_auto_pins_every_thread_while_leading_and_frees_them_after():
     cpu = cpu_pin.choose_cpu("auto", 1, ALLOWED)
     steps = placement_steps("auto", 1, ALLOWED)
-    everything = {_as_list(ALLOWED)}
-    expected_leading = {str(cpu)} if cpu is not None else everything
+    everything = {frozenset(ALLOWED)}
+    expected_leading = {frozenset({cpu})} if cpu is not None else everything
     assert steps == {"start": everything, "leader": expected_leading, "follower": everything}
 
 
 def test_a_cpu_number_pins_from_the_start_whatever_the_role():
     cpu = max(ALLOWED)
     steps = placement_steps(str(cpu), 0, ALLOWED)
-    assert steps == {"start": {str(cpu)}, "leader": {str(cpu)}, "follower": {str(cpu)}}
+    pinned = {frozenset({cpu})}
+    assert steps == {"start": pinned, "leader": pinned, "follower": pinned}
 
 
 def test_off_leaves_every_thread_where_it_was():
-    everything = {_as_list(ALLOWED)}
+    everything = {frozenset(ALLOWED)}
     assert placement_steps("off", 1, ALLOWED) == {"start": everything, "leader": everything, "follower": everything}

@@ -552,7 +552,7 @@ def cluster_b(tmp_path_factory, request):
 
 def test_cpu_affinity_off_leaves_threads_to_the_os(cluster_b):
     cluster_b.wait_ready()
-    assert _threads_cpus(cluster_b.nodes[0].proc.pid) == _threads_cpus(os.getpid())
+    assert cpu_pin.threads_cpus(cluster_b.nodes[0].proc.pid) == cpu_pin.threads_cpus(os.getpid())
 
 
 def test_resource_exhausted_beyond_the_inflight_bound(cluster_b):
@@ -687,15 +687,6 @@ def test_member_threads_carry_their_names_at_the_os_level(cluster):
     assert any(n.startswith("grpc_") for n in names), names
 
 
-def _threads_cpus(pid: int) -> set[str]:
-    """Cpus_allowed_list of every thread of ``pid``."""
-    found = set()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{tid}/status") as f:
-            found.add(next(line.split(":", 1)[1].strip() for line in f if line.startswith("Cpus_allowed_list")))
-    return found
-
-
 def test_the_leader_runs_every_thread_on_the_cpu_auto_chose_and_followers_are_free(cluster):
     """cpu_affinity = "auto" (the default): the leader's threads on one CPU, followers' anywhere."""
     leader = cluster.nodes[cluster.wait_ready()]
@@ -704,13 +695,13 @@ def test_the_leader_runs_every_thread_on_the_cpu_auto_chose_and_followers_are_fr
 
 
 def assert_auto_placement(cluster, leader_index: int) -> None:
-    everything = _threads_cpus(os.getpid())  # this test process: not pinned
+    everything = cpu_pin.threads_cpus(os.getpid())  # this test process: not pinned
     for node in cluster.nodes:
         if not node.alive:
             continue
         cpu = cpu_pin.choose_cpu("auto", node.index, cpu_pin.allowed_cpus())
-        want = {str(cpu)} if node.index == leader_index and cpu is not None else everything
-        wait_for(lambda: _threads_cpus(node.proc.pid) == want, 10, f"node {node.index} on CPUs {want}")
+        want = {frozenset({cpu})} if node.index == leader_index and cpu is not None else everything
+        wait_for(lambda: cpu_pin.threads_cpus(node.proc.pid) == want, 10, f"node {node.index} on CPUs {want}")
 
 
 @pytest.fixture(scope="module")
