@@ -145,6 +145,10 @@ class _RaftWirePickle:
 _ps.pickle = _RaftWirePickle
 _ps_tcp.pickle = _RaftWirePickle
 
+# An entry's first byte is its pysyncobj command type (syncobj.py:56-60, 497).
+_ENTRY_REGULAR = _ps._bchr(_ps._COMMAND_TYPE.REGULAR)
+_ENTRY_NEVER_OURS = (_ps._bchr(_ps._COMMAND_TYPE.MEMBERSHIP), _ps._bchr(_ps._COMMAND_TYPE.VERSION))
+
 
 class Outcome(enum.Enum):
     APPLIED = "applied"  # committed and applied; the state machine accepted it
@@ -761,7 +765,7 @@ class _HardenedSyncObj(SyncObj):
         # arguments, so a wrong id or argument list raised and stopped every member. Such an
         # entry is skipped, by every member alike, so replicas stay equal.
         kind = command[:1]
-        if kind == _ps._bchr(_ps._COMMAND_TYPE.REGULAR):
+        if kind == _ENTRY_REGULAR:
             try:
                 call = raft_wire.plain_loads(command[1:])
             except Exception as exc:  # noqa: BLE001 - refused or not a pickle at all
@@ -772,7 +776,7 @@ class _HardenedSyncObj(SyncObj):
             ):
                 return self._skip_entry("not a call of this state machine's apply with one bytes argument")
             return self._replica.apply(call[1][0], _doApply=True)
-        if kind in (_ps._bchr(_ps._COMMAND_TYPE.MEMBERSHIP), _ps._bchr(_ps._COMMAND_TYPE.VERSION)):
+        if kind in _ENTRY_NEVER_OURS:
             return self._skip_entry("a membership or code-version change (membership is static here)")
         return SyncObj._SyncObj__doApplyCommand(self, command)  # NO_OP and unknown types: ignored
 
