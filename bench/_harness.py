@@ -85,42 +85,44 @@ def proc_ctx_switches(pid: int) -> tuple[int, int]:
     return sum(v for v, _ in per_thread), sum(i for _, i in per_thread)
 
 
-def thread_ctx_switches(pid: int) -> dict[int, tuple[int, int]]:
-    """Per-thread (voluntary, involuntary) context switches of ``pid``, keyed by native thread id."""
+def _per_thread(pid: int, name: str, parse) -> dict:
+    """{native thread id: parse(text of /proc/<pid>/task/<tid>/<name>)} for every thread that
+    could be read; ``parse`` returns None to leave a thread out."""
     out = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return out
     for tid in tids:
-        vol = invol = 0
         try:
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                for line in f:
-                    if line.startswith("voluntary_ctxt_switches"):
-                        vol = int(line.split()[1])
-                    elif line.startswith("nonvoluntary_ctxt_switches"):
-                        invol = int(line.split()[1])
+            with open(f"/proc/{pid}/task/{tid}/{name}") as f:
+                text = f.read()
         except OSError:
-            continue
-        out[int(tid)] = (vol, invol)
+            continue  # the thread ended meanwhile
+        value = parse(text)
+        if value is not None:
+            out[int(tid)] = value
     return out
+
+
+def _ctx_switches(status: str) -> tuple[int, int]:
+    vol = invol = 0
+    for line in status.splitlines():
+        if line.startswith("voluntary_ctxt_switches"):
+            vol = int(line.split()[1])
+        elif line.startswith("nonvoluntary_ctxt_switches"):
+            invol = int(line.split()[1])
+    return vol, invol
+
+
+def thread_ctx_switches(pid: int) -> dict[int, tuple[int, int]]:
+    """Per-thread (voluntary, involuntary) context switches of ``pid``, keyed by native thread id."""
+    return _per_thread(pid, "status", _ctx_switches)
 
 
 def thread_names(pid: int) -> dict[int, str]:
     """Per-thread OS name (``comm``; fencingd sets it from the Python name), keyed by native thread id."""
-    out = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                out[int(tid)] = f.read().strip()
-        except OSError:
-            continue
-    return out
+    return _per_thread(pid, "comm", str.strip)
 
 
 def fs_type(path: str) -> str:
@@ -216,21 +218,14 @@ def git_state(repo: str = REPO_ROOT) -> str:
         return "?"
 
 
+def _user_system_s(stat: str) -> tuple[float, float]:
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
 def thread_cpu_s(pid: int) -> dict[int, tuple[float, float]]:
     """Per-thread (user, system) CPU seconds of ``pid``, keyed by native thread id."""
-    out = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[int(tid)] = (int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK)
-    return out
+    return _per_thread(pid, "stat", _user_system_s)
 
 
 def proc_cpu_split_s(pid: int) -> tuple[float, float]:
@@ -243,21 +238,17 @@ def proc_cpu_split_s(pid: int) -> tuple[float, float]:
     return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
 
+def _run_and_wait_s(schedstat: str) -> tuple[float, float] | None:
+    try:
+        run_ns, wait_ns, _slices = (int(x) for x in schedstat.split()[:3])
+    except ValueError:
+        return None
+    return run_ns / 1e9, wait_ns / 1e9
+
+
 def thread_schedstat(pid: int) -> dict[int, tuple[float, float]]:
     """Per-thread (on-CPU seconds, run-queue wait seconds) from /proc/<pid>/task/<tid>/schedstat."""
-    out = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                run_ns, wait_ns, _slices = (int(x) for x in f.read().split()[:3])
-        except (OSError, ValueError):
-            continue
-        out[int(tid)] = (run_ns / 1e9, wait_ns / 1e9)
-    return out
+    return _per_thread(pid, "schedstat", _run_and_wait_s)
 
 
 def wait_for_idle_host(timeout_s: float, threshold_cores: float = 0.15, window_s: float = 2.0, log=None) -> float:
