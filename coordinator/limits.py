@@ -58,6 +58,20 @@ RESTORE_SNAPSHOT_BYTES_MAX = 4 * 1024 * 1024
 # The RESTORE command: the snapshot plus its envelope and fields.
 RESTORE_COMMAND_BYTES_MAX = RESTORE_SNAPSHOT_BYTES_MAX + 4 * 1024
 
+# -- Raft peer messages ------------------------------------------------------------
+# What pysyncobj sends in one append: entries up to its batch size (raft_node sets it to
+# RAFT_BATCH_BYTES) plus the one entry that crosses it, and at most RAFT_APPEND_ENTRIES_MAX
+# entries (raft_node caps the count; stock pysyncobj has no cap).
+RAFT_BATCH_BYTES = max(512 * 1024, 4 * COMMAND_BYTES_MAX, 2 * RESTORE_COMMAND_BYTES_MAX, 2 * RAFT_ENTRY_BYTES_MAX)
+RAFT_APPEND_ENTRIES_MAX = 4096
+# One Raft message, as framed on the wire and once inflated: a member drops a connection
+# whose next frame declares more, or inflates to more, instead of buffering up to the 2 GiB a
+# 32-bit length allows or expanding a small deflated frame without end. Above the largest
+# append a member of ours sends (batch + one restore entry + per-entry pickle overhead ~30 B;
+# tests/test_raft_peer_input.py builds it).
+RAFT_MESSAGE_BYTES_MAX = 32 * 1024 * 1024
+assert RAFT_MESSAGE_BYTES_MAX > RAFT_BATCH_BYTES + RESTORE_COMMAND_BYTES_MAX + 64 * RAFT_APPEND_ENTRIES_MAX
+
 # -- gRPC service -----------------------------------------------------------------
 # Largest gRPC message in either direction: a restore request or a snapshot reply, plus
 # framing. Everything else is far smaller (a value is at most VALUE_BYTES_MAX).

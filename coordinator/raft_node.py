@@ -33,10 +33,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import errno
 import gc
 import inspect
 import logging
 import os
+import socket
 import struct
 import sys
 import threading
@@ -111,7 +113,7 @@ _ps.createJournal = _create_journal
 class _RaftWireZlib:
     """What tcp_connection.py sees as ``zlib``: stored blocks for small messages."""
 
-    decompress = staticmethod(zlib.decompress)
+    decompress = staticmethod(raft_wire.bounded_inflate)  # its errors drop the connection
     error = zlib.error
 
     @staticmethod
@@ -122,6 +124,96 @@ class _RaftWireZlib:
 
 
 _ps_tcp.zlib = _RaftWireZlib
+
+
+# pysyncobj's frame reader (tcp_connection.py:261-299) buffers until a frame's 32-bit length
+# is in: up to 2 GiB per connection, from anyone who reaches a Raft port (with the secret
+# too: it is checked once the frame is whole). It also grows its buffer by concatenating
+# bytes, which copies the buffer on every read: seconds on the Raft thread for a frame of
+# tens of MiB. Ours is the same reader with the heads checked as bytes arrive
+# (raft_wire.scan_frames: a head declaring more than limits.RAFT_MESSAGE_BYTES_MAX drops the
+# connection before its body is waited for) and a bytearray that grows in place.
+# ``_frames_scanned_to`` is where the first frame not yet whole starts in the buffer.
+_ps_conn = _ps_tcp.TcpConnection
+_stock_connect = _ps_conn.connect
+_stock_disconnect = _ps_conn.disconnect
+
+
+def _process_read_bounded(conn) -> bool:
+    # tcp_connection.py:261-275, with the buffer a bytearray and the heads checked.
+    try:
+        incoming = conn._TcpConnection__socket.recv(conn._TcpConnection__recvBufferSize)
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+            conn.disconnect()
+        return False
+    if conn._TcpConnection__socket.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+        conn.disconnect()
+        return False
+    if not incoming:
+        conn.disconnect()
+        return False
+    buffer = conn._TcpConnection__readBuffer
+    if not isinstance(buffer, bytearray):  # pysyncobj (re)sets it to bytes() on (dis)connect
+        buffer = conn._TcpConnection__readBuffer = bytearray(buffer)
+    buffer += incoming
+    try:
+        conn._frames_scanned_to = raft_wire.scan_frames(buffer, conn.__dict__.get("_frames_scanned_to", 0))
+    except raft_wire.FrameTooLarge as exc:
+        log.warning("raft: dropped a connection: %s", exc)
+        on_refused = getattr(conn, "on_refused_frame", None)
+        if on_refused is not None:
+            on_refused()
+        conn.disconnect()
+        return False
+    return True
+
+
+def _parse_message_bounded(conn):
+    # tcp_connection.py:277-299, reading the bytearray; a refused frame drops the connection.
+    buffer = conn._TcpConnection__readBuffer
+    if len(buffer) < raft_wire.FRAME_HEAD.size:
+        return None
+    (length,) = raft_wire.FRAME_HEAD.unpack_from(buffer, 0)
+    end = raft_wire.FRAME_HEAD.size + length
+    if len(buffer) < end:
+        return None
+    with memoryview(buffer) as view:  # released before the buffer shrinks
+        data = view[raft_wire.FRAME_HEAD.size : end].tobytes()
+    try:
+        if conn.encryptor:
+            timestamp = conn.encryptor.extract_timestamp(data)
+            if timestamp < conn.recvLastTimestamp:
+                raise ValueError("a replayed or reordered frame")
+            conn.recvLastTimestamp = timestamp
+            data = conn.encryptor.decrypt(data)
+        message = _ps_tcp.pickle.loads(_ps_tcp.zlib.decompress(data))
+        if conn.recvRandKey:
+            rand_key, message = message
+            if rand_key != conn.recvRandKey:
+                raise ValueError("a frame under another connection's key")
+    except Exception:  # noqa: BLE001 - as pysyncobj: any bad frame drops the connection
+        conn.disconnect()
+        return None
+    del buffer[:end]
+    conn._frames_scanned_to = max(0, conn.__dict__.get("_frames_scanned_to", 0) - end)
+    return message
+
+
+def _connect_tracked(conn, host, port):
+    conn._frames_scanned_to = 0
+    return _stock_connect(conn, host, port)
+
+
+def _disconnect_tracked(conn):
+    conn._frames_scanned_to = 0
+    return _stock_disconnect(conn)
+
+
+_ps_conn._TcpConnection__processRead = _process_read_bounded
+_ps_conn._TcpConnection__processParseMessage = _parse_message_bounded
+_ps_conn.connect = _connect_tracked
+_ps_conn.disconnect = _disconnect_tracked
 
 
 # pysyncobj unpickles every Raft frame (tcp_connection.py:291) and every log entry it applies
@@ -363,9 +455,18 @@ class _BoundTCPTransport(TCPTransport):
     connect() (tcp_connection.py:123): binding there is the smallest hook.
     """
 
+    def _count_refused_frame(self) -> None:
+        self._syncObj.refused_peer_messages += 1
+
+    def _onNewIncomingConnection(self, conn):
+        conn.on_refused_frame = self._count_refused_frame
+        super()._onNewIncomingConnection(conn)
+
     def addNode(self, node):
         super().addNode(node)
         conn = self._connections.get(node)
+        if conn is not None:
+            conn.on_refused_frame = self._count_refused_frame
         if conn is None or self._selfNode is None:
             return
         host = self._selfNode.host
@@ -442,12 +543,7 @@ class _HardenedSyncObj(SyncObj):
             # Far above limits.COMMAND_BYTES_MAX and above the largest admin entry
             # (RESTORE_COMMAND_BYTES_MAX), so the split-transmission path with its
             # length bug (syncobj.py:1276-1281) is never used.
-            appendEntriesBatchSizeBytes=max(
-                512 * 1024,
-                4 * limits.COMMAND_BYTES_MAX,
-                2 * limits.RESTORE_COMMAND_BYTES_MAX,
-                2 * limits.RAFT_ENTRY_BYTES_MAX,
-            ),
+            appendEntriesBatchSizeBytes=limits.RAFT_BATCH_BYTES,
             raftMinTimeout=config.raft_min_timeout_s,
             raftMaxTimeout=config.raft_max_timeout_s,
             connectionTimeout=max(3.5, config.raft_max_timeout_s),
@@ -787,6 +883,13 @@ class _HardenedSyncObj(SyncObj):
         self.refused_entries += 1
         log.error("raft: skipped entry %d, which no member of ours writes: %s", self.raftLastApplied + 1, why)
         return None
+
+    def _SyncObj__getEntries(self, fromIDx, count=None, maxSizeBytes=None):
+        # Only the append sender passes a size (syncobj.py:1272); there the count is capped
+        # too, so an append of many tiny entries stays within limits.RAFT_MESSAGE_BYTES_MAX.
+        if maxSizeBytes is not None:
+            count = limits.RAFT_APPEND_ENTRIES_MAX if count is None else min(count, limits.RAFT_APPEND_ENTRIES_MAX)
+        return SyncObj._SyncObj__getEntries(self, fromIDx, count, maxSizeBytes)
 
     def _sanitize_append(self, message: dict) -> dict:
         if message.get("term", -1) < self.raftCurrentTerm:

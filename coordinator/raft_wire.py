@@ -66,6 +66,50 @@ def zlib_stored(data: bytes) -> bytes:
     return b"".join(out)
 
 
+class FrameTooLarge(ValueError):
+    """A Raft frame declares, or inflates to, more than limits.RAFT_MESSAGE_BYTES_MAX."""
+
+
+def bounded_inflate(data: bytes, max_bytes: int = limits.RAFT_MESSAGE_BYTES_MAX) -> bytes:
+    """``zlib.decompress(data)``, refused past ``max_bytes`` of output.
+
+    zlib inflates up to ~1000x, so a frame well within the frame bound could otherwise
+    grow to gigabytes before anything looks at it. A stream that is cut short, or has
+    bytes after its end, is refused like a corrupt one.
+    """
+    inflater = zlib.decompressobj()
+    out = inflater.decompress(data, max_bytes)
+    if inflater.unconsumed_tail:
+        raise FrameTooLarge(f"a Raft frame inflates to more than {max_bytes} bytes")
+    if not inflater.eof or inflater.unused_data:
+        raise zlib.error("a Raft frame is not one complete zlib stream")
+    return out
+
+
+# pysyncobj's frame: a native-endian signed 32-bit length, then that many bytes
+# (tcp_connection.py:141-149, 277-283).
+FRAME_HEAD = struct.Struct("i")
+
+
+def scan_frames(buffer: bytes, start: int, max_bytes: int = limits.RAFT_MESSAGE_BYTES_MAX) -> int:
+    """Check every frame head in ``buffer`` from offset ``start`` (a frame boundary).
+
+    Returns the offset of the first frame not yet complete (where the next scan starts),
+    so each head is read once however the bytes arrive. Raises FrameTooLarge for a head
+    that declares more than ``max_bytes`` (or a negative length) before its bytes are in.
+    """
+    pos = start
+    end = len(buffer)
+    while pos + FRAME_HEAD.size <= end:
+        (length,) = FRAME_HEAD.unpack_from(buffer, pos)
+        if length < 0 or length > max_bytes:
+            raise FrameTooLarge(f"a Raft frame declares {length} bytes; at most {max_bytes} are accepted")
+        if pos + FRAME_HEAD.size + length > end:
+            break
+        pos += FRAME_HEAD.size + length
+    return pos
+
+
 # pysyncobj frames every Raft message as pickle (tcp_connection.py:144, 291) and stores every
 # log entry as a pickled call (syncobj.py:894, 1599), so whoever reaches a Raft port, or gets an
 # entry into the log, would run code on every member (PYSYNCOBJ.md). Everything pysyncobj puts

@@ -15,13 +15,14 @@ import pickle
 import pickletools
 import socket
 import struct
+import threading
 import zlib
 
 import pysyncobj.pickle as ps_pickle
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from coordinator import config as config_mod, raft_wire
+from coordinator import config as config_mod, limits, raft_wire
 from coordinator.client import FencingClient
 from coordinator.raft_node import RaftConfig, RaftNode
 from coordinator.testing.cluster import pick_ports, wait_until
@@ -223,3 +224,176 @@ def test_what_our_members_send_and_store_names_no_global():
         opcodes = {op.name for op, _, _ in pickletools.genops(payload)}
         assert not opcodes & {"GLOBAL", "STACK_GLOBAL", "REDUCE", "INST", "OBJ"}, opcodes
         assert raft_wire.plain_loads(payload) == message
+
+
+# -- frame and inflate bounds (limits.RAFT_MESSAGE_BYTES_MAX) ------------------------------
+
+MESSAGE_MAX = limits.RAFT_MESSAGE_BYTES_MAX
+
+
+def test_inflate_is_bounded_and_strict():
+    data = os.urandom(1000) + b"\0" * 5000
+    assert raft_wire.bounded_inflate(zlib.compress(data), max_bytes=len(data)) == data
+    assert raft_wire.bounded_inflate(raft_wire.zlib_stored(data), max_bytes=len(data)) == data
+    with pytest.raises(raft_wire.FrameTooLarge):
+        raft_wire.bounded_inflate(zlib.compress(data), max_bytes=len(data) - 1)
+    bomb = zlib.compress(b"\0" * (MESSAGE_MAX + 1), 9)
+    assert len(bomb) < MESSAGE_MAX // 500  # small on the wire, the point of the bound
+    with pytest.raises(raft_wire.FrameTooLarge):
+        raft_wire.bounded_inflate(bomb)
+    with pytest.raises(zlib.error):
+        raft_wire.bounded_inflate(zlib.compress(data)[:-3])  # cut short
+    with pytest.raises(zlib.error):
+        raft_wire.bounded_inflate(zlib.compress(data) + b"junk")  # bytes after the stream
+
+
+def heads(*lengths: int) -> bytes:
+    return b"".join(struct.pack("i", n) + b"x" * max(n, 0) for n in lengths)
+
+
+def test_scan_frames_reads_each_head_once_however_the_bytes_arrive():
+    stream = heads(3, 0, 10, 7)
+    complete_before = [0, 7, 11, 25, 36]  # offsets where each frame starts, then the end
+    scanned = 0
+    for cut in range(len(stream) + 1):
+        scanned = raft_wire.scan_frames(stream[:cut], scanned, max_bytes=10)
+        assert scanned == max(o for o in complete_before if o <= cut)
+    assert raft_wire.scan_frames(stream, 0, max_bytes=10) == len(stream)
+
+
+@pytest.mark.parametrize("bad", [11, -1, 2**31 - 1], ids=["over-the-bound", "negative", "two-gib"])
+def test_scan_frames_refuses_a_head_before_its_bytes_are_in(bad):
+    stream = heads(3) + struct.pack("i", bad)  # nothing of the bad frame's body has arrived
+    with pytest.raises(raft_wire.FrameTooLarge):
+        raft_wire.scan_frames(stream, 0, max_bytes=10)
+    assert raft_wire.scan_frames(heads(3, 10), 0, max_bytes=10) == 21  # at the bound: accepted
+
+
+def test_the_largest_append_a_member_sends_fits_the_bound():
+    # pysyncobj adds entries while their bytes stay under the batch size, plus the one that
+    # crosses it (syncobj.py:1156-1162); raft_node caps the count. Worst case: the count at
+    # its cap, the batch just under the size, then the largest entry we make (a restore).
+    n = limits.RAFT_APPEND_ENTRIES_MAX - 1
+    each = (limits.RAFT_BATCH_BYTES - 1) // n
+    entries = [(os.urandom(each), 10**12 + i, 10**6) for i in range(n)]
+    entries.append((os.urandom(limits.RESTORE_COMMAND_BYTES_MAX), 10**12 + n, 10**6))
+    message = {"type": "append_entries", "term": 10**6, "commit_index": 10**12, "entries": entries,
+               "prevLogIdx": 10**12 - 1, "prevLogTerm": 10**6}
+    payload = raft_wire.dumps(message)
+    assert len(zlib.compress(payload, 3)) <= MESSAGE_MAX
+    assert len(payload) <= MESSAGE_MAX
+
+
+def test_an_append_is_capped_in_entries_as_well_as_bytes(lone_node):
+    so = lone_node._syncobj
+    for i in range(limits.RAFT_APPEND_ENTRIES_MAX + 50):
+        so._SyncObj__raftLog.add(b"\x00x", so._SyncObj__raftLog[-1][1] + 1, 0)
+    first = so._SyncObj__raftLog[0][1]
+    batch = so._SyncObj__getEntries(first, None, limits.RAFT_BATCH_BYTES)  # what the sender asks
+    assert len(batch) == limits.RAFT_APPEND_ENTRIES_MAX
+    assert len(so._SyncObj__getEntries(first)) > limits.RAFT_APPEND_ENTRIES_MAX  # other callers: all
+
+
+@pytest.mark.parametrize("announce", [None, PEERS[0]], ids=["first-frame", "after-naming-a-member"])
+def test_a_frame_declaring_more_than_the_bound_is_dropped_unread(lone_node, announce):
+    before = lone_node.status()["refused_peer_messages"]
+    first = () if announce is None else (frame(ps_pickle.dumps(announce)),)
+    # Only the head is sent: the member must hang up without waiting for 2 GiB to arrive.
+    answer = exchange(lone_node.config.self_address, *first, struct.pack("i", MESSAGE_MAX + 1), timeout_s=10)
+    assert answer == b""
+    wait_until(lambda: lone_node.status()["refused_peer_messages"] == before + 1, 10,
+               what="the refusal to be counted")
+    assert lone_node.status()["self"] == lone_node.config.self_address  # still running
+
+
+def test_a_frame_that_inflates_past_the_bound_is_dropped(lone_node):
+    bomb = zlib.compress(ps_pickle.dumps(b"\0" * (MESSAGE_MAX + 1)), 9)
+    body = struct.pack("i", len(bomb)) + bomb
+    answer = exchange(lone_node.config.self_address, frame(ps_pickle.dumps(PEERS[0])), body, timeout_s=10)
+    assert answer == b""
+    assert lone_node.status()["self"] == lone_node.config.self_address
+
+
+def test_frames_of_any_size_in_any_chunks_arrive_whole_and_in_order():
+    """The read path with the bound: pysyncobj's TcpConnection on a real socket pair, fed
+    frames of random sizes (some above one recv) in random chunks, one message at a time
+    or many per read; every message arrives once, in order, and the connection stays up."""
+    import random
+
+    import pysyncobj.tcp_connection as ps_tcp
+    from pysyncobj.poller import createPoller
+
+    import coordinator.raft_node  # noqa: F401 - installs the bounded read path
+
+    rng = random.Random(20261203)
+    poller = createPoller("auto")
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)  # as the transport sets accepted sockets
+    received: list = []
+    disconnects: list = []
+    conn = ps_tcp.TcpConnection(poller, socket=ours, timeout=60, recvBufferSize=2**16,
+                                onDisconnected=lambda: disconnects.append(1))
+    conn.setOnMessageReceivedCallback(received.append)
+    messages = [os.urandom(rng.choice([0, 1, 100, 5000, 70_000, 200_000])) for _ in range(200)]
+    stream = b"".join(frame(raft_wire.dumps(m)) for m in messages)
+    steps = [rng.choice([1, 3, 4, 5, 1000, 65_536, 300_000]) for _ in range(len(stream))]
+
+    def send() -> None:
+        pos = 0
+        for step in steps:
+            if pos >= len(stream):
+                return
+            theirs.sendall(stream[pos:pos + step])
+            pos += step
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    wait_until(lambda: poller.poll(0.001) or len(received) == len(messages) or disconnects, 60,
+               what="every message")
+    sender.join(10)
+    assert not disconnects
+    assert received == messages
+    assert conn.__dict__["_frames_scanned_to"] == 0  # nothing left half-read
+    conn.disconnect()
+    theirs.close()
+
+
+def test_the_frame_offset_starts_over_when_a_connection_is_dropped_and_made_again():
+    # pysyncobj reuses an outgoing connection object (connect() after disconnect()); frames
+    # left in the buffer by a disconnect must not shift where the next connection's heads are read.
+    import pysyncobj.tcp_connection as ps_tcp
+    from pysyncobj.poller import createPoller
+
+    import coordinator.raft_node  # noqa: F401 - installs the bounded read path
+
+    poller = createPoller("auto")
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    received: list = []
+    conn = ps_tcp.TcpConnection(poller, timeout=60)
+
+    def on_message(message):
+        received.append(message)
+        if message == b"hang up":
+            conn.disconnect()  # from the callback, with another frame still in the buffer
+
+    conn.setOnMessageReceivedCallback(on_message)
+    wire = lambda m: frame(raft_wire.dumps(m))  # noqa: E731
+    try:
+        assert conn.connect("127.0.0.1", port)
+        first, _ = listener.accept()
+        first.sendall(wire(b"hang up") + wire(b"x" * 5000))
+        wait_until(lambda: poller.poll(0.01) or received, 10, what="the first frame")
+        assert received == [b"hang up"]
+        assert conn.__dict__["_frames_scanned_to"] == 0
+        assert conn.connect("127.0.0.1", port)
+        second, _ = listener.accept()
+        later = [os.urandom(n) for n in (1, 200, 3000, 9000, 7)]
+        second.sendall(b"".join(wire(m) for m in later))
+        wait_until(lambda: poller.poll(0.01) or len(received) == 1 + len(later), 10, what="the later frames")
+        assert received == [b"hang up"] + later
+        first.close()
+        second.close()
+    finally:
+        conn.disconnect()
+        listener.close()
