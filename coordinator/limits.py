@@ -71,6 +71,13 @@ RAFT_APPEND_ENTRIES_MAX = 4096
 # tests/test_raft_peer_input.py builds it).
 RAFT_MESSAGE_BYTES_MAX = 32 * 1024 * 1024
 assert RAFT_MESSAGE_BYTES_MAX > RAFT_BATCH_BYTES + RESTORE_COMMAND_BYTES_MAX + 64 * RAFT_APPEND_ENTRIES_MAX
+# Incoming Raft connections that have not named a member yet. pysyncobj keeps them with no
+# deadline and no count, so idle ones from anyone would pile up (each a file descriptor and
+# up to a frame of memory). A member names itself in its first message (after one key
+# exchange with the secret), within milliseconds: at most this many wait at once, the
+# oldest is dropped for a new one, and each is dropped if it names no member in time.
+RAFT_UNNAMED_CONNECTIONS_MAX = 16
+RAFT_NAMING_DEADLINE_MS = 5_000
 
 # -- gRPC service -----------------------------------------------------------------
 # Largest gRPC message in either direction: a restore request or a snapshot reply, plus

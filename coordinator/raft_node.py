@@ -460,7 +460,24 @@ class _BoundTCPTransport(TCPTransport):
 
     def _onNewIncomingConnection(self, conn):
         conn.on_refused_frame = self._count_refused_frame
+        conn.accepted_at = time.monotonic()
+        while len(self._unknownConnections) >= limits.RAFT_UNNAMED_CONNECTIONS_MAX:
+            oldest = min(self._unknownConnections, key=lambda c: c.__dict__.get("accepted_at", 0.0))
+            self._drop_unnamed(oldest, f"more than {limits.RAFT_UNNAMED_CONNECTIONS_MAX} have named no member yet")
         super()._onNewIncomingConnection(conn)
+
+    def _onTick(self):
+        super()._onTick()
+        if self._unknownConnections:  # usually empty: members name themselves at once
+            cutoff = time.monotonic() - limits.RAFT_NAMING_DEADLINE_MS / 1000
+            for conn in [c for c in self._unknownConnections if c.__dict__.get("accepted_at", 0.0) < cutoff]:
+                self._drop_unnamed(conn, f"it named no member within {limits.RAFT_NAMING_DEADLINE_MS} ms")
+
+    def _drop_unnamed(self, conn, why: str) -> None:
+        log.warning("raft: dropped an incoming connection: %s", why)
+        self._syncObj.refused_peer_messages += 1
+        self._unknownConnections.discard(conn)
+        conn.disconnect()
 
     def addNode(self, node):
         super().addNode(node)

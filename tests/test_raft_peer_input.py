@@ -397,3 +397,44 @@ def test_the_frame_offset_starts_over_when_a_connection_is_dropped_and_made_agai
     finally:
         conn.disconnect()
         listener.close()
+
+
+def _hung_up(sock: socket.socket, timeout_s: float = 0.2) -> bool:
+    sock.settimeout(timeout_s)
+    try:
+        return sock.recv(1) == b""
+    except socket.timeout:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_connections_that_name_no_member_are_bounded_in_number(lone_node, monkeypatch):
+    monkeypatch.setattr(limits, "RAFT_NAMING_DEADLINE_MS", 120_000)  # only the count drops here
+    host, port = lone_node.config.self_address.rsplit(":", 1)
+    before = lone_node.status()["refused_peer_messages"]
+    extra = 4
+    idle = [socket.create_connection((host, int(port)), timeout=5)
+            for _ in range(limits.RAFT_UNNAMED_CONNECTIONS_MAX + extra)]
+    try:
+        wait_until(lambda: all(_hung_up(s, 0.05) for s in idle[:extra]), 10, what="the oldest to be dropped")
+        assert not any(_hung_up(s) for s in idle[extra:])  # the newest still wait
+        wait_until(lambda: lone_node.status()["refused_peer_messages"] == before + extra, 10,
+                   what="the drops to be counted")
+        with socket.create_connection((host, int(port)), timeout=5) as member:  # a member still gets in
+            member.sendall(frame(ps_pickle.dumps(PEERS[0])))
+            wait_until(lambda: _hung_up(idle[extra], 0.05), 10, what="room made for it")
+            assert not _hung_up(member, 0.5)
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_a_connection_that_names_no_member_in_time_is_dropped(lone_node, monkeypatch):
+    monkeypatch.setattr(limits, "RAFT_NAMING_DEADLINE_MS", 300)
+    host, port = lone_node.config.self_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as silent, \
+            socket.create_connection((host, int(port)), timeout=5) as member:
+        member.sendall(frame(ps_pickle.dumps(PEERS[0])))
+        wait_until(lambda: _hung_up(silent, 0.05), 10, what="the silent connection to be dropped")
+        assert not _hung_up(member, 0.5)  # a named one has no deadline
