@@ -194,7 +194,8 @@ class _MemberCollector:
         ("refused_old_snapshots", "fencing_raft_refused_old_snapshots",
          "Snapshots older than the applied state that were refused"),
         ("refused_peer_messages", "fencing_raft_refused_peer_messages",
-         "Raft connections and messages refused because no member of ours sends them"),
+         "Raft connections and messages refused: ones no member of ours sends, frames over "
+         "the size bound, connections that named no member in time"),
         ("refused_entries", "fencing_raft_refused_entries",
          "Committed log entries skipped because no member of ours writes them (should stay 0)"),
     )
