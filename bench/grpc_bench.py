@@ -266,6 +266,23 @@ class Runner:
         for n in self.cluster.nodes:
             cpu_pin.pin_process(every if cpus_by_node is None else cpus_by_node[n.index], pid=n.proc.pid)
 
+    def placement_after_free_run(self) -> dict[int, set[int]]:
+        """Where cpu_affinity puts the members after a fencing-os run: the CPU sets read before
+        it, unless leadership moved meanwhile. Then those are stale (they would re-pin the old
+        leader), so the new leader goes where ``auto`` (the bench cluster's setting) puts it
+        and every other member is free, as their own Placement would have left them."""
+        try:
+            leader = self.cluster.leader_index(timeout_s=10)
+        except TimeoutError:
+            return self.node_cpus
+        if leader == self.leader_index:
+            return self.node_cpus
+        every = os.sched_getaffinity(0)
+        cpu = cpu_pin.choose_cpu(cpu_pin.AUTO, leader, every)
+        log(f"  leader moved during the free run: node {self.leader_index} -> node {leader}; "
+            f"placing node {leader} as cpu_affinity=auto would")
+        return {n.index: {cpu} if n.index == leader and cpu is not None else every for n in self.cluster.nodes}
+
     def our_pids(self) -> list[int]:
         pids = [os.getpid(), self.baseline_pid] + [p.pid for p in self.workers.procs]
         pids += [n.proc.pid for n in self.cluster.nodes if n.proc is not None]
@@ -333,7 +350,7 @@ class Runner:
             res = self.workers.run(spec, clients, on_window=sampler)
         finally:
             if system == "fencing-os":
-                self.place_nodes(self.node_cpus)
+                self.place_nodes(self.placement_after_free_run())
         term_after = self.term() if ours else None
         samples["thread"].join(timeout=10)
         lat = sorted(res["latencies"])
