@@ -16,12 +16,16 @@ import os
 import random
 import select
 import signal
+import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
+import zlib
 
 from chaos.harness import NFT_TABLE, ChaosCluster, run_quiet, wait_until
+from coordinator import limits
 from coordinator.journal import JOURNAL_NAME, SYNCED_SIDECAR_SUFFIX
 
 # -- nft helpers -------------------------------------------------------------------------
@@ -426,6 +430,96 @@ class Delay(Fault):
         nft_heal()
 
 
+# -- a stranger at the Raft ports ---------------------------------------------------------
+
+
+def _hung_up_on(sock: socket.socket, timeout_s: float) -> bool:
+    """True once the peer closed ``sock`` (EOF or reset), False if it kept it open that long."""
+    sock.settimeout(timeout_s)
+    try:
+        while sock.recv(4096):
+            pass  # a member answers nothing to a stranger; anything read is discarded
+        return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except (socket.timeout, OSError):
+        return False
+
+
+class RaftStranger(Fault):
+    """Someone else at every member's Raft port while the workload runs (RAFT.md, "Bounded
+    frames", "Connections that name no member"): more idle connections than members keep
+    waiting, frames declaring 2 GiB, a deflated frame that inflates past the frame bound, and
+    garbage, over and over until heal. Each hostile connection must be hung up on, and the
+    members must go on serving (the history check and convergence show that)."""
+
+    kind = "raft_stranger"
+    IDLE_PER_MEMBER = 24  # above limits.RAFT_UNNAMED_CONNECTIONS_MAX (16)
+    HANG_UP_WITHIN_S = 3.0  # each payload is refused as soon as it is read
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._stop = threading.Event()
+        self._idle: list[socket.socket] = []
+        self._thread: threading.Thread | None = None
+        self.counts = {"hostile": 0, "hung_up": 0, "kept_open": 0, "connect_failed": 0}
+
+    def inject(self, c):
+        self.nodes = [n.raft_address for n in c.nodes]
+        self._thread = threading.Thread(target=self._harass, args=(list(self.nodes),), daemon=True,
+                                        name="raft-stranger")
+        self._thread.start()
+
+    def _connect(self, address: str) -> socket.socket | None:
+        host, port = address.rsplit(":", 1)
+        try:
+            return socket.create_connection((host, int(port)), timeout=2)
+        except OSError:
+            self.counts["connect_failed"] += 1  # a member that is down or cut off right now
+            return None
+
+    def _harass(self, addresses: list[str]) -> None:
+        bomb = zlib.compress(b"\0" * (limits.RAFT_MESSAGE_BYTES_MAX + 1024), 9)
+        payloads = [
+            struct.pack("i", 2**31 - 1),  # a head declaring 2 GiB, no body
+            struct.pack("i", len(bomb)) + bomb,  # ~32 KiB that inflates past the bound
+            struct.pack("i", 508) + os.urandom(508),  # a whole frame of garbage
+        ]
+        for address in addresses:
+            for _ in range(self.IDLE_PER_MEMBER):
+                sock = self._connect(address)
+                if sock is not None:
+                    self._idle.append(sock)
+        while not self._stop.is_set():
+            for address in addresses:
+                for payload in payloads:
+                    sock = self._connect(address)
+                    if sock is None:
+                        continue
+                    with sock:
+                        self.counts["hostile"] += 1
+                        try:
+                            sock.sendall(payload)
+                        except OSError:
+                            pass  # hung up on before all of it was sent
+                        key = "hung_up" if _hung_up_on(sock, self.HANG_UP_WITHIN_S) else "kept_open"
+                        self.counts[key] += 1
+            self._stop.wait(0.5)
+
+    def heal(self, c):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        idle_dropped = sum(_hung_up_on(sock, 0.05) for sock in self._idle)
+        for sock in self._idle:
+            sock.close()
+        self.info = {**self.counts, "idle": len(self._idle), "idle_dropped": idle_dropped}
+        # Every hostile connection was hung up on, and of the idle ones at least those past
+        # the bound (all of them, once the naming deadline has passed).
+        self.info["ok"] = (self.counts["kept_open"] == 0 and self.counts["hostile"] > 0
+                           and idle_dropped >= len(self._idle) - limits.RAFT_UNNAMED_CONNECTIONS_MAX * len(self.nodes))
+
+
 # -- the client GC pause ------------------------------------------------------------------
 
 
@@ -539,6 +633,7 @@ def ci_schedule(recorder_factory, out_dir: str, with_delay: bool = True) -> list
     faults: list[Fault] = [
         Pause("leader"), Pause("follower"), KillRestart("leader"), KillRestart("follower"),
         Partition("follower"), Partition("leader"), Partition("bridge"), OneWay(), PacketLoss(30),
+        RaftStranger(),
     ]
     if with_delay:
         faults.append(Delay(100, 20))
@@ -555,6 +650,7 @@ def random_fault(rng: random.Random, recorder_factory, out_dir: str, with_delay:
         lambda: KillRestart("follower"), lambda: Partition("follower"), lambda: Partition("leader"),
         lambda: Partition("bridge"), lambda: OneWay(), lambda: PacketLoss(rng.choice([10, 30, 50])),
         lambda: PowerLoss("leader"), lambda: KillTwo(), lambda: ClientGcPause(recorder_factory, out_dir), lambda: FullRestart(), lambda: PowerLoss("all"),
+        lambda: RaftStranger(),
     ]
     if with_delay:
         makers.append(lambda: Delay(rng.choice([50, 100, 200]), 20))

@@ -182,6 +182,10 @@ class Run:
             network_teardown()
         t_heal = self.fault_record(fault, "heal")
         step["heal_t_ns"] = t_heal
+        if fault.kind == "raft_stranger":
+            step["info"] = fault.info
+            if not fault.info.get("ok"):
+                self.errors.append(f"raft_stranger: a member kept a hostile connection open: {fault.info}")
         conv = self.wait_converged(self.converge_timeout_s)
         step["convergence_s"] = round(conv, 3) if conv is not None else None
         if conv is None:

@@ -19,7 +19,7 @@ import types
 import pytest
 
 from chaos import faults as F
-from chaos.harness import HOSTS, network_teardown, pick_ports
+from chaos.harness import HOSTS, network_teardown, pick_ports, wait_until
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("nft") is None, reason="needs root and nft (apt-get install nftables)"
@@ -248,3 +248,65 @@ def test_power_loss_cuts_unsynced_bytes(tmp_path):
             c.wait_ready(30)
             time.sleep(0.5)
         assert any(n > 0 for info in infos for n in info["bytes_cut"].values()), infos
+
+
+class _Members:
+    """What RaftStranger reads of a cluster: the members' Raft addresses."""
+
+    def __init__(self, *raft_addresses: str) -> None:
+        self.nodes = [types.SimpleNamespace(raft_address=a) for a in raft_addresses]
+
+
+def _stranger_run(cluster, rounds: int) -> dict:
+    fault = F.RaftStranger()
+    fault.inject(cluster)
+    try:
+        wait_until(lambda: fault.counts["hostile"] >= 3 * rounds, 60, what="the stranger's rounds")
+    finally:
+        fault.heal(cluster)
+    return fault.info
+
+
+def test_raft_stranger_is_hung_up_on_by_a_real_member(tmp_path):
+    from coordinator.raft_node import RaftConfig, RaftNode
+    from coordinator.state_machine import FencingStateMachine
+
+    raft_port, _ = pick_ports(("127.0.0.2",))
+    address = f"127.0.0.2:{raft_port}"
+    node = RaftNode(RaftConfig(address, ("127.0.0.3:1", "127.0.0.4:1"), str(tmp_path / "n")), FencingStateMachine())
+    try:
+        info = _stranger_run(_Members(address), rounds=2)
+        assert node.status()["refused_peer_messages"] >= info["hostile"]
+    finally:
+        node.close()
+    assert info["ok"], info
+    assert info["kept_open"] == 0 and info["idle"] == F.RaftStranger.IDLE_PER_MEMBER
+    assert info["idle_dropped"] >= F.RaftStranger.IDLE_PER_MEMBER - 16
+
+
+def test_raft_stranger_reports_a_port_that_keeps_hostile_connections(monkeypatch):
+    # The check must be able to fail: a listener that accepts everything and closes nothing.
+    monkeypatch.setattr(F.RaftStranger, "HANG_UP_WITHIN_S", 0.2)
+    held: list[socket.socket] = []
+    with socket.create_server(("127.0.0.2", 0), backlog=64) as srv:
+        srv.settimeout(0.2)
+        stop = threading.Event()
+
+        def accept_all() -> None:
+            while not stop.is_set():
+                try:
+                    held.append(srv.accept()[0])
+                except OSError:
+                    pass
+
+        acceptor = threading.Thread(target=accept_all, daemon=True)
+        acceptor.start()
+        try:
+            info = _stranger_run(_Members(f"127.0.0.2:{srv.getsockname()[1]}"), rounds=1)
+        finally:
+            stop.set()
+            acceptor.join(5)
+            for s in held:
+                s.close()
+    assert not info["ok"], info
+    assert info["kept_open"] == info["hostile"] > 0
