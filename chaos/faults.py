@@ -465,46 +465,51 @@ class RaftStranger(Fault):
         self.counts = {"hostile": 0, "hung_up": 0, "kept_open": 0, "connect_failed": 0}
 
     def inject(self, c):
+        # The idle connections and a first round before inject returns, so the fault's hold
+        # time is all harassment: pysyncobj listens with a backlog of 5 (tcp_server.py:42),
+        # so connects beyond it wait for SYN retransmits (1 s, then 3 s).
         self.nodes = [n.raft_address for n in c.nodes]
-        self._thread = threading.Thread(target=self._harass, args=(list(self.nodes),), daemon=True,
-                                        name="raft-stranger")
+        bomb = zlib.compress(b"\0" * (limits.RAFT_MESSAGE_BYTES_MAX + 1024), 9)
+        self._payloads = [
+            struct.pack("i", 2**31 - 1),  # a head declaring 2 GiB, no body
+            struct.pack("i", len(bomb)) + bomb,  # ~32 KiB that inflates past the bound
+            struct.pack("i", 508) + os.urandom(508),  # a whole frame of garbage
+        ]
+        for address in self.nodes:
+            for _ in range(self.IDLE_PER_MEMBER):
+                sock = self._connect(address)
+                if sock is not None:
+                    self._idle.append(sock)
+        self._round()
+        self._thread = threading.Thread(target=self._harass, daemon=True, name="raft-stranger")
         self._thread.start()
 
     def _connect(self, address: str) -> socket.socket | None:
         host, port = address.rsplit(":", 1)
         try:
-            return socket.create_connection((host, int(port)), timeout=2)
+            return socket.create_connection((host, int(port)), timeout=5)
         except OSError:
             self.counts["connect_failed"] += 1  # a member that is down or cut off right now
             return None
 
-    def _harass(self, addresses: list[str]) -> None:
-        bomb = zlib.compress(b"\0" * (limits.RAFT_MESSAGE_BYTES_MAX + 1024), 9)
-        payloads = [
-            struct.pack("i", 2**31 - 1),  # a head declaring 2 GiB, no body
-            struct.pack("i", len(bomb)) + bomb,  # ~32 KiB that inflates past the bound
-            struct.pack("i", 508) + os.urandom(508),  # a whole frame of garbage
-        ]
-        for address in addresses:
-            for _ in range(self.IDLE_PER_MEMBER):
+    def _round(self) -> None:
+        for address in self.nodes:
+            for payload in self._payloads:
                 sock = self._connect(address)
-                if sock is not None:
-                    self._idle.append(sock)
-        while not self._stop.is_set():
-            for address in addresses:
-                for payload in payloads:
-                    sock = self._connect(address)
-                    if sock is None:
-                        continue
-                    with sock:
-                        self.counts["hostile"] += 1
-                        try:
-                            sock.sendall(payload)
-                        except OSError:
-                            pass  # hung up on before all of it was sent
-                        key = "hung_up" if _hung_up_on(sock, self.HANG_UP_WITHIN_S) else "kept_open"
-                        self.counts[key] += 1
-            self._stop.wait(0.5)
+                if sock is None:
+                    continue
+                with sock:
+                    self.counts["hostile"] += 1
+                    try:
+                        sock.sendall(payload)
+                    except OSError:
+                        pass  # hung up on before all of it was sent
+                    key = "hung_up" if _hung_up_on(sock, self.HANG_UP_WITHIN_S) else "kept_open"
+                    self.counts[key] += 1
+
+    def _harass(self) -> None:
+        while not self._stop.wait(0.5):
+            self._round()
 
     def heal(self, c):
         self._stop.set()
