@@ -433,13 +433,16 @@ class Delay(Fault):
 # -- a stranger at the Raft ports ---------------------------------------------------------
 
 
-def _hung_up_on(sock: socket.socket, timeout_s: float) -> bool:
-    """True once the peer closed ``sock`` (EOF or reset), False if it kept it open that long."""
-    sock.settimeout(timeout_s)
+def hung_up_on(sock: socket.socket, timeout_s: float) -> bool:
+    """True once the peer closed ``sock`` (EOF or reset) within ``timeout_s``, False if it
+    kept it open that long. Anything the peer sends meanwhile is read and discarded."""
+    deadline = time.monotonic() + timeout_s
     try:
-        while sock.recv(4096):
-            pass  # a member answers nothing to a stranger; anything read is discarded
-        return True
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if not sock.recv(4096):
+                return True
+        return False
     except (ConnectionResetError, BrokenPipeError):
         return True
     except (socket.timeout, OSError):
@@ -504,7 +507,7 @@ class RaftStranger(Fault):
                         sock.sendall(payload)
                     except OSError:
                         pass  # hung up on before all of it was sent
-                    key = "hung_up" if _hung_up_on(sock, self.HANG_UP_WITHIN_S) else "kept_open"
+                    key = "hung_up" if hung_up_on(sock, self.HANG_UP_WITHIN_S) else "kept_open"
                     self.counts[key] += 1
 
     def _harass(self) -> None:
@@ -515,7 +518,7 @@ class RaftStranger(Fault):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        idle_dropped = sum(_hung_up_on(sock, 0.05) for sock in self._idle)
+        idle_dropped = sum(hung_up_on(sock, 0.05) for sock in self._idle)
         for sock in self._idle:
             sock.close()
         self.info = {**self.counts, "idle": len(self._idle), "idle_dropped": idle_dropped}

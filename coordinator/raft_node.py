@@ -455,11 +455,11 @@ class _BoundTCPTransport(TCPTransport):
     connect() (tcp_connection.py:123): binding there is the smallest hook.
     """
 
-    def _count_refused_frame(self) -> None:
+    def _count_refused(self) -> None:
         self._syncObj.refused_peer_messages += 1
 
     def _onNewIncomingConnection(self, conn):
-        conn.on_refused_frame = self._count_refused_frame
+        conn.on_refused_frame = self._count_refused
         conn.accepted_at = time.monotonic()
         while len(self._unknownConnections) >= limits.RAFT_UNNAMED_CONNECTIONS_MAX:
             oldest = min(self._unknownConnections, key=lambda c: c.__dict__.get("accepted_at", 0.0))
@@ -475,7 +475,7 @@ class _BoundTCPTransport(TCPTransport):
 
     def _drop_unnamed(self, conn, why: str) -> None:
         log.warning("raft: dropped an incoming connection: %s", why)
-        self._syncObj.refused_peer_messages += 1
+        self._count_refused()
         self._unknownConnections.discard(conn)
         conn.disconnect()
 
@@ -483,7 +483,7 @@ class _BoundTCPTransport(TCPTransport):
         super().addNode(node)
         conn = self._connections.get(node)
         if conn is not None:
-            conn.on_refused_frame = self._count_refused_frame
+            conn.on_refused_frame = self._count_refused
         if conn is None or self._selfNode is None:
             return
         host = self._selfNode.host
@@ -508,11 +508,7 @@ class _BoundTCPTransport(TCPTransport):
         if self._syncObj.encryptor and not conn.sendRandKey:
             return super()._onIncomingMessageReceived(conn, message)  # the key exchange
         if not isinstance(message, str) or message not in self._nodeAddrToNode:
-            log.warning("raft: dropped an incoming connection that did not name a member (%s)",
-                        type(message).__name__)
-            self._syncObj.refused_peer_messages += 1
-            conn.disconnect()
-            self._unknownConnections.discard(conn)
+            self._drop_unnamed(conn, f"its first message did not name a member ({type(message).__name__})")
             return
         super()._onIncomingMessageReceived(conn, message)
 
@@ -540,9 +536,10 @@ class _HardenedSyncObj(SyncObj):
         self.commit_only_sends = 0  # appends sent that carried no entry to anyone
         self.truncated_applied = 0  # times an applied entry would have been truncated
         self.refused_old_snapshots = 0
-        # Peer input no member of ours sends: connections that did not name a member and
-        # split transmissions (frames that call anything are dropped by tcp_connection.py:293-296
-        # before we see them).
+        # Peer input no member of ours sends: connections that did not name a member (or not in
+        # time, or past the bound on waiting ones), frames over the size bound, and split
+        # transmissions (frames that call anything are dropped by the frame reader before we
+        # see them).
         self.refused_peer_messages = 0
         self.refused_entries = 0  # committed entries no member of ours writes: skipped everywhere
         self.leader_commit_seen = None  # commit index announced to this process by a leader

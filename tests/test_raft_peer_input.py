@@ -22,9 +22,10 @@ import pysyncobj.pickle as ps_pickle
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from chaos.faults import hung_up_on
 from coordinator import config as config_mod, limits, raft_wire
 from coordinator.client import FencingClient
-from coordinator.raft_node import RaftConfig, RaftNode
+from coordinator.raft_node import RaftConfig, RaftNode  # also installs its frame reader in pysyncobj
 from coordinator.testing.cluster import pick_ports, wait_until
 from coordinator.testing.grpc_cluster import running_cluster
 from coordinator.state_machine import FencingStateMachine
@@ -323,7 +324,6 @@ def test_frames_of_any_size_in_any_chunks_arrive_whole_and_in_order():
     import pysyncobj.tcp_connection as ps_tcp
     from pysyncobj.poller import createPoller
 
-    import coordinator.raft_node  # noqa: F401 - installs the bounded read path
 
     rng = random.Random(20261203)
     poller = createPoller("auto")
@@ -364,7 +364,6 @@ def test_the_frame_offset_starts_over_when_a_connection_is_dropped_and_made_agai
     import pysyncobj.tcp_connection as ps_tcp
     from pysyncobj.poller import createPoller
 
-    import coordinator.raft_node  # noqa: F401 - installs the bounded read path
 
     poller = createPoller("auto")
     listener = socket.create_server(("127.0.0.1", 0))
@@ -399,16 +398,6 @@ def test_the_frame_offset_starts_over_when_a_connection_is_dropped_and_made_agai
         listener.close()
 
 
-def _hung_up(sock: socket.socket, timeout_s: float = 0.2) -> bool:
-    sock.settimeout(timeout_s)
-    try:
-        return sock.recv(1) == b""
-    except socket.timeout:
-        return False
-    except ConnectionResetError:
-        return True
-
-
 def test_connections_that_name_no_member_are_bounded_in_number(lone_node, monkeypatch):
     monkeypatch.setattr(limits, "RAFT_NAMING_DEADLINE_MS", 120_000)  # only the count drops here
     host, port = lone_node.config.self_address.rsplit(":", 1)
@@ -417,14 +406,14 @@ def test_connections_that_name_no_member_are_bounded_in_number(lone_node, monkey
     idle = [socket.create_connection((host, int(port)), timeout=5)
             for _ in range(limits.RAFT_UNNAMED_CONNECTIONS_MAX + extra)]
     try:
-        wait_until(lambda: all(_hung_up(s, 0.05) for s in idle[:extra]), 10, what="the oldest to be dropped")
-        assert not any(_hung_up(s) for s in idle[extra:])  # the newest still wait
+        wait_until(lambda: all(hung_up_on(s, 0.05) for s in idle[:extra]), 10, what="the oldest to be dropped")
+        assert not any(hung_up_on(s, 0.2) for s in idle[extra:])  # the newest still wait
         wait_until(lambda: lone_node.status()["refused_peer_messages"] == before + extra, 10,
                    what="the drops to be counted")
         with socket.create_connection((host, int(port)), timeout=5) as member:  # a member still gets in
             member.sendall(frame(ps_pickle.dumps(PEERS[0])))
-            wait_until(lambda: _hung_up(idle[extra], 0.05), 10, what="room made for it")
-            assert not _hung_up(member, 0.5)
+            wait_until(lambda: hung_up_on(idle[extra], 0.05), 10, what="room made for it")
+            assert not hung_up_on(member, 0.5)
     finally:
         for s in idle:
             s.close()
@@ -436,5 +425,5 @@ def test_a_connection_that_names_no_member_in_time_is_dropped(lone_node, monkeyp
     with socket.create_connection((host, int(port)), timeout=5) as silent, \
             socket.create_connection((host, int(port)), timeout=5) as member:
         member.sendall(frame(ps_pickle.dumps(PEERS[0])))
-        wait_until(lambda: _hung_up(silent, 0.05), 10, what="the silent connection to be dropped")
-        assert not _hung_up(member, 0.5)  # a named one has no deadline
+        wait_until(lambda: hung_up_on(silent, 0.05), 10, what="the silent connection to be dropped")
+        assert not hung_up_on(member, 0.5)  # a named one has no deadline
