@@ -130,9 +130,11 @@ def decode(data: bytes) -> Command:
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise MalformedCommand(f"command must be bytes, got {type(data).__name__}")
-    data = bytes(data)
-    if len(data) > _bytes_max(data):
-        raise MalformedCommand(f"command is {len(data)} bytes, more than {_bytes_max(data)}")
+    if type(data) is not bytes:
+        data = bytes(data)
+    bytes_max = _bytes_max(data)
+    if len(data) > bytes_max:
+        raise MalformedCommand(f"command is {len(data)} bytes, more than {bytes_max}")
     try:
         envelope = msgpack.unpackb(
             data, raw=False, strict_map_key=True, use_list=True, **_UNPACK_LIMITS

@@ -208,19 +208,34 @@ assert set(_SCHEMAS) == set(Op), "every op needs a schema"
 assert all(f in _FIELD_CHECKS for req, opt in _SCHEMAS.values() for f in req | opt)
 
 
+# op -> (every field it may carry, its fields in _FIELD_CHECKS order with their check and
+# whether they are required): worked out once, as every replica applies every command.
+_PLANS: dict[Op, tuple[frozenset[str], tuple[tuple[str, Callable[[object], Any], bool], ...]]] = {
+    op: (
+        required | optional,
+        tuple(
+            (name, check, name in required)
+            for name, check in _FIELD_CHECKS.items()
+            if name in required or name in optional
+        ),
+    )
+    for op, (required, optional) in _SCHEMAS.items()
+}
+
+
 def _parse_body(op: Op, body: dict[str, Any]) -> dict[str, Any]:
     """The checked fields of ``body`` for ``op``; absent optional fields map to None."""
-    required, optional = _SCHEMAS[op]
-    unknown = sorted(name for name in body if name not in required and name not in optional)
-    if unknown:
+    allowed, plan = _PLANS[op]
+    if not body.keys() <= allowed:
+        unknown = sorted(name for name in body if name not in allowed)
         raise _InvalidField(unknown[0], f"is not a field of {op.name}")
     args: dict[str, Any] = {}
-    for name, check in _FIELD_CHECKS.items():
-        if name in required:
+    for name, check, required in plan:
+        if required:
             if name not in body:
                 raise _InvalidField(name, f"is required by {op.name}")
             args[name] = check(body[name])
-        elif name in optional:
+        else:
             value = body.get(name)
             args[name] = None if value is None else check(value)
     if op is Op.READ_BARRIER and args["key"] is not None and args["resource"] is None:
@@ -250,33 +265,37 @@ class _Resource:
     data: dict[str, tuple[bytes, int]] = dataclasses.field(default_factory=dict)
 
 
-@dataclasses.dataclass(frozen=True)
 class _DedupEntry:
-    op_id: dataclasses.InitVar[bytes]  # the table's key; only packed into ``packed``
-    op: Op
-    resource: str
-    outcome: Applied
-    # The log clock after the entry applied. Non-decreasing in apply order, which is what
-    # lets eviction by age look only at the oldest entries.
-    applied_at_ms: int
-    # The Raft log index of the entry that first applied this op_id (0 if unknown).
-    index: int = 0
-    # outcome_to_wire(outcome) when the caller has it already (a snapshot being restored).
-    wire: dataclasses.InitVar[list | None] = None
-    # This entry exactly as it appears in a snapshot's dedup array (msgpack), packed once
-    # when stored: snapshots run on the Raft tick thread, and building and packing up to
-    # DEDUP_ENTRIES_MAX entries each time stalled it ~100 ms; joining them takes a few ms.
-    packed: bytes = dataclasses.field(init=False, compare=False, repr=False)
+    """The first outcome of one op_id, kept as the bytes it has in a snapshot's dedup array.
 
-    def __post_init__(self, op_id: bytes, wire: list | None) -> None:
-        item = [op_id, int(self.op), self.resource, wire or outcome_to_wire(self.outcome),
-                self.applied_at_ms, self.index]
-        object.__setattr__(self, "packed", msgpack.packb(item, use_bin_type=True))
+    Every applied command with an op_id makes one, on every replica, so it holds only what
+    eviction and a retry's check need; the outcome itself is read back from ``packed`` when a
+    retry asks for it. Packing once when stored also keeps snapshots cheap: they run on the
+    Raft tick thread, and packing up to DEDUP_ENTRIES_MAX entries each time stalled it ~100 ms.
+    """
 
+    __slots__ = ("op", "resource", "applied_at_ms", "index", "packed")
 
-def _copy_applied(outcome: Applied) -> Applied:
-    # Stored results are flat maps of ints and bools; a copy keeps callers from editing them.
-    return Applied(op=outcome.op, result=dict(outcome.result))
+    def __init__(
+        self, op_id: bytes, op: Op, resource: str, wire: list, applied_at_ms: int, index: int
+    ) -> None:
+        self.op = op
+        self.resource = resource
+        # The log clock after the entry applied. Non-decreasing in apply order, which is what
+        # lets eviction by age look only at the oldest entries.
+        self.applied_at_ms = applied_at_ms
+        # The Raft log index of the entry that first applied this op_id (0 if unknown).
+        self.index = index
+        # ``wire`` is outcome_to_wire(outcome): canonical, so equal states pack equal bytes.
+        self.packed = msgpack.packb(
+            [op_id, int(op), resource, wire, applied_at_ms, index], use_bin_type=True
+        )
+
+    def outcome(self) -> Applied:
+        """A fresh copy of the stored outcome (callers may edit it)."""
+        outcome = outcome_from_wire(msgpack.unpackb(self.packed, raw=False)[3])
+        assert isinstance(outcome, Applied), "only applied outcomes are stored"
+        return outcome
 
 
 def _positive_config(name: str, value: int | None, default: int) -> int:
@@ -385,7 +404,7 @@ class FencingStateMachine:
             cmd = decode(entry)
         except MalformedCommand as exc:
             return Rejected(op=None, reason=Reason.MALFORMED, message=str(exc))
-        return self.execute(cmd, index)
+        return self._execute(cmd.op, cmd, index)  # decode checked the envelope
 
     def execute(self, cmd: Command, index: int = 0) -> Outcome:
         """Execute one decoded command. Never raises for bad fields; refusals change nothing."""
@@ -394,6 +413,10 @@ class FencingStateMachine:
         except MalformedCommand as exc:
             known_op = cmd.op if isinstance(cmd.op, Op) else None
             return Rejected(op=known_op, reason=Reason.MALFORMED, message=str(exc))
+        return self._execute(op, cmd, index)
+
+    def _execute(self, op: Op, cmd: Command, index: int) -> Outcome:
+        """``cmd`` with its envelope checked (``op`` is its Op): check the body, then run."""
         try:
             args = _parse_body(op, cmd.body)
         except _InvalidField as exc:
@@ -407,9 +430,7 @@ class FencingStateMachine:
             if entry is not None:
                 if entry.op is op and entry.resource == args["resource"]:
                     # A retry: nothing changes (I5); report where it first applied.
-                    return dataclasses.replace(
-                        _copy_applied(entry.outcome), first_applied_index=entry.index
-                    )
+                    return dataclasses.replace(entry.outcome(), first_applied_index=entry.index)
                 return Rejected(
                     op=op,
                     reason=Reason.OP_ID_CONFLICT,
@@ -424,12 +445,7 @@ class FencingStateMachine:
             self._log_clock_ms = now
             if op_id is not None:
                 self._dedup[op_id] = _DedupEntry(
-                    op_id=op_id,
-                    op=op,
-                    resource=args["resource"],
-                    outcome=_copy_applied(outcome),
-                    applied_at_ms=now,
-                    index=index,
+                    op_id, op, args["resource"], outcome_to_wire(outcome), now, index
                 )
             self._evict_dedup()
         return outcome
@@ -853,12 +869,12 @@ def _read_snapshot(
         applied_at_ms = _need_int(applied_at_ms, "dedup applied_at_ms", previous_at, log_clock_ms)
         previous_at = applied_at_ms
         dedup[op_id] = _DedupEntry(
-            op_id=op_id,
-            op=outcome.op,
-            resource=resource,
-            outcome=outcome,
-            applied_at_ms=applied_at_ms,
-            index=_need_int(first_index, "dedup index", 0),
-            wire=wire,  # canonical as read: not converted again (restore time is a stall too)
+            op_id,
+            outcome.op,
+            resource,
+            # Canonical as read: not converted again (restore time is a stall too).
+            outcome_to_wire(outcome) if wire is None else wire,
+            applied_at_ms,
+            _need_int(first_index, "dedup index", 0),
         )
     return epoch, log_clock_ms, resources, dedup
