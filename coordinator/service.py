@@ -148,15 +148,19 @@ class Core:
             )
         return found
 
-    def authorize(self, context, resource: str | None) -> None:
-        """DESIGN I10: the caller may act on ``resource`` (any resource: admin principals)."""
-        principal = self.principal(context)
-        if principal is None or resource is None or principal.admin or principal.may_use(resource):
+    def authorize(self, caller: Principal | None, resource: str | None) -> None:
+        """DESIGN I10: ``caller`` (what ``principal`` found) may act on ``resource`` (any
+        resource: admin principals; anyone: no principals file)."""
+        if caller is None:
+            if self.authenticator is not None:  # only an open data plane has no caller
+                raise ServiceError(Failure.UNAUTHENTICATED, "no authenticated caller for this call")
+            return
+        if resource is None or caller.admin or caller.may_use(resource):
             return
         raise ServiceError(
             Failure.PERMISSION_DENIED,
-            f"principal {principal.name!r} may not use resource {resource!r}"
-            f" (its prefixes: {', '.join(repr(p) for p in principal.prefixes) or 'none'})",
+            f"principal {caller.name!r} may not use resource {resource!r}"
+            f" (its prefixes: {', '.join(repr(p) for p in caller.prefixes) or 'none'})",
         )
 
     def header(self, index: int = 0) -> pb.ResponseHeader:
@@ -174,24 +178,29 @@ class Core:
     def abort(self, context: grpc.ServicerContext, error: ServiceError):
         errors.abort(context, error, self.trailing(error.index))
 
-    def run(self, command: commands.Command, context, *, max_bytes: int | None = None) -> tuple[dict, int]:
+    def run(
+        self, command: commands.Command, context, caller: Principal | None, *, max_bytes: int | None = None
+    ) -> tuple[dict, int]:
         """Authorize, then propose with the RPC's deadline; (result dict, Raft index) or ServiceError."""
-        self.authorize(context, command.resource)
+        self.authorize(caller, command.resource)
         result = self.proposer.propose(command, self.proposer.timeout_s(context), max_bytes=max_bytes)
         return result.value.result, result.index
 
-    def barrier(self, context, resource: str | None = None, key: str | None = None) -> tuple[dict, int]:
-        return self.run(commands.read_barrier(stamp_ms=0, resource=resource, key=key), context)
+    def barrier(
+        self, context, caller: Principal | None, resource: str | None = None, key: str | None = None
+    ) -> tuple[dict, int]:
+        return self.run(commands.read_barrier(stamp_ms=0, resource=resource, key=key), context, caller)
 
 
 def _unary(method):
-    """Turn a ServiceError raised by a unary handler into a rich status with header trailers."""
+    """Authenticate the caller once, pass it on as ``caller``, and turn a ServiceError raised
+    by the handler into a rich status with header trailers."""
 
     @functools.wraps(method)
     def handler(self, request, context):
         try:
-            self.core.principal(context)  # who is calling comes first, before any input check
-            return method(self, request, context)
+            caller = self.core.principal(context)  # who is calling comes first, before any input check
+            return method(self, request, context, caller)
         except ServiceError as error:
             self.core.abort(context, error)
 
@@ -213,7 +222,7 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         self._batch_pool.shutdown(wait=False, cancel_futures=True)
 
     @_unary
-    def Acquire(self, request: pb.AcquireRequest, context) -> pb.AcquireResponse:
+    def Acquire(self, request: pb.AcquireRequest, context, caller: Principal | None) -> pb.AcquireResponse:
         command = commands.acquire(
             resource=_checked(validation.check_resource, request.resource),
             holder=_checked(validation.check_holder, request.holder),
@@ -227,7 +236,7 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         wait_until = time.monotonic() + min(request.wait_ms, limits.ACQUIRE_WAIT_MS_MAX) / 1000
         while True:
             try:
-                result, index = self.core.run(command, context)
+                result, index = self.core.run(command, context, caller)
                 break
             except ServiceError as error:
                 if error.key is not Reason.LEASE_HELD:
@@ -277,8 +286,8 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         ttl_ms = None if request.ttl_ms == 0 else _checked(validation.check_ttl_ms, request.ttl_ms)
         return commands.keep_alive(resource=resource, token=token, ttl_ms=ttl_ms, stamp_ms=0)
 
-    def _keep_alive(self, request: pb.KeepAliveRequest, context) -> pb.KeepAliveResponse:
-        result, index = self.core.run(self._keep_alive_command(request), context)
+    def _keep_alive(self, request: pb.KeepAliveRequest, context, caller: Principal | None) -> pb.KeepAliveResponse:
+        result, index = self.core.run(self._keep_alive_command(request), context, caller)
         return pb.KeepAliveResponse(
             header=self.core.header(index),
             resource=request.resource,
@@ -287,11 +296,13 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         )
 
     @_unary
-    def KeepAlive(self, request: pb.KeepAliveRequest, context) -> pb.KeepAliveResponse:
-        return self._keep_alive(request, context)
+    def KeepAlive(self, request: pb.KeepAliveRequest, context, caller: Principal | None) -> pb.KeepAliveResponse:
+        return self._keep_alive(request, context, caller)
 
     @_unary
-    def KeepAliveMany(self, request: pb.KeepAliveManyRequest, context) -> pb.KeepAliveManyResponse:
+    def KeepAliveMany(
+        self, request: pb.KeepAliveManyRequest, context, caller: Principal | None
+    ) -> pb.KeepAliveManyResponse:
         if len(request.leases) > limits.KEEP_ALIVE_BATCH_ITEMS_MAX:
             raise errors.invalid(
                 "leases", f"{len(request.leases)} items, more than {limits.KEEP_ALIVE_BATCH_ITEMS_MAX}"
@@ -299,7 +310,7 @@ class LeaseServicer(pb_grpc.LeaseServicer):
 
         def one(item: pb.KeepAliveRequest) -> tuple[pb.KeepAliveResult, int]:
             try:
-                response = self._keep_alive(item, context)
+                response = self._keep_alive(item, context, caller)
             except ServiceError as error:
                 return (
                     pb.KeepAliveResult(
@@ -323,28 +334,32 @@ class LeaseServicer(pb_grpc.LeaseServicer):
     def KeepAliveStream(self, request_iterator, context):
         # One response per request, in order. The first refusal ends the stream with its
         # status (the failed request is the one after the last response).
+        try:
+            caller = self.core.principal(context)  # once per stream, before any request
+        except ServiceError as error:
+            self.core.abort(context, error)
         for request in request_iterator:
             try:
-                response = self._keep_alive(request, context)
+                response = self._keep_alive(request, context, caller)
             except ServiceError as error:
                 self.core.abort(context, error)
             yield response
 
     @_unary
-    def Release(self, request: pb.ReleaseRequest, context) -> pb.ReleaseResponse:
+    def Release(self, request: pb.ReleaseRequest, context, caller: Principal | None) -> pb.ReleaseResponse:
         command = commands.release(
             resource=_checked(validation.check_resource, request.resource),
             token=_checked(validation.check_token, request.token),
             op_id=_checked(validation.check_op_id, request.op_id) if request.op_id else None,
             stamp_ms=0,
         )
-        result, index = self.core.run(command, context)
+        result, index = self.core.run(command, context, caller)
         return pb.ReleaseResponse(header=self.core.header(index), released=result["released"], hwm=result["hwm"])
 
     @_unary
-    def Describe(self, request: pb.DescribeRequest, context) -> pb.DescribeResponse:
+    def Describe(self, request: pb.DescribeRequest, context, caller: Principal | None) -> pb.DescribeResponse:
         resource = _checked(validation.check_resource, request.resource)
-        result, index = self.core.barrier(context, resource)
+        result, index = self.core.barrier(context, caller, resource)
         lease = result.get("lease")
         return pb.DescribeResponse(
             header=self.core.header(index),
@@ -366,7 +381,7 @@ class FencedStoreServicer(pb_grpc.FencedStoreServicer):
         self.core = core
 
     @_unary
-    def Write(self, request: pb.WriteRequest, context) -> pb.WriteResponse:
+    def Write(self, request: pb.WriteRequest, context, caller: Principal | None) -> pb.WriteResponse:
         expected = request.expected_version if request.HasField("expected_version") else None
         command = commands.write(
             resource=_checked(validation.check_resource, request.resource),
@@ -377,11 +392,11 @@ class FencedStoreServicer(pb_grpc.FencedStoreServicer):
             expected_version=None if expected is None else _checked(validation.check_expected_version, expected),
             stamp_ms=0,
         )
-        result, index = self.core.run(command, context)
+        result, index = self.core.run(command, context, caller)
         return pb.WriteResponse(header=self.core.header(index), version=result["version"], hwm=result["hwm"])
 
     @_unary
-    def Delete(self, request: pb.DeleteRequest, context) -> pb.DeleteResponse:
+    def Delete(self, request: pb.DeleteRequest, context, caller: Principal | None) -> pb.DeleteResponse:
         command = commands.delete(
             resource=_checked(validation.check_resource, request.resource),
             key=_checked(validation.check_key, request.key),
@@ -389,14 +404,14 @@ class FencedStoreServicer(pb_grpc.FencedStoreServicer):
             op_id=_checked(validation.check_op_id, request.op_id),
             stamp_ms=0,
         )
-        result, index = self.core.run(command, context)
+        result, index = self.core.run(command, context, caller)
         return pb.DeleteResponse(header=self.core.header(index), version=result["version"], deleted=result["deleted"])
 
     @_unary
-    def Read(self, request: pb.ReadRequest, context) -> pb.ReadResponse:
+    def Read(self, request: pb.ReadRequest, context, caller: Principal | None) -> pb.ReadResponse:
         resource = _checked(validation.check_resource, request.resource)
         key = _checked(validation.check_key, request.key)
-        result, index = self.core.barrier(context, resource, key)
+        result, index = self.core.barrier(context, caller, resource, key)
         value = result.get("value")
         return pb.ReadResponse(
             header=self.core.header(index),
@@ -415,9 +430,9 @@ class ClusterServicer(pb_grpc.ClusterServicer):
         self.core = core
 
     @_unary
-    def Status(self, request: pb.StatusRequest, context) -> pb.StatusResponse:
+    def Status(self, request: pb.StatusRequest, context, caller: Principal | None) -> pb.StatusResponse:
         # Linearizable like a read (I9): without a barrier through the log there is no answer.
-        result, index = self.core.barrier(context)
+        result, index = self.core.barrier(context, caller)
         status = self.core.node.status()
         leader = status["leader"] or ""
         return pb.StatusResponse(
@@ -458,8 +473,8 @@ def _admin(method):
         started = time.monotonic()
         principal, outcome, index = "unauthenticated", "OK", 0
         try:
-            principal = self._authorize(context)
-            response = method(self, request, context)
+            principal, caller = self._authorize(context)
+            response = method(self, request, context, caller)
             index = response.header.applied_index
             return response
         except ServiceError as error:
@@ -493,14 +508,15 @@ class AdminServicer(pb_grpc.AdminServicer):
         self._token = admin_token
         self._audit_log = audit
 
-    def _authorize(self, context) -> str:
+    def _authorize(self, context) -> tuple[str, Principal | None]:
+        """(the name the audit line records, the caller the RPC passes on), or ServiceError."""
         principal = self.core.principal(context)  # with a principals file (admin_token is one)
         if principal is not None:
             if not principal.admin:
                 raise ServiceError(Failure.PERMISSION_DENIED, f"principal {principal.name!r} is not an admin")
-            return principal.name
+            return principal.name, principal
         if not self._token:
-            return "anonymous"  # no token configured: Admin is open (dev clusters)
+            return "anonymous", None  # no token configured: Admin is open (dev clusters)
         values = [v for k, v in context.invocation_metadata() if k == "authorization"]
         if not values:
             raise ServiceError(Failure.UNAUTHENTICATED, "Admin needs 'authorization: Bearer TOKEN'")
@@ -509,47 +525,51 @@ class AdminServicer(pb_grpc.AdminServicer):
             presented.strip().encode(), self._token.encode()
         ):
             raise ServiceError(Failure.PERMISSION_DENIED, "the admin token is not valid")
-        return "admin-token"
+        return "admin-token", None  # no principals file: nothing narrower to check later
 
     def _audit(self, record: dict[str, Any]) -> None:
         self._audit_log.info(json.dumps({"ts_ms": time.time_ns() // 1_000_000, **record}, default=str))
 
     @_admin
-    def ForceRelease(self, request: pb.ForceReleaseRequest, context) -> pb.ForceReleaseResponse:
+    def ForceRelease(
+        self, request: pb.ForceReleaseRequest, context, caller: Principal | None
+    ) -> pb.ForceReleaseResponse:
         command = commands.force_release(
             resource=_checked(validation.check_resource, request.resource),
             op_id=_checked(validation.check_op_id, request.op_id),
             stamp_ms=0,
         )
-        result, index = self.core.run(command, context)
+        result, index = self.core.run(command, context, caller)
         return pb.ForceReleaseResponse(header=self.core.header(index), hwm=result["hwm"])
 
     @_admin
-    def SetEpochFloor(self, request: pb.SetEpochFloorRequest, context) -> pb.SetEpochFloorResponse:
+    def SetEpochFloor(
+        self, request: pb.SetEpochFloorRequest, context, caller: Principal | None
+    ) -> pb.SetEpochFloorResponse:
         command = commands.set_epoch_floor(
             floor=_checked(validation.check_floor, request.floor),
             fence_all=request.fence_all,
             stamp_ms=0,
         )
-        result, index = self.core.run(command, context)
+        result, index = self.core.run(command, context, caller)
         return pb.SetEpochFloorResponse(header=self.core.header(index), epoch=result["epoch"])
 
     @_admin
-    def Snapshot(self, request: pb.SnapshotRequest, context) -> pb.SnapshotResponse:
+    def Snapshot(self, request: pb.SnapshotRequest, context, caller: Principal | None) -> pb.SnapshotResponse:
         # The barrier makes the copy at least as new as every acknowledged write (I9); the
         # copy itself is taken under the apply lock, so it is one consistent state.
         if not request.local:
-            self.core.barrier(context)
+            self.core.barrier(context, caller)
         node = self.core.node
         data, epoch, index = node.read(lambda sm: (sm.snapshot(), sm.epoch, node.term_and_applied()[1]))
         return pb.SnapshotResponse(header=self.core.header(index), data=data, epoch=epoch, index=index)
 
     @_admin
-    def Restore(self, request: pb.RestoreRequest, context) -> pb.RestoreResponse:
+    def Restore(self, request: pb.RestoreRequest, context, caller: Principal | None) -> pb.RestoreResponse:
         command = commands.restore(
             data=_checked(validation.check_snapshot_data, request.data),
             epoch_floor=_checked(validation.check_epoch_floor, request.epoch_floor),
             stamp_ms=0,
         )
-        result, index = self.core.run(command, context, max_bytes=limits.RESTORE_COMMAND_BYTES_MAX)
+        result, index = self.core.run(command, context, caller, max_bytes=limits.RESTORE_COMMAND_BYTES_MAX)
         return pb.RestoreResponse(header=self.core.header(index), epoch=result["epoch"])

@@ -159,3 +159,23 @@ def test_keep_alive_many_refuses_each_foreign_item_alone(cluster):
         timeout=T, metadata=bearer(ORDERS),
     )
     assert [(r.ok, r.reason) for r in reply.results] == [(True, ""), (False, "PERMISSION_DENIED")]
+
+
+def test_keep_alive_stream_checks_its_caller_once_and_every_item_alone(cluster):
+    node = cluster.nodes[0]
+    token = node.lease.Acquire(
+        pb.AcquireRequest(resource="orders/stream", holder="h", ttl_ms=60_000, op_id=os.urandom(16)),
+        timeout=T, metadata=bearer(ORDERS),
+    ).token
+    mine = pb.KeepAliveRequest(resource="orders/stream", token=token)
+    for metadata in ((), bearer("nobody")):
+        got = []
+        with pytest.raises(grpc.RpcError) as caught:
+            got.extend(node.lease.KeepAliveStream(iter([mine]), timeout=T, metadata=metadata))
+        assert (caught.value.code(), got) == (grpc.StatusCode.UNAUTHENTICATED, [])
+    got = []
+    foreign = pb.KeepAliveRequest(resource="billing/stream", token=1)
+    with pytest.raises(grpc.RpcError) as caught:
+        got.extend(node.lease.KeepAliveStream(iter([mine, foreign, mine]), timeout=T, metadata=bearer(ORDERS)))
+    assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    assert [(r.resource, r.token) for r in got] == [("orders/stream", token)]  # the first item only
