@@ -27,9 +27,13 @@ Benchmark-only; figures, never assertions. What runs:
 Each run: warm-up (``--warmup``), then a measured window (``--seconds``); ops completed in
 the window are counted, latency is per op. Every configuration is measured ``--rounds`` times
 (default 3), the rounds one after the other, and judged on the median: this 2-core virtual
-machine has slow spells (its ``steal`` column) that halve a single run's figure. ``leader cores`` = CPU seconds of the leader
-process per wall second in the window; ``other`` = cores used meanwhile by processes that
-are not ours (the machine is shared: compare within one run).
+machine has slow spells (its ``steal`` column) that halve a single run's figure. A run in
+which the hypervisor took more than 0.10 cores (``steal``) or processes not ours used more
+than 0.25 (``other``) did not have the machine the targets are stated for: it is measured
+again once the host is quiet (``--retries``, default 2; ``--quiet-wait-s``), the least
+disturbed attempt is kept, and the table says so (``attempts=N``; ``DISTURBED`` if every
+attempt was). ``leader cores`` = CPU seconds of the leader process per wall second in the
+window; ``other`` = cores used meanwhile by processes that are not ours.
 """
 
 from __future__ import annotations
@@ -80,6 +84,15 @@ BASELINE_MAX_CONCURRENT_RPCS = 512  # = ServerConfig.grpc_max_concurrent_rpcs de
 # leader on one CPU); "fencing-os" (--compare-os-placement): the same members, threads on any CPU.
 FENCING_SYSTEMS = ("fencing", "fencing-os")
 
+# A run did not have the 2-core machine the targets are stated for when the hypervisor gave
+# more than STEAL_MAX_CORES of it to other machines (steal), or processes not ours used more
+# than OTHER_MAX_CORES. Such a run is "disturbed": with --retries it is measured again after
+# the host is quiet for QUIET_WINDOW_S (waiting at most --quiet-wait-s), and the least
+# disturbed attempt is kept. Undisturbed runs here show steal 0.00-0.05 cores.
+STEAL_MAX_CORES = 0.10
+OTHER_MAX_CORES = 0.25  # = raft_bench's BUSY_HOST_CORES
+QUIET_WINDOW_S = 2.0
+
 # The issue's targets (2 cores, three local nodes, local clients).
 TARGETS = [
     ("write", 1, 500.0),
@@ -90,6 +103,34 @@ TARGETS = [
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def disturbance(cores: dict) -> str | None:
+    """Why a run with these ``cores`` figures did not have the machine to itself, or None."""
+    steal, other = cores.get("steal", 0.0), cores.get("other", 0.0)
+    if steal > STEAL_MAX_CORES:
+        return f"steal {steal:.2f} cores"
+    if other > OTHER_MAX_CORES:
+        return f"other processes {other:.2f} cores"
+    return None
+
+
+def cores_lost(cores: dict) -> float:
+    return cores.get("steal", 0.0) + cores.get("other", 0.0)
+
+
+def wait_until_quiet(deadline: float, ours: list[int]) -> dict:
+    """Sample the host in QUIET_WINDOW_S windows until one is undisturbed or ``deadline``
+    (monotonic) passes; returns the last window's steal/other cores."""
+    while True:
+        t0, (busy0, steal0), ours0 = time.monotonic(), host_cpu_s(), sum(proc_cpu_s(p) for p in ours)
+        time.sleep(QUIET_WINDOW_S)
+        wall = time.monotonic() - t0
+        (busy1, steal1), ours1 = host_cpu_s(), sum(proc_cpu_s(p) for p in ours)
+        cores = {"steal": (steal1 - steal0) / wall,
+                 "other": max(0.0, (busy1 - busy0 - (steal1 - steal0) - (ours1 - ours0)) / wall)}
+        if disturbance(cores) is None or time.monotonic() >= deadline:
+            return cores
 
 
 # -- the in-memory baseline server ---------------------------------------------------------
@@ -383,10 +424,34 @@ class Runner:
         }
         log(f"  {system:10s} {mode:3s} {workload:5s} c={clients:<3d} {row['ops_per_s']:8.0f} ops/s  "
             f"p50 {row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:7.2f} ms  "
-            f"leader {cores.get('leader', 0):.2f} other {cores.get('other', 0):.2f} cores"
+            f"leader {cores.get('leader', 0):.2f} other {cores.get('other', 0):.2f} "
+            f"steal {cores.get('steal', 0):.2f} cores"
             + (f"  errors {row['errors']}" if row["errors"] else "")
             + (f"  SETUP ERRORS {row['setup_errors']}" if row["setup_errors"] else ""))
         return row
+
+    def measure_undisturbed(self, system: str, mode: str, workload: str, clients: int) -> dict:
+        """``measure``; while the run was disturbed, up to --retries more attempts, each after
+        the host went quiet. The least disturbed attempt is kept; the row says how many ran
+        and why the others were set aside."""
+        attempts: list[dict] = []
+        while True:
+            row = self.measure(system, mode, workload, clients)
+            row["disturbed"] = disturbance(row["cores"])
+            attempts.append(row)
+            if row["disturbed"] is None or len(attempts) > self.args.retries:
+                break
+            log(f"  disturbed ({row['disturbed']}): measuring again after the host is quiet "
+                f"({len(attempts)}/{self.args.retries})")
+            quiet = wait_until_quiet(time.monotonic() + self.args.quiet_wait_s, self.our_pids())
+            if disturbance(quiet) is not None:
+                log(f"  still disturbed after {self.args.quiet_wait_s:g} s ({disturbance(quiet)}); measuring anyway")
+        kept = min(attempts, key=lambda r: cores_lost(r["cores"]))
+        kept["attempts"] = len(attempts)
+        kept["set_aside"] = [
+            {"ops_per_s": r["ops_per_s"], "disturbed": r["disturbed"]} for r in attempts if r is not kept
+        ]
+        return kept
 
     def term(self) -> int | None:
         from coordinator.api.v1 import fencing_pb2 as pb
@@ -595,6 +660,10 @@ def print_table(rows: list[dict]) -> None:
             errs[f"setup:{k}"] = v
         if r.get("election_during_run"):
             errs["ELECTION"] = 1
+        if r.get("disturbed"):
+            errs["DISTURBED"] = 1
+        if r.get("attempts", 1) > 1:
+            errs["attempts"] = r["attempts"]
         print(f"{r['round']:5d} {r['system']:10s} {r['mode']:6s} {wl:9s} {r['clients']:7d} {r['ops']:7d} {r['ops_per_s']:8.0f} "
               f"{r['p50_ms']:7.2f} {r['p99_ms']:8.2f} {ratio:>6s} {leader:6.2f} {follow:>6s} {c.get('clients', float('nan')):6.2f} "
               f"{c.get('other', float('nan')):5.2f} {c.get('steal', float('nan')):5.2f}  {fmt_errors(errs)}")
@@ -661,6 +730,12 @@ def parse_args(argv=None):
     p.add_argument("--modes", default="raw,lib", help="raw (generated stubs), lib (FencingClient)")
     p.add_argument("--workloads", default="write,cycle", help="write, cycle")
     p.add_argument("--no-baseline", action="store_true", help="skip the in-memory baseline runs")
+    p.add_argument("--retries", type=int, default=2,
+                   help=f"measure a disturbed run (steal > {STEAL_MAX_CORES} cores, or other processes > "
+                        f"{OTHER_MAX_CORES} cores) again up to this many times, keeping the least disturbed "
+                        "attempt (default 2; 0: keep every first attempt)")
+    p.add_argument("--quiet-wait-s", type=float, default=30.0,
+                   help="before each retry, wait at most this long for a quiet 2 s window (default 30)")
     p.add_argument("--json", metavar="FILE", help="write every figure to FILE")
     p.add_argument("--data-dir", help="parent of the cluster's data (default: a temp dir, removed after)")
     p.add_argument("--profile", action="store_true",
@@ -742,11 +817,11 @@ def main(argv=None) -> int:
             for clients in clients_list:
                 for mode in modes:
                     if not args.no_baseline and "write" in workloads:
-                        rows.append(runner.measure("baseline", mode, "write", clients))
+                        rows.append(runner.measure_undisturbed("baseline", mode, "write", clients))
                     for workload in workloads:
-                        rows.append(runner.measure("fencing", mode, workload, clients))
+                        rows.append(runner.measure_undisturbed("fencing", mode, workload, clients))
                         if args.compare_os_placement:
-                            rows.append(runner.measure("fencing-os", mode, workload, clients))
+                            rows.append(runner.measure_undisturbed("fencing-os", mode, workload, clients))
         if args.threads:
             thr = threads_run(runner, args)
         if args.profile:
@@ -794,6 +869,14 @@ def main(argv=None) -> int:
     if elections or info.get("leader_moves_between_runs"):
         print(f"WARNING: Raft term changed during {len(elections)} run(s) (marked ELECTION); the leader moved "
               f"{info.get('leader_moves_between_runs', 0)} time(s) (clients followed it between runs)")
+    retried = [r for r in rows if r.get("attempts", 1) > 1]
+    if retried:
+        set_aside = ", ".join(f"{a['ops_per_s']:.0f}/s ({a['disturbed']})" for r in retried for a in r["set_aside"])
+        print(f"{len(retried)} run(s) were measured again because an attempt was disturbed (attempts=N); "
+              f"set aside: {set_aside}")
+    still = [r for r in rows if r.get("disturbed")]
+    if still:
+        print(f"WARNING: {len(still)} kept run(s) were still disturbed after {args.retries} retries (DISTURBED)")
     print(f"fdatasync in the data dir (64-byte append + fdatasync): median {info['fdatasync_ms_before']} ms before, "
           f"{info.get('fdatasync_ms_after', '?')} ms after")
     print("leader/follow/client/other = cores used in the window by the leader (baseline: its server), "

@@ -59,3 +59,42 @@ def test_after_a_free_run_the_placement_follows_a_moved_leader():
     want = cpu_pin.choose_cpu(cpu_pin.AUTO, 2, every)
     assert after[2] == ({want} if want is not None else every)
     assert after[0] == every and after[1] == every  # the old leader is not re-pinned
+
+
+def test_a_disturbed_run_is_measured_again_and_the_least_disturbed_kept(monkeypatch):
+    import argparse
+
+    import bench.grpc_bench as gb
+
+    assert gb.disturbance({"steal": 0.05, "other": 0.1}) is None
+    assert gb.disturbance({"steal": 0.3, "other": 0.0}) == "steal 0.30 cores"
+    assert gb.disturbance({"steal": 0.0, "other": 0.4}) == "other processes 0.40 cores"
+
+    def runner_measuring(*steals):
+        runner = gb.Runner.__new__(gb.Runner)  # no cluster, no workers: only the retry logic
+        runner.our_pids = lambda: []
+        figures = iter(steals)
+
+        def measure(system, mode, workload, clients):
+            steal = next(figures)
+            return {"ops_per_s": 1000 * (1 - steal), "cores": {"steal": steal, "other": 0.0}}
+
+        runner.measure = measure
+        return runner
+
+    waits = []
+    monkeypatch.setattr(gb, "wait_until_quiet", lambda deadline, ours: waits.append(deadline) or {})
+    for retries, steals, kept_steal, attempts in (
+        (2, (0.0,), 0.0, 1),              # undisturbed: one attempt
+        (2, (0.4, 0.02), 0.02, 2),        # disturbed, then quiet: the quiet one
+        (2, (0.4, 0.2, 0.3), 0.2, 3),     # disturbed every time: the least disturbed, flagged
+        (0, (0.4,), 0.4, 1),              # no retries: the first attempt, flagged
+    ):
+        waits.clear()
+        runner = runner_measuring(*steals)
+        runner.args = argparse.Namespace(retries=retries, quiet_wait_s=1.0)
+        row = runner.measure_undisturbed("fencing", "raw", "write", 16)
+        assert (row["cores"]["steal"], row["attempts"], len(waits)) == (kept_steal, attempts, attempts - 1)
+        assert (row["disturbed"] is None) == (kept_steal <= gb.STEAL_MAX_CORES)
+        assert sorted(a["ops_per_s"] for a in row["set_aside"]) == sorted(
+            1000 * (1 - s) for s in steals if s != kept_steal)
