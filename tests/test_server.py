@@ -562,14 +562,17 @@ def test_resource_exhausted_beyond_the_inflight_bound(cluster_b):
     # holding the only in-flight slot: the next call is refused at once, not queued.
     overloaded = (grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED")
     box = []
-    cluster_b.pause(1)
-    cluster_b.pause(2)
-    try:
-        # The slow call must reach the member first. If a probe overtakes it (a loaded
-        # machine starts the thread late), the probe holds the slot and the slow call is the
-        # one refused: that race says nothing, so the scenario runs again.
-        for _attempt in range(3):
-            box.clear()
+    # The slow call must reach the member first. If a probe overtakes it (a loaded machine
+    # starts the thread late), the probe holds the slot and the slow call is the one
+    # refused: that race says nothing, so the scenario runs again, from a healthy cluster
+    # each time (by then a member cut off from its peers has no leader, and a proposal
+    # there fails at once instead of holding the slot).
+    for _attempt in range(3):
+        box.clear()
+        cluster_b.wait_ready()
+        cluster_b.pause(1)
+        cluster_b.pause(2)
+        try:
             slow = threading.Thread(target=lambda: box.append(
                 failure(node.lease.Describe, pb.DescribeRequest(resource=resource), timeout=3.0)))
             slow.start()
@@ -581,11 +584,11 @@ def test_resource_exhausted_beyond_the_inflight_bound(cluster_b):
                     seen = (code, reason)
                 time.sleep(0.05)
             slow.join(timeout=10)
-            if seen is not None or not box or box[0][:2] != overloaded:
-                break
-    finally:
-        cluster_b.resume(1)
-        cluster_b.resume(2)
+        finally:
+            cluster_b.resume(1)
+            cluster_b.resume(2)
+        if seen is not None or not box or box[0][:2] != overloaded:
+            break
     assert seen == overloaded
     assert box and box[0][0] in {grpc.StatusCode.ABORTED, grpc.StatusCode.UNAVAILABLE,
                                  grpc.StatusCode.DEADLINE_EXCEEDED}
