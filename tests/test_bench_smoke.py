@@ -98,3 +98,17 @@ def test_a_disturbed_run_is_measured_again_and_the_least_disturbed_kept(monkeypa
         assert (row["disturbed"] is None) == (kept_steal <= gb.STEAL_MAX_CORES)
         assert sorted(a["ops_per_s"] for a in row["set_aside"]) == sorted(
             1000 * (1 - s) for s in steals if s != kept_steal)
+
+
+def test_the_quiet_probe_keeps_every_cpu_busy_and_does_not_count_its_spinners():
+    import time
+
+    import bench.grpc_bench as gb
+
+    started = time.monotonic()
+    cores = gb.wait_until_quiet(deadline=started, ours=[])  # one window, whatever it finds
+    assert time.monotonic() - started >= gb.QUIET_WINDOW_S
+    assert math.isfinite(cores["steal"]) and cores["steal"] >= 0
+    # The spinners kept ~nproc cores busy; counted as "other" they would make every probe
+    # look disturbed.
+    assert 0 <= cores["other"] < 1.0, cores
