@@ -145,12 +145,15 @@ def test_a_principal_uses_its_prefixes_only_and_a_refusal_changes_nothing(cluste
         assert admin.describe("orders/7").hwm == fenced.hwm
 
 
+def acquire_as_orders(node, resource: str) -> int:
+    """The token of a lease the orders principal takes on ``resource``."""
+    request = pb.AcquireRequest(resource=resource, holder="h", ttl_ms=60_000, op_id=os.urandom(16))
+    return node.lease.Acquire(request, timeout=T, metadata=bearer(ORDERS)).token
+
+
 def test_keep_alive_many_refuses_each_foreign_item_alone(cluster):
     node = cluster.nodes[0]
-    token = node.lease.Acquire(
-        pb.AcquireRequest(resource="orders/many", holder="h", ttl_ms=60_000, op_id=os.urandom(16)),
-        timeout=T, metadata=bearer(ORDERS),
-    ).token
+    token = acquire_as_orders(node, "orders/many")
     reply = node.lease.KeepAliveMany(
         pb.KeepAliveManyRequest(leases=[
             pb.KeepAliveRequest(resource="orders/many", token=token),
@@ -163,10 +166,7 @@ def test_keep_alive_many_refuses_each_foreign_item_alone(cluster):
 
 def test_keep_alive_stream_checks_its_caller_once_and_every_item_alone(cluster):
     node = cluster.nodes[0]
-    token = node.lease.Acquire(
-        pb.AcquireRequest(resource="orders/stream", holder="h", ttl_ms=60_000, op_id=os.urandom(16)),
-        timeout=T, metadata=bearer(ORDERS),
-    ).token
+    token = acquire_as_orders(node, "orders/stream")
     mine = pb.KeepAliveRequest(resource="orders/stream", token=token)
     for metadata in ((), bearer("nobody")):
         got = []
