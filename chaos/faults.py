@@ -469,8 +469,8 @@ class RaftStranger(Fault):
 
     def inject(self, c):
         # The idle connections and a first round before inject returns, so the fault's hold
-        # time is all harassment: pysyncobj listens with a backlog of 5 (tcp_server.py:42),
-        # so connects beyond it wait for SYN retransmits (1 s, then 3 s).
+        # time is all harassment, whatever the listener's queue (stock pysyncobj: 5
+        # connections, beyond which connects waited on SYN retransmits of 1 s, then 3 s).
         self.nodes = [n.raft_address for n in c.nodes]
         bomb = zlib.compress(b"\0" * (limits.RAFT_MESSAGE_BYTES_MAX + 1024), 9)
         self._payloads = [

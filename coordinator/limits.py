@@ -78,6 +78,11 @@ assert RAFT_MESSAGE_BYTES_MAX > RAFT_BATCH_BYTES + RESTORE_COMMAND_BYTES_MAX + 6
 # oldest is dropped for a new one, and each is dropped if it names no member in time.
 RAFT_UNNAMED_CONNECTIONS_MAX = 16
 RAFT_NAMING_DEADLINE_MS = 5_000
+# Connections the kernel completes on a Raft port before the member accepts them.
+# pysyncobj listens with 5 (tcp_server.py:42): a stranger who kept that full made a member's
+# reconnect wait on SYN retransmits (1 s, then 3 s). Accepted, they meet the bounds above.
+# (The kernel caps it at net.core.somaxconn, 4096 by default.)
+RAFT_LISTEN_BACKLOG = 128
 
 # -- gRPC service -----------------------------------------------------------------
 # Largest gRPC message in either direction: a restore request or a snapshot reply, plus

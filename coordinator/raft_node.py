@@ -458,6 +458,14 @@ class _BoundTCPTransport(TCPTransport):
     def _count_refused(self) -> None:
         self._syncObj.refused_peer_messages += 1
 
+    def _maybeBind(self):
+        bound_before = self._ready
+        super()._maybeBind()
+        if self._ready and not bound_before:
+            # listen() again on a listening socket only resizes its queue (transport.py:285-299
+            # binds; tcp_server.py:42 listened with a backlog of 5).
+            self._server._TcpServer__socket.listen(limits.RAFT_LISTEN_BACKLOG)
+
     def _onNewIncomingConnection(self, conn):
         conn.on_refused_frame = self._count_refused
         conn.accepted_at = time.monotonic()

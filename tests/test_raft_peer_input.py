@@ -137,6 +137,30 @@ def test_members_with_the_secret_replicate_and_a_stranger_is_dropped_unread(clus
         assert client.write("secret/1", "k", b"w", token=lease.token).version >= 2
 
 
+def test_a_stopped_member_still_completes_many_connections(cluster):
+    """The kernel queues connections for a member that is not accepting (paused here, or
+    busy): with pysyncobj's backlog of 5 the seventh connect already waited on SYN
+    retransmits, so a stranger could hold a member's reconnects off for seconds."""
+    leader = cluster.wait_ready()
+    index = (leader + 1) % 3
+    host, port = cluster.nodes[index].raft_address.rsplit(":", 1)
+    wanted = 40  # well above 5, well below limits.RAFT_LISTEN_BACKLOG
+    opened: list[socket.socket] = []
+    cluster.pause(index)
+    try:
+        for _ in range(wanted):
+            try:
+                opened.append(socket.create_connection((host, int(port)), timeout=0.5))
+            except OSError:
+                break
+    finally:
+        for sock in opened:
+            sock.close()
+        cluster.resume(index)
+    assert len(opened) == wanted
+    cluster.wait_ready()
+
+
 @pytest.mark.parametrize("content, fragment", [("short", "at least 32"), (None, "cannot read")])
 def test_a_missing_or_short_secret_stops_the_member_at_start(tmp_path, content, fragment):
     path = tmp_path / "secret"
