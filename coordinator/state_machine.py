@@ -784,14 +784,21 @@ def _parse_snapshot(
     return _read_snapshot(doc)
 
 
-def _need(condition: bool, message: str) -> None:
+# The checks below run for every key and dedup entry of a snapshot (restore stalls the Raft
+# thread): their messages are formatted only when a check fails.
+
+
+def _need(condition: bool, message: str, *args: object) -> None:
     if not condition:
-        raise ValueError(f"bad snapshot: {message}")
+        raise ValueError("bad snapshot: " + (message % args if args else message))
 
 
-def _need_int(value: object, what: str, low: int = 0, high: int | None = None) -> int:
-    _need(_is_int(value), f"{what} must be an integer")
-    _need(value >= low and (high is None or value <= high), f"{what} {value} is out of range")
+def _need_int(value: object, low: int, high: int | None, what: str, *args: object) -> int:
+    """``value``, if an int in [low, high] (no upper bound: None); ``what % args`` names it."""
+    if not (_is_int(value) and value >= low and (high is None or value <= high)):
+        name = what % args if args else what
+        _need(_is_int(value), "%s must be an integer", name)
+        _need(False, "%s %s is out of range", name, value)
     return value
 
 
@@ -803,10 +810,10 @@ def _read_snapshot(
     _need(magic == _SNAPSHOT_MAGIC, "not a fencing-coordinator state snapshot")
     _need(
         _is_int(version) and version == SNAPSHOT_FORMAT_VERSION,
-        f"unknown snapshot format version {version!r} (this build reads {SNAPSHOT_FORMAT_VERSION})",
+        "unknown snapshot format version %r (this build reads %d)", version, SNAPSHOT_FORMAT_VERSION,
     )
-    epoch = _need_int(epoch, "epoch", 0, limits.TOKEN_MAX)
-    log_clock_ms = _need_int(log_clock_ms, "log_clock_ms")
+    epoch = _need_int(epoch, 0, limits.TOKEN_MAX, "epoch")
+    log_clock_ms = _need_int(log_clock_ms, 0, None, "log_clock_ms")
 
     _need(isinstance(raw_resources, list), "resources must be an array")
     resources: dict[str, _Resource] = {}
@@ -817,33 +824,33 @@ def _read_snapshot(
         _need(isinstance(name, str) and name != "", "resource name must be a non-empty string")
         _need(previous_name is None or name > previous_name, "resources must be sorted, unique")
         previous_name = name
-        hwm = _need_int(hwm, f"hwm of {name!r}", 1, epoch)
-        revision = _need_int(revision, f"revision of {name!r}")
+        hwm = _need_int(hwm, 1, epoch, "hwm of %r", name)
+        revision = _need_int(revision, 0, None, "revision of %r", name)
         lease = None
         if raw_lease is not None:
             _need(isinstance(raw_lease, list) and len(raw_lease) == 4, "lease must be 4 items")
             holder, token, ttl_ms, expires_at_ms = raw_lease
-            _need(isinstance(holder, str) and holder != "", f"lease holder of {name!r}")
-            _need(token == hwm and _is_int(token), f"lease token of {name!r} must equal its hwm")
+            _need(isinstance(holder, str) and holder != "", "lease holder of %r", name)
+            _need(token == hwm and _is_int(token), "lease token of %r must equal its hwm", name)
             lease = _Lease(
                 holder=holder,
                 token=token,
-                ttl_ms=_need_int(ttl_ms, f"lease ttl_ms of {name!r}", 1),
-                expires_at_ms=_need_int(expires_at_ms, f"lease expiry of {name!r}"),
+                ttl_ms=_need_int(ttl_ms, 1, None, "lease ttl_ms of %r", name),
+                expires_at_ms=_need_int(expires_at_ms, 0, None, "lease expiry of %r", name),
             )
-        _need(isinstance(raw_data, list), f"data of {name!r} must be an array")
+        _need(isinstance(raw_data, list), "data of %r must be an array", name)
         data: dict[str, tuple[bytes, int]] = {}
         previous_key: str | None = None
         versions: set[int] = set()
         for entry in raw_data:
             _need(isinstance(entry, list) and len(entry) == 3, "a key entry must be 3 items")
             key, value, key_version = entry
-            _need(isinstance(key, str) and key != "", f"keys of {name!r} must be strings")
-            _need(previous_key is None or key > previous_key, f"keys of {name!r} must be sorted")
+            _need(isinstance(key, str) and key != "", "keys of %r must be strings", name)
+            _need(previous_key is None or key > previous_key, "keys of %r must be sorted", name)
             previous_key = key
-            _need(isinstance(value, bytes), f"value of {name!r}/{key!r} must be bytes")
-            key_version = _need_int(key_version, f"version of {name!r}/{key!r}", 1, revision)
-            _need(key_version not in versions, f"two keys of {name!r} share a version")
+            _need(isinstance(value, bytes), "value of %r/%r must be bytes", name, key)
+            key_version = _need_int(key_version, 1, revision, "version of %r/%r", name, key)
+            _need(key_version not in versions, "two keys of %r share a version", name)
             versions.add(key_version)
             data[key] = (value, key_version)
         resources[name] = _Resource(high_water_mark=hwm, lease=lease, revision=revision, data=data)
@@ -856,7 +863,7 @@ def _read_snapshot(
         _need(isinstance(item, list) and len(item) in (5, 6), "a dedup entry must be 5 or 6 items")
         op_id, op, resource, wire, applied_at_ms, first_index = item if len(item) == 6 else (*item, 0)
         _need(isinstance(op_id, bytes) and op_id not in dedup, "dedup op_ids must be unique bytes")
-        _need(_is_int(op) and op in Op._value2member_map_, f"unknown dedup op {op!r}")
+        _need(_is_int(op) and op in Op._value2member_map_, "unknown dedup op %r", op)
         _need(isinstance(resource, str), "dedup resource must be a string")
         try:
             outcome = outcome_from_wire(wire)
@@ -866,7 +873,7 @@ def _read_snapshot(
         result = wire[2]
         if not (_flat(result) and list(result) == sorted(result)):
             wire = None  # not canonical (a hand-made backup): re-encoded from the outcome
-        applied_at_ms = _need_int(applied_at_ms, "dedup applied_at_ms", previous_at, log_clock_ms)
+        applied_at_ms = _need_int(applied_at_ms, previous_at, log_clock_ms, "dedup applied_at_ms")
         previous_at = applied_at_ms
         dedup[op_id] = _DedupEntry(
             op_id,
@@ -875,6 +882,6 @@ def _read_snapshot(
             # Canonical as read: not converted again (restore time is a stall too).
             outcome_to_wire(outcome) if wire is None else wire,
             applied_at_ms,
-            _need_int(first_index, "dedup index", 0),
+            _need_int(first_index, 0, None, "dedup index"),
         )
     return epoch, log_clock_ms, resources, dedup
