@@ -32,8 +32,9 @@ which the hypervisor took more than 0.10 cores (``steal``) or processes not ours
 than 0.25 (``other``) did not have the machine the targets are stated for: it is measured
 again once a 2-second probe with every CPU busy finds the host quiet (``--retries``, default
 2; ``--quiet-wait-s``), the least disturbed attempt is kept, and the table says so
-(``attempts=N``; ``DISTURBED`` if every attempt was). ``leader cores`` = CPU seconds of the leader process per wall second in the
-window; ``other`` = cores used meanwhile by processes that are not ours.
+(``attempts=N``; ``DISTURBED`` if every attempt was). ``leader cores`` = CPU seconds of the
+leader process per wall second in the window; ``other`` = cores used meanwhile by processes
+that are not ours.
 """
 
 from __future__ import annotations
@@ -447,9 +448,9 @@ class Runner:
         return row
 
     def measure_undisturbed(self, system: str, mode: str, workload: str, clients: int) -> dict:
-        """``measure``; while the run was disturbed, up to --retries more attempts, each after
-        the host went quiet. The least disturbed attempt is kept; the row says how many ran
-        and why the others were set aside."""
+        """``measure``; while the run was disturbed, up to --retries more attempts, each once a
+        probe found the host quiet (or --quiet-wait-s passed). The least disturbed attempt is
+        kept; the row says how many ran and why the others were set aside."""
         attempts: list[dict] = []
         while True:
             row = self.measure(system, mode, workload, clients)
