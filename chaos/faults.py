@@ -70,6 +70,9 @@ class Fault:
     network = False
     #: for the report: True when nothing is expected to serve during the fault (no quorum)
     no_quorum = False
+    #: a fault that checks something itself sets info["ok"] by heal; this says what False
+    #: means, and the run records it as an error (None: the fault checks nothing)
+    failure: str | None = None
 
     def __init__(self) -> None:
         self.nodes: list[str] = []
@@ -457,6 +460,7 @@ class RaftStranger(Fault):
     members must go on serving (the history check and convergence show that)."""
 
     kind = "raft_stranger"
+    failure = "a member kept a hostile connection open"
     IDLE_PER_MEMBER = 24  # above limits.RAFT_UNNAMED_CONNECTIONS_MAX (16)
     HANG_UP_WITHIN_S = 3.0  # each payload is refused as soon as it is read
 
@@ -616,6 +620,7 @@ class ClientGcPause(Fault):
     stale write must be refused with STALE_TOKEN and the new owner's value must survive."""
 
     kind = "client_gc_pause"
+    failure = "stale write not refused as expected"
 
     def __init__(self, recorder_factory, out_dir: str) -> None:
         super().__init__()

@@ -310,3 +310,37 @@ def test_raft_stranger_reports_a_port_that_keeps_hostile_connections(monkeypatch
                 s.close()
     assert not info["ok"], info
     assert info["kept_open"] == info["hostile"] > 0
+
+
+class _SelfCheckingFault(F.Fault):
+    """A fault that checks something itself, at inject or at heal (as client_gc_pause and
+    raft_stranger do), with a fixed verdict."""
+
+    kind = "self_checking"
+    failure = "its own check failed"
+
+    def __init__(self, ok: bool, at: str) -> None:
+        super().__init__()
+        self.ok, self.at = ok, at
+
+    def inject(self, c):
+        if self.at == "inject":
+            self.info = {"ok": self.ok}
+
+    def heal(self, c):
+        if self.at == "heal":
+            self.info = {"ok": self.ok, "filled_at": "heal"}
+
+
+@pytest.mark.parametrize("at", ["inject", "heal"])
+@pytest.mark.parametrize("ok", [True, False])
+def test_the_run_records_a_fault_whose_own_check_failed(ok, at):
+    from chaos.runner import Run
+
+    run = Run.__new__(Run)  # only run_fault's bookkeeping: no cluster, no clients
+    run.errors, run.cluster, run.converge_timeout_s = [], None, 1.0
+    run.writer = types.SimpleNamespace(write=lambda record: None)
+    run.wait_converged = lambda timeout_s: 0.01
+    step = run.run_fault(_SelfCheckingFault(ok, at), hold_s=0.0)
+    assert step["info"]["ok"] is ok  # the info as it stands after heal
+    assert run.errors == ([] if ok else [f"self_checking: its own check failed: {step['info']}"])
