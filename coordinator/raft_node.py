@@ -137,6 +137,10 @@ _ps_tcp.zlib = _RaftWireZlib
 _ps_conn = _ps_tcp.TcpConnection
 _stock_connect = _ps_conn.connect
 _stock_disconnect = _ps_conn.disconnect
+# Our per-connection state, as class defaults a connection overrides for itself.
+_ps_conn._frames_scanned_to = 0
+_ps_conn.on_refused_frame = None  # the transport's refusal counter, once it owns the connection
+_ps_conn.accepted_at = 0.0  # monotonic time an incoming connection was accepted
 
 
 def _process_read_bounded(conn) -> bool:
@@ -158,12 +162,11 @@ def _process_read_bounded(conn) -> bool:
         buffer = conn._TcpConnection__readBuffer = bytearray(buffer)
     buffer += incoming
     try:
-        conn._frames_scanned_to = raft_wire.scan_frames(buffer, conn.__dict__.get("_frames_scanned_to", 0))
+        conn._frames_scanned_to = raft_wire.scan_frames(buffer, conn._frames_scanned_to)
     except raft_wire.FrameTooLarge as exc:
         log.warning("raft: dropped a connection: %s", exc)
-        on_refused = getattr(conn, "on_refused_frame", None)
-        if on_refused is not None:
-            on_refused()
+        if conn.on_refused_frame is not None:
+            conn.on_refused_frame()
         conn.disconnect()
         return False
     return True
@@ -196,7 +199,7 @@ def _parse_message_bounded(conn):
         conn.disconnect()
         return None
     del buffer[:end]
-    conn._frames_scanned_to = max(0, conn.__dict__.get("_frames_scanned_to", 0) - end)
+    conn._frames_scanned_to = max(0, conn._frames_scanned_to - end)
     return message
 
 
@@ -470,7 +473,7 @@ class _BoundTCPTransport(TCPTransport):
         conn.on_refused_frame = self._count_refused
         conn.accepted_at = time.monotonic()
         while len(self._unknownConnections) >= limits.RAFT_UNNAMED_CONNECTIONS_MAX:
-            oldest = min(self._unknownConnections, key=lambda c: c.__dict__.get("accepted_at", 0.0))
+            oldest = min(self._unknownConnections, key=lambda c: c.accepted_at)
             self._drop_unnamed(oldest, f"more than {limits.RAFT_UNNAMED_CONNECTIONS_MAX} have named no member yet")
         super()._onNewIncomingConnection(conn)
 
@@ -478,7 +481,7 @@ class _BoundTCPTransport(TCPTransport):
         super()._onTick()
         if self._unknownConnections:  # usually empty: members name themselves at once
             cutoff = time.monotonic() - limits.RAFT_NAMING_DEADLINE_MS / 1000
-            for conn in [c for c in self._unknownConnections if c.__dict__.get("accepted_at", 0.0) < cutoff]:
+            for conn in [c for c in self._unknownConnections if c.accepted_at < cutoff]:
                 self._drop_unnamed(conn, f"it named no member within {limits.RAFT_NAMING_DEADLINE_MS} ms")
 
     def _drop_unnamed(self, conn, why: str) -> None:
