@@ -118,6 +118,13 @@ def disturbance(cores: dict) -> str | None:
     return None
 
 
+def steal_and_other(busy_s: float, stolen_s: float, ours_s: float, wall_s: float) -> dict:
+    """Cores the hypervisor gave to other machines (``steal``) and cores processes not ours
+    used (``other``) over ``wall_s``, from the host's busy and stolen CPU seconds (stolen
+    counts as busy in /proc/stat) and the CPU seconds of our own processes."""
+    return {"steal": stolen_s / wall_s, "other": max(0.0, (busy_s - stolen_s - ours_s) / wall_s)}
+
+
 def cores_lost(cores: dict) -> float:
     return cores.get("steal", 0.0) + cores.get("other", 0.0)
 
@@ -144,8 +151,7 @@ def wait_until_quiet(deadline: float, ours: list[int]) -> dict:
         (busy1, steal1), ours1 = host_cpu_s(), sum(proc_cpu_s(p) for p in ours)
         children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         spun = (children1.ru_utime - children0.ru_utime) + (children1.ru_stime - children0.ru_stime)
-        cores = {"steal": (steal1 - steal0) / wall,
-                 "other": max(0.0, (busy1 - busy0 - (steal1 - steal0) - (ours1 - ours0) - spun) / wall)}
+        cores = steal_and_other(busy1 - busy0, steal1 - steal0, ours1 - ours0 + spun, wall)
         if disturbance(cores) is None or time.monotonic() >= deadline:
             return cores
 
@@ -423,9 +429,7 @@ class Runner:
             # hypervisor gave to other machines ("steal") is counted apart: it slows us
             # down just as much, and no process here can show it.
             busy = b["host"][0] - a["host"][0]
-            stolen = b["host"][1] - a["host"][1]
-            cores["steal"] = stolen / wall
-            cores["other"] = max(0.0, (busy - stolen - (b["ours"] - a["ours"])) / wall)
+            cores.update(steal_and_other(busy, b["host"][1] - a["host"][1], b["ours"] - a["ours"], wall))
             cores["host"] = busy / wall
         row = {
             "system": system, "mode": mode, "workload": workload, "clients": clients, "round": self.round,
