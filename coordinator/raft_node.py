@@ -462,9 +462,10 @@ class _BoundTCPTransport(TCPTransport):
         self._syncObj.refused_peer_messages += 1
 
     def _maybeBind(self):
-        bound_before = self._ready
+        if self._ready:  # bound already; pysyncobj checks this first too, every tick
+            return
         super()._maybeBind()
-        if self._ready and not bound_before:
+        if self._ready:
             # listen() again on a listening socket only resizes its queue (transport.py:285-299
             # binds; tcp_server.py:42 listened with a backlog of 5).
             self._server._TcpServer__socket.listen(limits.RAFT_LISTEN_BACKLOG)
