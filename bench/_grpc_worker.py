@@ -78,7 +78,7 @@ class _Client:
             self.store = pb_grpc.FencedStoreStub(self.channel)
         else:
             from coordinator.client import FencingClient
-            from coordinator.exceptions import FencingError
+            from coordinator.client.exceptions import FencingError
 
             self.error_types = (FencingError,)
             self.client = FencingClient([target])

@@ -1,6 +1,6 @@
 """Shared helpers for the benchmarks: clusters of other node modules, stats, /proc readings.
 
-Benchmark-only. ``ModuleCluster`` is ``ProcessCluster`` (coordinator/testing/cluster.py)
+Benchmark-only. ``ModuleCluster`` is ``ProcessCluster`` (testsupport/cluster.py)
 with a different node module: the benchmark runs the stock pysyncobj baseline
 (bench.stock_node) and an instrumented node (bench.instrumented_node) through the same
 lifecycle and cleanup code as the product node.
@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from coordinator.testing.cluster import ProcessCluster
+from testsupport.cluster import ProcessCluster
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLK_TCK = os.sysconf("SC_CLK_TCK")

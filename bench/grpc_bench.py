@@ -8,7 +8,7 @@ three-node cluster, beside an in-memory single-process gRPC baseline.
 
 Benchmark-only; figures, never assertions. What runs:
 
-* ``fencing``: three ``fencingd serve`` processes on 127.0.0.2/.3/.4 (coordinator/testing/grpc_cluster.py's
+* ``fencing``: three ``fencingd serve`` processes on 127.0.0.2/.3/.4 (testsupport/grpc_cluster.py's
   ``GrpcCluster``, with the production Raft/health timings instead of the test ones), fresh
   data directory on disk (fsynced journal). Clients talk to the leader's API address.
 * ``baseline``: one process, a Python gRPC server (same thread-pool size as fencingd) that
@@ -56,7 +56,7 @@ import tempfile
 import threading
 import time
 
-from coordinator import cpu_pin
+from coordinator.server import cpu_pin
 
 from ._harness import (
     ensure_repo_on_path,
@@ -775,7 +775,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     ensure_repo_on_path()
-    from coordinator.testing.grpc_cluster import GrpcCluster
+    from testsupport.grpc_cluster import GrpcCluster
 
     clients_list = [int(c) for c in args.clients.split(",") if c.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]

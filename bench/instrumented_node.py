@@ -1,4 +1,4 @@
-"""The product node (coordinator.testing.node_process) with timing probes, for profiling.
+"""The product node (testsupport.node_process) with timing probes, for profiling.
 
     python -m bench.instrumented_node <node_process arguments>
 
@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 
-from coordinator import raft_node
+from coordinator.raft import node as raft_node
 from coordinator.testing import node_process
 
 _now = time.monotonic  # CLOCK_MONOTONIC: one clock for every process on this host

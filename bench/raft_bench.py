@@ -53,7 +53,7 @@ ensure_repo_on_path()
 
 import pysyncobj.version
 
-from coordinator.testing.cluster import ProcessCluster
+from testsupport.cluster import ProcessCluster
 
 TARGET_SEQ_OPS = 500.0
 TARGET_CONC_OPS = 3000.0

@@ -3,7 +3,7 @@
     python -m bench.stock_node --self 127.0.0.2:7001 \
         --peers 127.0.0.3:7001,127.0.0.4:7001 --control-port 7002 [--data-dir DIR]
 
-Speaks the control protocol of coordinator/testing/control.py (length-prefixed
+Speaks the control protocol of testsupport/control.py (length-prefixed
 msgpack maps) with the ops the benchmark needs:
 
   ping                               -> {pong, pid}
@@ -36,7 +36,7 @@ import time
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.syncobj import SyncObjException
 
-from coordinator.testing.control import recv_frame, send_frame
+from testsupport.control import recv_frame, send_frame
 
 _FAIL_NAMES = {
     1: "queue_full",

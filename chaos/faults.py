@@ -25,8 +25,8 @@ import time
 import zlib
 
 from chaos.harness import NFT_TABLE, ChaosCluster, run_quiet, wait_until
-from coordinator import limits
-from coordinator.journal import JOURNAL_NAME, SYNCED_SIDECAR_SUFFIX
+from coordinator.core import limits
+from coordinator.raft.journal import JOURNAL_NAME, SYNCED_SIDECAR_SUFFIX
 
 # -- nft helpers -------------------------------------------------------------------------
 

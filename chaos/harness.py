@@ -26,9 +26,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from coordinator.journal import cut_to_synced_length
-from coordinator.testing.cluster import reap
-from coordinator.testing.grpc_cluster import GrpcNode
+from coordinator.raft.journal import cut_to_synced_length
+from testsupport.cluster import reap
+from testsupport.grpc_cluster import GrpcNode
 
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 # Overridable so two runs on one machine (a soak beside CI) never delete each other's
@@ -197,7 +197,7 @@ class ChaosCluster:
         node.close_channel()
         with open(node.log_path, "ab") as log:
             node.proc = subprocess.Popen(
-                [sys.executable, "-m", "coordinator.fencingd", "serve", "--config", node.config_path],
+                [sys.executable, "-m", "coordinator.server.fencingd", "serve", "--config", node.config_path],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
         node.paused = False

@@ -32,7 +32,7 @@ import time
 from typing import Any, Callable
 
 from chaos.history import HistoryWriter
-from coordinator import exceptions as exc_mod
+from coordinator.client import exceptions as exc_mod
 from coordinator.client import FencingClient
 
 KEYS = ("a", "b")

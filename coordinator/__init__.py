@@ -1,3 +1,17 @@
-"""Fencing coordinator: leases with fencing tokens on a Raft-replicated state machine."""
+"""The fencing coordinator: leases with fencing tokens, enforced at the resource.
 
-__version__ = "0.1.0"
+One folder per layer; imports point only downward (``tests/test_layers.py`` checks it)::
+
+    server ──> raft ──> core
+       │                 ^
+       └────> client ────┘      (and every layer may use the generated ``api``)
+
+- ``core``: the pure state machine, commands, validation, limits;
+- ``raft``: the only code that imports pysyncobj; the durable, hardened Raft node;
+- ``client``: the sync and asyncio clients, exceptions, token proofs, guards, ``fencingctl``;
+- ``server``: ``fencingd``, the gRPC servicers, auth, the status table, metrics, config;
+- ``api``: generated protobuf and gRPC code (from ``proto/``).
+
+Test and benchmark supervisors live in ``testsupport/`` beside this package and are not
+part of the installed wheel.
+"""

@@ -1,6 +1,6 @@
 """Shared pytest setup: make the package importable here and in spawned node processes.
 
-Real-process tests start ``python -m coordinator.testing.node_process``; without an
+Real-process tests start ``python -m testsupport.node_process``; without an
 installed package that only works from the repository root, so the root goes on
 ``sys.path`` and ``PYTHONPATH`` wherever pytest was started from.
 """

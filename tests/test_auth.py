@@ -11,12 +11,12 @@ import os
 import grpc
 import pytest
 
-from coordinator import config as config_mod
+from coordinator.server import config as config_mod
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.auth import ADMIN_TOKEN_PRINCIPAL, Authenticator, PrincipalsError, load_principals, token_digest
+from coordinator.server.auth import ADMIN_TOKEN_PRINCIPAL, Authenticator, PrincipalsError, load_principals, token_digest
 from coordinator.client import FencingClient
-from coordinator.exceptions import AuthError
-from coordinator.testing.grpc_cluster import RPC_TIMEOUT_S, running_cluster
+from coordinator.client.exceptions import AuthError
+from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
 
 T = RPC_TIMEOUT_S
 ORDERS, OPS, ADMIN = "orders-secret", "ops-secret", "admin-secret"

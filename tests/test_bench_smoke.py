@@ -46,7 +46,7 @@ class _Members:
 
 def test_after_a_free_run_the_placement_follows_a_moved_leader():
     from bench.grpc_bench import Runner
-    from coordinator import cpu_pin
+    from coordinator.server import cpu_pin
 
     every = os.sched_getaffinity(0)
     before = {0: {min(every)}, 1: set(every), 2: set(every)}  # node 0 led and was pinned

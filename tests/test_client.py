@@ -1,12 +1,12 @@
-"""Tests of the Python client (coordinator.client, coordinator.exceptions).
+"""Tests of the Python client (coordinator.client, coordinator.client.exceptions).
 
 Two layers:
 
-- against ``coordinator._client_fake.FakeCluster``: three in-process gRPC servers sharing one
+- against ``testsupport.fake_cluster.FakeCluster``: three in-process gRPC servers sharing one
   real ``FencingStateMachine``, with injected faults (NO_LEADER, outcome unknown after
   applying, delays past the deadline, stopped nodes). Deterministic and fast: these pin the
   error table, the retry rules and the Lease helper;
-- against a real three-process cluster (``coordinator/testing/grpc_cluster.py``, ``fencingd serve`` on
+- against a real three-process cluster (``testsupport/grpc_cluster.py``, ``fencingd serve`` on
   127.0.0.2-4): failover when the leader is killed, the same-op_id retry applying once
   across a paused leader, and a Lease fenced by an admin force-release.
 """
@@ -24,8 +24,8 @@ import time
 import grpc
 import pytest
 
-from coordinator import exceptions as E
-from coordinator._client_fake import (
+from coordinator.client import exceptions as E
+from testsupport.fake_cluster import (
     FakeCluster,
     abort,
     delay,
@@ -33,7 +33,7 @@ from coordinator._client_fake import (
     unknown_after_apply,
     unknown_before_apply,
 )
-from coordinator._client_retry import Backoff, Kind, classify
+from coordinator.client.retry import Backoff, Kind, classify
 from coordinator.client import AsyncFencingClient, AsyncLease, FencingClient, Lease, new_op_id
 
 # Short deadlines keep the fault tests quick; the fake answers in about a millisecond.
@@ -578,14 +578,14 @@ def test_async_lease_renews_and_is_lost_when_fenced(fake):
 
 
 def _server_exists() -> bool:
-    return importlib.util.find_spec("coordinator.server") is not None
+    return importlib.util.find_spec("coordinator.server.app") is not None
 
 
 @pytest.fixture(scope="module")
 def real_cluster(tmp_path_factory):
     if not _server_exists():
-        pytest.skip("coordinator/server.py (the gRPC server) does not exist yet")
-    from coordinator.testing.grpc_cluster import GrpcCluster
+        pytest.skip("coordinator/server/app.py (the gRPC server) does not exist yet")
+    from testsupport.grpc_cluster import GrpcCluster
 
     cluster = GrpcCluster(str(tmp_path_factory.mktemp("grpc-cluster")))
     try:

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from coordinator import config, cpu_pin
+from coordinator.server import config
+from coordinator.server import cpu_pin
 
 MEMBERS = ["127.0.0.2:7000=127.0.0.2:7100", "127.0.0.3:7000=127.0.0.3:7100", "127.0.0.4:7000=127.0.0.4:7100"]
 
@@ -59,7 +60,7 @@ def test_config_member_index_follows_the_members_list(tmp_path):
 
 _CHILD = r"""
 import json, os, sys, threading
-from coordinator import cpu_pin
+from coordinator.server import cpu_pin
 
 def cpus_by_thread():
     return {"threads": len(os.listdir("/proc/self/task")),

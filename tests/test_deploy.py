@@ -22,9 +22,9 @@ import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from coordinator import config as config_mod
-from coordinator.fencingd import build_parser
-from coordinator.raft_node import EXIT_APPLY_FAILED, EXIT_DISK_FAILED
+from coordinator.server import config as config_mod
+from coordinator.server.fencingd import build_parser
+from coordinator.raft.node import EXIT_APPLY_FAILED, EXIT_DISK_FAILED
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEPLOY = os.path.join(REPO, "deploy")
@@ -82,7 +82,7 @@ def test_the_image_runs_fencingd_serve_on_a_mounted_config_as_a_non_root_user():
     assert "fencingd" in d["HEALTHCHECK"][-1] and "health" in d["HEALTHCHECK"][-1]
     with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
         scripts = tomllib.load(f)["project"]["scripts"]
-    assert scripts["fencingd"] == "coordinator.fencingd:main"
+    assert scripts["fencingd"] == "coordinator.server.fencingd:main"
     for copy in d["COPY"]:
         for source in copy.split()[:-1]:
             assert os.path.exists(os.path.join(REPO, source)), f"COPY {source}: not in the repository"
@@ -174,7 +174,7 @@ def test_the_systemd_unit_runs_the_example_config_and_stops_on_fatal_exits(tmp_p
 
 def run_health(address: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "coordinator.fencingd", "health", "--address", address, "--timeout-s", "2"],
+        [sys.executable, "-m", "coordinator.server.fencingd", "health", "--address", address, "--timeout-s", "2"],
         capture_output=True, text=True, timeout=30,
     )
 

@@ -1,6 +1,6 @@
-"""Tests of fencingctl (coordinator.cli_ctl): strict input checks, exit codes, output.
+"""Tests of fencingctl (coordinator.client.fencingctl): strict input checks, exit codes, output.
 
-Most tests run ``main([...])`` in-process against ``coordinator._client_fake.FakeCluster``
+Most tests run ``main([...])`` in-process against ``testsupport.fake_cluster.FakeCluster``
 (which records every call, so "nothing was sent" is checked, not assumed); a few run the
 real command in a subprocess, and the last ones drive a real three-process cluster.
 """
@@ -18,9 +18,9 @@ import tomllib
 import grpc
 import pytest
 
-from coordinator import cli_ctl
-from coordinator import limits
-from coordinator._client_fake import FakeCluster, abort, unknown_before_apply
+from coordinator.client import fencingctl as cli_ctl
+from coordinator.core import limits
+from testsupport.fake_cluster import FakeCluster, abort, unknown_before_apply
 from coordinator.client import DEFAULT_ENDPOINTS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -310,7 +310,7 @@ def test_console_script_is_declared():
 
 def _run(*argv, env=None, timeout=60):
     return subprocess.run(
-        [sys.executable, "-m", "coordinator.cli_ctl", *argv],
+        [sys.executable, "-m", "coordinator.client.fencingctl", *argv],
         capture_output=True, text=True, timeout=timeout, cwd=ROOT,
         env={**os.environ, **(env or {})},
     )
@@ -332,7 +332,7 @@ def test_subprocess_exit_codes(fake):
 
 @pytest.fixture(scope="module")
 def real_cluster(tmp_path_factory, request):
-    from coordinator.testing.grpc_cluster import running_cluster
+    from testsupport.grpc_cluster import running_cluster
 
     yield from running_cluster(str(tmp_path_factory.mktemp("ctl-cluster")), request)
 
@@ -368,7 +368,7 @@ def test_real_cluster_token_zero_is_invalid_argument_at_the_server(real_cluster)
     """What fencingctl refuses locally, the server refuses too (nothing is sent by the
     client, so this asks the server directly)."""
     from coordinator.api.v1 import fencing_pb2 as pb
-    from coordinator.exceptions import InvalidArgument, from_rpc_error
+    from coordinator.client.exceptions import InvalidArgument, from_rpc_error
 
     node = real_cluster.nodes[0]
     request = pb.WriteRequest(resource="ctl/zero", key="k", value=b"v", token=0, op_id=os.urandom(16))

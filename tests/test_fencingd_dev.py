@@ -16,10 +16,10 @@ import urllib.request
 
 import grpc
 
-from coordinator import proof
+from coordinator.client import proof
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from coordinator.fencingd import DEV_METRICS_PORT_OFFSET, DEV_RAFT_PORT_OFFSET
+from coordinator.server.fencingd import DEV_METRICS_PORT_OFFSET, DEV_RAFT_PORT_OFFSET
 
 OFFSETS = (0, DEV_RAFT_PORT_OFFSET, DEV_METRICS_PORT_OFFSET)  # API, Raft, metrics
 
@@ -52,7 +52,7 @@ class Dev:
 
     def __init__(self, data_dir: str, base_port: int):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "coordinator.fencingd", "dev", "--data-dir", data_dir,
+            [sys.executable, "-m", "coordinator.server.fencingd", "dev", "--data-dir", data_dir,
              "--base-port", str(base_port)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
         )

@@ -10,8 +10,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from coordinator.guard import SqliteGuard, StaleToken
-from coordinator.proof import TOKEN_MAX, InvalidProof, ProofSigner, ProofVerifier, to_text
+from coordinator.client.guard import SqliteGuard, StaleToken
+from coordinator.client.proof import TOKEN_MAX, InvalidProof, ProofSigner, ProofVerifier, to_text
 
 KEY = Ed25519PrivateKey.generate()
 SIGNER = ProofSigner(KEY)

@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from coordinator.journal import (
+from coordinator.raft.journal import (
     JOURNAL_NAME,
     META_NAME,
     DurableJournal,

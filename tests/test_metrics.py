@@ -15,13 +15,13 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator import config as config_mod
+from coordinator.server import config as config_mod
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from coordinator.metrics import PROPOSAL_OUTCOMES, Metrics
-from coordinator.raft_node import Outcome
-from coordinator.testing.cluster import DEFAULT_HOSTS, pick_ports
-from coordinator.testing.grpc_cluster import RPC_TIMEOUT_S, running_cluster, wait_for
+from coordinator.server.metrics import PROPOSAL_OUTCOMES, Metrics
+from coordinator.raft.node import Outcome
+from testsupport.cluster import DEFAULT_HOSTS, pick_ports
+from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster, wait_for
 
 T = RPC_TIMEOUT_S
 WRITE = "/fencing.v1.FencedStore/Write"
@@ -228,7 +228,7 @@ def test_a_metrics_port_in_use_stops_the_member_with_a_clear_error(tmp_path):
         taken.listen()
         metrics_address = f"{host}:{taken.getsockname()[1]}"
         proc = subprocess.run(
-            [sys.executable, "-m", "coordinator.fencingd", "serve", "--data-dir", str(tmp_path / "d"),
+            [sys.executable, "-m", "coordinator.server.fencingd", "serve", "--data-dir", str(tmp_path / "d"),
              "--raft-address", f"{host}:{raft_port}", "--members", f"{host}:{raft_port}={host}:{api_port}",
              "--metrics-address", metrics_address, "--log-level", "WARNING"],
             capture_output=True, text=True, timeout=60,

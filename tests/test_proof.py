@@ -10,8 +10,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator import proof as proof_mod
-from coordinator.proof import (
+from coordinator.client import proof as proof_mod
+from coordinator.client.proof import (
     PROOF_BYTES_MAX,
     PROOF_DOMAIN,
     PROOF_TEXT_PREFIX,

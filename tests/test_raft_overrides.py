@@ -14,8 +14,9 @@ import pytest
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import Transport
 
-from coordinator import raft_node, raft_wire
-from coordinator.raft_node import ALL_FIXES, EXIT_APPLY_FAILED, Outcome, RaftConfig, RaftNode
+from coordinator.raft import node as raft_node
+from coordinator.raft import wire as raft_wire
+from coordinator.raft.node import ALL_FIXES, EXIT_APPLY_FAILED, Outcome, RaftConfig, RaftNode
 
 SELF = "127.0.0.10:4001"
 LEADER = "127.0.0.11:4001"

@@ -23,12 +23,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from chaos.faults import hung_up_on
-from coordinator import config as config_mod, limits, raft_wire
+from coordinator.server import config as config_mod
+from coordinator.core import limits
+from coordinator.raft import wire as raft_wire
 from coordinator.client import FencingClient
-from coordinator.raft_node import RaftConfig, RaftNode  # also installs its frame reader in pysyncobj
-from coordinator.testing.cluster import pick_ports, wait_until
-from coordinator.testing.grpc_cluster import running_cluster
-from coordinator.state_machine import FencingStateMachine
+from coordinator.raft.node import RaftConfig, RaftNode  # also installs its frame reader in pysyncobj
+from testsupport.cluster import pick_ports, wait_until
+from testsupport.grpc_cluster import running_cluster
+from coordinator.core.state_machine import FencingStateMachine
 
 SECRET = "0123456789abcdef0123456789abcdef-test"
 PEERS = ("127.0.0.3:1", "127.0.0.4:1")  # nothing listens there: the node stays a follower

@@ -17,8 +17,8 @@ import sys
 
 import pytest
 
-from coordinator import cli_ctl
-from coordinator.testing.grpc_cluster import running_cluster, wait_for
+from coordinator.client import fencingctl as cli_ctl
+from testsupport.grpc_cluster import running_cluster, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELDS = ("token", "version", "value", "hwm")
@@ -73,7 +73,7 @@ def fresh_cluster(tmp_path_factory, request):
 
 def run(argv: list[str], endpoints: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "coordinator.cli_ctl", *argv],
+        [sys.executable, "-m", "coordinator.client.fencingctl", *argv],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
         env={**os.environ, cli_ctl.ENDPOINTS_ENV: endpoints},
     )

@@ -21,9 +21,10 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
-from coordinator import cpu_pin, limits
+from coordinator.server import cpu_pin
+from coordinator.core import limits
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.testing.grpc_cluster import RPC_TIMEOUT_S, SERVING, running_cluster, wait_for
+from testsupport.grpc_cluster import RPC_TIMEOUT_S, SERVING, running_cluster, wait_for
 
 ADMIN_TOKEN = "test-admin-token"
 ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)

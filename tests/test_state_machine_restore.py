@@ -5,10 +5,11 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from coordinator import commands as c
-from coordinator import limits, validation
-from coordinator.commands import MalformedCommand, Op
-from coordinator.state_machine import Applied, FencingStateMachine, Reason, Rejected
+from coordinator.core import commands as c
+from coordinator.core import limits
+from coordinator.core import validation
+from coordinator.core.commands import MalformedCommand, Op
+from coordinator.core.state_machine import Applied, FencingStateMachine, Reason, Rejected
 
 R, R2 = "orders/7", "orders/8"
 

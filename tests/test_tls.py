@@ -16,12 +16,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from coordinator import config as config_mod
+from coordinator.server import config as config_mod
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.client import FencingClient
-from coordinator.testing.cluster import DEFAULT_HOSTS
-from coordinator.testing.grpc_cluster import RPC_TIMEOUT_S, running_cluster
+from testsupport.cluster import DEFAULT_HOSTS
+from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -112,13 +112,13 @@ def _run(module: str, *argv: str) -> subprocess.CompletedProcess:
 def test_fencingctl_and_the_health_probe_take_certificate_files(cluster, pki):
     endpoints = ",".join(n.api_address for n in cluster.nodes)
     tls = ["--ca-file", pki["ca"], "--cert-file", pki["client_cert"], "--key-file", pki["client_key"]]
-    ok = _run("coordinator.cli_ctl", "--endpoints", endpoints, *tls, "--timeout", "10", "status")
+    ok = _run("coordinator.client.fencingctl", "--endpoints", endpoints, *tls, "--timeout", "10", "status")
     assert ok.returncode == 0 and "has_quorum" in ok.stdout, ok.stderr
-    plain = _run("coordinator.cli_ctl", "--endpoints", endpoints, "--timeout", "2", "status")
+    plain = _run("coordinator.client.fencingctl", "--endpoints", endpoints, "--timeout", "2", "status")
     assert plain.returncode == 4, plain.stderr  # unavailable: nothing answers plaintext
     address = cluster.nodes[0].api_address
-    assert _run("coordinator.fencingd", "health", "--address", address, *tls).returncode == 0
-    assert _run("coordinator.fencingd", "health", "--address", address).returncode == 1
+    assert _run("coordinator.server.fencingd", "health", "--address", address, *tls).returncode == 0
+    assert _run("coordinator.server.fencingd", "health", "--address", address).returncode == 1
 
 
 def test_tls_settings_are_checked_at_start(tmp_path, pki):

@@ -18,16 +18,17 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from coordinator import config as config_mod
-from coordinator import guard, proof
+from coordinator.server import config as config_mod
+from coordinator.client import guard
+from coordinator.client import proof
 from coordinator.client import FencingClient
-from coordinator.testing.grpc_cluster import running_cluster
+from testsupport.grpc_cluster import running_cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _fencingd(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coordinator.fencingd", *argv],
+    return subprocess.run([sys.executable, "-m", "coordinator.server.fencingd", *argv],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
@@ -111,7 +112,7 @@ def test_a_retried_acquire_returns_the_same_proof(cluster, keys):
 
 def test_fencingctl_prints_the_proof_in_text_form(cluster, keys):
     eps = ",".join(n.api_address for n in cluster.nodes)
-    proc = subprocess.run([sys.executable, "-m", "coordinator.cli_ctl", "--endpoints", eps, "-o", "json",
+    proc = subprocess.run([sys.executable, "-m", "coordinator.client.fencingctl", "--endpoints", eps, "-o", "json",
                            "acquire", "ctl/1", "--ttl-ms", "60000"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr

@@ -65,9 +65,9 @@ import pysyncobj.transport as _ps_transport
 from pysyncobj.config import FAIL_REASON
 from pysyncobj.transport import Transport
 
-from coordinator import raft_wire
-from coordinator.journal import JOURNAL_NAME, DurableJournal
-from coordinator.raft_node import _DEFINITE_FAILURES, ALL_FIXES, RaftConfig, RaftNode
+from coordinator.raft import wire as raft_wire
+from coordinator.raft.journal import JOURNAL_NAME, DurableJournal
+from coordinator.raft.node import _DEFINITE_FAILURES, ALL_FIXES, RaftConfig, RaftNode
 
 NODE_ADDRESSES = ("127.0.0.1:4001", "127.0.0.1:4002", "127.0.0.1:4003")
 LABELS = {address: f"n{i + 1}" for i, address in enumerate(NODE_ADDRESSES)}

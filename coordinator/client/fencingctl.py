@@ -2,7 +2,7 @@
 
 Owns: argument parsing, strict validation of what the user typed (or the ``--json`` request)
 before anything is sent, output as a table or JSON, and the exit codes below. Must never:
-retry or interpret outcomes itself (``coordinator.client`` does), or print more than one
+retry or interpret outcomes itself (``coordinator.client.sync`` does), or print more than one
 line per error.
 
 Usage::
@@ -64,9 +64,10 @@ import sys
 import tempfile
 from typing import Any, Callable
 
-from coordinator import exceptions as exc
-from coordinator import limits, proof
-from coordinator.client import DEFAULT_ENDPOINTS, FencingClient, tls_credentials
+from coordinator.client import exceptions as exc
+from coordinator.core import limits
+from coordinator.client import proof
+from coordinator.client.sync import DEFAULT_ENDPOINTS, FencingClient, tls_credentials
 
 EXIT_OK = 0
 EXIT_OTHER = 1

@@ -27,15 +27,18 @@ from typing import Any, Callable
 
 import grpc
 
-from coordinator import commands, errors, limits, validation
-from coordinator.auth import Authenticator, Principal
+from coordinator.core import commands
+from coordinator.server import errors
+from coordinator.core import limits
+from coordinator.core import validation
+from coordinator.server.auth import Authenticator, Principal
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from coordinator.errors import Failure, ServiceError
-from coordinator.metrics import Metrics
-from coordinator.proof import ProofSigner
-from coordinator.raft_node import Outcome, ProposeResult, RaftNode
-from coordinator.state_machine import Reason
+from coordinator.server.errors import Failure, ServiceError
+from coordinator.server.metrics import Metrics
+from coordinator.client.proof import ProofSigner
+from coordinator.raft.node import Outcome, ProposeResult, RaftNode
+from coordinator.core.state_machine import Reason
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.client import open_channel
-from coordinator.testing.cluster import DEFAULT_HOSTS, pick_ports, reap, wait_until
+from testsupport.cluster import DEFAULT_HOSTS, pick_ports, reap, wait_until
 
 # Test timing: elections in 0.5-1 s (production 1-2 s) keep failover tests short; the
 # health re-check every 0.2 s lets a test see NOT_SERVING within a second.
@@ -140,7 +140,7 @@ class GrpcCluster:
         assert not node.alive, f"node {i} is already running"
         with open(node.log_path, "ab") as log:
             node.proc = subprocess.Popen(
-                [sys.executable, "-m", "coordinator.fencingd", "serve", "--config", node.config_path],
+                [sys.executable, "-m", "coordinator.server.fencingd", "serve", "--config", node.config_path],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
         node.paused = False

@@ -1,6 +1,6 @@
 """Run one Raft replica of the fencing state machine as a process, for tests and benchmarks.
 
-    python -m coordinator.testing.node_process --self 127.0.0.2:7001 \
+    python -m testsupport.node_process --self 127.0.0.2:7001 \
         --peers 127.0.0.3:7001,127.0.0.4:7001 --data-dir DIR --control-port 7101
 
 Owns: process lifecycle and a control socket (control.py frames) on the node's own
@@ -27,10 +27,10 @@ import sys
 import threading
 import time
 
-from .. import commands
-from ..raft_node import ALL_FIXES, Outcome, RaftConfig, RaftNode
-from ..state_machine import FencingStateMachine, outcome_to_wire
-from .control import recv_frame, send_frame
+from coordinator.core import commands
+from coordinator.raft.node import ALL_FIXES, Outcome, RaftConfig, RaftNode
+from coordinator.core.state_machine import FencingStateMachine, outcome_to_wire
+from testsupport.control import recv_frame, send_frame
 
 log = logging.getLogger("node_process")
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import msgpack
 
-from coordinator import limits, validation
-from coordinator.commands import (
+from coordinator.core import limits
+from coordinator.core import validation
+from coordinator.core.commands import (
     Command,
     MalformedCommand,
     Op,
@@ -167,7 +168,7 @@ def _op_from_wire(op: object) -> Op:
 # Body validation. Each body field name has one meaning and one check across all ops.
 
 
-# The rules themselves live in coordinator/validation.py, shared with the gRPC layer so that
+# The rules themselves live in coordinator/core/validation.py, shared with the gRPC layer so that
 # both refuse exactly the same inputs.
 _InvalidField = validation.InvalidField
 

@@ -3,7 +3,7 @@
 Owns: the client's exception tree and ``from_rpc_error``, the single translation from a
 ``grpc.RpcError`` (status code + ``google.rpc.ErrorInfo`` in the rich status) to a typed
 exception. Must never: import the client, retry, or decide policy; the server's own error
-table lives in ``coordinator/errors.py`` and this module only reads what it sends.
+table lives in ``coordinator/server/errors.py`` and this module only reads what it sends.
 
 The tree answers the first question a caller has after a failed mutation, "did it apply?"::
 
@@ -311,7 +311,7 @@ class ResourceExhausted(NotApplied):
 
 
 class LimitExceeded(ResourceExhausted):
-    """Too many resources, keys per resource, or bytes (coordinator/limits.py)."""
+    """Too many resources, keys per resource, or bytes (coordinator/core/limits.py)."""
 
     def _describe(self) -> str:
         text = self.server_message or "a limit of the cluster was reached"
@@ -476,7 +476,7 @@ def _parse_error_info(err: grpc.RpcError) -> tuple[str, dict[str, str]]:
     return "", {}
 
 
-# Trailing metadata the server puts on every error (coordinator/errors.py HEADER_*).
+# Trailing metadata the server puts on every error (coordinator/server/errors.py HEADER_*).
 _TRAILER_MEMBER_ID = "fencing-member-id"
 _TRAILER_RAFT_TERM = "fencing-raft-term"
 _TRAILER_APPLIED_INDEX = "fencing-applied-index"

@@ -12,7 +12,7 @@ the old holder's late write (DESIGN §6).
 
 The rule, per resource: token < hwm is refused (``StaleToken``); token == hwm is accepted
 (one holder writes many times in its epoch); token > hwm is accepted and raises hwm to it.
-A token counts only if a valid proof (``coordinator.proof``) shows the coordinator issued
+A token counts only if a valid proof (``coordinator.client.proof``) shows the coordinator issued
 it for that resource; without that check one made-up huge token would lock real holders
 out for good.
 
@@ -51,9 +51,9 @@ import re
 import sqlite3
 from collections.abc import Iterator
 
-from coordinator import validation
-from coordinator.limits import TOKEN_MAX
-from coordinator.proof import ProofVerifier
+from coordinator.core import validation
+from coordinator.core.limits import TOKEN_MAX
+from coordinator.client.proof import ProofVerifier
 
 __all__ = ["SqliteGuard", "StaleToken"]
 

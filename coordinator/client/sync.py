@@ -4,9 +4,9 @@ Owns: ``FencingClient`` (sync, thread-safe: channels, the retry loop, leader dis
 ``Lease`` (a daemon thread renews it); it re-exports the results, ``AsyncFencingClient`` and
 ``AsyncLease`` (asyncio, ``_client_async``). Shared with the asyncio client through
 ``_client_base``: request validation before sending (the server's own field rules,
-``coordinator.validation``), the retry policy (``_client_retry``) and the frozen result
+``coordinator.core.validation``), the retry policy (``_client_retry``) and the frozen result
 dataclasses (``_client_results``); failures are the exception tree of
-``coordinator.exceptions``. Must never: invent an outcome. After an attempt that may have
+``coordinator.client.exceptions``. Must never: invent an outcome. After an attempt that may have
 applied it says OutcomeUnknown, not "failed"; it never retries a definite refusal; and it
 never treats a ``Lease``'s local ``lost`` flag as the fence: the server's check is.
 
@@ -51,8 +51,8 @@ from typing import Any, Callable, Sequence
 
 import grpc
 
-from coordinator._client_async import AsyncFencingClient, AsyncLease
-from coordinator._client_base import (
+from coordinator.client.aio import AsyncFencingClient, AsyncLease
+from coordinator.client._base import (
     ATTEMPT_TIMEOUT_S_DEFAULT,
     CHANNEL_OPTIONS,
     DEFAULT_ENDPOINTS,
@@ -69,7 +69,7 @@ from coordinator._client_base import (
     _ClientBase,
     new_op_id,
 )
-from coordinator._client_results import (
+from coordinator.client.results import (
     AcquireResult,
     ClusterStatus,
     DeleteResult,
@@ -86,7 +86,7 @@ from coordinator._client_results import (
     WriteResult,
 )
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.exceptions import (
+from coordinator.client.exceptions import (
     AuthError,
     FencingError,
     InvalidArgument,

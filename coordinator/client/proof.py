@@ -1,6 +1,6 @@
 """Signed token proofs (DESIGN §6): a member's signed statement "token T was issued for resource R".
 
-A guard at an external resource (a SQL table, an object store: ``coordinator.guard``) keeps
+A guard at an external resource (a SQL table, an object store: ``coordinator.client.guard``) keeps
 its own durable high-water mark. Without a proof it has to trust whatever number a caller
 sends, and one never-issued huge token (``2**63``) would lock every real holder out for
 good. With the cluster's public key it can refuse any token the coordinator never issued
@@ -37,8 +37,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from coordinator import pemfile
-from coordinator.limits import RESOURCE_NAME_BYTES_MAX, TOKEN_MAX
+from coordinator.client import pemfile
+from coordinator.core.limits import RESOURCE_NAME_BYTES_MAX, TOKEN_MAX
 
 PROOF_VERSION = 1
 PROOF_DOMAIN = b"fencing.v1 token proof\x00"  # signatures made for anything else never verify here

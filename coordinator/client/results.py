@@ -1,7 +1,7 @@
 """What the fencing client returns: small frozen dataclasses, built from the API's responses.
 
 Owns: the result types and their conversion from ``fencing_pb2`` messages. Must never: do
-I/O or retry; the client (``coordinator.client``) re-exports these names.
+I/O or retry; the client (``coordinator.client.sync``) re-exports these names.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import dataclasses
 from typing import Any
 
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.exceptions import FencingError, Header, error_for_reason
+from coordinator.client.exceptions import FencingError, Header, error_for_reason
 
 __all__ = [
     "AcquireResult",
@@ -66,7 +66,7 @@ class AcquireResult(_Result):
     op_id: bytes
     header: Header
     # DESIGN §6: the cluster's signature over (resource, token) for guards at external
-    # resources (coordinator.guard, coordinator.proof); b"" when the cluster signs nothing.
+    # resources (coordinator.client.guard, coordinator.client.proof); b"" when the cluster signs nothing.
     token_proof: bytes = b""
 
 

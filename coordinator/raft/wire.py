@@ -16,7 +16,7 @@ import zlib
 
 import msgpack
 
-from . import limits
+from coordinator.core import limits
 
 # First byte of an entry that carries several commands. 0xc1 is the one byte msgpack never
 # uses, so no single command (a msgpack array) can start with it.

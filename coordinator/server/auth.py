@@ -28,7 +28,8 @@ import hashlib
 import re
 from typing import Any, Iterable
 
-from coordinator import limits, tomlfile
+from coordinator.core import limits
+from coordinator.server import tomlfile
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _PREFIX = re.compile(r"[A-Za-z0-9._/:-]*", re.ASCII)  # resource-name characters; "" = all

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from coordinator import limits
+from coordinator.core import limits
 
 __all__ = [
     "InvalidField",

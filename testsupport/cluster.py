@@ -15,13 +15,23 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from ..journal import cut_to_synced_length
-from .control import ControlClient
+from coordinator.raft.journal import cut_to_synced_length
+from testsupport.control import ControlClient
 
 DEFAULT_HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 # Control calls on a healthy node answer in milliseconds; 3 s covers a loaded
 # 2-core machine and still notices a paused process quickly.
 CONTROL_TIMEOUT_S = 3.0
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def child_env(extra: dict | None = None) -> dict:
+    """The environment for a child process: ``testsupport`` is not installed, so the repo
+    root goes first on PYTHONPATH whatever the caller's working directory."""
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != REPO_ROOT]
+    return {**os.environ, **(extra or {}), "PYTHONPATH": os.pathsep.join([REPO_ROOT, *parts])}
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -157,12 +167,13 @@ class ProcessCluster:
         os.makedirs(node.data_dir, exist_ok=True)
         peers = ",".join(n.address for n in self.nodes if n.index != i)
         cmd = [
-            sys.executable, "-m", "coordinator.testing.node_process",
+            sys.executable, "-m", "testsupport.node_process",
             "--self", node.address, "--peers", peers, "--data-dir", node.data_dir,
             "--control-port", str(node.control_port), *self._args,
         ]
         log = open(node.log_path, "ab")
-        node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=child_env())
         log.close()
         node.paused = False
         self._spawned.append(node.proc)

@@ -25,7 +25,7 @@ import dataclasses
 import enum
 import random
 
-from coordinator.exceptions import (
+from coordinator.client.exceptions import (
     FencingError,
     NoLeader,
     OutcomeUnknown,

@@ -25,9 +25,11 @@ import dataclasses
 import os
 from typing import Any
 
-from coordinator import cpu_pin, pemfile, tomlfile
-from coordinator.auth import PrincipalsError, load_principals
-from coordinator.proof import ProofError, ProofSigner
+from coordinator.server import cpu_pin
+from coordinator.client import pemfile
+from coordinator.server import tomlfile
+from coordinator.server.auth import PrincipalsError, load_principals
+from coordinator.client.proof import ProofError, ProofSigner
 
 
 class ConfigError(ValueError):
@@ -90,14 +92,14 @@ class ServerConfig:
         metadata=_doc(
             "PEM Ed25519 private key (fencingd keygen), the same on every member: Acquire then"
             " returns token_proof, a signature a guard at an external resource checks with the"
-            " public key (DESIGN §6, coordinator/proof.py); empty: no proofs"
+            " public key (DESIGN §6, coordinator/client/proof.py); empty: no proofs"
         ),
     )
     principals_file: str = dataclasses.field(
         default="",
         metadata=_doc(
             "TOML file of principals (bearer-token sha256, resource prefixes, admin; see"
-            " coordinator/auth.py); set: every fencing RPC needs a principal's token; empty: open data plane"
+            " coordinator/server/auth.py); set: every fencing RPC needs a principal's token; empty: open data plane"
         ),
     )
     audit_log_path: str = dataclasses.field(
@@ -187,7 +189,7 @@ class ServerConfig:
             "CPU of this member's threads: 'auto' puts them on one of the CPUs it may use (its"
             " place in members, modulo their count) while it is the leader and frees them while"
             " it follows; a number puts them on that CPU always; 'off' leaves them to the OS. One"
-            " CPU makes the GIL handoffs between gRPC and Raft threads cheap (coordinator/cpu_pin.py)"
+            " CPU makes the GIL handoffs between gRPC and Raft threads cheap (coordinator/server/cpu_pin.py)"
         ),
     )
 

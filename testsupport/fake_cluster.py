@@ -4,7 +4,7 @@ Owns: N in-process gRPC servers on 127.0.0.1 that share ONE ``FencingStateMachin
 Raft), answer the fencing.v1 API with the server's error contract (status code +
 ErrorInfo), and let a test inject faults per RPC: NO_LEADER, an outcome unknown *after*
 applying, a delay past the client's deadline, a node that is down. Every call is recorded.
-Must never: be used as a server. The real server is ``coordinator/server.py``; this fake
+Must never: be used as a server. The real server is ``coordinator/server/app.py``; this fake
 only exists so the client's retry and mapping rules can be tested deterministically.
 """
 
@@ -22,11 +22,11 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from coordinator import commands as c
-from coordinator import validation
+from coordinator.core import commands as c
+from coordinator.core import validation
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from coordinator.state_machine import Applied, FencingStateMachine, Reason
+from coordinator.core.state_machine import Applied, FencingStateMachine, Reason
 
 DOMAIN = "fencing.v1"
 

@@ -45,7 +45,7 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from coordinator.state_machine import Reason, Rejected
+from coordinator.core.state_machine import Reason, Rejected
 
 DOMAIN = "fencing.v1"
 

@@ -19,9 +19,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 import grpc
 
-from coordinator import _client_results as results
-from coordinator import limits, validation
-from coordinator._client_results import (
+from coordinator.client import results
+from coordinator.core import limits
+from coordinator.core import validation
+from coordinator.client.results import (
     AcquireResult,
     ClusterStatus,
     DeleteResult,
@@ -35,10 +36,10 @@ from coordinator._client_results import (
     Snapshot,
     WriteResult,
 )
-from coordinator._client_retry import Backoff, Kind, classify
+from coordinator.client.retry import Backoff, Kind, classify
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from coordinator.exceptions import (
+from coordinator.client.exceptions import (
     FencingError,
     InvalidArgument,
     NotApplied,
@@ -91,7 +92,7 @@ def new_op_id() -> bytes:
 
 
 def _check(check: Callable[[Any], Any], value: Any, request: dict[str, Any]) -> Any:
-    """Run a shared field check (coordinator.validation, the server's own rules); a bad
+    """Run a shared field check (coordinator.core.validation, the server's own rules); a bad
     field is InvalidArgument, raised before anything is sent."""
     try:
         return check(value)

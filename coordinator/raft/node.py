@@ -57,9 +57,10 @@ from pysyncobj.config import FAIL_REASON
 from pysyncobj.journal import FileJournal, Journal
 from pysyncobj.transport import TCPTransport
 
-from . import limits, raft_wire
-from .journal import DurableJournal, JOURNAL_NAME, fsync_directory
-from .leader_sync import LeaderSync
+from coordinator.core import limits
+from coordinator.raft import wire as raft_wire
+from coordinator.raft.journal import DurableJournal, JOURNAL_NAME, fsync_directory
+from coordinator.raft.leader_sync import LeaderSync
 
 log = logging.getLogger(__name__)
 

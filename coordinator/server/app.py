@@ -24,15 +24,16 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from coordinator import commands, limits
+from coordinator.core import commands
+from coordinator.core import limits
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from coordinator.auth import Authenticator
-from coordinator.config import ServerConfig
-from coordinator.errors import ServiceError
-from coordinator.metrics import Metrics
-from coordinator.raft_node import RaftConfig, RaftNode
-from coordinator.service import (
+from coordinator.server.auth import Authenticator
+from coordinator.server.config import ServerConfig
+from coordinator.server.errors import ServiceError
+from coordinator.server.metrics import Metrics
+from coordinator.raft.node import RaftConfig, RaftNode
+from coordinator.server.service import (
     AdminServicer,
     ClusterServicer,
     Core,
@@ -40,7 +41,7 @@ from coordinator.service import (
     LeaseServicer,
     Proposer,
 )
-from coordinator.state_machine import FencingStateMachine
+from coordinator.core.state_machine import FencingStateMachine
 
 log = logging.getLogger(__name__)
 

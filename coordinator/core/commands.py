@@ -22,7 +22,7 @@ from typing import Any
 
 import msgpack
 
-from coordinator import limits
+from coordinator.core import limits
 
 # Version of the envelope above. A replica that meets another version refuses the entry.
 FORMAT_VERSION = 1

@@ -26,7 +26,7 @@ from typing import Any, Callable, Generator, Sequence
 import grpc
 import grpc.aio
 
-from coordinator._client_base import (
+from coordinator.client._base import (
     ATTEMPT_TIMEOUT_S_DEFAULT,
     CHANNEL_OPTIONS,
     RENEW_FRACTION,
@@ -41,9 +41,9 @@ from coordinator._client_base import (
     Stubs,
     _ClientBase,
 )
-from coordinator._client_results import AcquireResult, KeepAliveResult, ReleaseResult
+from coordinator.client.results import AcquireResult, KeepAliveResult, ReleaseResult
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.exceptions import AuthError, FencingError, InvalidArgument, LeaseLost, Refused
+from coordinator.client.exceptions import AuthError, FencingError, InvalidArgument, LeaseLost, Refused
 
 log = logging.getLogger("coordinator.client.aio")
 

@@ -23,7 +23,8 @@ import sys
 import threading
 import time
 
-from coordinator import config as config_mod, cpu_pin
+from coordinator.server import config as config_mod
+from coordinator.server import cpu_pin
 
 log = logging.getLogger("fencingd")
 
@@ -84,7 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     placement = cpu_pin.Placement(cfg.cpu_affinity, cfg.member_index, log=log.info)
     placement.start()  # before any thread starts: threads inherit where they were started
     _name_os_threads()
-    from coordinator.server import FencingServer  # imports grpc and pysyncobj: after config checks
+    from coordinator.server.app import FencingServer  # imports grpc and pysyncobj: after config checks
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -156,7 +157,7 @@ def cmd_health(args: argparse.Namespace) -> int:
 def _write_key_pair(private_path: str, public_path: str) -> str | None:
     """Create a fresh Ed25519 pair: the private half mode 0600, the public half 0644.
     Never overwrites a file, never leaves half a pair; the error line, or None."""
-    from coordinator.proof import generate_key_pair
+    from coordinator.client.proof import generate_key_pair
 
     private, public = generate_key_pair()
     written: list[str] = []
@@ -239,7 +240,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         with open(log_path, "ab") as out:
             children.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "coordinator.fencingd", "serve", "--config", cfg_path],
+                    [sys.executable, "-m", "coordinator.server.fencingd", "serve", "--config", cfg_path],
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
