@@ -11,52 +11,7 @@ says OutcomeUnknown.
 The public surface is re-exported here: ``from coordinator.client import FencingClient``.
 """
 
-from coordinator.client.sync import (
-    DEFAULT_ENDPOINTS,
-    AcquireResult,
-    AsyncFencingClient,
-    AsyncLease,
-    ClusterStatus,
-    DeleteResult,
-    Description,
-    EpochResult,
-    FencingClient,
-    ForceReleaseResult,
-    Header,
-    KeepAliveItem,
-    KeepAliveResult,
-    Lease,
-    Member,
-    ReadResult,
-    ReleaseResult,
-    Snapshot,
-    WriteResult,
-    new_op_id,
-    open_channel,
-    tls_credentials,
-)
-
-__all__ = [
-    "DEFAULT_ENDPOINTS",
-    "AcquireResult",
-    "AsyncFencingClient",
-    "AsyncLease",
-    "ClusterStatus",
-    "DeleteResult",
-    "Description",
-    "EpochResult",
-    "FencingClient",
-    "ForceReleaseResult",
-    "Header",
-    "KeepAliveItem",
-    "KeepAliveResult",
-    "Lease",
-    "Member",
-    "ReadResult",
-    "ReleaseResult",
-    "Snapshot",
-    "WriteResult",
-    "new_op_id",
-    "open_channel",
-    "tls_credentials",
-]
+# sync.py's __all__ is the one list of public names (it re-exports the asyncio client and
+# the results too), so this module cannot drift from it.
+from coordinator.client.sync import *  # noqa: F401,F403
+from coordinator.client.sync import __all__  # noqa: F401
