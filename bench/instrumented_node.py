@@ -33,7 +33,7 @@ import threading
 import time
 
 from coordinator.raft import node as raft_node
-from coordinator.testing import node_process
+from testsupport import node_process
 
 _now = time.monotonic  # CLOCK_MONOTONIC: one clock for every process on this host
 _cpu = time.thread_time  # CPU time of the calling thread: robust to other load on the host
@@ -86,7 +86,7 @@ class ProbedJournal(raft_node.DurableJournal):
             del self._unsynced[: len(pending)]
 
 
-class ProbedTransport(raft_node._BoundTCPTransport):
+class ProbedTransport(raft_node.BoundTCPTransport):
     def send(self, node, message):
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == "append_entries":
@@ -115,7 +115,7 @@ class ProbedTransport(raft_node._BoundTCPTransport):
             _count("send_cpu_s", _cpu() - c0)
 
 
-class ProbedSyncObj(raft_node._HardenedSyncObj):
+class ProbedSyncObj(raft_node.HardenedSyncObj):
     def __init__(self, *a, **kw):
         self._ack_seen: dict = {}
         self._profiler = None
@@ -257,8 +257,8 @@ def _probed_raftnode_init(self, *a, **kw):
 
 def install() -> None:
     raft_node.DurableJournal = ProbedJournal
-    raft_node._BoundTCPTransport = ProbedTransport
-    raft_node._HardenedSyncObj = ProbedSyncObj
+    raft_node.BoundTCPTransport = ProbedTransport
+    raft_node.HardenedSyncObj = ProbedSyncObj
     raft_node.RaftNode.propose = _probed_propose
     raft_node.RaftNode.__init__ = _probed_raftnode_init
     node_process.NodeService.handle = _probed_handle
