@@ -3,7 +3,8 @@
     python -m bench.instrumented_node <node_process arguments>
 
 Benchmark-only. Before running node_process.main it swaps, inside this process only,
-raft_node's journal, SyncObj and transport classes for subclasses that record:
+the Raft facade's (coordinator.raft.node) journal, SyncObj and transport classes for
+subclasses that record:
 
   * per log index, CLOCK_MONOTONIC timestamps (comparable across processes on one host)
     of each step an entry takes: proposed, added to the journal, fdatasync done,
@@ -195,9 +196,9 @@ def _install_apply_probe(node: raft_node.RaftNode) -> None:
     orig = sm.apply
     syncobj = node.syncobj
 
-    def apply(*args, **kwargs):  # pass through whatever signature the state machine has
+    def apply(command, index):  # the StateMachine protocol's signature
         t0, c0 = _now(), _cpu()
-        out = orig(*args, **kwargs)
+        out = orig(command, index)
         t1 = _now()
         _count("apply_calls")
         _count("apply_s", t1 - t0)
