@@ -3,7 +3,8 @@
     python -m bench.instrumented_node <node_process arguments>
 
 Benchmark-only. Before running node_process.main it swaps, inside this process only,
-raft_node's journal, SyncObj and transport classes for subclasses that record:
+the Raft facade's (coordinator.raft.node) journal, SyncObj and transport classes for
+subclasses that record:
 
   * per log index, CLOCK_MONOTONIC timestamps (comparable across processes on one host)
     of each step an entry takes: proposed, added to the journal, fdatasync done,
@@ -33,7 +34,7 @@ import threading
 import time
 
 from coordinator.raft import node as raft_node
-from coordinator.testing import node_process
+from testsupport import node_process
 
 _now = time.monotonic  # CLOCK_MONOTONIC: one clock for every process on this host
 _cpu = time.thread_time  # CPU time of the calling thread: robust to other load on the host
@@ -86,7 +87,7 @@ class ProbedJournal(raft_node.DurableJournal):
             del self._unsynced[: len(pending)]
 
 
-class ProbedTransport(raft_node._BoundTCPTransport):
+class ProbedTransport(raft_node.BoundTCPTransport):
     def send(self, node, message):
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == "append_entries":
@@ -115,7 +116,7 @@ class ProbedTransport(raft_node._BoundTCPTransport):
             _count("send_cpu_s", _cpu() - c0)
 
 
-class ProbedSyncObj(raft_node._HardenedSyncObj):
+class ProbedSyncObj(raft_node.HardenedSyncObj):
     def __init__(self, *a, **kw):
         self._ack_seen: dict = {}
         self._profiler = None
@@ -195,9 +196,9 @@ def _install_apply_probe(node: raft_node.RaftNode) -> None:
     orig = sm.apply
     syncobj = node.syncobj
 
-    def apply(*args, **kwargs):  # pass through whatever signature the state machine has
+    def apply(command, index):  # the StateMachine protocol's signature
         t0, c0 = _now(), _cpu()
-        out = orig(*args, **kwargs)
+        out = orig(command, index)
         t1 = _now()
         _count("apply_calls")
         _count("apply_s", t1 - t0)
@@ -257,8 +258,8 @@ def _probed_raftnode_init(self, *a, **kw):
 
 def install() -> None:
     raft_node.DurableJournal = ProbedJournal
-    raft_node._BoundTCPTransport = ProbedTransport
-    raft_node._HardenedSyncObj = ProbedSyncObj
+    raft_node.BoundTCPTransport = ProbedTransport
+    raft_node.HardenedSyncObj = ProbedSyncObj
     raft_node.RaftNode.propose = _probed_propose
     raft_node.RaftNode.__init__ = _probed_raftnode_init
     node_process.NodeService.handle = _probed_handle

@@ -23,7 +23,7 @@ pysyncobj clears the journal on restart (PYSYNCOBJ.md "Durability"). Scenarios u
 log compaction every 200 entries (one kill-all variant also 5000: no snapshot at all).
 
 ``FENCING_TEST_RAFT_FIXES`` ("all" by default, "none", or a comma list of fix names
-from ``coordinator.raft.node``) selects the Raft fixes the node processes run with, so
+from ``coordinator.raft.syncobj``) selects the Raft fixes the node processes run with, so
 the same tests can show that they catch loss when the fixes are switched off. Without
 ``durable_journal`` nothing is ever synced and there is no synced length to cut back
 to: the power-loss tests are then skipped, saying so.
@@ -44,7 +44,8 @@ import pytest
 
 from coordinator.core import commands
 from coordinator.raft.journal import cut_to_synced_length
-from coordinator.raft.node import ALL_FIXES, DUMP_NAME
+from coordinator.raft.node import ALL_FIXES
+from coordinator.raft.snapshot_file import DUMP_NAME
 from coordinator.core.state_machine import Applied, outcome_from_wire
 from testsupport.cluster import ProcessCluster, wait_until
 from testsupport.control import ControlClient, ControlError

@@ -19,7 +19,7 @@ from coordinator.server import config as config_mod
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.server.metrics import PROPOSAL_OUTCOMES, Metrics
-from coordinator.raft.node import Outcome
+from coordinator.raft.interface import ProposeOutcome
 from testsupport.cluster import DEFAULT_HOSTS, pick_ports
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster, wait_for
 
@@ -114,7 +114,7 @@ def test_interceptor_counts_a_stream_once_with_its_final_code(instrumented):
 
 
 def test_every_proposal_outcome_has_a_label():
-    assert {o.value for o in Outcome} | {"overloaded"} == set(PROPOSAL_OUTCOMES)
+    assert {o.value for o in ProposeOutcome} | {"overloaded"} == set(PROPOSAL_OUTCOMES)
 
 
 # -- configuration ---------------------------------------------------------------------------

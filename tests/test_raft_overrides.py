@@ -10,13 +10,18 @@ import threading
 import time
 
 import pysyncobj.pickle as ps_pickle
+import pysyncobj.syncobj as ps_syncobj
 import pytest
+from pysyncobj.config import FAIL_REASON
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import Transport
 
-from coordinator.raft import node as raft_node
+from coordinator.core import limits
+from coordinator.raft import patches
 from coordinator.raft import wire as raft_wire
-from coordinator.raft.node import ALL_FIXES, EXIT_APPLY_FAILED, Outcome, RaftConfig, RaftNode
+from coordinator.raft.fatal import EXIT_APPLY_FAILED
+from coordinator.raft.interface import ProposeFailure, ProposeOutcome
+from coordinator.raft.node import ALL_FIXES, RaftConfig, RaftNode
 
 SELF = "127.0.0.10:4001"
 LEADER = "127.0.0.11:4001"
@@ -61,7 +66,7 @@ class ListMachine:
         self.applied = []
         self.fail_on = fail_on
 
-    def apply(self, entry):
+    def apply(self, entry, index):
         if entry == self.fail_on:
             raise AssertionError("bug in apply")
         self.applied.append(entry)
@@ -126,9 +131,9 @@ def fill_follower(node, last=5, term=1, commit=1):
 
 
 def test_refuses_other_pysyncobj_versions():
-    raft_node.check_pysyncobj_version()  # the installed one
+    patches.check_pysyncobj_version()  # the installed one
     with pytest.raises(RuntimeError, match="requires exactly 0.3.17"):
-        raft_node.check_pysyncobj_version("0.3.18")
+        patches.check_pysyncobj_version("0.3.18")
 
 
 def test_our_journal_object_reaches_pysyncobj(tmp_path):
@@ -321,7 +326,7 @@ def test_shared_queue_is_bounded(tmp_path):
     results = []
     for i in range(3):
         node.propose_async(b"k%d" % i, collect(results, i), batch_key=i)
-    assert results == [(2, None, raft_node.FAIL_REASON.QUEUE_FULL)]
+    assert results == [(2, None, FAIL_REASON.QUEUE_FULL)]
 
 
 # -- fast_backup ---------------------------------------------------------------------------
@@ -465,7 +470,7 @@ def test_installing_a_snapshot_restarts_the_election_timer(tmp_path, monkeypatch
     fill_follower(node, last=3)
     so = node.syncobj
     clock = [1000.0]
-    monkeypatch.setattr(raft_node._ps, "monotonicTime", lambda: clock[0])
+    monkeypatch.setattr(ps_syncobj, "monotonicTime", lambda: clock[0])
     so._SyncObj__raftElectionDeadline = clock[0] + node.config.raft_min_timeout_s  # as the append set it
     restore = node._replica.deserialize
 
@@ -525,14 +530,16 @@ def test_propose_without_leader_is_definitely_not_applied(tmp_path):
     while not box and time.monotonic() < deadline:
         node.tick(0.01)  # no leader known: pysyncobj answers MISSING_LEADER
     worker.join(10)
-    assert box[0].outcome is Outcome.NOT_APPLIED and box[0].detail == "no_leader"
+    assert box[0].outcome is ProposeOutcome.NOT_APPLIED and box[0].failure is ProposeFailure.NO_LEADER
+    assert box[0].detail == "no_leader"
 
 
 def test_oversized_command_never_reaches_the_log(tmp_path):
     node = make_node(tmp_path)
     before = len(node.journal)
-    result = node.propose(b"x" * (raft_node.limits.COMMAND_BYTES_MAX + 1), timeout_s=1.0)
-    assert result.outcome is Outcome.NOT_APPLIED and result.detail == "command_too_large"
+    result = node.propose(b"x" * (limits.COMMAND_BYTES_MAX + 1), timeout_s=1.0)
+    assert result.outcome is ProposeOutcome.NOT_APPLIED and result.failure is ProposeFailure.COMMAND_TOO_LARGE
+    assert result.detail == "command_too_large"
     node.tick(0)
     assert len(node.journal) == before
 
@@ -581,6 +588,7 @@ def test_stored_zlib_stream_is_what_any_pysyncobj_peer_decompresses(size):
 def test_raft_connections_send_stored_blocks_below_the_threshold():
     import pysyncobj.tcp_connection as tcp
 
+    patches.install()  # what RaftNode does first
     small = b"x" * 1000
     assert tcp.zlib.compress(small, 3) == raft_wire.zlib_stored(small)
     big = b"x" * raft_wire.ZLIB_STORED_BELOW_BYTES

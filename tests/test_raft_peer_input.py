@@ -1,8 +1,8 @@
 """What a stranger who reaches a Raft port can do: not run code, not join, not skip the secret.
 
-pysyncobj unpickles every frame and every log entry (PYSYNCOBJ.md); raft_node installs an
-unpickler that builds plain data only (raft_wire.plain_loads) and accepts only connections
-that name a member. The probe sends one frame exactly as a pysyncobj peer would (length,
+pysyncobj unpickles every frame and every log entry (PYSYNCOBJ.md); ``patches.install()``
+puts in an unpickler that builds plain data only (raft_wire.plain_loads), and the transport
+accepts only connections that name a member. The probe sends one frame exactly as a pysyncobj peer would (length,
 zlib, pickle) whose unpickling would create a marker file: harmless, and visible. Each test
 first shows that the same bytes do create the marker when unpickled the stock way.
 """
@@ -27,7 +27,8 @@ from coordinator.server import config as config_mod
 from coordinator.core import limits
 from coordinator.raft import wire as raft_wire
 from coordinator.client import FencingClient
-from coordinator.raft.node import RaftConfig, RaftNode  # also installs its frame reader in pysyncobj
+from coordinator.raft import patches
+from coordinator.raft.node import RaftConfig, RaftNode
 from testsupport.cluster import pick_ports, wait_until
 from testsupport.grpc_cluster import running_cluster
 from coordinator.core.state_machine import FencingStateMachine
@@ -245,6 +246,7 @@ def test_what_our_members_send_and_store_names_no_global():
     import pysyncobj.syncobj as ps_syncobj
     import pysyncobj.tcp_connection as ps_tcp
 
+    patches.install()  # what RaftNode does first
     message = {"type": "append_entries", "term": 3, "entries": [(b"\x00cmd", 10, 3), (b"", 11, 3)]}
     for module in (ps_tcp, ps_syncobj):  # frames; entries (syncobj.py:1599)
         payload = module.pickle.dumps(message)
@@ -298,7 +300,7 @@ def test_scan_frames_refuses_a_head_before_its_bytes_are_in(bad):
 
 def test_the_largest_append_a_member_sends_fits_the_bound():
     # pysyncobj adds entries while their bytes stay under the batch size, plus the one that
-    # crosses it (syncobj.py:1156-1162); raft_node caps the count. Worst case: the count at
+    # crosses it (syncobj.py:1156-1162); HardenedSyncObj caps the count. Worst case: the count at
     # its cap, the batch just under the size, then the largest entry we make (a restore).
     n = limits.RAFT_APPEND_ENTRIES_MAX - 1
     each = (limits.RAFT_BATCH_BYTES - 1) // n
@@ -351,6 +353,7 @@ def test_frames_of_any_size_in_any_chunks_arrive_whole_and_in_order():
     from pysyncobj.poller import createPoller
 
 
+    patches.install()  # what RaftNode does first: the bounded reader under test
     rng = random.Random(20261203)
     poller = createPoller("auto")
     ours, theirs = socket.socketpair()
@@ -391,6 +394,7 @@ def test_the_frame_offset_starts_over_when_a_connection_is_dropped_and_made_agai
     from pysyncobj.poller import createPoller
 
 
+    patches.install()  # what RaftNode does first: the bounded reader under test
     poller = createPoller("auto")
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]

@@ -11,6 +11,7 @@ import pytest
 from coordinator.server import config
 from coordinator.server import errors
 from coordinator.server.fencingd import build_parser
+from coordinator.raft.interface import ProposeFailure, ProposeResult
 from coordinator.core.state_machine import Reason, Rejected
 
 MEMBERS = ["127.0.0.2:7000=127.0.0.2:7100", "127.0.0.3:7000=127.0.0.3:7100", "127.0.0.4:7000=127.0.0.4:7100"]
@@ -99,21 +100,21 @@ def test_every_refusal_reason_has_one_status():
         assert failure in errors.STATUS_TABLE
 
 
-@pytest.mark.parametrize("outcome, detail, code, reason", [
-    ("unknown", "leader_changed", grpc.StatusCode.ABORTED, "OUTCOME_UNKNOWN"),
-    ("unknown", "deadline_exceeded", grpc.StatusCode.ABORTED, "OUTCOME_UNKNOWN"),
-    ("not_applied", "no_leader", grpc.StatusCode.UNAVAILABLE, "NO_LEADER"),
-    ("not_applied", "not_leader", grpc.StatusCode.UNAVAILABLE, "NO_LEADER"),
-    ("not_applied", "queue_full", grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED"),
-    ("not_applied", "command_too_large", grpc.StatusCode.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED"),
+@pytest.mark.parametrize("failure, code, reason", [
+    (ProposeFailure.LEADER_CHANGED, grpc.StatusCode.ABORTED, "OUTCOME_UNKNOWN"),
+    (ProposeFailure.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED, "OUTCOME_UNKNOWN"),
+    (ProposeFailure.NO_LEADER, grpc.StatusCode.UNAVAILABLE, "NO_LEADER"),
+    (ProposeFailure.NOT_LEADER, grpc.StatusCode.UNAVAILABLE, "NO_LEADER"),
+    (ProposeFailure.QUEUE_FULL, grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED"),
+    (ProposeFailure.COMMAND_TOO_LARGE, grpc.StatusCode.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED"),
 ])
-def test_propose_failures_map_through_the_table(outcome, detail, code, reason):
-    error = errors.from_propose_failure(outcome, detail, "10.0.0.1:7000", "10.0.0.1:7100")
+def test_propose_failures_map_through_the_table(failure, code, reason):
+    error = errors.from_propose_failure(ProposeResult.failed(failure), "10.0.0.1:7000", "10.0.0.1:7100")
     assert (error.code, error.reason) == (code, reason)
     if reason == "NO_LEADER":
         assert error.metadata["leader_api"] == "10.0.0.1:7100"
     if reason == "OUTCOME_UNKNOWN":
-        assert error.metadata["detail"] == detail
+        assert error.metadata["detail"] == failure.value
 
 
 def test_refusal_details_become_string_metadata():

@@ -28,7 +28,8 @@ import threading
 import time
 
 from coordinator.core import commands
-from coordinator.raft.node import ALL_FIXES, Outcome, RaftConfig, RaftNode
+from coordinator.raft.interface import ProposeOutcome
+from coordinator.raft.node import ALL_FIXES, RaftConfig, RaftNode
 from coordinator.core.state_machine import FencingStateMachine, outcome_to_wire
 from testsupport.control import recv_frame, send_frame
 
@@ -87,7 +88,7 @@ class NodeService:
                                  op_id=os.urandom(16), stamp_ms=0),
                 timeout_s,
             )
-            if acq.outcome is not Outcome.APPLIED:
+            if acq.outcome is not ProposeOutcome.APPLIED:
                 with lock:
                     outcomes["acquire_" + acq.outcome.value] = outcomes.get("acquire_" + acq.outcome.value, 0) + 1
                 return

@@ -1,4 +1,4 @@
-"""The leader's own journal sync, on a thread of its own (raft_node.py uses it).
+"""The leader's own journal sync, on a thread of its own (syncobj.py uses it).
 
 Owns: one background thread that fdatasyncs the journal on request and publishes the
 (term, index) it covers. Must never: touch pysyncobj state (it only calls the journal's
@@ -18,7 +18,7 @@ class LeaderSync:
     what it may not do is count itself toward their commit before. The Raft thread asks
     for a sync of everything up to (term, index) and carries on; this thread runs the
     fdatasync and publishes the (term, index) it covers, and the commit computation counts
-    the leader only up to there (``raft_node._HardenedSyncObj._cap_commit_votes``). Within one term
+    the leader only up to there (``syncobj.HardenedSyncObj._cap_commit_votes``). Within one term
     a leader never truncates its log, so a published index stays durable for that term.
 
     ``background=False`` (the simulation, no threads) syncs inline at request time.

@@ -3,7 +3,7 @@ and the unpickling of what peers send.
 
 Owns: the encoding of an entry that carries several commands, a zlib stream of stored
 (uncompressed) blocks for Raft messages, and ``plain_loads``, an unpickler that builds only
-plain data. Must never: import pysyncobj (raft_node.py is the one module that does) or
+plain data. Must never: import pysyncobj (the modules that wrap it use these formats) or
 decide what a command means (the state machine does).
 """
 

@@ -46,6 +46,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from coordinator.core.state_machine import Reason, Rejected
+from coordinator.raft.interface import ProposeFailure, ProposeResult
 
 DOMAIN = "fencing.v1"
 
@@ -93,15 +94,21 @@ STATUS_TABLE: dict[Reason | Failure, tuple[grpc.StatusCode, str]] = {
 }
 assert all(key in STATUS_TABLE for key in (*Reason, *Failure)), "every failure needs a status"
 
-# RaftNode.propose() NOT_APPLIED details -> Failure. Anything else NOT_APPLIED is NO_LEADER.
-_NOT_APPLIED: dict[str, Failure] = {
-    "no_leader": Failure.NO_LEADER,
-    "not_leader": Failure.NO_LEADER,
-    "request_denied": Failure.NO_LEADER,
-    "discarded": Failure.NO_LEADER,
-    "queue_full": Failure.QUEUE_FULL,
-    "command_too_large": Failure.COMMAND_TOO_LARGE,
+# Why propose() did not apply (or may not have applied) -> Failure. Every member is listed
+# (checked below and by a test); the ErrorInfo "detail" metadata is the result's detail.
+PROPOSE_FAILURES: dict[ProposeFailure, Failure] = {
+    ProposeFailure.NO_LEADER: Failure.NO_LEADER,
+    ProposeFailure.NOT_LEADER: Failure.NO_LEADER,
+    ProposeFailure.REQUEST_DENIED: Failure.NO_LEADER,
+    ProposeFailure.DISCARDED: Failure.NO_LEADER,
+    ProposeFailure.QUEUE_FULL: Failure.QUEUE_FULL,
+    ProposeFailure.COMMAND_TOO_LARGE: Failure.COMMAND_TOO_LARGE,
+    ProposeFailure.LEADER_CHANGED: Failure.OUTCOME_UNKNOWN,
+    ProposeFailure.UNKNOWN_OUTCOME: Failure.OUTCOME_UNKNOWN,
+    ProposeFailure.DEADLINE_EXCEEDED: Failure.OUTCOME_UNKNOWN,
+    ProposeFailure.UNRECOGNIZED: Failure.OUTCOME_UNKNOWN,
 }
+assert set(PROPOSE_FAILURES) == set(ProposeFailure), "every propose failure needs a Failure"
 
 
 def _metadata_value(value: Any) -> str:
@@ -143,15 +150,15 @@ def from_refusal(refusal: Rejected, index: int = 0) -> ServiceError:
     return ServiceError(refusal.reason, refusal.message, dict(refusal.details), index=index)
 
 
-def from_propose_failure(outcome_name: str, detail: str, leader: str = "", leader_api: str = "") -> ServiceError:
-    """The error for a NOT_APPLIED ("not_applied") or UNKNOWN ("unknown") propose result."""
-    if outcome_name == "unknown":
+def from_propose_failure(result: ProposeResult, leader: str = "", leader_api: str = "") -> ServiceError:
+    """The error for a NOT_APPLIED or UNKNOWN propose result."""
+    failure, detail = PROPOSE_FAILURES[result.failure], result.detail
+    if failure is Failure.OUTCOME_UNKNOWN:
         return ServiceError(
-            Failure.OUTCOME_UNKNOWN,
+            failure,
             f"the outcome is unknown ({detail}): the entry may still apply; retry with the same op_id",
             {"detail": detail},
         )
-    failure = _NOT_APPLIED.get(detail, Failure.NO_LEADER)
     if failure is Failure.NO_LEADER:
         return ServiceError(
             failure,

@@ -37,7 +37,8 @@ from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.server.errors import Failure, ServiceError
 from coordinator.server.metrics import Metrics
 from coordinator.client.proof import ProofSigner
-from coordinator.raft.node import Outcome, ProposeResult, RaftNode
+from coordinator.raft.interface import ProposeOutcome, ProposeResult
+from coordinator.raft.node import RaftNode
 from coordinator.core.state_machine import Reason
 
 log = logging.getLogger(__name__)
@@ -110,14 +111,14 @@ class Proposer:
             self._slots.release()
         if self.metrics is not None:
             self.metrics.proposal_done(result.outcome.value, time.perf_counter() - started)
-        if result.outcome is Outcome.APPLIED:
+        if result.outcome is ProposeOutcome.APPLIED:
             if command.op is commands.Op.READ_BARRIER:
                 self.barrier_applied.set()
             return result
-        if result.outcome is Outcome.REFUSED:
+        if result.outcome is ProposeOutcome.REFUSED:
             raise errors.from_refusal(result.value, result.index)
         leader, leader_api = self.leader_hint()
-        raise errors.from_propose_failure(result.outcome.value, result.detail, leader, leader_api)
+        raise errors.from_propose_failure(result, leader, leader_api)
 
 
 class Core:

@@ -67,7 +67,8 @@ from pysyncobj.transport import Transport
 
 from coordinator.raft import wire as raft_wire
 from coordinator.raft.journal import JOURNAL_NAME, DurableJournal
-from coordinator.raft.node import _DEFINITE_FAILURES, ALL_FIXES, RaftConfig, RaftNode
+from coordinator.raft.interface import ProposeOutcome
+from coordinator.raft.node import ALL_FIXES, RaftConfig, RaftNode, failure_of
 
 NODE_ADDRESSES = ("127.0.0.1:4001", "127.0.0.1:4002", "127.0.0.1:4003")
 LABELS = {address: f"n{i + 1}" for i, address in enumerate(NODE_ADDRESSES)}
@@ -569,7 +570,7 @@ class RecordingStateMachine:
         self.snapshots = 0
         self.restores = 0
 
-    def apply(self, entry: bytes):
+    def apply(self, entry: bytes, index: int):
         entry = bytes(entry)
         if entry in self._seen:
             self.duplicates.append(entry)
@@ -1077,12 +1078,14 @@ class Simulation:
                     "ack_mismatch",
                     f"{m.label} acknowledged {cmd.payload!r} at position {position}, but applied {there!r} there",
                 )
-        elif error in _DEFINITE_FAILURES:
-            cmd.definite_failure = _DEFINITE_FAILURES[error]
-            self.stats[f"not_applied_{cmd.definite_failure}"] += 1
         else:
-            cmd.ambiguous = f"fail_reason_{error}"
-            self.stats["ambiguous"] += 1
+            failure, detail = failure_of(error)  # what propose() would report
+            if failure.outcome is ProposeOutcome.NOT_APPLIED:
+                cmd.definite_failure = detail
+                self.stats[f"not_applied_{detail}"] += 1
+            else:
+                cmd.ambiguous = detail
+                self.stats["ambiguous"] += 1
 
     # -- running ------------------------------------------------------------------------
 

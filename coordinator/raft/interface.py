@@ -1,0 +1,105 @@
+"""What callers of the Raft layer see: the state machine they hand in, the answer they get back.
+
+Owns: the ``StateMachine`` protocol ``RaftNode`` replicates, and ``propose()``'s answer:
+``ProposeOutcome`` (applied, refused, not applied, unknown), ``ProposeFailure`` (why not
+applied or why unknown, typed) and ``ProposeResult``.
+Must never: import pysyncobj (the server's error table imports this module; translating
+pysyncobj's fail codes is ``node.py``'s job), or interpret a command.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Protocol
+
+
+class StateMachine(Protocol):
+    """What ``RaftNode`` needs from the state machine it replicates.
+
+    ``apply`` and ``restore`` run on the Raft thread under the node's apply lock, the same
+    commands in the same order on every member; an exception escaping either stops the
+    process (it would otherwise be re-applied forever). Refusals are values, not exceptions.
+    """
+
+    def apply(self, command: bytes, index: int) -> Any:
+        """Apply one committed command at Raft ``index``; return its result (a value)."""
+
+    def snapshot(self) -> Any:
+        """The whole state as msgpack-able data (written into the snapshot file)."""
+
+    def restore(self, state: Any) -> None:
+        """Replace the whole state with what ``snapshot`` returned."""
+
+    def digest(self) -> str:
+        """A hash of the state: equal on members that applied the same commands."""
+
+    @property
+    def log_clock_ms(self) -> int:
+        """The newest command stamp applied; ``RaftNode.next_stamp_ms`` never goes below it."""
+
+
+class ProposeOutcome(enum.Enum):
+    APPLIED = "applied"  # committed and applied; the state machine accepted it
+    REFUSED = "refused"  # committed and applied; the state machine refused it (a value)
+    NOT_APPLIED = "not_applied"  # definitely never applied: safe to retry anywhere
+    UNKNOWN = "unknown"  # may or may not apply: retry with the same op_id
+
+
+class ProposeFailure(enum.Enum):
+    """Why a command was not applied (NOT_APPLIED) or may not have been (UNKNOWN).
+
+    Values are the ``detail`` strings clients have always seen in ErrorInfo metadata.
+    """
+
+    # Definite: the entry was never appended by a leader, or was overwritten (PYSYNCOBJ.md
+    # "Call semantics"), or never left this member.
+    QUEUE_FULL = "queue_full"
+    NO_LEADER = "no_leader"
+    NOT_LEADER = "not_leader"
+    REQUEST_DENIED = "request_denied"
+    DISCARDED = "discarded"
+    COMMAND_TOO_LARGE = "command_too_large"
+    # Ambiguous: it may still commit and apply.
+    LEADER_CHANGED = "leader_changed"
+    UNKNOWN_OUTCOME = "unknown_outcome"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    UNRECOGNIZED = "fail_reason"  # a pysyncobj fail code we do not know: never guess
+
+    @property
+    def outcome(self) -> ProposeOutcome:
+        return ProposeOutcome.NOT_APPLIED if self in _DEFINITE else ProposeOutcome.UNKNOWN
+
+
+_DEFINITE = frozenset(
+    {
+        ProposeFailure.QUEUE_FULL,
+        ProposeFailure.NO_LEADER,
+        ProposeFailure.NOT_LEADER,
+        ProposeFailure.REQUEST_DENIED,
+        ProposeFailure.DISCARDED,
+        ProposeFailure.COMMAND_TOO_LARGE,
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProposeResult:
+    outcome: ProposeOutcome
+    value: Any = None  # the state machine's result (APPLIED / REFUSED)
+    index: int = 0  # the Raft index it was applied at (APPLIED / REFUSED)
+    failure: ProposeFailure | None = None  # why, for NOT_APPLIED / UNKNOWN
+    detail: str = ""  # the failure for humans and ErrorInfo metadata ("fail_reason_9")
+
+    def __post_init__(self) -> None:
+        if self.failure is None:
+            consistent = self.outcome in (ProposeOutcome.APPLIED, ProposeOutcome.REFUSED)
+        else:
+            consistent = self.failure.outcome is self.outcome
+        if not consistent:
+            raise ValueError(f"{self.outcome} cannot carry failure {self.failure}")
+
+    @classmethod
+    def failed(cls, failure: ProposeFailure, detail: str = "") -> ProposeResult:
+        """NOT_APPLIED or UNKNOWN, as ``failure`` says; ``detail`` defaults to its value."""
+        return cls(failure.outcome, failure=failure, detail=detail or failure.value)

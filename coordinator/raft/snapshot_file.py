@@ -1,0 +1,75 @@
+"""The snapshot (dump) file: msgpack behind a checksummed header, written with fsync.
+
+Owns: the file's format (``DUMP_NAME``, magic, version, the (index, term) of its last entry,
+crc32 of the body), writing it durably, and checking and reading it back.
+Must never: import pysyncobj (it renames the file into place; ``replica.py`` hands our
+serializer to it), or touch the state machine (the caller passes its state in and gets it out).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from typing import Any
+
+import msgpack
+
+DUMP_NAME = "raft.dump"
+
+_MAGIC = b"FNCDUMP\x00"
+_HEAD = struct.Struct("<8sIQQI")  # magic, version, last index, last term, crc32(body)
+_VERSION = 1
+
+Entry = tuple[bytes, int, int]  # pysyncobj's (command, index, term)
+
+
+def write(path: str, last: Entry, prev: Entry, state: Any) -> None:
+    """Write the snapshot whose last entries are ``last`` and ``prev``, and fsync it."""
+    body = msgpack.packb([list(last), list(prev), state], use_bin_type=True)
+    head = _HEAD.pack(_MAGIC, _VERSION, last[1], last[2], zlib.crc32(body))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(head + body)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)  # pysyncobj renames it into place (serializer.py:93)
+    finally:
+        os.close(fd)
+
+
+def verify(path: str) -> tuple[int, int]:
+    """Check a snapshot file's header and checksum; return its (last index, last term)."""
+    index, term, _body = _read_checked(path)
+    return index, term
+
+
+def read_body(path: str) -> bytes:
+    """The checked body of a snapshot file (ValueError when damaged); ``decode`` reads it."""
+    return _read_checked(path)[2]
+
+
+def _read_checked(path: str) -> tuple[int, int, bytes]:
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < _HEAD.size:
+        raise ValueError(f"{path}: snapshot shorter than its header")
+    magic, version, index, term, crc = _HEAD.unpack_from(raw, 0)
+    if magic != _MAGIC or version != _VERSION:
+        raise ValueError(f"{path}: not a snapshot of format {_VERSION}")
+    body = raw[_HEAD.size :]
+    if zlib.crc32(body) != crc:
+        raise ValueError(f"{path}: snapshot checksum mismatch")
+    return index, term, body
+
+
+def decode(body: bytes) -> tuple[Entry, Entry, Any]:
+    """(last entry, previous entry, state) of a checked body."""
+    last, prev, state = msgpack.unpackb(body, raw=False)
+    return _entry_tuple(last), _entry_tuple(prev), state
+
+
+def _entry_tuple(entry) -> Entry:
+    # pysyncobj compares entries as tuples (syncobj.py:1489-1495); a list from
+    # msgpack would never compare equal and the journal would be cleared.
+    return (bytes(entry[0]), int(entry[1]), int(entry[2]))

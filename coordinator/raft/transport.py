@@ -1,0 +1,195 @@
+"""Who may talk to a member over Raft, and how much: connection admission and bounded frames.
+
+Owns: ``BoundTCPTransport`` (outgoing sockets leave from the node's own address; incoming
+connections must name a member, in time, at most ``RAFT_UNNAMED_CONNECTIONS_MAX`` waiting;
+a listen backlog of ``RAFT_LISTEN_BACKLOG``) and the frame reader that replaces pysyncobj's
+(``process_read_bounded``, ``parse_message_bounded``: heads checked as bytes arrive, a
+bytearray grown in place). RAFT.md "Bounded frames" and "Connections that name no member".
+Must never: patch pysyncobj itself (``patches.install()`` puts the reader in place), decode
+a frame any other way than ``wire.plain_loads(wire.bounded_inflate(...))``, or keep a
+connection that declared a frame over ``limits.RAFT_MESSAGE_BYTES_MAX``.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import time
+from typing import Callable
+
+from pysyncobj.transport import TCPTransport
+
+from coordinator.core import limits
+from coordinator.raft import wire as raft_wire
+
+log = logging.getLogger(__name__)
+
+# Our per-connection state, as class defaults on pysyncobj's TcpConnection (patches.py sets
+# them) that a connection overrides for itself. ``_frames_scanned_to`` is where the first
+# frame not yet whole starts in the read buffer.
+CONNECTION_DEFAULTS = {
+    "_frames_scanned_to": 0,
+    "on_refused_frame": None,  # the transport's refusal counter, once it owns the connection
+    "accepted_at": 0.0,  # monotonic time an incoming connection was accepted
+}
+
+
+# pysyncobj's frame reader (tcp_connection.py:261-299) buffers until a frame's 32-bit length
+# is in: up to 2 GiB per connection, from anyone who reaches a Raft port (with the secret
+# too: it is checked once the frame is whole). It also grows its buffer by concatenating
+# bytes, which copies the buffer on every read: seconds on the Raft thread for a frame of
+# tens of MiB. Ours is the same reader with the heads checked as bytes arrive
+# (raft_wire.scan_frames: a head declaring more than limits.RAFT_MESSAGE_BYTES_MAX drops the
+# connection before its body is waited for) and a bytearray that grows in place.
+
+
+def process_read_bounded(conn) -> bool:
+    """TcpConnection.__processRead (tcp_connection.py:261-275), the buffer a bytearray, heads checked."""
+    try:
+        incoming = conn._TcpConnection__socket.recv(conn._TcpConnection__recvBufferSize)
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+            conn.disconnect()
+        return False
+    if conn._TcpConnection__socket.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+        conn.disconnect()
+        return False
+    if not incoming:
+        conn.disconnect()
+        return False
+    buffer = conn._TcpConnection__readBuffer
+    if not isinstance(buffer, bytearray):  # pysyncobj (re)sets it to bytes() on (dis)connect
+        buffer = conn._TcpConnection__readBuffer = bytearray(buffer)
+    buffer += incoming
+    try:
+        conn._frames_scanned_to = raft_wire.scan_frames(buffer, conn._frames_scanned_to)
+    except raft_wire.FrameTooLarge as exc:
+        log.warning("raft: dropped a connection: %s", exc)
+        if conn.on_refused_frame is not None:
+            conn.on_refused_frame()
+        conn.disconnect()
+        return False
+    return True
+
+
+def parse_message_bounded(conn):
+    """TcpConnection.__processParseMessage (tcp_connection.py:277-299) on the bytearray.
+
+    A refused frame (one that inflates past the bound or unpickles to anything but plain
+    data) drops the connection, as pysyncobj drops any bad frame.
+    """
+    buffer = conn._TcpConnection__readBuffer
+    if len(buffer) < raft_wire.FRAME_HEAD.size:
+        return None
+    (length,) = raft_wire.FRAME_HEAD.unpack_from(buffer, 0)
+    end = raft_wire.FRAME_HEAD.size + length
+    if len(buffer) < end:
+        return None
+    with memoryview(buffer) as view:  # released before the buffer shrinks
+        data = view[raft_wire.FRAME_HEAD.size : end].tobytes()
+    try:
+        if conn.encryptor:
+            timestamp = conn.encryptor.extract_timestamp(data)
+            if timestamp < conn.recvLastTimestamp:
+                raise ValueError("a replayed or reordered frame")
+            conn.recvLastTimestamp = timestamp
+            data = conn.encryptor.decrypt(data)
+        message = raft_wire.plain_loads(raft_wire.bounded_inflate(data))
+        if conn.recvRandKey:
+            rand_key, message = message
+            if rand_key != conn.recvRandKey:
+                raise ValueError("a frame under another connection's key")
+    except Exception:  # noqa: BLE001 - as pysyncobj: any bad frame drops the connection
+        conn.disconnect()
+        return None
+    del buffer[:end]
+    conn._frames_scanned_to = max(0, conn._frames_scanned_to - end)
+    return message
+
+
+def restarting_frame_scan(method: Callable) -> Callable:
+    """``method`` (connect or disconnect) that first forgets where frames were scanned to:
+    pysyncobj reuses a connection object, and its buffer starts over."""
+
+    def wrapped(conn, *args):
+        conn._frames_scanned_to = 0
+        return method(conn, *args)
+
+    return wrapped
+
+
+class BoundTCPTransport(TCPTransport):
+    """Outgoing peer connections leave from this node's own address; strangers are bounded.
+
+    pysyncobj never binds outgoing sockets (tcp_connection.py:119), so every node on
+    127.0.0.2/.3/.4 would connect from 127.0.0.1 and packet filters could not tell
+    them apart. TcpConnection.connect() calls setSockoptKeepalive() right before
+    connect() (tcp_connection.py:123): binding there is the smallest hook.
+    """
+
+    def _count_refused(self) -> None:
+        self._syncObj.refused_peer_messages += 1
+
+    def _maybeBind(self):
+        if self._ready:  # bound already; pysyncobj checks this first too, every tick
+            return
+        super()._maybeBind()
+        if self._ready:
+            # listen() again on a listening socket only resizes its queue (transport.py:285-299
+            # binds; tcp_server.py:42 listened with a backlog of 5).
+            self._server._TcpServer__socket.listen(limits.RAFT_LISTEN_BACKLOG)
+
+    def _onNewIncomingConnection(self, conn):
+        conn.on_refused_frame = self._count_refused
+        conn.accepted_at = time.monotonic()
+        while len(self._unknownConnections) >= limits.RAFT_UNNAMED_CONNECTIONS_MAX:
+            oldest = min(self._unknownConnections, key=lambda c: c.accepted_at)
+            self._drop_unnamed(oldest, f"more than {limits.RAFT_UNNAMED_CONNECTIONS_MAX} have named no member yet")
+        super()._onNewIncomingConnection(conn)
+
+    def _onTick(self):
+        super()._onTick()
+        if self._unknownConnections:  # usually empty: members name themselves at once
+            cutoff = time.monotonic() - limits.RAFT_NAMING_DEADLINE_MS / 1000
+            for conn in [c for c in self._unknownConnections if c.accepted_at < cutoff]:
+                self._drop_unnamed(conn, f"it named no member within {limits.RAFT_NAMING_DEADLINE_MS} ms")
+
+    def _drop_unnamed(self, conn, why: str) -> None:
+        log.warning("raft: dropped an incoming connection: %s", why)
+        self._count_refused()
+        self._unknownConnections.discard(conn)
+        conn.disconnect()
+
+    def addNode(self, node):
+        super().addNode(node)
+        conn = self._connections.get(node)
+        if conn is not None:
+            conn.on_refused_frame = self._count_refused
+        if conn is None or self._selfNode is None:
+            return
+        host = self._selfNode.host
+        keepalive = conn.setSockoptKeepalive
+
+        def bind_then_keepalive():
+            sock = conn._TcpConnection__socket
+            if sock is not None:
+                sock.bind((host, 0))
+            keepalive()
+
+        conn.setSockoptKeepalive = bind_then_keepalive
+
+    def _onIncomingMessageReceived(self, conn, message):
+        """Accept only members on incoming connections: no read-only nodes, no utility commands.
+
+        pysyncobj lets any connection announce itself as a read-only node, which is then sent
+        every entry, or send utility commands (status, add, remove, set_version, transfer;
+        transport.py:375-384) that no member of ours uses. Only the first message is seen
+        here (after the secret's key exchange, when there is one): it must name a member.
+        """
+        if self._syncObj.encryptor and not conn.sendRandKey:
+            return super()._onIncomingMessageReceived(conn, message)  # the key exchange
+        if not isinstance(message, str) or message not in self._nodeAddrToNode:
+            self._drop_unnamed(conn, f"its first message did not name a member ({type(message).__name__})")
+            return
+        super()._onIncomingMessageReceived(conn, message)
