@@ -38,6 +38,7 @@ from coordinator.server.errors import Failure, ServiceError
 from coordinator.server.metrics import Metrics
 from coordinator.client.proof import ProofSigner
 from coordinator.raft.node import Outcome, ProposeResult, RaftNode
+from coordinator.core.names import ErrorMeta, Trailer
 from coordinator.core.state_machine import Reason
 
 log = logging.getLogger(__name__)
@@ -173,9 +174,9 @@ class Core:
     def trailing(self, index: int = 0) -> tuple[tuple[str, str], ...]:
         term, applied = self.node.term_and_applied()
         return (
-            (errors.HEADER_MEMBER_ID, self.member_id),
-            (errors.HEADER_RAFT_TERM, str(term)),
-            (errors.HEADER_APPLIED_INDEX, str(index or applied)),
+            (Trailer.MEMBER_ID, self.member_id),
+            (Trailer.RAFT_TERM, str(term)),
+            (Trailer.APPLIED_INDEX, str(index or applied)),
         )
 
     def abort(self, context: grpc.ServicerContext, error: ServiceError):
@@ -273,7 +274,7 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         if left <= 0 or not context.is_active():
             return None
         try:
-            until_expiry_s = int(held.metadata.get("expires_at_ms", "0")) / 1000 - time.time()
+            until_expiry_s = int(held.metadata.get(ErrorMeta.EXPIRES_AT_MS, "0")) / 1000 - time.time()
         except ValueError:
             until_expiry_s = self.acquire_wait_poll_s
         # Poll at most every acquire_wait_poll_s (a release ends a lease early), but not
