@@ -3,7 +3,8 @@
 Owns: the client's exception tree and ``from_rpc_error``, the single translation from a
 ``grpc.RpcError`` (status code + ``google.rpc.ErrorInfo`` in the rich status) to a typed
 exception. Must never: import the client, retry, or decide policy; the server's own error
-table lives in ``coordinator/server/errors.py`` and this module only reads what it sends.
+table lives in ``coordinator/server/errors.py`` and this module only reads what it sends,
+by the names both declare in ``coordinator/core/names.py`` (reasons, metadata keys, trailers).
 
 The tree answers the first question a caller has after a failed mutation, "did it apply?"::
 
@@ -15,7 +16,8 @@ The tree answers the first question a caller has after a failed mutation, "did i
     │   ├── Unavailable              no node could take the call in time (safe to retry)
     │   │   └── NoLeader             the cluster has no leader / no quorum right now
     │   ├── Refused                  the state machine said no; retrying will not help
-    │   │   ├── StaleToken           token < hwm: a newer owner exists       .hwm
+    │   │   ├── StaleToken           token < hwm: a newer owner exists       .hwm .token
+    │   │   │                        (an external guard raises it too)
     │   │   ├── UnknownToken         token > hwm: never issued for resource  .hwm
     │   │   ├── LeaseHeld            another live lease holds the resource
     │   │   │                        .holder .expires_at_ms .token

@@ -2,9 +2,9 @@
 
 Owns: every string a failed call carries on the wire besides its status code and message --
 the ``google.rpc.ErrorInfo`` reason and domain, the ErrorInfo metadata keys, and the names
-of the trailing metadata that says who answered. The server (``coordinator.server.errors``)
-writes them, the client (``coordinator.client.exceptions``) reads them, tests compare with
-them; nothing else spells them.
+of the trailing metadata that says who answered. The server (``coordinator.server.errors``,
+``service``) writes them, the client (``coordinator.client.exceptions``) reads them, and
+tests compare with them, instead of each typing the strings again.
 Must never: decide which status or exception a reason maps to (``server/errors.py``'s
 STATUS_TABLE and ``client/exceptions.py``'s table do), or import anything but ``enum``. It
 sits in core because both the server and the client layer may import core

@@ -1,6 +1,6 @@
 """The gRPC servicers of ``fencing.v1``: validate, build a command, propose, map the result.
 
-Owns: request validation (through ``validation``), the ``Proposer`` (stamps commands, bounds
+Owns: request validation (each RPC's row of ``validation.REQUESTS``), the ``Proposer`` (stamps commands, bounds
 proposals in flight, derives each proposal's deadline from the RPC's), response headers,
 Admin authorization and its audit log, and the translation of every outcome through
 ``errors.STATUS_TABLE``.
