@@ -20,6 +20,8 @@ import pytest
 
 from coordinator.client import fencingctl as cli_ctl
 from coordinator.core import limits
+from coordinator.core.names import ErrorMeta as M
+from coordinator.core.names import ErrorReason as R
 from testsupport.fake_cluster import FakeCluster, abort, unknown_before_apply
 from coordinator.client import DEFAULT_ENDPOINTS
 
@@ -143,10 +145,10 @@ def test_usage_errors_exit_2_with_one_line(fake, ctl, argv, message):
 def test_server_side_invalid_argument_exits_2(fake, ctl):
     code, _, err = ctl("write", "orders 7", "k", "v", "--token", "1")  # caught by the client
     assert code == 2 and "field 'resource'" in err
-    fake.inject("Describe", abort(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD", "bad resource",
+    fake.inject("Describe", abort(grpc.StatusCode.INVALID_ARGUMENT, R.INVALID_FIELD, "bad resource",
                                   field="resource"))
     code, doc, err = ctl.json("describe", "orders/7")
-    assert code == 2 and doc["error"]["reason"] == "INVALID_FIELD"
+    assert code == 2 and doc["error"]["reason"] == R.INVALID_FIELD
     assert err == "fencingctl: invalid argument: field 'resource': bad resource\n"
 
 
@@ -161,7 +163,7 @@ def test_stale_token_is_refused_with_exit_3_and_a_friendly_line(fake, ctl):
     assert err == f"fencingctl: refused: token {old} is stale for orders/7 (high-water mark is {old + 1})\n"
     e = doc["error"]
     assert (e["type"], e["reason"], e["code"], e["metadata"]) == (
-        "StaleToken", "STALE_TOKEN", "FAILED_PRECONDITION", {"hwm": str(old + 1)})
+        "StaleToken", R.STALE_TOKEN, "FAILED_PRECONDITION", {M.HWM: str(old + 1)})
     assert len(e["op_id"]) == 32
 
 
@@ -177,7 +179,7 @@ def test_each_refusal_reason_has_its_line_and_code(fake, ctl):
     assert ctl("release", "orders/7", "--token", str(token))[0] == 0
     code, _, err = ctl("keepalive", "orders/7", "--token", str(token))
     assert code == 3 and "has ended; acquire a new one" in err
-    fake.inject("Write", abort(grpc.StatusCode.ALREADY_EXISTS, "OP_ID_CONFLICT", "used"))
+    fake.inject("Write", abort(grpc.StatusCode.ALREADY_EXISTS, R.OP_ID_CONFLICT, "used"))
     code, _, err = ctl("write", "orders/7", "k", "v", "--token", str(token), "--op-id", "ab" * 16)
     assert (code, err) == (3, f"fencingctl: refused: op id {'ab' * 16} was already used for a different request\n")
 
@@ -185,10 +187,10 @@ def test_each_refusal_reason_has_its_line_and_code(fake, ctl):
 @pytest.mark.parametrize(
     "code, reason, exit_code, start",
     [
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED", 7, "fencingctl: limit: "),
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, "EPOCH_EXHAUSTED", 7, "fencingctl: limit: every fencing token"),
-        (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED", 6, "fencingctl: unauthenticated: "),
-        (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED", 6, "fencingctl: permission denied: "),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, R.LIMIT_EXCEEDED, 7, "fencingctl: limit: "),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, R.EPOCH_EXHAUSTED, 7, "fencingctl: limit: every fencing token"),
+        (grpc.StatusCode.UNAUTHENTICATED, R.UNAUTHENTICATED, 6, "fencingctl: unauthenticated: "),
+        (grpc.StatusCode.PERMISSION_DENIED, R.PERMISSION_DENIED, 6, "fencingctl: permission denied: "),
         (grpc.StatusCode.INTERNAL, "", 1, "fencingctl: server error: INTERNAL: "),
     ],
 )
@@ -199,7 +201,7 @@ def test_other_statuses_exit_codes(fake, ctl, code, reason, exit_code, start):
 
 
 def test_overloaded_until_the_deadline_exits_7(fake, ctl):
-    fake.inject("Describe", *[abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED")] * 50)
+    fake.inject("Describe", *[abort(grpc.StatusCode.RESOURCE_EXHAUSTED, R.OVERLOADED)] * 50)
     rc, _, err = ctl("describe", "orders/7", timeout="1")
     assert rc == 7 and err.startswith("fencingctl: overloaded: the cluster is overloaded")
 

@@ -10,7 +10,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from coordinator.client import exceptions
 from coordinator.client.guard import SqliteGuard, StaleToken
+from coordinator.core.names import ErrorReason
 from coordinator.client.proof import TOKEN_MAX, InvalidProof, ProofSigner, ProofVerifier, to_text
 
 KEY = Ed25519PrivateKey.generate()
@@ -98,6 +100,19 @@ def test_higher_token_raises_hwm_then_old_token_is_stale_and_not_applied(conn, g
     assert _written(conn) == [5, 6]
     assert guard.hwm(RESOURCE) == 6
     assert not conn.in_transaction  # rolled back, the connection is free
+
+
+def test_the_guards_stale_token_is_the_clients_so_one_except_catches_both(guard):
+    # A service that writes through the coordinator and through a guard handles a fenced
+    # holder in one place: the guard raises the very class the client raises.
+    _write(guard, 6)
+    with pytest.raises(exceptions.StaleToken) as info:
+        with guard.fenced(RESOURCE, SIGNER.sign(RESOURCE, 5)):
+            pass
+    refusal = info.value
+    assert type(refusal) is exceptions.StaleToken and isinstance(refusal, exceptions.Refused)
+    assert (refusal.code, refusal.reason, refusal.metadata) == (None, ErrorReason.STALE_TOKEN, {"hwm": "6"})
+    assert refusal.category == "refused"
 
 
 def test_resources_are_fenced_independently(conn, guard):

@@ -23,6 +23,9 @@ from grpc_status import rpc_status
 
 from coordinator.server import cpu_pin
 from coordinator.core import limits
+from coordinator.core.names import DOMAIN, Trailer
+from coordinator.core.names import ErrorMeta as M
+from coordinator.core.names import ErrorReason as R
 from coordinator.api.v1 import fencing_pb2 as pb
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, SERVING, running_cluster, wait_for
 
@@ -51,7 +54,7 @@ def failure(call, *args, **kwargs) -> tuple[grpc.StatusCode, str, dict[str, str]
             if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
                 info = error_details_pb2.ErrorInfo()
                 detail.Unpack(info)
-                assert info.domain == "fencing.v1"
+                assert info.domain == DOMAIN
                 reason, metadata = info.reason, dict(info.metadata)
     return err.code(), reason, metadata, err
 
@@ -149,14 +152,14 @@ def test_every_response_has_a_header(cluster):
     # Errors carry the same three facts as trailing metadata.
     code, reason, _, err = failure(n1.store.Write, pb.WriteRequest(
         resource=resource, key="k", value=b"v", token=acq.token, op_id=op_id()), timeout=T)
-    assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, "STALE_TOKEN")
+    assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, R.STALE_TOKEN)
     meta = trailers(err)
-    assert meta["fencing-member-id"] == n1.raft_address
-    assert int(meta["fencing-raft-term"]) >= 1
-    assert int(meta["fencing-applied-index"]) > indexes[-1]
+    assert meta[Trailer.MEMBER_ID] == n1.raft_address
+    assert int(meta[Trailer.RAFT_TERM]) >= 1
+    assert int(meta[Trailer.APPLIED_INDEX]) > indexes[-1]
     # ... also errors refused before proposing.
     _, _, _, err = failure(n2.store.Read, pb.ReadRequest(resource="", key="k"), timeout=T)
-    assert trailers(err)["fencing-member-id"] == n2.raft_address
+    assert trailers(err)[Trailer.MEMBER_ID] == n2.raft_address
 
 
 # -- the seed scenario ---------------------------------------------------------------------
@@ -195,8 +198,8 @@ def test_seed_scenario_stale_writer_is_refused(cluster):
     # B is refused while A's lease lives: LEASE_HELD says who holds it and until when.
     code, reason, meta, _ = failure(n1.lease.Acquire, pb.AcquireRequest(
         resource=resource, holder="worker-b", ttl_ms=5_000, op_id=op_id()), timeout=T)
-    assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, "LEASE_HELD")
-    assert meta == {"holder": "worker-a", "expires_at_ms": str(a.expires_at_ms), "token": str(a.token)}
+    assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, R.LEASE_HELD)
+    assert meta == {M.HOLDER: "worker-a", M.EXPIRES_AT_MS: str(a.expires_at_ms), M.TOKEN: str(a.token)}
 
     # B waits server-side until A's lease expires on the log clock, then gets a new token.
     b = n1.lease.Acquire(pb.AcquireRequest(resource=resource, holder="worker-b", ttl_ms=5_000, op_id=op_id(),
@@ -207,13 +210,13 @@ def test_seed_scenario_stale_writer_is_refused(cluster):
     # A wakes up and writes: refused, and told the current high-water mark.
     code, reason, meta, _ = failure(n2.store.Write, pb.WriteRequest(
         resource=resource, key="total", value=b"17", token=a.token, op_id=op_id()), timeout=T)
-    assert (code, reason, meta) == (grpc.StatusCode.FAILED_PRECONDITION, "STALE_TOKEN", {"hwm": str(b.token)})
+    assert (code, reason, meta) == (grpc.StatusCode.FAILED_PRECONDITION, R.STALE_TOKEN, {M.HWM: str(b.token)})
 
     # Another process holding A's old token is refused the same way.
     out = subprocess.run([sys.executable, "-c", OLD_HOLDER_CLIENT, n0.api_address, resource, str(a.token)],
                          capture_output=True, text=True, timeout=60, check=True)
-    assert json.loads(out.stdout) == {"code": "FAILED_PRECONDITION", "reason": "STALE_TOKEN",
-                                      "metadata": {"hwm": str(b.token)}}
+    assert json.loads(out.stdout) == {"code": "FAILED_PRECONDITION", "reason": R.STALE_TOKEN,
+                                      "metadata": {M.HWM: str(b.token)}}
 
     # B writes twice in its epoch (equal tokens are eligible, I4).
     w1 = n1.store.Write(pb.WriteRequest(resource=resource, key="total", value=b"42", token=b.token, op_id=op_id()),
@@ -225,7 +228,7 @@ def test_seed_scenario_stale_writer_is_refused(cluster):
     # A malformed token is refused before anything is proposed.
     code, reason, meta, _ = failure(n0.store.Write, pb.WriteRequest(
         resource=resource, key="total", value=b"0", token=0, op_id=op_id()), timeout=T)
-    assert (code, reason, meta) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD", {"field": "token"})
+    assert (code, reason, meta) == (grpc.StatusCode.INVALID_ARGUMENT, R.INVALID_FIELD, {M.FIELD: "token"})
 
     for node in cluster.nodes:
         read = node.store.Read(pb.ReadRequest(resource=resource, key="total"), timeout=T)
@@ -243,10 +246,10 @@ def test_force_release_fences_the_old_holder(cluster):
     assert b.token > forced.hwm
     code, reason, meta, _ = failure(n0.store.Write, pb.WriteRequest(
         resource=resource, key="k", value=b"x", token=a.token, op_id=op_id()), timeout=T)
-    assert (reason, meta["hwm"]) == ("STALE_TOKEN", str(b.token))
+    assert (reason, meta[M.HWM]) == (R.STALE_TOKEN, str(b.token))
     code, reason, _, _ = failure(n0.lease.KeepAlive, pb.KeepAliveRequest(resource=resource, token=a.token),
                                  timeout=T)
-    assert reason == "STALE_TOKEN"
+    assert reason == R.STALE_TOKEN
 
 
 def test_admin_needs_the_token_and_every_call_is_audited(cluster):
@@ -263,10 +266,10 @@ def test_admin_needs_the_token_and_every_call_is_audited(cluster):
     before = len(audit_lines())
     request = pb.ForceReleaseRequest(resource=unique("admin"), op_id=op_id())
     code, reason, _, _ = failure(node.admin.ForceRelease, request, timeout=T)
-    assert (code, reason) == (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED")
+    assert (code, reason) == (grpc.StatusCode.UNAUTHENTICATED, R.UNAUTHENTICATED)
     code, reason, _, _ = failure(node.admin.ForceRelease, request, timeout=T,
                                  metadata=(("authorization", "Bearer wrong"),))
-    assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED")
+    assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, R.PERMISSION_DENIED)
     node.admin.ForceRelease(request, timeout=T, metadata=ADMIN)
     lines = wait_for(lambda: (lambda l: l if len(l) >= before + 3 else None)(audit_lines()), 5, "audit lines")
     assert len(lines) == before + 3
@@ -299,55 +302,55 @@ def _cases(v):
         return lambda n: n.lease.Acquire(pb.AcquireRequest(**fields), timeout=T)
 
     return [
-        ("token 0", write(token=0), BAD, "INVALID_FIELD", {"field": "token"}),
+        ("token 0", write(token=0), BAD, R.INVALID_FIELD, {M.FIELD: "token"}),
         ("token missing", lambda n: n.store.Write(pb.WriteRequest(resource=r, key="k", value=b"x", op_id=op_id()),
-                                                  timeout=T), BAD, "INVALID_FIELD", {"field": "token"}),
-        ("token never issued (2**63)", write(token=BIG), PRE, "UNKNOWN_TOKEN", {"hwm": str(tok)}),
-        ("token issued for another resource", write(token=v["other_token"]), PRE, "UNKNOWN_TOKEN",
-         {"hwm": str(tok)}),
-        ("value over 64 KiB", write(value=b"x" * (limits.VALUE_BYTES_MAX + 1)), BAD, "INVALID_FIELD",
-         {"field": "value"}),
-        ("empty resource", write(resource=""), BAD, "INVALID_FIELD", {"field": "resource"}),
-        ("resource with a space", write(resource="orders 7"), BAD, "INVALID_FIELD", {"field": "resource"}),
-        ("resource not ASCII", write(resource="ordérs/7"), BAD, "INVALID_FIELD", {"field": "resource"}),
-        ("resource of 257 bytes", write(resource="r" * 257), BAD, "INVALID_FIELD", {"field": "resource"}),
-        ("key with a space", write(key="a key"), BAD, "INVALID_FIELD", {"field": "key"}),
-        ("op_id of 15 bytes", write(op_id=b"x" * 15), BAD, "INVALID_FIELD", {"field": "op_id"}),
-        ("op_id missing", write(op_id=b""), BAD, "INVALID_FIELD", {"field": "op_id"}),
-        ("op_id of 65 bytes", write(op_id=b"x" * 65), BAD, "INVALID_FIELD", {"field": "op_id"}),
+                                                  timeout=T), BAD, R.INVALID_FIELD, {M.FIELD: "token"}),
+        ("token never issued (2**63)", write(token=BIG), PRE, R.UNKNOWN_TOKEN, {M.HWM: str(tok)}),
+        ("token issued for another resource", write(token=v["other_token"]), PRE, R.UNKNOWN_TOKEN,
+         {M.HWM: str(tok)}),
+        ("value over 64 KiB", write(value=b"x" * (limits.VALUE_BYTES_MAX + 1)), BAD, R.INVALID_FIELD,
+         {M.FIELD: "value"}),
+        ("empty resource", write(resource=""), BAD, R.INVALID_FIELD, {M.FIELD: "resource"}),
+        ("resource with a space", write(resource="orders 7"), BAD, R.INVALID_FIELD, {M.FIELD: "resource"}),
+        ("resource not ASCII", write(resource="ordérs/7"), BAD, R.INVALID_FIELD, {M.FIELD: "resource"}),
+        ("resource of 257 bytes", write(resource="r" * 257), BAD, R.INVALID_FIELD, {M.FIELD: "resource"}),
+        ("key with a space", write(key="a key"), BAD, R.INVALID_FIELD, {M.FIELD: "key"}),
+        ("op_id of 15 bytes", write(op_id=b"x" * 15), BAD, R.INVALID_FIELD, {M.FIELD: "op_id"}),
+        ("op_id missing", write(op_id=b""), BAD, R.INVALID_FIELD, {M.FIELD: "op_id"}),
+        ("op_id of 65 bytes", write(op_id=b"x" * 65), BAD, R.INVALID_FIELD, {M.FIELD: "op_id"}),
         ("op_id reused for another op", write(op_id=v["acquire_op_id"]), grpc.StatusCode.ALREADY_EXISTS,
-         "OP_ID_CONFLICT", {}),
-        ("expected_version mismatch", write(expected_version=v["version"] + 100), PRE, "VERSION_MISMATCH",
-         {"version": str(v["version"])}),
-        ("ttl 0", acquire(ttl_ms=0), BAD, "INVALID_FIELD", {"field": "ttl_ms"}),
-        ("ttl over 1 h", acquire(ttl_ms=limits.LEASE_TTL_MS_MAX + 1), BAD, "INVALID_FIELD", {"field": "ttl_ms"}),
-        ("ttl huge", acquire(ttl_ms=2**64 - 1), BAD, "INVALID_FIELD", {"field": "ttl_ms"}),
-        ("holder empty", acquire(holder=""), BAD, "INVALID_FIELD", {"field": "holder"}),
-        ("acquire while held", acquire(resource=r), PRE, "LEASE_HELD", {"holder": "victim-holder"}),
+         R.OP_ID_CONFLICT, {}),
+        ("expected_version mismatch", write(expected_version=v["version"] + 100), PRE, R.VERSION_MISMATCH,
+         {M.VERSION: str(v["version"])}),
+        ("ttl 0", acquire(ttl_ms=0), BAD, R.INVALID_FIELD, {M.FIELD: "ttl_ms"}),
+        ("ttl over 1 h", acquire(ttl_ms=limits.LEASE_TTL_MS_MAX + 1), BAD, R.INVALID_FIELD, {M.FIELD: "ttl_ms"}),
+        ("ttl huge", acquire(ttl_ms=2**64 - 1), BAD, R.INVALID_FIELD, {M.FIELD: "ttl_ms"}),
+        ("holder empty", acquire(holder=""), BAD, R.INVALID_FIELD, {M.FIELD: "holder"}),
+        ("acquire while held", acquire(resource=r), PRE, R.LEASE_HELD, {M.HOLDER: "victim-holder"}),
         ("keep-alive lease_id != token",
          lambda n: n.lease.KeepAlive(pb.KeepAliveRequest(resource=r, token=tok, lease_id=tok + 1), timeout=T),
-         BAD, "INVALID_FIELD", {"field": "lease_id"}),
+         BAD, R.INVALID_FIELD, {M.FIELD: "lease_id"}),
         ("keep-alive ttl 50 ms",
          lambda n: n.lease.KeepAlive(pb.KeepAliveRequest(resource=r, token=tok, ttl_ms=50), timeout=T),
-         BAD, "INVALID_FIELD", {"field": "ttl_ms"}),
+         BAD, R.INVALID_FIELD, {M.FIELD: "ttl_ms"}),
         ("release token 0", lambda n: n.lease.Release(pb.ReleaseRequest(resource=r, token=0), timeout=T),
-         BAD, "INVALID_FIELD", {"field": "token"}),
+         BAD, R.INVALID_FIELD, {M.FIELD: "token"}),
         ("release never-issued token", lambda n: n.lease.Release(pb.ReleaseRequest(resource=r, token=BIG), timeout=T),
-         PRE, "UNKNOWN_TOKEN", {}),
+         PRE, R.UNKNOWN_TOKEN, {}),
         ("delete token 0", lambda n: n.store.Delete(pb.DeleteRequest(resource=r, key="k", token=0, op_id=op_id()),
-                                                    timeout=T), BAD, "INVALID_FIELD", {"field": "token"}),
+                                                    timeout=T), BAD, R.INVALID_FIELD, {M.FIELD: "token"}),
         ("read bad key", lambda n: n.store.Read(pb.ReadRequest(resource=r, key=""), timeout=T),
-         BAD, "INVALID_FIELD", {"field": "key"}),
+         BAD, R.INVALID_FIELD, {M.FIELD: "key"}),
         ("describe bad resource", lambda n: n.lease.Describe(pb.DescribeRequest(resource="a b"), timeout=T),
-         BAD, "INVALID_FIELD", {"field": "resource"}),
+         BAD, R.INVALID_FIELD, {M.FIELD: "resource"}),
         ("keep-alive batch too big", lambda n: n.lease.KeepAliveMany(pb.KeepAliveManyRequest(
             leases=[pb.KeepAliveRequest(resource=r, token=tok)] * (limits.KEEP_ALIVE_BATCH_ITEMS_MAX + 1)),
-            timeout=T), BAD, "INVALID_FIELD", {"field": "leases"}),
+            timeout=T), BAD, R.INVALID_FIELD, {M.FIELD: "leases"}),
         ("epoch floor 0", lambda n: n.admin.SetEpochFloor(pb.SetEpochFloorRequest(floor=0), timeout=T,
-                                                          metadata=ADMIN), BAD, "INVALID_FIELD", {"field": "floor"}),
+                                                          metadata=ADMIN), BAD, R.INVALID_FIELD, {M.FIELD: "floor"}),
         ("force-release short op_id", lambda n: n.admin.ForceRelease(
             pb.ForceReleaseRequest(resource=r, op_id=b"short"), timeout=T, metadata=ADMIN),
-         BAD, "INVALID_FIELD", {"field": "op_id"}),
+         BAD, R.INVALID_FIELD, {M.FIELD: "op_id"}),
     ]
 
 
@@ -460,7 +463,7 @@ def test_keep_alive_unary_batch_and_stream(cluster):
         pb.KeepAliveRequest(resource=r1, token=0),
     ]), timeout=T)
     got = [(x.resource, x.ok, x.reason) for x in many.results]
-    assert got == [(r1, True, ""), (r2, True, ""), (r2, False, "STALE_TOKEN"), (r1, False, "INVALID_FIELD")]
+    assert got == [(r1, True, ""), (r2, True, ""), (r2, False, R.STALE_TOKEN), (r1, False, R.INVALID_FIELD)]
     assert many.results[0].expires_at_ms >= k.expires_at_ms
 
     requests = [pb.KeepAliveRequest(resource=r, token=t) for r, t in ((r1, a1.token), (r2, a2.token), (r1, a1.token))]
@@ -473,13 +476,13 @@ def test_keep_alive_unary_batch_and_stream(cluster):
            pb.KeepAliveRequest(resource=r1, token=a1.token)]
     seen = []
     code, reason, _, _ = failure(lambda: seen.extend(n1.lease.KeepAliveStream(iter(bad), timeout=T)))
-    assert len(seen) == 1 and (code, reason) == (PRE, "UNKNOWN_TOKEN")
+    assert len(seen) == 1 and (code, reason) == (PRE, R.UNKNOWN_TOKEN)
 
     # An expired lease cannot be kept alive; a release ends it and keeps the hwm.
     rel = n2.lease.Release(pb.ReleaseRequest(resource=r2, token=a2.token, op_id=op_id()), timeout=T)
     assert (rel.released, rel.hwm) == (True, a2.token)
     code, reason, _, _ = failure(n0.lease.KeepAlive, pb.KeepAliveRequest(resource=r2, token=a2.token), timeout=T)
-    assert (code, reason) == (PRE, "LEASE_EXPIRED")
+    assert (code, reason) == (PRE, R.LEASE_EXPIRED)
 
 
 def test_status_reports_the_cluster(cluster):
@@ -517,7 +520,7 @@ def test_outcome_unknown_then_retry_with_the_same_op_id_applies_once(cluster):
                 cluster.resume(i)
         assert code in uncertain, (code, reason, meta)
         if code is grpc.StatusCode.ABORTED:
-            assert reason == "OUTCOME_UNKNOWN" and meta["detail"]
+            assert reason == R.OUTCOME_UNKNOWN and meta[M.DETAIL]
         cluster.wait_ready()
         return request
 
@@ -561,7 +564,7 @@ def test_resource_exhausted_beyond_the_inflight_bound(cluster_b):
     resource = unique("busy")
     # With the other two members stopped, one proposal on member 0 waits for its deadline,
     # holding the only in-flight slot: the next call is refused at once, not queued.
-    overloaded = (grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED")
+    overloaded = (grpc.StatusCode.RESOURCE_EXHAUSTED, R.OVERLOADED)
     box = []
     # The slow call must reach the member first. If a probe overtakes it (a loaded machine
     # starts the thread late), the probe holds the slot and the slow call is the one
@@ -617,12 +620,12 @@ def test_snapshot_and_restore_fence_every_restored_resource(cluster_b):
 
     code, reason, meta, _ = failure(n2.admin.Restore, pb.RestoreRequest(data=snap.data, epoch_floor=b.token),
                                     timeout=T)
-    assert (code, reason, meta["epoch"]) == (PRE, "EPOCH_FLOOR_TOO_LOW", str(b.token))
+    assert (code, reason, meta[M.EPOCH]) == (PRE, R.EPOCH_FLOOR_TOO_LOW, str(b.token))
     for data, floor, field in ((b"", b.token + 10, "data"), (b"not a snapshot", b.token + 10, "data"),
                                (snap.data, 0, "epoch_floor"),
                                (b"x" * (limits.RESTORE_SNAPSHOT_BYTES_MAX + 1), b.token + 10, "data")):
         code, reason, meta, _ = failure(n2.admin.Restore, pb.RestoreRequest(data=data, epoch_floor=floor), timeout=T)
-        assert (code, reason, meta.get("field")) == (BAD, "INVALID_FIELD", field)
+        assert (code, reason, meta.get(M.FIELD)) == (BAD, R.INVALID_FIELD, field)
 
     restored = n2.admin.Restore(pb.RestoreRequest(data=snap.data, epoch_floor=b.token + 10), timeout=T)
     assert restored.epoch >= b.token + 10
@@ -634,7 +637,7 @@ def test_snapshot_and_restore_fence_every_restored_resource(cluster_b):
         big = node.store.Read(pb.ReadRequest(resource=kept, key="big19"), timeout=T)
         assert big.value == bytes([19]) * 60_000
     # Every token issued before the restore is refused: at restored and at vanished resources.
-    for resource, token, want in ((kept, a.token, "STALE_TOKEN"), (lost, b.token, "UNKNOWN_TOKEN")):
+    for resource, token, want in ((kept, a.token, R.STALE_TOKEN), (lost, b.token, R.UNKNOWN_TOKEN)):
         _, reason, _, _ = failure(n1.store.Write, pb.WriteRequest(resource=resource, key="k", value=b"x",
                                                                   token=token, op_id=op_id()), timeout=T)
         assert reason == want
@@ -672,9 +675,9 @@ def test_losing_the_quorum_is_not_serving_and_unavailable(cluster_b):
     def no_leader():
         code, reason, meta, _ = failure(survivor.lease.Describe, pb.DescribeRequest(resource="q"), timeout=3)
         assert code in {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED}, (code, reason)
-        return (code, reason, meta) if reason == "NO_LEADER" else None
+        return (code, reason, meta) if reason == R.NO_LEADER else None
 
-    code, reason, meta = wait_for(no_leader, 15, "NO_LEADER", interval_s=0.2)
+    code, reason, meta = wait_for(no_leader, 15, R.NO_LEADER, interval_s=0.2)
     assert code == grpc.StatusCode.UNAVAILABLE and set(meta) >= {"leader", "leader_api"}
 
     cluster_b.start(1)

@@ -22,6 +22,7 @@ import grpc
 from coordinator.client import results
 from coordinator.core import limits
 from coordinator.core import validation
+from coordinator.core.names import ErrorMeta, ErrorReason
 from coordinator.client.results import (
     AcquireResult,
     ClusterStatus,
@@ -98,7 +99,8 @@ def _check(check: Callable[[Any], Any], value: Any, request: dict[str, Any]) -> 
         return check(value)
     except validation.InvalidField as exc:
         raise InvalidArgument(
-            str(exc), reason="INVALID_FIELD", metadata={"field": exc.field}, request=request
+            str(exc), reason=ErrorReason.INVALID_FIELD, metadata={ErrorMeta.FIELD: exc.field},
+            request=request,
         ) from None
 
 
@@ -213,8 +215,8 @@ class Attempts:
         detail = f"last attempt: {last.endpoint}: {type(last).__name__}: {last}" if last else ""
         return OutcomeUnknown(
             code=last.code if last else None,
-            reason="OUTCOME_UNKNOWN",
-            metadata={"detail": detail},
+            reason=ErrorReason.OUTCOME_UNKNOWN,
+            metadata={ErrorMeta.DETAIL: detail},
             endpoint=last.endpoint if last else None,
             request=self.call.context,
         )
@@ -368,7 +370,7 @@ class _ClientBase:
 
     def _leader_from_answer(self, response: Any = None, error: grpc.RpcError | None = None) -> str | None:
         if error is not None:
-            return self._match_endpoint(from_rpc_error(error).metadata.get("leader_api", ""))
+            return self._match_endpoint(from_rpc_error(error).metadata.get(ErrorMeta.LEADER_API, ""))
         return self._match_endpoint(response.leader_api_address)
 
     def _after_failure(self, endpoint: str, hint: str, *, answered: bool) -> None:
@@ -470,7 +472,7 @@ class _ClientBase:
         if len(requests) > limits.KEEP_ALIVE_BATCH_ITEMS_MAX:
             raise InvalidArgument(
                 f"{len(requests)} leases, more than {limits.KEEP_ALIVE_BATCH_ITEMS_MAX} in one call",
-                reason="INVALID_FIELD", metadata={"field": "leases"}, request=ctx,
+                reason=ErrorReason.INVALID_FIELD, metadata={ErrorMeta.FIELD: "leases"}, request=ctx,
             )
         return self._execute(Call(
             "lease", "KeepAliveMany", pb.KeepAliveManyRequest(leases=requests), Kind.REPEATABLE,

@@ -3,7 +3,8 @@
 Owns: the client's exception tree and ``from_rpc_error``, the single translation from a
 ``grpc.RpcError`` (status code + ``google.rpc.ErrorInfo`` in the rich status) to a typed
 exception. Must never: import the client, retry, or decide policy; the server's own error
-table lives in ``coordinator/server/errors.py`` and this module only reads what it sends.
+table lives in ``coordinator/server/errors.py`` and this module only reads what it sends,
+by the names both declare in ``coordinator/core/names.py`` (reasons, metadata keys, trailers).
 
 The tree answers the first question a caller has after a failed mutation, "did it apply?"::
 
@@ -15,7 +16,8 @@ The tree answers the first question a caller has after a failed mutation, "did i
     │   ├── Unavailable              no node could take the call in time (safe to retry)
     │   │   └── NoLeader             the cluster has no leader / no quorum right now
     │   ├── Refused                  the state machine said no; retrying will not help
-    │   │   ├── StaleToken           token < hwm: a newer owner exists       .hwm
+    │   │   ├── StaleToken           token < hwm: a newer owner exists       .hwm .token
+    │   │   │                        (an external guard raises it too)
     │   │   ├── UnknownToken         token > hwm: never issued for resource  .hwm
     │   │   ├── LeaseHeld            another live lease holds the resource
     │   │   │                        .holder .expires_at_ms .token
@@ -56,7 +58,10 @@ from typing import Any, Mapping
 
 import grpc
 
+from coordinator.core.names import DOMAIN, ErrorMeta, ErrorReason, Trailer
+
 __all__ = [
+    "ERROR_CLASSES",
     "ERROR_DOMAIN",
     "AuthError",
     "EpochExhausted",
@@ -87,8 +92,9 @@ __all__ = [
     "is_connect_failure",
 ]
 
-# The ErrorInfo domain of this API (fencing.proto): details from other domains are ignored.
-ERROR_DOMAIN = "fencing.v1"
+# The ErrorInfo domain of this API (coordinator/core/names.py): details from other domains
+# are ignored. Kept under this name because it has been part of the client's surface.
+ERROR_DOMAIN = DOMAIN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +124,8 @@ class FencingError(Exception):
         request: Mapping[str, Any] | None = None,
     ) -> None:
         self.code = code
-        self.reason = reason
-        self.metadata: dict[str, str] = dict(metadata or {})
+        self.reason = str(reason)  # a plain str, also when given an ErrorReason
+        self.metadata: dict[str, str] = {str(k): v for k, v in (metadata or {}).items()}
         self.server_message = server_message
         self.endpoint = endpoint
         self.header = header
@@ -135,7 +141,7 @@ class FencingError(Exception):
     def resource(self) -> str | None:
         return self.request.get("resource")
 
-    def _int_meta(self, name: str) -> int | None:
+    def _int_meta(self, name: ErrorMeta) -> int | None:
         raw = self.metadata.get(name, "")
         try:
             return int(raw)
@@ -162,7 +168,7 @@ class OutcomeUnknown(FencingError):
         text = f"{what} may or may not have been applied"
         if self.op_id:
             text += f"; retry with op id {self.op_id.hex()} to find out"
-        detail = self.metadata.get("detail") or self.server_message
+        detail = self.metadata.get(ErrorMeta.DETAIL) or self.server_message
         return f"{text} ({detail})" if detail else text
 
 
@@ -177,7 +183,7 @@ class Unavailable(NotApplied):
 
     @property
     def leader_hint(self) -> str:
-        return self.metadata.get("leader_api", "")
+        return self.metadata.get(ErrorMeta.LEADER_API, "")
 
     def _describe(self) -> str:
         return self.server_message or "no node of the cluster could take the request"
@@ -199,11 +205,30 @@ class Refused(NotApplied):
 
 
 class StaleToken(Refused):
-    """token < hwm(resource): a newer owner exists. ``hwm`` is the resource's current mark."""
+    """token < hwm(resource): a newer owner exists. ``hwm`` is the resource's current mark.
+
+    Raised by the cluster's fenced store, and by a guard at an external resource
+    (``coordinator.client.guard``, built with ``at_guard``): one class for both fences.
+    """
+
+    @classmethod
+    def at_guard(cls, resource: str, token: int, hwm: int) -> StaleToken:
+        """The refusal of an external guard, which has no gRPC status (``code`` is None)."""
+        return cls(
+            f"token {token} for {resource!r} is stale: the resource has already accepted token {hwm}",
+            reason=ErrorReason.STALE_TOKEN,
+            metadata={ErrorMeta.HWM: str(hwm)},
+            request={"resource": resource, "token": token},
+        )
+
+    @property
+    def token(self) -> int | None:
+        """The refused token (None if the caller's request did not say)."""
+        return self.request.get("token")
 
     @property
     def hwm(self) -> int | None:
-        return self._int_meta("hwm")
+        return self._int_meta(ErrorMeta.HWM)
 
     def _describe(self) -> str:
         token = self.request.get("token", "?")
@@ -215,7 +240,7 @@ class UnknownToken(Refused):
 
     @property
     def hwm(self) -> int | None:
-        return self._int_meta("hwm")
+        return self._int_meta(ErrorMeta.HWM)
 
     def _describe(self) -> str:
         token = self.request.get("token", "?")
@@ -238,15 +263,15 @@ class LeaseHeld(Refused):
 
     @property
     def holder(self) -> str:
-        return self.metadata.get("holder", "")
+        return self.metadata.get(ErrorMeta.HOLDER, "")
 
     @property
     def expires_at_ms(self) -> int | None:
-        return self._int_meta("expires_at_ms")
+        return self._int_meta(ErrorMeta.EXPIRES_AT_MS)
 
     @property
     def token(self) -> int | None:
-        return self._int_meta("token")
+        return self._int_meta(ErrorMeta.TOKEN)
 
     def _describe(self) -> str:
         return (
@@ -271,7 +296,7 @@ class VersionMismatch(Refused):
 
     @property
     def version(self) -> int | None:
-        return self._int_meta("version")
+        return self._int_meta(ErrorMeta.VERSION)
 
     def _describe(self) -> str:
         key = self.request.get("key", "?")
@@ -294,7 +319,7 @@ class EpochFloorTooLow(Refused):
 
     @property
     def epoch(self) -> int | None:
-        return self._int_meta("epoch")
+        return self._int_meta(ErrorMeta.EPOCH)
 
     def _describe(self) -> str:
         floor = self.request.get("epoch_floor", self.request.get("floor", "?"))
@@ -315,7 +340,7 @@ class LimitExceeded(ResourceExhausted):
 
     def _describe(self) -> str:
         text = self.server_message or "a limit of the cluster was reached"
-        limit = self.metadata.get("limit")
+        limit = self.metadata.get(ErrorMeta.LIMIT)
         return f"{text} (limit: {limit})" if limit and limit not in text else text
 
 
@@ -344,7 +369,7 @@ class InvalidArgument(NotApplied):
 
     @property
     def field(self) -> str:
-        return self.metadata.get("field", "")
+        return self.metadata.get(ErrorMeta.FIELD, "")
 
     def _describe(self) -> str:
         text = self.server_message or "malformed request"
@@ -416,40 +441,45 @@ class LeaseLost(FencingError):
 # The one table. (status code, ErrorInfo reason) -> exception class; reason "" is the
 # code's default (no ErrorInfo, or a reason this client does not know yet).
 
-_TABLE: dict[tuple[grpc.StatusCode, str], type[FencingError]] = {
-    (grpc.StatusCode.INVALID_ARGUMENT, ""): InvalidArgument,
-    (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD"): InvalidArgument,
-    (grpc.StatusCode.OUT_OF_RANGE, ""): InvalidArgument,
-    (grpc.StatusCode.FAILED_PRECONDITION, "STALE_TOKEN"): StaleToken,
-    (grpc.StatusCode.FAILED_PRECONDITION, "UNKNOWN_TOKEN"): UnknownToken,
-    (grpc.StatusCode.FAILED_PRECONDITION, "LEASE_HELD"): LeaseHeld,
-    (grpc.StatusCode.FAILED_PRECONDITION, "LEASE_EXPIRED"): LeaseExpired,
-    (grpc.StatusCode.FAILED_PRECONDITION, "VERSION_MISMATCH"): VersionMismatch,
-    (grpc.StatusCode.FAILED_PRECONDITION, "EPOCH_FLOOR_TOO_LOW"): EpochFloorTooLow,
-    (grpc.StatusCode.FAILED_PRECONDITION, ""): Refused,
-    (grpc.StatusCode.ALREADY_EXISTS, "OP_ID_CONFLICT"): OpIdConflict,
-    (grpc.StatusCode.ALREADY_EXISTS, ""): OpIdConflict,
-    (grpc.StatusCode.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED"): LimitExceeded,
-    (grpc.StatusCode.RESOURCE_EXHAUSTED, "EPOCH_EXHAUSTED"): EpochExhausted,
-    (grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED"): Overloaded,
-    (grpc.StatusCode.RESOURCE_EXHAUSTED, ""): ResourceExhausted,
-    (grpc.StatusCode.UNAVAILABLE, "NO_LEADER"): NoLeader,
-    (grpc.StatusCode.UNAVAILABLE, "NOT_LEADER"): NoLeader,
-    (grpc.StatusCode.UNAVAILABLE, "NO_QUORUM"): NoLeader,
-    (grpc.StatusCode.UNAVAILABLE, "OVERLOADED"): Overloaded,
-    (grpc.StatusCode.UNAVAILABLE, ""): Unavailable,
-    (grpc.StatusCode.ABORTED, "OUTCOME_UNKNOWN"): OutcomeUnknown,
-    (grpc.StatusCode.ABORTED, ""): OutcomeUnknown,
-    (grpc.StatusCode.DEADLINE_EXCEEDED, ""): OutcomeUnknown,
-    (grpc.StatusCode.CANCELLED, ""): OutcomeUnknown,
-    (grpc.StatusCode.UNAUTHENTICATED, ""): Unauthenticated,
-    (grpc.StatusCode.PERMISSION_DENIED, ""): PermissionDenied,
+_C = grpc.StatusCode
+_R = ErrorReason
+
+ERROR_CLASSES: dict[tuple[grpc.StatusCode, str], type[FencingError]] = {
+    (_C.INVALID_ARGUMENT, ""): InvalidArgument,
+    (_C.INVALID_ARGUMENT, _R.INVALID_FIELD): InvalidArgument,
+    (_C.OUT_OF_RANGE, ""): InvalidArgument,
+    (_C.FAILED_PRECONDITION, _R.STALE_TOKEN): StaleToken,
+    (_C.FAILED_PRECONDITION, _R.UNKNOWN_TOKEN): UnknownToken,
+    (_C.FAILED_PRECONDITION, _R.LEASE_HELD): LeaseHeld,
+    (_C.FAILED_PRECONDITION, _R.LEASE_EXPIRED): LeaseExpired,
+    (_C.FAILED_PRECONDITION, _R.VERSION_MISMATCH): VersionMismatch,
+    (_C.FAILED_PRECONDITION, _R.EPOCH_FLOOR_TOO_LOW): EpochFloorTooLow,
+    (_C.FAILED_PRECONDITION, ""): Refused,
+    (_C.ALREADY_EXISTS, _R.OP_ID_CONFLICT): OpIdConflict,
+    (_C.ALREADY_EXISTS, ""): OpIdConflict,
+    (_C.RESOURCE_EXHAUSTED, _R.LIMIT_EXCEEDED): LimitExceeded,
+    (_C.RESOURCE_EXHAUSTED, _R.EPOCH_EXHAUSTED): EpochExhausted,
+    (_C.RESOURCE_EXHAUSTED, _R.OVERLOADED): Overloaded,
+    (_C.RESOURCE_EXHAUSTED, ""): ResourceExhausted,
+    (_C.UNAVAILABLE, _R.NO_LEADER): NoLeader,
+    (_C.UNAVAILABLE, _R.NOT_LEADER): NoLeader,
+    (_C.UNAVAILABLE, _R.NO_QUORUM): NoLeader,
+    (_C.UNAVAILABLE, _R.OVERLOADED): Overloaded,
+    (_C.UNAVAILABLE, ""): Unavailable,
+    (_C.ABORTED, _R.OUTCOME_UNKNOWN): OutcomeUnknown,
+    (_C.ABORTED, ""): OutcomeUnknown,
+    (_C.DEADLINE_EXCEEDED, ""): OutcomeUnknown,
+    (_C.CANCELLED, ""): OutcomeUnknown,
+    (_C.UNAUTHENTICATED, _R.UNAUTHENTICATED): Unauthenticated,
+    (_C.UNAUTHENTICATED, ""): Unauthenticated,
+    (_C.PERMISSION_DENIED, _R.PERMISSION_DENIED): PermissionDenied,
+    (_C.PERMISSION_DENIED, ""): PermissionDenied,
 }
 
 # A reason alone decides the class when the status code is not in the table with it
 # (KeepAliveMany reports per-item reasons without a status code).
 _BY_REASON: dict[str, type[FencingError]] = {
-    reason: cls for (_code, reason), cls in _TABLE.items() if reason
+    reason: cls for (_code, reason), cls in ERROR_CLASSES.items() if reason
 }
 
 
@@ -471,26 +501,21 @@ def _parse_error_info(err: grpc.RpcError) -> tuple[str, dict[str, str]]:
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
             detail.Unpack(info)
-            if info.domain == ERROR_DOMAIN:
+            if info.domain == DOMAIN:
                 return info.reason, dict(info.metadata)
     return "", {}
 
 
-# Trailing metadata the server puts on every error (coordinator/server/errors.py HEADER_*).
-_TRAILER_MEMBER_ID = "fencing-member-id"
-_TRAILER_RAFT_TERM = "fencing-raft-term"
-_TRAILER_APPLIED_INDEX = "fencing-applied-index"
-
-
 def _header_from_trailers(trailers: Mapping[str, str]) -> Header | None:
-    member = trailers.get(_TRAILER_MEMBER_ID)
+    """The Header from the trailing metadata the server puts on every error, or None."""
+    member = trailers.get(Trailer.MEMBER_ID)
     if not member:
         return None
     try:
         return Header(
             member_id=member,
-            raft_term=int(trailers.get(_TRAILER_RAFT_TERM) or 0),
-            applied_index=int(trailers.get(_TRAILER_APPLIED_INDEX) or 0),
+            raft_term=int(trailers.get(Trailer.RAFT_TERM) or 0),
+            applied_index=int(trailers.get(Trailer.APPLIED_INDEX) or 0),
         )
     except ValueError:
         return None
@@ -508,11 +533,11 @@ def error_for_reason(
 ) -> FencingError:
     """The exception for ``(code, reason)`` from the table, falling back to the reason alone,
     then to the code alone, then to ServerError."""
-    cls = _TABLE.get((code, reason)) if code is not None else None
+    cls = ERROR_CLASSES.get((code, reason)) if code is not None else None
     if cls is None and reason:
         cls = _BY_REASON.get(reason)  # a known reason under an unexpected code
     if cls is None and code is not None:
-        cls = _TABLE.get((code, ""))
+        cls = ERROR_CLASSES.get((code, ""))
     if cls is None:
         cls = ServerError
     meta = dict(metadata or {})

@@ -65,7 +65,7 @@ import tempfile
 from typing import Any, Callable
 
 from coordinator.client import exceptions as exc
-from coordinator.core import limits
+from coordinator.core import limits, validation
 from coordinator.client import proof
 from coordinator.client.sync import DEFAULT_ENDPOINTS, FencingClient, tls_credentials
 
@@ -210,19 +210,40 @@ def _bool_field(value: Any, from_json: bool) -> bool:
     return value
 
 
-# command -> (required fields, optional fields). "value" and "value_base64" are one field.
-_REQUESTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "acquire": (("resource", "ttl_ms"), ("holder", "wait_ms", "op_id")),
-    "keepalive": (("resource", "token"), ("ttl_ms",)),
-    "release": (("resource", "token"), ("op_id",)),
-    "describe": (("resource",), ()),
-    "write": (("resource", "key", "token"), ("value", "value_base64", "op_id", "expected_version")),
-    "read": (("resource", "key"), ()),
-    "delete": (("resource", "key", "token"), ("op_id",)),
-    "force-release": (("resource",), ("op_id",)),
-    "set-epoch-floor": (("floor",), ("fence_all",)),
-    "restore": (("epoch_floor",), ()),
+# command -> the RPC it sends. The fields a command takes, and which of them the user must
+# give, are that RPC's in coordinator.core.validation.REQUESTS: what the client fills in
+# (an op_id, the holder) may be left out.
+_RPC_OF: dict[str, str] = {
+    "acquire": "Acquire",
+    "keepalive": "KeepAlive",
+    "release": "Release",
+    "describe": "Describe",
+    "write": "Write",
+    "read": "Read",
+    "delete": "Delete",
+    "force-release": "ForceRelease",
+    "set-epoch-floor": "SetEpochFloor",
+    "restore": "Restore",
 }
+# Fields a command takes besides its RPC's: acquire's wait_ms (checked by the client; the
+# server only clamps it), and write's value given as base64.
+_EXTRA_FIELDS: dict[str, tuple[str, ...]] = {"acquire": ("wait_ms",), "write": ("value_base64",)}
+# Fields given otherwise than by name, so never "missing": write's value may be VALUE,
+# --value-file or value_base64 (exactly one, checked below); restore's backup is --in FILE.
+_GIVEN_OTHERWISE = frozenset({"value", "data"})
+_NOT_BY_NAME = frozenset({"data"})
+
+
+def _fields_of(command: str) -> tuple[tuple[str, bool], ...]:
+    """(field, must the user give it) for ``command``, in the order the fields are checked
+    (the RPC's, as the client and the server check them, then the extra ones)."""
+    spec = validation.REQUESTS[_RPC_OF[command]]
+    fields = tuple(
+        (name, f.required and not f.filled_by_client and name not in _GIVEN_OTHERWISE)
+        for name, f in spec.items()
+        if name not in _NOT_BY_NAME
+    )
+    return fields + tuple((name, False) for name in _EXTRA_FIELDS.get(command, ()))
 
 
 _POSITIONAL = ("resource", "key", "floor")
@@ -233,8 +254,8 @@ def _build_request(
 ) -> dict[str, Any]:
     """Check every field of ``raw`` strictly; return the typed request. ``value_bytes``: the
     bytes of --value-file, which take the place of the value field."""
-    required, optional = _REQUESTS[command]
-    allowed = set(required) | set(optional)
+    fields = _fields_of(command)
+    allowed = {name for name, _ in fields}
     unknown = sorted(set(raw) - allowed)
     if unknown:
         raise BadField(
@@ -243,7 +264,7 @@ def _build_request(
         )
     parsers = _field_parsers()
     out: dict[str, Any] = {}
-    for name in required:
+    for name in (name for name, required in fields if required):
         if raw.get(name) is None:
             if from_json:
                 flag = f"field {name!r}"
@@ -252,7 +273,8 @@ def _build_request(
             else:
                 flag = "--" + name.replace("_", "-")
             raise BadField(f"{command}: missing {flag}")
-    for name, value in raw.items():
+    for name in (name for name, _ in fields if name in raw):
+        value = raw[name]
         if value is None and not from_json:
             continue
         if value is None:
@@ -417,10 +439,9 @@ def _positive_float(text: str) -> float:
     return value
 
 
-_ARG_FIELDS = (
-    "resource", "key", "value", "holder", "ttl_ms", "wait_ms", "token", "op_id",
-    "expected_version", "floor", "fence_all", "epoch_floor",
-)
+# Every field any command takes: the argparse destinations a request is gathered from.
+_ARG_FIELDS = frozenset(name for command in _RPC_OF for name, _ in _fields_of(command))
+assert _ARG_FIELDS <= set(_field_parsers()), "every field fencingctl takes needs a parser"
 
 
 def _request_from_args(args: argparse.Namespace, name: str) -> dict[str, Any]:

@@ -10,8 +10,9 @@ settings. Why here and not at the coordinator: a lease can expire while its old 
 paused, so only the resource itself, comparing and mutating in one transaction, can refuse
 the old holder's late write (DESIGN §6).
 
-The rule, per resource: token < hwm is refused (``StaleToken``); token == hwm is accepted
-(one holder writes many times in its epoch); token > hwm is accepted and raises hwm to it.
+The rule, per resource: token < hwm is refused (``StaleToken``, the client's own class, with
+``resource``, ``token`` and ``hwm``); token == hwm is accepted (one holder writes many times
+in its epoch); token > hwm is accepted and raises hwm to it.
 A token counts only if a valid proof (``coordinator.client.proof``) shows the coordinator issued
 it for that resource; without that check one made-up huge token would lock real holders
 out for good.
@@ -53,24 +54,15 @@ from collections.abc import Iterator
 
 from coordinator.core import validation
 from coordinator.core.limits import TOKEN_MAX
+from coordinator.client.exceptions import StaleToken
 from coordinator.client.proof import ProofVerifier
 
+# StaleToken is the client's own (coordinator.client.exceptions): one ``except StaleToken``
+# catches a refusal by the cluster's fenced store and one by a guard alike.
 __all__ = ["SqliteGuard", "StaleToken"]
 
 _TABLE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}", re.ASCII)
 _TOKEN_DIGITS = 20  # len(str(2**64 - 1))
-
-
-class StaleToken(Exception):
-    """The resource has already seen a higher token: this holder was fenced off."""
-
-    def __init__(self, resource: str, token: int, hwm: int) -> None:
-        self.resource = resource
-        self.token = token
-        self.hwm = hwm
-        super().__init__(
-            f"token {token} for {resource!r} is stale: the resource has already accepted token {hwm}"
-        )
 
 
 # Tokens are uint64 but SQLite's INTEGER is signed 64-bit, and a column of INTEGER affinity
@@ -153,7 +145,7 @@ class SqliteGuard:
         try:
             hwm = self.hwm(resource)
             if hwm is not None and token < hwm:
-                raise StaleToken(resource, token, hwm)
+                raise StaleToken.at_guard(resource, token, hwm)
             if hwm is None:
                 conn.execute(f"INSERT INTO {self._table} (resource, hwm) VALUES (?, ?)", (resource, _encode(token)))
             elif token > hwm:

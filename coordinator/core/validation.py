@@ -1,19 +1,26 @@
-"""Field rules shared by the state machine and the gRPC layer: one check per field name.
+"""Field rules shared by the state machine and the gRPC layer: one check per field name,
+and one table of which fields each RPC's request carries.
 
 Owns: the charset, length and range rules of every command field (DESIGN §2, limits.py),
-as pure functions that return the checked value or raise ``InvalidField`` naming the field.
-Must never: import grpc, pysyncobj or anything with I/O; know about ops or state. The state
-machine turns ``InvalidField`` into ``Rejected(MALFORMED)``; the service layer turns it into
-``INVALID_ARGUMENT`` before proposing anything, so both refuse exactly the same inputs.
+as pure functions that return the checked value or raise ``InvalidField`` naming the field;
+``REQUESTS``, RPC name -> its fields with their check; and ``check_request``, which applies
+one row of it. Must never: import grpc, pysyncobj or anything with I/O; know about ops or
+state. The state machine turns ``InvalidField`` into ``Rejected(MALFORMED)``; the service
+layer turns it into ``INVALID_ARGUMENT`` before proposing anything, so both refuse exactly
+the same inputs. ``fencingctl`` takes the fields an RPC takes from ``REQUESTS`` too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from typing import Any, Callable, Mapping
 
 from coordinator.core import limits
 
 __all__ = [
+    "REQUESTS",
+    "Field",
     "InvalidField",
     "check_epoch_floor",
     "check_expected_version",
@@ -22,6 +29,7 @@ __all__ = [
     "check_holder",
     "check_key",
     "check_op_id",
+    "check_request",
     "check_resource",
     "check_snapshot_data",
     "check_token",
@@ -150,3 +158,81 @@ def check_snapshot_data(value: object) -> bytes:
             "data", f"is {len(value)} bytes, more than {limits.RESTORE_SNAPSHOT_BYTES_MAX}"
         )
     return bytes(value)
+
+
+# -- the fields of each RPC's request ---------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One field of an RPC's request: its check, whether the request must carry it, and
+    whether the client fills it in when its caller gives none (an op_id: a fresh one; the
+    holder: ``host/pid``), so that a caller, fencingctl's user included, may leave it out."""
+
+    check: Callable[[object], Any]
+    required: bool = True
+    filled_by_client: bool = False
+
+
+_OP_ID = Field(check_op_id, filled_by_client=True)
+
+# RPC name (fencing.proto) -> its request's fields, in the order they are checked: the first
+# bad one is the one reported, by the client before sending and by the server alike.
+# Acquire's wait_ms is not here: it only bounds the server's wait, which clamps it.
+# KeepAlive's lease_id is not here either: it must equal the token, a rule between fields.
+REQUESTS: dict[str, dict[str, Field]] = {
+    "Acquire": {
+        "resource": Field(check_resource),
+        "holder": Field(check_holder, filled_by_client=True),
+        "ttl_ms": Field(check_ttl_ms),
+        "op_id": _OP_ID,
+    },
+    "KeepAlive": {
+        "resource": Field(check_resource),
+        "token": Field(check_token),
+        "ttl_ms": Field(check_ttl_ms, required=False),  # absent: keep the lease's TTL
+    },
+    "Release": {
+        "resource": Field(check_resource),
+        "token": Field(check_token),
+        "op_id": Field(check_op_id, required=False),
+    },
+    "Describe": {"resource": Field(check_resource)},
+    "Write": {
+        "resource": Field(check_resource),
+        "key": Field(check_key),
+        "value": Field(check_value),
+        "token": Field(check_token),
+        "op_id": _OP_ID,
+        "expected_version": Field(check_expected_version, required=False),  # absent: any
+    },
+    "Delete": {
+        "resource": Field(check_resource),
+        "key": Field(check_key),
+        "token": Field(check_token),
+        "op_id": _OP_ID,
+    },
+    "Read": {"resource": Field(check_resource), "key": Field(check_key)},
+    "ForceRelease": {"resource": Field(check_resource), "op_id": _OP_ID},
+    "SetEpochFloor": {
+        "floor": Field(check_floor),
+        "fence_all": Field(check_fence_all, required=False),  # absent: fence every resource
+    },
+    "Restore": {"data": Field(check_snapshot_data), "epoch_floor": Field(check_epoch_floor)},
+}
+
+
+def check_request(rpc: str, fields: Mapping[str, object]) -> dict[str, Any]:
+    """Every field of ``rpc``'s request, checked, in ``REQUESTS`` order; raises InvalidField
+    for the first bad one. An optional field that is None (or missing) is absent and stays
+    None; a required one is checked whatever it is, so None fails its check. ``fields``
+    may hold only the RPC's fields."""
+    spec = REQUESTS[rpc]
+    unknown = sorted(set(fields) - set(spec))
+    if unknown:
+        raise InvalidField(unknown[0], f"is not a field of {rpc}")
+    checked: dict[str, Any] = {}
+    for name, field in spec.items():
+        value = fields.get(name)
+        checked[name] = None if value is None and not field.required else field.check(value)
+    return checked

@@ -30,6 +30,9 @@ Layers (the etcd way: transport-free sentinels, then one table)::
 | Failure.UNAUTHENTICATED | UNAUTHENTICATED | UNAUTHENTICATED | |
 | Failure.PERMISSION_DENIED | PERMISSION_DENIED | PERMISSION_DENIED | |
 
+The reason strings, the metadata keys, the domain and the trailer names are declared once,
+in ``coordinator/core/names.py``; the client reads them from there too.
+
 NO_LEADER means definitely not applied: retry anywhere. OUTCOME_UNKNOWN means the entry may
 still apply: retry with the same op_id (DESIGN I5); it is never reported as a failure.
 """
@@ -45,15 +48,9 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from coordinator.core.names import DOMAIN, ErrorMeta, ErrorReason
 from coordinator.core.state_machine import Reason, Rejected
 from coordinator.raft.interface import ProposeFailure, ProposeResult
-
-DOMAIN = "fencing.v1"
-
-# Trailing metadata on every error: who answered, at which term and applied index.
-HEADER_MEMBER_ID = "fencing-member-id"
-HEADER_RAFT_TERM = "fencing-raft-term"
-HEADER_APPLIED_INDEX = "fencing-applied-index"
 
 
 class Failure(enum.Enum):
@@ -70,27 +67,28 @@ class Failure(enum.Enum):
 
 
 _C = grpc.StatusCode
+_R = ErrorReason
 
 # The one table. Keys: every state_machine.Reason and every Failure.
-STATUS_TABLE: dict[Reason | Failure, tuple[grpc.StatusCode, str]] = {
-    Failure.INVALID_INPUT: (_C.INVALID_ARGUMENT, "INVALID_FIELD"),
-    Reason.MALFORMED: (_C.INVALID_ARGUMENT, "INVALID_FIELD"),
-    Reason.STALE_TOKEN: (_C.FAILED_PRECONDITION, "STALE_TOKEN"),
-    Reason.UNKNOWN_TOKEN: (_C.FAILED_PRECONDITION, "UNKNOWN_TOKEN"),
-    Reason.LEASE_HELD: (_C.FAILED_PRECONDITION, "LEASE_HELD"),
-    Reason.LEASE_EXPIRED: (_C.FAILED_PRECONDITION, "LEASE_EXPIRED"),
-    Reason.VERSION_MISMATCH: (_C.FAILED_PRECONDITION, "VERSION_MISMATCH"),
-    Reason.OP_ID_CONFLICT: (_C.ALREADY_EXISTS, "OP_ID_CONFLICT"),
-    Reason.LIMIT_EXCEEDED: (_C.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED"),
-    Failure.COMMAND_TOO_LARGE: (_C.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED"),
-    Reason.EPOCH_EXHAUSTED: (_C.RESOURCE_EXHAUSTED, "EPOCH_EXHAUSTED"),
-    Failure.OVERLOADED: (_C.RESOURCE_EXHAUSTED, "OVERLOADED"),
-    Failure.QUEUE_FULL: (_C.RESOURCE_EXHAUSTED, "OVERLOADED"),
-    Failure.NO_LEADER: (_C.UNAVAILABLE, "NO_LEADER"),
-    Failure.OUTCOME_UNKNOWN: (_C.ABORTED, "OUTCOME_UNKNOWN"),
-    Failure.UNAUTHENTICATED: (_C.UNAUTHENTICATED, "UNAUTHENTICATED"),
-    Failure.PERMISSION_DENIED: (_C.PERMISSION_DENIED, "PERMISSION_DENIED"),
-    Reason.EPOCH_FLOOR_TOO_LOW: (_C.FAILED_PRECONDITION, "EPOCH_FLOOR_TOO_LOW"),
+STATUS_TABLE: dict[Reason | Failure, tuple[grpc.StatusCode, ErrorReason]] = {
+    Failure.INVALID_INPUT: (_C.INVALID_ARGUMENT, _R.INVALID_FIELD),
+    Reason.MALFORMED: (_C.INVALID_ARGUMENT, _R.INVALID_FIELD),
+    Reason.STALE_TOKEN: (_C.FAILED_PRECONDITION, _R.STALE_TOKEN),
+    Reason.UNKNOWN_TOKEN: (_C.FAILED_PRECONDITION, _R.UNKNOWN_TOKEN),
+    Reason.LEASE_HELD: (_C.FAILED_PRECONDITION, _R.LEASE_HELD),
+    Reason.LEASE_EXPIRED: (_C.FAILED_PRECONDITION, _R.LEASE_EXPIRED),
+    Reason.VERSION_MISMATCH: (_C.FAILED_PRECONDITION, _R.VERSION_MISMATCH),
+    Reason.OP_ID_CONFLICT: (_C.ALREADY_EXISTS, _R.OP_ID_CONFLICT),
+    Reason.LIMIT_EXCEEDED: (_C.RESOURCE_EXHAUSTED, _R.LIMIT_EXCEEDED),
+    Failure.COMMAND_TOO_LARGE: (_C.RESOURCE_EXHAUSTED, _R.LIMIT_EXCEEDED),
+    Reason.EPOCH_EXHAUSTED: (_C.RESOURCE_EXHAUSTED, _R.EPOCH_EXHAUSTED),
+    Failure.OVERLOADED: (_C.RESOURCE_EXHAUSTED, _R.OVERLOADED),
+    Failure.QUEUE_FULL: (_C.RESOURCE_EXHAUSTED, _R.OVERLOADED),
+    Failure.NO_LEADER: (_C.UNAVAILABLE, _R.NO_LEADER),
+    Failure.OUTCOME_UNKNOWN: (_C.ABORTED, _R.OUTCOME_UNKNOWN),
+    Failure.UNAUTHENTICATED: (_C.UNAUTHENTICATED, _R.UNAUTHENTICATED),
+    Failure.PERMISSION_DENIED: (_C.PERMISSION_DENIED, _R.PERMISSION_DENIED),
+    Reason.EPOCH_FLOOR_TOO_LOW: (_C.FAILED_PRECONDITION, _R.EPOCH_FLOOR_TOO_LOW),
 }
 assert all(key in STATUS_TABLE for key in (*Reason, *Failure)), "every failure needs a status"
 
@@ -130,19 +128,19 @@ class ServiceError(Exception):
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
-        self.metadata = {k: _metadata_value(v) for k, v in self.metadata.items()}
+        self.metadata = {str(k): _metadata_value(v) for k, v in self.metadata.items()}
 
     @property
     def code(self) -> grpc.StatusCode:
         return STATUS_TABLE[self.key][0]
 
     @property
-    def reason(self) -> str:
+    def reason(self) -> ErrorReason:
         return STATUS_TABLE[self.key][1]
 
 
 def invalid(field: str, message: str) -> ServiceError:
-    return ServiceError(Failure.INVALID_INPUT, message, {"field": field})
+    return ServiceError(Failure.INVALID_INPUT, message, {ErrorMeta.FIELD: field})
 
 
 def from_refusal(refusal: Rejected, index: int = 0) -> ServiceError:
@@ -191,16 +189,3 @@ def abort(context: grpc.ServicerContext, error: ServiceError, trailing: Iterable
     """End the RPC with ``error`` (raises, like ``context.abort``)."""
     context.abort_with_status(rich_status(error, trailing))
     raise AssertionError("abort_with_status returned")  # pragma: no cover
-
-
-def error_info(call_error: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
-    """The ErrorInfo of a failed call, or None (a helper for tests and tools)."""
-    status = rpc_status.from_call(call_error)
-    if status is None:
-        return None
-    for detail in status.details:
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
-            return info
-    return None

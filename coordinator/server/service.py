@@ -1,6 +1,6 @@
 """The gRPC servicers of ``fencing.v1``: validate, build a command, propose, map the result.
 
-Owns: request validation (through ``validation``), the ``Proposer`` (stamps commands, bounds
+Owns: request validation (each RPC's row of ``validation.REQUESTS``), the ``Proposer`` (stamps commands, bounds
 proposals in flight, derives each proposal's deadline from the RPC's), response headers,
 Admin authorization and its audit log, and the translation of every outcome through
 ``errors.STATUS_TABLE``.
@@ -23,7 +23,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 
@@ -37,6 +37,7 @@ from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.server.errors import Failure, ServiceError
 from coordinator.server.metrics import Metrics
 from coordinator.client.proof import ProofSigner
+from coordinator.core.names import ErrorMeta, Trailer
 from coordinator.raft.interface import ProposeOutcome, ProposeResult
 from coordinator.raft.node import RaftNode
 from coordinator.core.state_machine import Reason
@@ -51,9 +52,22 @@ PROPOSE_TIMEOUT_S_MIN = 0.05
 KEEP_ALIVE_MANY_WORKERS = 16
 
 
-def _checked(check: Callable[[Any], Any], value: Any) -> Any:
+def _checked_request(rpc: str, request: Any) -> dict[str, Any]:
+    """The fields ``validation.REQUESTS[rpc]`` names, read from ``request`` and checked; a
+    bad one is INVALID_ARGUMENT naming it. An optional field the caller left unset is None:
+    unset is ``not HasField`` for a field with presence and the zero value for the rest (an
+    empty op_id, a ttl_ms of 0), except a bool, whose False is a choice, not an absence."""
+    fields: dict[str, Any] = {}
+    for name, spec in validation.REQUESTS[rpc].items():
+        value = getattr(request, name)
+        descriptor = request.DESCRIPTOR.fields_by_name[name]
+        if descriptor.has_presence:
+            unset = not request.HasField(name)
+        else:
+            unset = descriptor.type != descriptor.TYPE_BOOL and value == descriptor.default_value
+        fields[name] = None if unset and not spec.required else value
     try:
-        return check(value)
+        return validation.check_request(rpc, fields)
     except validation.InvalidField as exc:
         raise errors.invalid(exc.field, str(exc)) from None
 
@@ -174,9 +188,9 @@ class Core:
     def trailing(self, index: int = 0) -> tuple[tuple[str, str], ...]:
         term, applied = self.node.term_and_applied()
         return (
-            (errors.HEADER_MEMBER_ID, self.member_id),
-            (errors.HEADER_RAFT_TERM, str(term)),
-            (errors.HEADER_APPLIED_INDEX, str(index or applied)),
+            (Trailer.MEMBER_ID, self.member_id),
+            (Trailer.RAFT_TERM, str(term)),
+            (Trailer.APPLIED_INDEX, str(index or applied)),
         )
 
     def abort(self, context: grpc.ServicerContext, error: ServiceError):
@@ -227,13 +241,7 @@ class LeaseServicer(pb_grpc.LeaseServicer):
 
     @_unary
     def Acquire(self, request: pb.AcquireRequest, context, caller: Principal | None) -> pb.AcquireResponse:
-        command = commands.acquire(
-            resource=_checked(validation.check_resource, request.resource),
-            holder=_checked(validation.check_holder, request.holder),
-            ttl_ms=_checked(validation.check_ttl_ms, request.ttl_ms),
-            op_id=_checked(validation.check_op_id, request.op_id),
-            stamp_ms=0,
-        )
+        command = commands.acquire(**_checked_request("Acquire", request), stamp_ms=0)
         # Bounded server-side wait: retry LEASE_HELD until min(wait_ms, ACQUIRE_WAIT_MS_MAX)
         # or the RPC deadline. Every try is a new entry with the same op_id; refusals are
         # not recorded, so only a successful try enters the dedup table.
@@ -274,7 +282,7 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         if left <= 0 or not context.is_active():
             return None
         try:
-            until_expiry_s = int(held.metadata.get("expires_at_ms", "0")) / 1000 - time.time()
+            until_expiry_s = int(held.metadata.get(ErrorMeta.EXPIRES_AT_MS, "0")) / 1000 - time.time()
         except ValueError:
             until_expiry_s = self.acquire_wait_poll_s
         # Poll at most every acquire_wait_poll_s (a release ends a lease early), but not
@@ -283,12 +291,10 @@ class LeaseServicer(pb_grpc.LeaseServicer):
 
     @staticmethod
     def _keep_alive_command(request: pb.KeepAliveRequest) -> commands.Command:
-        resource = _checked(validation.check_resource, request.resource)
-        token = _checked(validation.check_token, request.token)
+        fields = _checked_request("KeepAlive", request)
         if request.lease_id and request.lease_id != request.token:
             raise errors.invalid("lease_id", f"lease_id {request.lease_id} must equal token {request.token} (or be 0)")
-        ttl_ms = None if request.ttl_ms == 0 else _checked(validation.check_ttl_ms, request.ttl_ms)
-        return commands.keep_alive(resource=resource, token=token, ttl_ms=ttl_ms, stamp_ms=0)
+        return commands.keep_alive(**fields, stamp_ms=0)
 
     def _keep_alive(self, request: pb.KeepAliveRequest, context, caller: Principal | None) -> pb.KeepAliveResponse:
         result, index = self.core.run(self._keep_alive_command(request), context, caller)
@@ -351,18 +357,13 @@ class LeaseServicer(pb_grpc.LeaseServicer):
 
     @_unary
     def Release(self, request: pb.ReleaseRequest, context, caller: Principal | None) -> pb.ReleaseResponse:
-        command = commands.release(
-            resource=_checked(validation.check_resource, request.resource),
-            token=_checked(validation.check_token, request.token),
-            op_id=_checked(validation.check_op_id, request.op_id) if request.op_id else None,
-            stamp_ms=0,
-        )
+        command = commands.release(**_checked_request("Release", request), stamp_ms=0)
         result, index = self.core.run(command, context, caller)
         return pb.ReleaseResponse(header=self.core.header(index), released=result["released"], hwm=result["hwm"])
 
     @_unary
     def Describe(self, request: pb.DescribeRequest, context, caller: Principal | None) -> pb.DescribeResponse:
-        resource = _checked(validation.check_resource, request.resource)
+        resource = _checked_request("Describe", request)["resource"]
         result, index = self.core.barrier(context, caller, resource)
         lease = result.get("lease")
         return pb.DescribeResponse(
@@ -386,36 +387,20 @@ class FencedStoreServicer(pb_grpc.FencedStoreServicer):
 
     @_unary
     def Write(self, request: pb.WriteRequest, context, caller: Principal | None) -> pb.WriteResponse:
-        expected = request.expected_version if request.HasField("expected_version") else None
-        command = commands.write(
-            resource=_checked(validation.check_resource, request.resource),
-            key=_checked(validation.check_key, request.key),
-            value=_checked(validation.check_value, request.value),
-            token=_checked(validation.check_token, request.token),
-            op_id=_checked(validation.check_op_id, request.op_id),
-            expected_version=None if expected is None else _checked(validation.check_expected_version, expected),
-            stamp_ms=0,
-        )
+        command = commands.write(**_checked_request("Write", request), stamp_ms=0)
         result, index = self.core.run(command, context, caller)
         return pb.WriteResponse(header=self.core.header(index), version=result["version"], hwm=result["hwm"])
 
     @_unary
     def Delete(self, request: pb.DeleteRequest, context, caller: Principal | None) -> pb.DeleteResponse:
-        command = commands.delete(
-            resource=_checked(validation.check_resource, request.resource),
-            key=_checked(validation.check_key, request.key),
-            token=_checked(validation.check_token, request.token),
-            op_id=_checked(validation.check_op_id, request.op_id),
-            stamp_ms=0,
-        )
+        command = commands.delete(**_checked_request("Delete", request), stamp_ms=0)
         result, index = self.core.run(command, context, caller)
         return pb.DeleteResponse(header=self.core.header(index), version=result["version"], deleted=result["deleted"])
 
     @_unary
     def Read(self, request: pb.ReadRequest, context, caller: Principal | None) -> pb.ReadResponse:
-        resource = _checked(validation.check_resource, request.resource)
-        key = _checked(validation.check_key, request.key)
-        result, index = self.core.barrier(context, caller, resource, key)
+        fields = _checked_request("Read", request)
+        result, index = self.core.barrier(context, caller, fields["resource"], fields["key"])
         value = result.get("value")
         return pb.ReadResponse(
             header=self.core.header(index),
@@ -538,11 +523,7 @@ class AdminServicer(pb_grpc.AdminServicer):
     def ForceRelease(
         self, request: pb.ForceReleaseRequest, context, caller: Principal | None
     ) -> pb.ForceReleaseResponse:
-        command = commands.force_release(
-            resource=_checked(validation.check_resource, request.resource),
-            op_id=_checked(validation.check_op_id, request.op_id),
-            stamp_ms=0,
-        )
+        command = commands.force_release(**_checked_request("ForceRelease", request), stamp_ms=0)
         result, index = self.core.run(command, context, caller)
         return pb.ForceReleaseResponse(header=self.core.header(index), hwm=result["hwm"])
 
@@ -550,11 +531,7 @@ class AdminServicer(pb_grpc.AdminServicer):
     def SetEpochFloor(
         self, request: pb.SetEpochFloorRequest, context, caller: Principal | None
     ) -> pb.SetEpochFloorResponse:
-        command = commands.set_epoch_floor(
-            floor=_checked(validation.check_floor, request.floor),
-            fence_all=request.fence_all,
-            stamp_ms=0,
-        )
+        command = commands.set_epoch_floor(**_checked_request("SetEpochFloor", request), stamp_ms=0)
         result, index = self.core.run(command, context, caller)
         return pb.SetEpochFloorResponse(header=self.core.header(index), epoch=result["epoch"])
 
@@ -570,10 +547,6 @@ class AdminServicer(pb_grpc.AdminServicer):
 
     @_admin
     def Restore(self, request: pb.RestoreRequest, context, caller: Principal | None) -> pb.RestoreResponse:
-        command = commands.restore(
-            data=_checked(validation.check_snapshot_data, request.data),
-            epoch_floor=_checked(validation.check_epoch_floor, request.epoch_floor),
-            stamp_ms=0,
-        )
+        command = commands.restore(**_checked_request("Restore", request), stamp_ms=0)
         result, index = self.core.run(command, context, caller, max_bytes=limits.RESTORE_COMMAND_BYTES_MAX)
         return pb.RestoreResponse(header=self.core.header(index), epoch=result["epoch"])

@@ -1,0 +1,140 @@
+"""One table of each RPC's request fields (``validation.REQUESTS``), and its three readers.
+
+The service reads a request's fields through it, fencingctl takes from it which fields a
+command takes and which the user must give, and the state machine's command schemas must
+agree with it field for field (they are a different layer, with their own wire format, so
+they are compared here rather than derived).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.api.v1 import fencing_pb2 as pb
+from coordinator.client import fencingctl
+from coordinator.core import state_machine, validation
+from coordinator.core.commands import Op
+from coordinator.server import errors, service
+
+GOOD_OP_ID = bytes(16)
+
+# The RPCs that propose a command of their own, and that command's op.
+OP_OF_RPC = {
+    "Acquire": Op.ACQUIRE,
+    "KeepAlive": Op.KEEP_ALIVE,
+    "Release": Op.RELEASE,
+    "Write": Op.WRITE,
+    "Delete": Op.DELETE,
+    "ForceRelease": Op.FORCE_RELEASE,
+    "SetEpochFloor": Op.SET_EPOCH_FLOOR,
+    "Restore": Op.RESTORE,
+}
+
+
+def _request_type(rpc: str):
+    for svc in pb.DESCRIPTOR.services_by_name.values():
+        if rpc in svc.methods_by_name:
+            return svc.methods_by_name[rpc].input_type
+    raise AssertionError(f"{rpc} is not an RPC of fencing.proto")
+
+
+@pytest.mark.parametrize("rpc", sorted(validation.REQUESTS))
+def test_every_field_of_the_table_is_a_field_of_the_rpcs_request(rpc):
+    request_fields = set(_request_type(rpc).fields_by_name)
+    assert set(validation.REQUESTS[rpc]) <= request_fields
+
+
+@pytest.mark.parametrize("rpc", sorted(OP_OF_RPC))
+def test_the_state_machines_command_schema_agrees_with_the_table(rpc):
+    required, optional = state_machine._SCHEMAS[OP_OF_RPC[rpc]]
+    spec = validation.REQUESTS[rpc]
+    assert {n for n, f in spec.items() if f.required} == required
+    assert {n for n, f in spec.items() if not f.required} == optional
+    for name, field in spec.items():
+        assert field.check is state_machine._FIELD_CHECKS[name], name
+
+
+def test_check_request_reports_the_first_bad_field_in_table_order():
+    with pytest.raises(validation.InvalidField) as caught:
+        validation.check_request(
+            "Write", {"resource": "r", "key": "", "value": b"v", "token": 0, "op_id": GOOD_OP_ID}
+        )
+    assert caught.value.field == "key"  # key comes before token in the table
+
+
+def test_check_request_leaves_absent_optional_fields_none_and_checks_required_ones():
+    checked = validation.check_request("KeepAlive", {"resource": "r", "token": 3})
+    assert checked == {"resource": "r", "token": 3, "ttl_ms": None}
+    with pytest.raises(validation.InvalidField) as caught:
+        validation.check_request("KeepAlive", {"resource": "r"})
+    assert caught.value.field == "token"
+
+
+def test_check_request_refuses_a_field_the_rpc_does_not_take():
+    with pytest.raises(validation.InvalidField, match="not a field of Read") as caught:
+        validation.check_request("Read", {"resource": "r", "key": "k", "token": 3})
+    assert caught.value.field == "token"
+
+
+# -- the service reads proto requests through the table -------------------------------------
+
+
+def test_service_reads_unset_optional_fields_as_absent():
+    fields = service._checked_request("KeepAlive", pb.KeepAliveRequest(resource="r", token=3))
+    assert fields["ttl_ms"] is None  # 0 on the wire: keep the lease's TTL
+    fields = service._checked_request("Release", pb.ReleaseRequest(resource="r", token=3))
+    assert fields["op_id"] is None
+    fields = service._checked_request(
+        "Write", pb.WriteRequest(resource="r", key="k", value=b"", token=3, op_id=GOOD_OP_ID)
+    )
+    assert fields["expected_version"] is None and fields["value"] == b""
+
+
+def test_service_keeps_values_that_equal_the_proto_default_where_they_mean_something():
+    # expected_version has presence: 0 set means "the key must be absent", not "any".
+    request = pb.WriteRequest(
+        resource="r", key="k", value=b"v", token=3, op_id=GOOD_OP_ID, expected_version=0
+    )
+    assert service._checked_request("Write", request)["expected_version"] == 0
+    # A bool has no "unset": fence_all=False is the caller's choice.
+    fields = service._checked_request("SetEpochFloor", pb.SetEpochFloorRequest(floor=5, fence_all=False))
+    assert fields == {"floor": 5, "fence_all": False}
+
+
+def test_service_refuses_a_bad_field_as_invalid_argument_naming_it():
+    with pytest.raises(errors.ServiceError) as caught:
+        service._checked_request("Acquire", pb.AcquireRequest(resource="r", holder="h", ttl_ms=5))
+    assert caught.value.key is errors.Failure.INVALID_INPUT
+    assert caught.value.metadata == {"field": "ttl_ms"}
+
+
+# -- fencingctl takes the table's fields ------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", sorted(fencingctl._RPC_OF))
+def test_fencingctl_takes_the_rpcs_fields_and_requires_what_the_client_cannot_fill_in(command):
+    spec = validation.REQUESTS[fencingctl._RPC_OF[command]]
+    taken = dict(fencingctl._fields_of(command))
+    extra = set(fencingctl._EXTRA_FIELDS.get(command, ()))
+    assert set(taken) - extra == set(spec) - {"data"}  # restore's data is the --in file
+    for name, field in spec.items():
+        if name in taken and field.filled_by_client:
+            assert not taken[name], f"{command} must not require {name}: the client fills it in"
+        if name in taken and not field.required:
+            assert not taken[name], f"{command} must not require optional {name}"
+
+
+def test_fencingctl_requires_exactly_these_fields():
+    required = {c: [n for n, r in fencingctl._fields_of(c) if r] for c in fencingctl._RPC_OF}
+    assert required == {
+        "acquire": ["resource", "ttl_ms"],
+        "keepalive": ["resource", "token"],
+        "release": ["resource", "token"],
+        "describe": ["resource"],
+        "write": ["resource", "key", "token"],  # the value: VALUE, --value-file or value_base64
+        "read": ["resource", "key"],
+        "delete": ["resource", "key", "token"],
+        "force-release": ["resource"],
+        "set-epoch-floor": ["floor"],
+        "restore": ["epoch_floor"],
+    }
