@@ -25,7 +25,7 @@ import time
 import zlib
 
 from chaos.harness import NFT_TABLE, ChaosCluster, run_quiet, wait_until
-from coordinator.core import limits
+from coordinator.raft import limits as raft_limits
 from coordinator.raft.journal import JOURNAL_NAME, SYNCED_SIDECAR_SUFFIX
 
 # -- nft helpers -------------------------------------------------------------------------
@@ -461,7 +461,7 @@ class RaftStranger(Fault):
 
     kind = "raft_stranger"
     failure = "a member kept a hostile connection open"
-    IDLE_PER_MEMBER = 24  # above limits.RAFT_UNNAMED_CONNECTIONS_MAX (16)
+    IDLE_PER_MEMBER = 24  # above raft_limits.RAFT_UNNAMED_CONNECTIONS_MAX (16)
     HANG_UP_WITHIN_S = 3.0  # each payload is refused as soon as it is read
 
     def __init__(self) -> None:
@@ -476,7 +476,7 @@ class RaftStranger(Fault):
         # time is all harassment, whatever the listener's queue (stock pysyncobj: 5
         # connections, beyond which connects waited on SYN retransmits of 1 s, then 3 s).
         self.nodes = [n.raft_address for n in c.nodes]
-        bomb = zlib.compress(b"\0" * (limits.RAFT_MESSAGE_BYTES_MAX + 1024), 9)
+        bomb = zlib.compress(b"\0" * (raft_limits.RAFT_MESSAGE_BYTES_MAX + 1024), 9)
         self._payloads = [
             struct.pack("i", 2**31 - 1),  # a head declaring 2 GiB, no body
             struct.pack("i", len(bomb)) + bomb,  # ~32 KiB that inflates past the bound
@@ -529,7 +529,7 @@ class RaftStranger(Fault):
         # Every hostile connection was hung up on, and of the idle ones at least those past
         # the bound (all of them, once the naming deadline has passed).
         self.info["ok"] = (self.counts["kept_open"] == 0 and self.counts["hostile"] > 0
-                           and idle_dropped >= len(self._idle) - limits.RAFT_UNNAMED_CONNECTIONS_MAX * len(self.nodes))
+                           and idle_dropped >= len(self._idle) - raft_limits.RAFT_UNNAMED_CONNECTIONS_MAX * len(self.nodes))
 
 
 # -- the client GC pause ------------------------------------------------------------------

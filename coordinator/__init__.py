@@ -7,7 +7,7 @@ One folder per layer; imports point only downward (``tests/test_layers.py`` chec
        └────> client ────┘      (and every layer may use the generated ``api``)
 
 - ``core``: the pure state machine, commands, validation, limits;
-- ``raft``: the only code that imports pysyncobj; the durable, hardened Raft node;
+- ``raft``: the only code that touches the Raft library; the durable, hardened Raft node;
 - ``client``: the sync and asyncio clients, exceptions, token proofs, guards, ``fencingctl``;
 - ``server``: ``fencingd``, the gRPC servicers, auth, the status table, metrics, config;
 - ``api``: generated protobuf and gRPC code (from ``proto/``).

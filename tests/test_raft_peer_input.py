@@ -25,6 +25,7 @@ from hypothesis import given, settings, strategies as st
 from chaos.faults import hung_up_on
 from coordinator.server import config as config_mod
 from coordinator.core import limits
+from coordinator.raft import limits as raft_limits
 from coordinator.raft import wire as raft_wire
 from coordinator.client import FencingClient
 from coordinator.raft import patches
@@ -147,7 +148,7 @@ def test_a_stopped_member_still_completes_many_connections(cluster):
     leader = cluster.wait_ready()
     index = (leader + 1) % 3
     host, port = cluster.nodes[index].raft_address.rsplit(":", 1)
-    wanted = 40  # well above 5, well below limits.RAFT_LISTEN_BACKLOG
+    wanted = 40  # well above 5, well below raft_limits.RAFT_LISTEN_BACKLOG
     opened: list[socket.socket] = []
     cluster.pause(index)
     try:
@@ -255,9 +256,9 @@ def test_what_our_members_send_and_store_names_no_global():
         assert raft_wire.plain_loads(payload) == message
 
 
-# -- frame and inflate bounds (limits.RAFT_MESSAGE_BYTES_MAX) ------------------------------
+# -- frame and inflate bounds (raft_limits.RAFT_MESSAGE_BYTES_MAX) ------------------------------
 
-MESSAGE_MAX = limits.RAFT_MESSAGE_BYTES_MAX
+MESSAGE_MAX = raft_limits.RAFT_MESSAGE_BYTES_MAX
 
 
 def test_inflate_is_bounded_and_strict():
@@ -302,8 +303,8 @@ def test_the_largest_append_a_member_sends_fits_the_bound():
     # pysyncobj adds entries while their bytes stay under the batch size, plus the one that
     # crosses it (syncobj.py:1156-1162); HardenedSyncObj caps the count. Worst case: the count at
     # its cap, the batch just under the size, then the largest entry we make (a restore).
-    n = limits.RAFT_APPEND_ENTRIES_MAX - 1
-    each = (limits.RAFT_BATCH_BYTES - 1) // n
+    n = raft_limits.RAFT_APPEND_ENTRIES_MAX - 1
+    each = (raft_limits.RAFT_BATCH_BYTES - 1) // n
     entries = [(os.urandom(each), 10**12 + i, 10**6) for i in range(n)]
     entries.append((os.urandom(limits.RESTORE_COMMAND_BYTES_MAX), 10**12 + n, 10**6))
     message = {"type": "append_entries", "term": 10**6, "commit_index": 10**12, "entries": entries,
@@ -315,12 +316,12 @@ def test_the_largest_append_a_member_sends_fits_the_bound():
 
 def test_an_append_is_capped_in_entries_as_well_as_bytes(lone_node):
     so = lone_node._syncobj
-    for i in range(limits.RAFT_APPEND_ENTRIES_MAX + 50):
+    for i in range(raft_limits.RAFT_APPEND_ENTRIES_MAX + 50):
         so._SyncObj__raftLog.add(b"\x00x", so._SyncObj__raftLog[-1][1] + 1, 0)
     first = so._SyncObj__raftLog[0][1]
-    batch = so._SyncObj__getEntries(first, None, limits.RAFT_BATCH_BYTES)  # what the sender asks
-    assert len(batch) == limits.RAFT_APPEND_ENTRIES_MAX
-    assert len(so._SyncObj__getEntries(first)) > limits.RAFT_APPEND_ENTRIES_MAX  # other callers: all
+    batch = so._SyncObj__getEntries(first, None, raft_limits.RAFT_BATCH_BYTES)  # what the sender asks
+    assert len(batch) == raft_limits.RAFT_APPEND_ENTRIES_MAX
+    assert len(so._SyncObj__getEntries(first)) > raft_limits.RAFT_APPEND_ENTRIES_MAX  # other callers: all
 
 
 @pytest.mark.parametrize("announce", [None, PEERS[0]], ids=["first-frame", "after-naming-a-member"])
@@ -429,12 +430,12 @@ def test_the_frame_offset_starts_over_when_a_connection_is_dropped_and_made_agai
 
 
 def test_connections_that_name_no_member_are_bounded_in_number(lone_node, monkeypatch):
-    monkeypatch.setattr(limits, "RAFT_NAMING_DEADLINE_MS", 120_000)  # only the count drops here
+    monkeypatch.setattr(raft_limits, "RAFT_NAMING_DEADLINE_MS", 120_000)  # only the count drops here
     host, port = lone_node.config.self_address.rsplit(":", 1)
     before = lone_node.status()["refused_peer_messages"]
     extra = 4
     idle = [socket.create_connection((host, int(port)), timeout=5)
-            for _ in range(limits.RAFT_UNNAMED_CONNECTIONS_MAX + extra)]
+            for _ in range(raft_limits.RAFT_UNNAMED_CONNECTIONS_MAX + extra)]
     try:
         wait_until(lambda: all(hung_up_on(s, 0.05) for s in idle[:extra]), 10, what="the oldest to be dropped")
         assert not any(hung_up_on(s, 0.2) for s in idle[extra:])  # the newest still wait
@@ -450,7 +451,7 @@ def test_connections_that_name_no_member_are_bounded_in_number(lone_node, monkey
 
 
 def test_a_connection_that_names_no_member_in_time_is_dropped(lone_node, monkeypatch):
-    monkeypatch.setattr(limits, "RAFT_NAMING_DEADLINE_MS", 300)
+    monkeypatch.setattr(raft_limits, "RAFT_NAMING_DEADLINE_MS", 300)
     host, port = lone_node.config.self_address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5) as silent, \
             socket.create_connection((host, int(port)), timeout=5) as member:

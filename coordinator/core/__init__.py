@@ -3,7 +3,7 @@
 Owns: limits (``limits``), field validation (``validation``), the numbered command codec
 (``commands``) and the state machine that applies commands (``state_machine``).
 Must never: import anything that does I/O or reads a clock or randomness (sockets, files,
-threads, ``time``, ``random``, gRPC, pysyncobj), or any other ``coordinator`` layer. Time
+threads, ``time``, ``random``, gRPC, the Raft library), or any other ``coordinator`` layer. Time
 arrives inside each command; every replica applying the same log reaches the same state.
 ``tests/test_layers.py`` enforces this.
 """

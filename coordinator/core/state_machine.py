@@ -4,7 +4,7 @@ Owns: the epoch counter, every resource's high-water mark, lease and fenced key/
 the dedup table of op_ids, the log clock, and the rules that change them one log entry at a
 time (DESIGN §3 I2-I7, I11); plus the canonical snapshot of all of it.
 Must never: read a clock, draw randomness, touch files, sockets or threads, or import grpc or
-pysyncobj (time arrives inside each command); raise on bad input (refusals are ``Rejected``
+the Raft library (time arrives inside each command); raise on bad input (refusals are ``Rejected``
 values); change anything, not even the log clock, when it refuses. The same entries in the
 same order give the same state and the same outcomes on every replica.
 """

@@ -4,7 +4,7 @@ and one table of which fields each RPC's request carries.
 Owns: the charset, length and range rules of every command field (DESIGN §2, limits.py),
 as pure functions that return the checked value or raise ``InvalidField`` naming the field;
 ``REQUESTS``, RPC name -> its fields with their check; and ``check_request``, which applies
-one row of it. Must never: import grpc, pysyncobj or anything with I/O; know about ops or
+one row of it. Must never: import grpc, the Raft library or anything with I/O; know about ops or
 state. The state machine turns ``InvalidField`` into ``Rejected(MALFORMED)``; the service
 layer turns it into ``INVALID_ARGUMENT`` before proposing anything, so both refuse exactly
 the same inputs. ``fencingctl`` takes the fields an RPC takes from ``REQUESTS`` too.

@@ -36,7 +36,7 @@ import pysyncobj.syncobj as _ps
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.config import FAIL_REASON
 
-from coordinator.core import limits
+from coordinator.raft import limits as raft_limits
 from coordinator.raft import snapshot_file
 from coordinator.raft import wire as raft_wire
 from coordinator.raft.fatal import EXIT_APPLY_FAILED, EXIT_DISK_FAILED, FatalHandler
@@ -118,7 +118,7 @@ class HardenedSyncObj(SyncObj):
             # Far above limits.COMMAND_BYTES_MAX and above the largest admin entry
             # (RESTORE_COMMAND_BYTES_MAX), so the split-transmission path with its
             # length bug (syncobj.py:1276-1281) is never used.
-            appendEntriesBatchSizeBytes=limits.RAFT_BATCH_BYTES,
+            appendEntriesBatchSizeBytes=raft_limits.RAFT_BATCH_BYTES,
             raftMinTimeout=config.raft_min_timeout_s,
             raftMaxTimeout=config.raft_max_timeout_s,
             connectionTimeout=max(3.5, config.raft_max_timeout_s),
@@ -236,8 +236,8 @@ class HardenedSyncObj(SyncObj):
                 continue
             if group and (
                 key in keys
-                or len(group) >= limits.RAFT_ENTRY_COMMANDS_MAX
-                or size + len(command) > limits.RAFT_ENTRY_BYTES_MAX
+                or len(group) >= raft_limits.RAFT_ENTRY_COMMANDS_MAX
+                or size + len(command) > raft_limits.RAFT_ENTRY_BYTES_MAX
             ):
                 self._propose_group(group)
                 group, keys, size = [], set(), 0
@@ -461,9 +461,9 @@ class HardenedSyncObj(SyncObj):
 
     def _SyncObj__getEntries(self, fromIDx, count=None, maxSizeBytes=None):
         # Only the append sender passes a size (syncobj.py:1272); there the count is capped
-        # too, so an append of many tiny entries stays within limits.RAFT_MESSAGE_BYTES_MAX.
+        # too, so an append of many tiny entries stays within raft_limits.RAFT_MESSAGE_BYTES_MAX.
         if maxSizeBytes is not None:
-            count = limits.RAFT_APPEND_ENTRIES_MAX if count is None else min(count, limits.RAFT_APPEND_ENTRIES_MAX)
+            count = raft_limits.RAFT_APPEND_ENTRIES_MAX if count is None else min(count, raft_limits.RAFT_APPEND_ENTRIES_MAX)
         return SyncObj._SyncObj__getEntries(self, fromIDx, count, maxSizeBytes)
 
     def _sanitize_append(self, message: dict) -> dict:

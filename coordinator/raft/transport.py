@@ -7,7 +7,7 @@ a listen backlog of ``RAFT_LISTEN_BACKLOG``) and the frame reader that replaces 
 bytearray grown in place). RAFT.md "Bounded frames" and "Connections that name no member".
 Must never: patch pysyncobj itself (``patches.install()`` puts the reader in place), decode
 a frame any other way than ``wire.plain_loads(wire.bounded_inflate(...))``, or keep a
-connection that declared a frame over ``limits.RAFT_MESSAGE_BYTES_MAX``.
+connection that declared a frame over ``raft_limits.RAFT_MESSAGE_BYTES_MAX``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Callable
 
 from pysyncobj.transport import TCPTransport
 
-from coordinator.core import limits
+from coordinator.raft import limits as raft_limits
 from coordinator.raft import wire as raft_wire
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ CONNECTION_DEFAULTS = {
 # too: it is checked once the frame is whole). It also grows its buffer by concatenating
 # bytes, which copies the buffer on every read: seconds on the Raft thread for a frame of
 # tens of MiB. Ours is the same reader with the heads checked as bytes arrive
-# (raft_wire.scan_frames: a head declaring more than limits.RAFT_MESSAGE_BYTES_MAX drops the
+# (raft_wire.scan_frames: a head declaring more than raft_limits.RAFT_MESSAGE_BYTES_MAX drops the
 # connection before its body is waited for) and a bytearray that grows in place.
 
 
@@ -138,22 +138,22 @@ class BoundTCPTransport(TCPTransport):
         if self._ready:
             # listen() again on a listening socket only resizes its queue (transport.py:285-299
             # binds; tcp_server.py:42 listened with a backlog of 5).
-            self._server._TcpServer__socket.listen(limits.RAFT_LISTEN_BACKLOG)
+            self._server._TcpServer__socket.listen(raft_limits.RAFT_LISTEN_BACKLOG)
 
     def _onNewIncomingConnection(self, conn):
         conn.on_refused_frame = self._count_refused
         conn.accepted_at = time.monotonic()
-        while len(self._unknownConnections) >= limits.RAFT_UNNAMED_CONNECTIONS_MAX:
+        while len(self._unknownConnections) >= raft_limits.RAFT_UNNAMED_CONNECTIONS_MAX:
             oldest = min(self._unknownConnections, key=lambda c: c.accepted_at)
-            self._drop_unnamed(oldest, f"more than {limits.RAFT_UNNAMED_CONNECTIONS_MAX} have named no member yet")
+            self._drop_unnamed(oldest, f"more than {raft_limits.RAFT_UNNAMED_CONNECTIONS_MAX} have named no member yet")
         super()._onNewIncomingConnection(conn)
 
     def _onTick(self):
         super()._onTick()
         if self._unknownConnections:  # usually empty: members name themselves at once
-            cutoff = time.monotonic() - limits.RAFT_NAMING_DEADLINE_MS / 1000
+            cutoff = time.monotonic() - raft_limits.RAFT_NAMING_DEADLINE_MS / 1000
             for conn in [c for c in self._unknownConnections if c.accepted_at < cutoff]:
-                self._drop_unnamed(conn, f"it named no member within {limits.RAFT_NAMING_DEADLINE_MS} ms")
+                self._drop_unnamed(conn, f"it named no member within {raft_limits.RAFT_NAMING_DEADLINE_MS} ms")
 
     def _drop_unnamed(self, conn, why: str) -> None:
         log.warning("raft: dropped an incoming connection: %s", why)

@@ -16,7 +16,7 @@ import zlib
 
 import msgpack
 
-from coordinator.core import limits
+from coordinator.raft import limits as raft_limits
 
 # First byte of an entry that carries several commands. 0xc1 is the one byte msgpack never
 # uses, so no single command (a msgpack array) can start with it.
@@ -34,7 +34,7 @@ def decode_shared_entry(entry: bytes) -> list[bytes] | None:
     try:
         commands = msgpack.unpackb(
             entry[1:], use_list=True, raw=False,
-            max_array_len=limits.RAFT_ENTRY_COMMANDS_MAX, max_bin_len=limits.RAFT_ENTRY_BYTES_MAX,
+            max_array_len=raft_limits.RAFT_ENTRY_COMMANDS_MAX, max_bin_len=raft_limits.RAFT_ENTRY_BYTES_MAX,
         )
     except Exception:  # noqa: BLE001 - any decoding failure: not a shared entry
         return None
@@ -67,10 +67,10 @@ def zlib_stored(data: bytes) -> bytes:
 
 
 class FrameTooLarge(ValueError):
-    """A Raft frame declares, or inflates to, more than limits.RAFT_MESSAGE_BYTES_MAX."""
+    """A Raft frame declares, or inflates to, more than raft_limits.RAFT_MESSAGE_BYTES_MAX."""
 
 
-def bounded_inflate(data: bytes, max_bytes: int = limits.RAFT_MESSAGE_BYTES_MAX) -> bytes:
+def bounded_inflate(data: bytes, max_bytes: int = raft_limits.RAFT_MESSAGE_BYTES_MAX) -> bytes:
     """``zlib.decompress(data)``, refused past ``max_bytes`` of output.
 
     zlib inflates up to ~1000x, so a frame well within the frame bound could otherwise
@@ -91,7 +91,7 @@ def bounded_inflate(data: bytes, max_bytes: int = limits.RAFT_MESSAGE_BYTES_MAX)
 FRAME_HEAD = struct.Struct("i")
 
 
-def scan_frames(buffer: bytes, start: int, max_bytes: int = limits.RAFT_MESSAGE_BYTES_MAX) -> int:
+def scan_frames(buffer: bytes, start: int, max_bytes: int = raft_limits.RAFT_MESSAGE_BYTES_MAX) -> int:
     """Check every frame head in ``buffer`` from offset ``start`` (a frame boundary).
 
     Returns the offset of the first frame not yet complete (where the next scan starts),

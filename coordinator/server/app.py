@@ -4,7 +4,7 @@ Owns: building the grpc.server (bounded thread pool, ``maximum_concurrent_rpcs``
 size limits), registering the fencing services, the standard health service and server
 reflection, the health updater thread, the audit log, the metrics endpoint (when
 ``metrics_address`` is set), and graceful shutdown.
-Must never: implement an RPC (service.py does) or touch pysyncobj (coordinator.raft does).
+Must never: implement an RPC (service.py does) or touch the Raft library (coordinator.raft does).
 
 Health (grpc.health.v1), overall ("") and per service: SERVING only while this member is
 connected to a quorum *and* a READ_BARRIER has applied on it since it started (so it has

@@ -270,8 +270,8 @@ class ServerConfig:
             raise ConfigError(f"principals_file: {exc}") from exc
 
 
-# The Raft secret is stretched with PBKDF2 under a fixed salt (pysyncobj encryptor.py):
-# only its own length protects it from guessing.
+# The Raft secret is stretched with PBKDF2 under a fixed salt by the Raft library
+# (coordinator/raft/RAFT.md, "secret"): only its own length protects it from guessing.
 RAFT_SECRET_CHARS_MIN = 32
 
 def _secret_from_file(key: str, path: str, *, chars_min: int) -> str:

@@ -58,7 +58,7 @@ class Failure(enum.Enum):
 
     INVALID_INPUT = "invalid_input"  # refused by validation before proposing
     NO_LEADER = "no_leader"  # propose: no leader / not leader / denied / discarded
-    QUEUE_FULL = "queue_full"  # propose: pysyncobj's command queue is full
+    QUEUE_FULL = "queue_full"  # propose: the Raft node's command queue is full
     OVERLOADED = "overloaded"  # the in-flight proposal bound is reached
     COMMAND_TOO_LARGE = "command_too_large"  # propose: encoded command over its cap
     OUTCOME_UNKNOWN = "outcome_unknown"  # propose: may or may not have applied

@@ -85,7 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     placement = cpu_pin.Placement(cfg.cpu_affinity, cfg.member_index, log=log.info)
     placement.start()  # before any thread starts: threads inherit where they were started
     _name_os_threads()
-    from coordinator.server.app import FencingServer  # imports grpc and pysyncobj: after config checks
+    from coordinator.server.app import FencingServer  # imports grpc and the Raft layer: after config checks
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -4,10 +4,10 @@ Owns: request validation (each RPC's row of ``validation.REQUESTS``), the ``Prop
 proposals in flight, derives each proposal's deadline from the RPC's), response headers,
 Admin authorization and its audit log, and the translation of every outcome through
 ``errors.STATUS_TABLE``.
-Must never: decide a domain rule (the state machine does), touch pysyncobj (the Raft node
+Must never: decide a domain rule (the state machine does), touch the Raft library (the Raft node
 does), queue proposals without bound, or report an unknown outcome as a failure.
 
-Every member serves every RPC. A follower proposes through its local Raft node: pysyncobj
+Every member serves every RPC. A follower proposes through its local Raft node, which
 forwards the entry to the leader, and the follower answers after it has applied the entry
 itself, so whatever it reads afterwards is at least that new. Reads (Describe, Read,
 Status.epoch, Snapshot) go through the log as a READ_BARRIER entry (DESIGN I9).

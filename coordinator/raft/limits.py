@@ -1,0 +1,41 @@
+"""The Raft transport's limits: entry batching, peer frames, connection admission.
+
+Owns: numbers tied to how the Raft library (pysyncobj) batches, frames and accepts, each
+named with its unit last and with a one-line reason. Must never: import anything but the
+standard library and ``coordinator.core.limits`` (the API's limits these are derived from).
+"""
+
+from coordinator.core.limits import COMMAND_BYTES_MAX, RESTORE_COMMAND_BYTES_MAX
+
+# Commands proposed at once on one node share one Raft entry (the hardened node batches them): at
+# most this many, and this many bytes of commands. Far below the Raft batch size
+# (appendEntriesBatchSizeBytes), so a shared entry never takes the split path either.
+RAFT_ENTRY_COMMANDS_MAX = 256
+RAFT_ENTRY_BYTES_MAX = 1024 * 1024
+
+
+# -- peer messages -----------------------------------------------------------------
+# What pysyncobj sends in one append: entries up to its batch size (syncobj.py sets it to
+# RAFT_BATCH_BYTES) plus the one entry that crosses it, and at most RAFT_APPEND_ENTRIES_MAX
+# entries (syncobj.py caps the count; stock pysyncobj has no cap).
+RAFT_BATCH_BYTES = max(512 * 1024, 4 * COMMAND_BYTES_MAX, 2 * RESTORE_COMMAND_BYTES_MAX, 2 * RAFT_ENTRY_BYTES_MAX)
+RAFT_APPEND_ENTRIES_MAX = 4096
+# One Raft message, as framed on the wire and once inflated: a member drops a connection
+# whose next frame declares more, or inflates to more, instead of buffering up to the 2 GiB a
+# 32-bit length allows or expanding a small deflated frame without end. Above the largest
+# append a member of ours sends (batch + one restore entry + per-entry pickle overhead ~30 B;
+# tests/test_raft_peer_input.py builds it).
+RAFT_MESSAGE_BYTES_MAX = 32 * 1024 * 1024
+assert RAFT_MESSAGE_BYTES_MAX > RAFT_BATCH_BYTES + RESTORE_COMMAND_BYTES_MAX + 64 * RAFT_APPEND_ENTRIES_MAX
+# Incoming Raft connections that have not named a member yet. pysyncobj keeps them with no
+# deadline and no count, so idle ones from anyone would pile up (each a file descriptor and
+# up to a frame of memory). A member names itself in its first message (after one key
+# exchange with the secret), within milliseconds: at most this many wait at once, the
+# oldest is dropped for a new one, and each is dropped if it names no member in time.
+RAFT_UNNAMED_CONNECTIONS_MAX = 16
+RAFT_NAMING_DEADLINE_MS = 5_000
+# Connections the kernel completes on a Raft port before the member accepts them.
+# pysyncobj listens with 5 (tcp_server.py:42): a stranger who kept that full made a member's
+# reconnect wait on SYN retransmits (1 s, then 3 s). Accepted, they meet the bounds above.
+# (The kernel caps it at net.core.somaxconn, 4096 by default.)
+RAFT_LISTEN_BACKLOG = 128
