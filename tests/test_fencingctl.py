@@ -209,16 +209,13 @@ def test_overloaded_until_the_deadline_exits_7(cluster, ctl):
 
 def test_admin_credentials(capsys, monkeypatch):
     with InMemoryCluster(admin_token="sekret") as cluster:
-        _check_admin_credentials(Ctl(cluster.endpoints, capsys), monkeypatch)
-
-
-def _check_admin_credentials(ctl, monkeypatch):
-    assert ctl("admin", "force-release", "orders/7")[0] == 6
-    assert ctl("admin", "force-release", "orders/7", "--admin-token", "nope")[0] == 6
-    assert ctl("--admin-token", "sekret", "admin", "force-release", "orders/7")[0] == 0
-    monkeypatch.setenv(cli_ctl.ADMIN_TOKEN_ENV, "sekret")
-    code, doc, _ = ctl.json("admin", "set-epoch-floor", "50")
-    assert code == 0 and doc["epoch"] == 51
+        ctl = Ctl(cluster.endpoints, capsys)
+        assert ctl("admin", "force-release", "orders/7")[0] == 6
+        assert ctl("admin", "force-release", "orders/7", "--admin-token", "nope")[0] == 6
+        assert ctl("--admin-token", "sekret", "admin", "force-release", "orders/7")[0] == 0
+        monkeypatch.setenv(cli_ctl.ADMIN_TOKEN_ENV, "sekret")
+        code, doc, _ = ctl.json("admin", "set-epoch-floor", "50")
+        assert code == 0 and doc["epoch"] == 51
 
 
 def test_unavailable_exits_4(cluster, ctl):
