@@ -28,8 +28,8 @@ import pytest
 from coordinator.client import exceptions as E
 from coordinator.core.state_machine import Reason
 from coordinator.server.errors import Failure
-from testsupport.inmemory import (
-    InMemoryCluster,
+from testsupport.inmemory import InMemoryCluster
+from testsupport.inmemory_faults import (
     fail,
     no_leader,
     queue_full,

@@ -23,7 +23,8 @@ from coordinator.client import fencingctl as cli_ctl
 from coordinator.core import limits
 from coordinator.core.state_machine import Reason
 from coordinator.server.errors import Failure
-from testsupport.inmemory import InMemoryCluster, fail, queue_full, refuse, unknown_before_apply, unlisted_status
+from testsupport.inmemory import InMemoryCluster
+from testsupport.inmemory_faults import fail, queue_full, refuse, unknown_before_apply, unlisted_status
 from coordinator.client import DEFAULT_ENDPOINTS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
