@@ -2,10 +2,11 @@
 
 Two layers:
 
-- against ``testsupport.fake_cluster.FakeCluster``: three in-process gRPC servers sharing one
-  real ``FencingStateMachine``, with injected faults (NO_LEADER, outcome unknown after
-  applying, delays past the deadline, stopped nodes). Deterministic and fast: these pin the
-  error table, the retry rules and the Lease helper;
+- against ``testsupport.inmemory.InMemoryCluster``: three in-process gRPC servers running the
+  real servicers over one in-memory log, with faults injected where they happen: a proposal's
+  fate at the node (no leader, outcome unknown before or after applying, a slow commit, a
+  refusal), a stalled member or an unlisted status at the server's edge, a stopped server.
+  Deterministic and fast: these pin the error table, the retry rules and the Lease helper;
 - against a real three-process cluster (``testsupport/grpc_cluster.py``, ``fencingd serve`` on
   127.0.0.2-4): failover when the leader is killed, the same-op_id retry applying once
   across a paused leader, and a Lease fenced by an admin force-release.
@@ -25,30 +26,36 @@ import grpc
 import pytest
 
 from coordinator.client import exceptions as E
-from testsupport.fake_cluster import (
-    FakeCluster,
-    abort,
-    delay,
+from coordinator.core.state_machine import Reason
+from coordinator.server.errors import Failure
+from testsupport.inmemory import InMemoryCluster
+from testsupport.inmemory_faults import (
+    fail,
     no_leader,
+    queue_full,
+    refuse,
+    slow_commit,
+    stall,
     unknown_after_apply,
     unknown_before_apply,
+    unlisted_status,
 )
 from coordinator.client.retry import Backoff, Kind, classify
 from coordinator.client import AsyncFencingClient, AsyncLease, FencingClient, Lease, new_op_id
 
-# Short deadlines keep the fault tests quick; the fake answers in about a millisecond.
+# Short deadlines keep the fault tests quick; the in-memory cluster answers in about a millisecond.
 FAST = dict(timeout_s=3.0, attempt_timeout_s=0.5, retry_backoff_s=0.01, retry_backoff_max_s=0.05)
 
 
 @pytest.fixture
-def fake():
-    with FakeCluster() as cluster:
+def cluster():
+    with InMemoryCluster() as cluster:
         yield cluster
 
 
 @pytest.fixture
-def client(fake):
-    with FencingClient(fake.endpoints, **FAST) as c:
+def client(cluster):
+    with FencingClient(cluster.endpoints, **FAST) as c:
         yield c
 
 
@@ -59,46 +66,62 @@ def op_ids(calls):
 # ---------------------------------------------------------------- the error table
 
 
+_C = grpc.StatusCode
+NO = "server says no"
+
+
 @pytest.mark.parametrize(
-    "code, reason, metadata, cls, attrs",
+    "fault, code, reason, metadata, cls, attrs",
     [
-        (grpc.StatusCode.FAILED_PRECONDITION, "STALE_TOKEN", {"hwm": "9"}, E.StaleToken, {"hwm": 9}),
-        (grpc.StatusCode.FAILED_PRECONDITION, "UNKNOWN_TOKEN", {"hwm": "2"}, E.UnknownToken, {"hwm": 2}),
-        (grpc.StatusCode.FAILED_PRECONDITION, "LEASE_HELD",
-         {"holder": "w-b", "expires_at_ms": "1700000000000", "token": "4"}, E.LeaseHeld,
-         {"holder": "w-b", "expires_at_ms": 1700000000000, "token": 4}),
-        (grpc.StatusCode.FAILED_PRECONDITION, "LEASE_EXPIRED", {}, E.LeaseExpired, {}),
-        (grpc.StatusCode.FAILED_PRECONDITION, "VERSION_MISMATCH", {"version": "3"}, E.VersionMismatch,
-         {"version": 3}),
-        (grpc.StatusCode.FAILED_PRECONDITION, "EPOCH_FLOOR_TOO_LOW", {"epoch": "12"}, E.EpochFloorTooLow,
-         {"epoch": 12}),
-        (grpc.StatusCode.FAILED_PRECONDITION, "SOMETHING_NEW", {}, E.Refused, {}),
-        (grpc.StatusCode.ALREADY_EXISTS, "OP_ID_CONFLICT", {"op": "4"}, E.OpIdConflict, {}),
-        (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD", {"field": "token"}, E.InvalidArgument,
-         {"field": "token"}),
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED", {"limit": "keys"}, E.LimitExceeded, {}),
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, "EPOCH_EXHAUSTED", {}, E.EpochExhausted, {}),
-        (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED", {}, E.Unauthenticated, {}),
-        (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED", {}, E.PermissionDenied, {}),
-        (grpc.StatusCode.INTERNAL, "", {}, E.ServerError, {}),
-        (grpc.StatusCode.UNIMPLEMENTED, "", {}, E.ServerError, {}),
+        # Refusals come from the node as the state machine's own, through the service's table.
+        (refuse(Reason.STALE_TOKEN, NO, hwm=9), _C.FAILED_PRECONDITION, "STALE_TOKEN", {"hwm": "9"},
+         E.StaleToken, {"hwm": 9}),
+        (refuse(Reason.UNKNOWN_TOKEN, NO, hwm=2), _C.FAILED_PRECONDITION, "UNKNOWN_TOKEN", {"hwm": "2"},
+         E.UnknownToken, {"hwm": 2}),
+        (refuse(Reason.LEASE_HELD, NO, holder="w-b", expires_at_ms=1700000000000, token=4),
+         _C.FAILED_PRECONDITION, "LEASE_HELD", {"holder": "w-b", "expires_at_ms": "1700000000000", "token": "4"},
+         E.LeaseHeld, {"holder": "w-b", "expires_at_ms": 1700000000000, "token": 4}),
+        (refuse(Reason.LEASE_EXPIRED, NO), _C.FAILED_PRECONDITION, "LEASE_EXPIRED", {}, E.LeaseExpired, {}),
+        (refuse(Reason.VERSION_MISMATCH, NO, version=3), _C.FAILED_PRECONDITION, "VERSION_MISMATCH",
+         {"version": "3"}, E.VersionMismatch, {"version": 3}),
+        (refuse(Reason.EPOCH_FLOOR_TOO_LOW, NO, epoch=12), _C.FAILED_PRECONDITION, "EPOCH_FLOOR_TOO_LOW",
+         {"epoch": "12"}, E.EpochFloorTooLow, {"epoch": 12}),
+        (refuse(Reason.OP_ID_CONFLICT, NO, op=4), _C.ALREADY_EXISTS, "OP_ID_CONFLICT", {"op": "4"},
+         E.OpIdConflict, {}),
+        (refuse(Reason.MALFORMED, NO, field="token"), _C.INVALID_ARGUMENT, "INVALID_FIELD", {"field": "token"},
+         E.InvalidArgument, {"field": "token"}),
+        (refuse(Reason.LIMIT_EXCEEDED, NO, limit="keys"), _C.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED",
+         {"limit": "keys"}, E.LimitExceeded, {}),
+        (refuse(Reason.EPOCH_EXHAUSTED, NO), _C.RESOURCE_EXHAUSTED, "EPOCH_EXHAUSTED", {}, E.EpochExhausted, {}),
+        # Failures the service raises before proposing, through the same table.
+        (fail(Failure.UNAUTHENTICATED, NO), _C.UNAUTHENTICATED, "UNAUTHENTICATED", {}, E.Unauthenticated, {}),
+        (fail(Failure.PERMISSION_DENIED, NO), _C.PERMISSION_DENIED, "PERMISSION_DENIED", {},
+         E.PermissionDenied, {}),
+        # Statuses this server never sends: a newer server's reason, a bare gRPC code.
+        (unlisted_status(_C.FAILED_PRECONDITION, NO, "SOMETHING_NEW"), _C.FAILED_PRECONDITION, "SOMETHING_NEW",
+         {}, E.Refused, {}),
+        (unlisted_status(_C.INTERNAL, NO), _C.INTERNAL, "", {}, E.ServerError, {}),
+        (unlisted_status(_C.UNIMPLEMENTED, NO), _C.UNIMPLEMENTED, "", {}, E.ServerError, {}),
     ],
+    ids=lambda value: getattr(value, "name", None),
 )
-def test_each_status_maps_to_its_exception_with_details(fake, client, code, reason, metadata, cls, attrs):
-    fake.inject("Describe", abort(code, reason, "server says no", **metadata))
+def test_each_status_maps_to_its_exception_with_details(cluster, client, fault, code, reason, metadata, cls, attrs):
+    cluster.inject("Describe", fault)
     with pytest.raises(E.FencingError) as info:
         client.describe("orders/7")
     err = info.value
     assert type(err) is cls
     assert err.code == code and err.reason == reason and err.metadata == metadata
-    assert err.server_message == "server says no"
-    assert err.endpoint in fake.endpoints
-    assert err.header == E.Header(member_id="fake-0", raft_term=1, applied_index=err.header.applied_index)
+    assert err.server_message == NO
+    assert err.endpoint in cluster.endpoints
+    assert err.header == E.Header(
+        member_id=cluster.members[0].member_id, raft_term=1, applied_index=err.header.applied_index
+    )
     for name, value in attrs.items():
         assert getattr(err, name) == value
     assert "\n" not in str(err) and str(err)
     assert isinstance(err.__cause__, grpc.RpcError)
-    assert len(fake.calls_to("Describe")) == 1  # none of these is retried
+    assert len(cluster.calls_to("Describe")) == 1  # none of these is retried
 
 
 def test_the_tree_answers_did_it_apply():
@@ -193,11 +216,11 @@ def test_backoff_is_bounded_and_jittered():
     assert len({round(backoff.delay_s(3, rng), 6) for _ in range(20)}) > 1
 
 
-def test_unknown_outcome_is_retried_with_the_same_op_id_and_applies_once(fake, client):
+def test_unknown_outcome_is_retried_with_the_same_op_id_and_applies_once(cluster, client):
     lease = client.acquire("orders/7", ttl_ms=5000, holder="a")
-    fake.inject("Write", unknown_after_apply())  # the first attempt applies, then "aborts"
+    cluster.inject("Write", unknown_after_apply())  # the first attempt applies, then "aborts"
     result = client.write("orders/7", "total", b"42", token=lease.token)
-    calls = fake.calls_to("Write")
+    calls = cluster.calls_to("Write")
     assert len(calls) == 2
     assert op_ids(calls) == [result.op_id, result.op_id]
     assert len(result.op_id) == 16
@@ -207,78 +230,96 @@ def test_unknown_outcome_is_retried_with_the_same_op_id_and_applies_once(fake, c
     assert client.write("orders/7", "total", b"43", token=lease.token).version == result.version + 1
 
 
-def test_a_deadline_on_a_mutation_is_retried_with_the_same_op_id(fake, client):
+def test_a_deadline_on_a_mutation_is_retried_with_the_same_op_id(cluster, client):
     lease = client.acquire("orders/7", ttl_ms=5000, holder="a")
-    fake.inject("Write", delay(0.8))  # past attempt_timeout_s=0.5: the server applies late
+    # The member stalls past attempt_timeout_s=0.5: the client's own deadline expires, and
+    # the member serves the request late anyway.
+    cluster.inject("Write", stall(0.8))
     result = client.write("orders/7", "k", b"v", token=lease.token)
-    calls = fake.calls_to("Write")
+    calls = cluster.calls_to("Write")
     assert len(calls) == 2 and op_ids(calls) == [result.op_id] * 2
-    time.sleep(0.5)  # let the slow first attempt apply too: the dedup table absorbs it
+    assert calls[0].done.wait(5.0)  # the late first attempt reached the log: dedup absorbed it
     assert client.read("orders/7", "k").version == result.version
+    assert client.write("orders/7", "k", b"w", token=lease.token).version == result.version + 1
 
 
-def test_unknown_outcomes_until_the_deadline_raise_outcome_unknown_never_failure(fake):
-    with FencingClient(fake.endpoints, **{**FAST, "retry_max_attempts": 3}) as client:
+def test_a_slow_commit_is_answered_outcome_unknown_in_time_and_retried_with_the_same_op_id(cluster, client):
+    """The server gives a proposal the RPC's deadline minus a margin, so the client hears
+    OUTCOME_UNKNOWN from the member (not its own deadline), retries with the same op_id, and
+    the late commit is absorbed by the dedup table."""
+    lease = client.acquire("orders/7", ttl_ms=5000, holder="a")
+    cluster.inject("Write", slow_commit(0.8))  # past the proposal deadline (0.5 s - 0.1 s margin)
+    result = client.write("orders/7", "k", b"v", token=lease.token)
+    calls = cluster.calls_to("Write")
+    assert len(calls) == 2 and op_ids(calls) == [result.op_id] * 2
+    assert calls[0].code is grpc.StatusCode.ABORTED  # the member's OUTCOME_UNKNOWN
+    assert cluster.log.wait_slow_commits(5.0)
+    assert client.read("orders/7", "k").version == result.version
+    assert client.write("orders/7", "k", b"w", token=lease.token).version == result.version + 1
+
+
+def test_unknown_outcomes_until_the_deadline_raise_outcome_unknown_never_failure(cluster):
+    with FencingClient(cluster.endpoints, **{**FAST, "retry_max_attempts": 3}) as client:
         lease = client.acquire("orders/7", ttl_ms=5000, holder="a")
-        fake.inject("Write", unknown_after_apply(), unknown_before_apply(), unknown_before_apply())
+        cluster.inject("Write", unknown_after_apply(), unknown_before_apply(), unknown_before_apply())
         op_id = new_op_id()
         with pytest.raises(E.OutcomeUnknown) as info:
             client.write("orders/7", "k", b"v", token=lease.token, op_id=op_id)
         assert info.value.op_id == op_id
-        assert op_ids(fake.calls_to("Write")) == [op_id] * 3
+        assert op_ids(cluster.calls_to("Write")) == [op_id] * 3
         # The caller learns the outcome with the same op_id: the first attempt had applied.
         again = client.write("orders/7", "k", b"v", token=lease.token, op_id=op_id)
         assert again.version == 1
         assert client.read("orders/7", "k").version == 1
 
 
-def test_no_leader_is_retried_and_the_hint_is_followed(fake, client):
-    fake.inject("Describe", no_leader(leader_api=fake.endpoints[2]))
+def test_no_leader_is_retried_and_the_hint_is_followed(cluster, client):
+    cluster.inject("Describe", no_leader(new_leader=2))  # node 0 lost it; node 2 leads now
     client.describe("orders/7")
-    nodes = [call.node for call in fake.calls_to("Describe")]
+    nodes = [call.node for call in cluster.calls_to("Describe")]
     assert nodes == [0, 2]
-    assert client.leader_endpoint == fake.endpoints[2]
+    assert client.leader_endpoint == cluster.endpoints[2]
 
 
-def test_leader_is_discovered_from_status(fake):
-    fake.leader = 1
-    with FencingClient(fake.endpoints, **FAST) as client:
+def test_leader_is_discovered_from_status(cluster):
+    cluster.leader = 1
+    with FencingClient(cluster.endpoints, **FAST) as client:
         client.describe("orders/7")
-        assert [c.node for c in fake.calls_to("Describe")] == [1]
-        assert client.leader_endpoint == fake.endpoints[1]
+        assert [c.node for c in cluster.calls_to("Describe")] == [1]
+        assert client.leader_endpoint == cluster.endpoints[1]
 
 
-def test_without_a_leader_the_client_round_robins(fake):
-    fake.leader = None
-    with FencingClient(fake.endpoints, **FAST) as client:
+def test_without_a_leader_the_client_round_robins(cluster):
+    cluster.leader = None
+    with FencingClient(cluster.endpoints, **FAST) as client:
         for _ in range(3):
             client.describe("orders/7")
-        assert sorted(c.node for c in fake.calls_to("Describe")) == [0, 1, 2]
+        assert sorted(c.node for c in cluster.calls_to("Describe")) == [0, 1, 2]
 
 
-def test_refusals_are_never_retried(fake, client):
+def test_refusals_are_never_retried(cluster, client):
     lease = client.acquire("orders/7", ttl_ms=5000, holder="a")
     client.force_release("orders/7")
     with pytest.raises(E.StaleToken) as info:
         client.write("orders/7", "k", b"v", token=lease.token)
     assert info.value.hwm == lease.token + 1
     assert str(info.value) == f"token {lease.token} is stale for orders/7 (high-water mark is {lease.token + 1})"
-    assert len(fake.calls_to("Write")) == 1
+    assert len(cluster.calls_to("Write")) == 1
     with pytest.raises(E.LeaseHeld):
         client.acquire("orders/7", ttl_ms=5000, holder="b")
         client.acquire("orders/7", ttl_ms=5000, holder="c")
-    assert len(fake.calls_to("Acquire")) == 3
+    assert len(cluster.calls_to("Acquire")) == 3
 
 
 @pytest.mark.parametrize("token", [0, -1, True, 1.5, "1", None, 2**64])
-def test_malformed_tokens_are_refused_before_sending(fake, client, token):
+def test_malformed_tokens_are_refused_before_sending(cluster, client, token):
     with pytest.raises(E.InvalidArgument) as info:
         client.write("orders/7", "k", b"v", token=token)
     assert info.value.field == "token"
-    assert fake.calls_to("Write") == []
+    assert cluster.calls_to("Write") == []
 
 
-def test_bad_fields_are_refused_before_sending(fake, client):
+def test_bad_fields_are_refused_before_sending(cluster, client):
     with pytest.raises(E.InvalidArgument, match="resource"):
         client.write("orders 7", "k", b"v", token=1)
     with pytest.raises(E.InvalidArgument, match="op_id"):
@@ -289,55 +330,55 @@ def test_bad_fields_are_refused_before_sending(fake, client):
         client.acquire("orders/7", ttl_ms=5)
     with pytest.raises(E.InvalidArgument, match="wait_ms"):
         client.acquire("orders/7", ttl_ms=5000, wait_ms=-1)
-    assert fake.calls == []
+    assert cluster.calls == []
 
 
-def test_overloaded_is_backed_off_and_retried(fake, client):
-    fake.inject("Describe", abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED"))
+def test_overloaded_is_backed_off_and_retried(cluster, client):
+    cluster.inject("Describe", queue_full())  # the service answers OVERLOADED
     client.describe("orders/7")
-    assert len(fake.calls_to("Describe")) == 2
+    assert len(cluster.calls_to("Describe")) == 2
 
 
-def test_overloaded_until_the_attempts_run_out_raises_overloaded(fake):
-    with FencingClient(fake.endpoints, **{**FAST, "retry_max_attempts": 2}) as client:
-        fake.inject("Describe", *[abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED")] * 2)
+def test_overloaded_until_the_attempts_run_out_raises_overloaded(cluster):
+    with FencingClient(cluster.endpoints, **{**FAST, "retry_max_attempts": 2}) as client:
+        cluster.inject("Describe", *[queue_full()] * 2)
         with pytest.raises(E.Overloaded):
             client.describe("orders/7")
 
 
-def test_restore_is_not_resent_after_an_unknown_outcome(fake, client):
+def test_restore_is_not_resent_after_an_unknown_outcome(cluster, client):
     snapshot = client.snapshot()
-    fake.inject("Restore", unknown_before_apply())
+    cluster.inject("Restore", unknown_before_apply())
     with pytest.raises(E.OutcomeUnknown):
         client.restore(snapshot.data, epoch_floor=10)
-    assert len(fake.calls_to("Restore")) == 1
+    assert len(cluster.calls_to("Restore")) == 1
 
 
-def test_a_stopped_node_is_skipped(fake, client):
+def test_a_stopped_node_is_skipped(cluster, client):
     lease = client.acquire("orders/7", ttl_ms=5000, holder="a")
-    fake.stop_node(0)
-    fake.leader = 1
+    cluster.stop_node(0)
+    cluster.leader = 1
     started = time.monotonic()
     result = client.write("orders/7", "k", b"v", token=lease.token)
     assert time.monotonic() - started < 2.0
-    assert {c.node for c in fake.calls_to("Write")} == {1}
+    assert {c.node for c in cluster.calls_to("Write")} == {1}
     assert client.read("orders/7", "k").version == result.version
 
 
-def test_a_slow_leader_that_others_still_name_is_not_retried_at_once(fake, client):
+def test_a_slow_leader_that_others_still_name_is_not_retried_at_once(cluster, client):
     """Like a paused leader: its followers keep naming it until they elect another."""
     lease = client.acquire("orders/7", ttl_ms=5000, holder="a")
-    fake.inject("Write", *[delay(1.0)] * 5, node=0)
+    cluster.inject("Write", *[stall(1.0)] * 5, node=0)
     started = time.monotonic()
     client.write("orders/7", "k", b"v", token=lease.token)
     assert time.monotonic() - started < 1.5
-    assert [c.node for c in fake.calls_to("Write")][0] == 0
-    assert [c.node for c in fake.calls_to("Write")].count(0) == 1
+    assert [c.node for c in cluster.calls_to("Write")][0] == 0
+    assert [c.node for c in cluster.calls_to("Write")].count(0) == 1
 
 
-def test_nothing_reachable_is_unavailable_not_unknown(fake):
-    endpoints = fake.endpoints
-    fake.close()
+def test_nothing_reachable_is_unavailable_not_unknown(cluster):
+    endpoints = cluster.endpoints
+    cluster.close()
     with FencingClient(endpoints, **{**FAST, "timeout_s": 1.0}) as client:
         started = time.monotonic()
         with pytest.raises(E.Unavailable) as info:
@@ -349,38 +390,38 @@ def test_nothing_reachable_is_unavailable_not_unknown(fake):
     assert "attempt" in str(info.value)
 
 
-def test_no_leader_until_the_deadline_raises_no_leader(fake):
-    with FencingClient(fake.endpoints, **{**FAST, "timeout_s": 0.6}) as client:
-        fake.inject("Read", *[no_leader()] * 100)
+def test_no_leader_until_the_deadline_raises_no_leader(cluster):
+    with FencingClient(cluster.endpoints, **{**FAST, "timeout_s": 0.6}) as client:
+        cluster.inject("Read", *[no_leader()] * 100)
         started = time.monotonic()
         with pytest.raises(E.NoLeader):
             client.read("orders/7", "k")
         assert time.monotonic() - started < 2.0
 
 
-def test_admin_credential_is_sent_as_bearer(fake):
-    fake.admin_token = "sekret"
-    with FencingClient(fake.endpoints, **FAST) as anonymous:
-        with pytest.raises(E.Unauthenticated):
-            anonymous.force_release("orders/7")
-    with FencingClient(fake.endpoints, admin_token="wrong", **FAST) as wrong:
-        with pytest.raises(E.PermissionDenied):
-            wrong.force_release("orders/7")
-    with FencingClient(fake.endpoints, admin_token="sekret", **FAST) as admin:
-        assert admin.force_release("orders/7").hwm == 1
-        assert admin.set_epoch_floor(100).epoch == 101
+def test_admin_credential_is_sent_as_bearer():
+    with InMemoryCluster(admin_token="sekret") as cluster:
+        with FencingClient(cluster.endpoints, **FAST) as anonymous:
+            with pytest.raises(E.Unauthenticated):
+                anonymous.force_release("orders/7")
+        with FencingClient(cluster.endpoints, admin_token="wrong", **FAST) as wrong:
+            with pytest.raises(E.PermissionDenied):
+                wrong.force_release("orders/7")
+        with FencingClient(cluster.endpoints, admin_token="sekret", **FAST) as admin:
+            assert admin.force_release("orders/7").hwm == 1
+            assert admin.set_epoch_floor(100).epoch == 101
 
 
-def test_results_are_frozen_dataclasses_with_header(client):
+def test_results_are_frozen_dataclasses_with_header(cluster, client):
     result = client.acquire("orders/7", ttl_ms=5000, holder="a")
-    assert result.header.member_id == "fake-0"
+    assert result.header.member_id == cluster.members[0].member_id
     with pytest.raises(AttributeError):
         result.token = 5  # type: ignore[misc]
     desc = client.describe("orders/7")
     assert (desc.held, desc.holder, desc.token, desc.hwm) == (True, "a", result.token, result.token)
     status = client.status()
     assert status.epoch == result.token and status.has_quorum and len(status.members) == 3
-    assert client.status(endpoint=client.endpoints[2]).header.member_id == "fake-2"
+    assert client.status(endpoint=client.endpoints[2]).header.member_id == cluster.members[2].member_id
 
 
 def test_keep_alive_many_reports_each_lease(client):
@@ -402,8 +443,8 @@ def test_keep_alive_release_and_expiry(client):
         client.keep_alive("orders/7", a.token)
 
 
-def test_closed_client_refuses_calls(fake):
-    client = FencingClient(fake.endpoints, **FAST)
+def test_closed_client_refuses_calls(cluster):
+    client = FencingClient(cluster.endpoints, **FAST)
     client.close()
     with pytest.raises(RuntimeError):
         client.describe("orders/7")
@@ -428,25 +469,25 @@ def test_constructor_checks_its_configuration():
 # ---------------------------------------------------------------- the Lease helper
 
 
-def test_lease_renews_in_the_background_and_releases_on_exit(fake, client):
+def test_lease_renews_in_the_background_and_releases_on_exit(cluster, client):
     with client.lease("orders/7", ttl_ms=600, holder="a") as lease:
         assert isinstance(lease, Lease)
         first_expiry = lease.expires_at_ms
         time.sleep(1.5)  # two and a half TTLs: only renewals keep it
         assert not lease.lost.is_set()
         assert lease.expires_at_ms > first_expiry
-        assert len(fake.calls_to("KeepAlive")) >= 3
+        assert len(cluster.calls_to("KeepAlive")) >= 3
         assert lease.write("k", b"v").version == 1
         assert lease.read("k").value == b"v"
         assert client.describe("orders/7").token == lease.token
     desc = client.describe("orders/7")
     assert not desc.held and desc.hwm == lease.token
-    calls = len(fake.calls_to("KeepAlive"))
+    calls = len(cluster.calls_to("KeepAlive"))
     time.sleep(0.3)
-    assert len(fake.calls_to("KeepAlive")) == calls  # the thread stopped
+    assert len(cluster.calls_to("KeepAlive")) == calls  # the thread stopped
 
 
-def test_lease_is_lost_when_fenced_and_the_server_still_judges(fake, client):
+def test_lease_is_lost_when_fenced_and_the_server_still_judges(cluster, client):
     seen = []
     with client.lease("orders/7", ttl_ms=300, holder="a", on_lost=seen.append) as lease:
         client.force_release("orders/7")
@@ -464,11 +505,11 @@ def test_lease_is_lost_when_fenced_and_the_server_still_judges(fake, client):
     assert client.read("orders/7", "k").found is False
 
 
-def test_lease_is_lost_when_renewals_fail_past_expiry(fake):
-    with FencingClient(fake.endpoints, **FAST) as client:
+def test_lease_is_lost_when_renewals_fail_past_expiry(cluster):
+    with FencingClient(cluster.endpoints, **FAST) as client:
         lost = threading.Event()
         lease = client.lease("orders/7", ttl_ms=400, holder="a", on_lost=lambda e: lost.set())
-        fake.close()  # every node down: renewals cannot get through
+        cluster.close()  # every node down: renewals cannot get through
         assert lost.wait(3.0)
         assert lease.lost_error.cause is None or isinstance(lease.lost_error.cause, E.FencingError)
         assert "renewals failed" in str(lease.lost_error) or lease.lost_error.cause is not None
@@ -482,7 +523,7 @@ def test_lease_held_is_raised_by_lease(client):
     assert info.value.holder == "a"
 
 
-def test_on_lost_callback_errors_do_not_kill_the_thread(fake, client, caplog):
+def test_on_lost_callback_errors_do_not_kill_the_thread(cluster, client, caplog):
     def boom(_):
         raise RuntimeError("callback bug")
 
@@ -498,22 +539,22 @@ def test_on_lost_callback_errors_do_not_kill_the_thread(fake, client, caplog):
 # ---------------------------------------------------------------- the asyncio client
 
 
-def test_async_client_follows_the_same_rules(fake):
+def test_async_client_follows_the_same_rules(cluster):
     async def main():
-        async with AsyncFencingClient(fake.endpoints, **FAST) as client:
-            fake.inject("Describe", no_leader(leader_api=fake.endpoints[2]))
+        async with AsyncFencingClient(cluster.endpoints, **FAST) as client:
+            cluster.inject("Describe", no_leader(new_leader=2))
             await client.describe("orders/7")
-            assert [c.node for c in fake.calls_to("Describe")] == [0, 2]
-            assert client.leader_endpoint == fake.endpoints[2]
+            assert [c.node for c in cluster.calls_to("Describe")] == [0, 2]
+            assert client.leader_endpoint == cluster.endpoints[2]
             lease = await client.acquire("orders/7", ttl_ms=5000, holder="a")
-            fake.inject("Write", unknown_after_apply())
+            cluster.inject("Write", unknown_after_apply())
             result = await client.write("orders/7", "k", b"v", token=lease.token)
-            assert op_ids(fake.calls_to("Write")) == [result.op_id] * 2
+            assert op_ids(cluster.calls_to("Write")) == [result.op_id] * 2
             assert (await client.read("orders/7", "k")).version == result.version
             await client.force_release("orders/7")
             with pytest.raises(E.StaleToken):
                 await client.write("orders/7", "k", b"v", token=lease.token)
-            assert len(fake.calls_to("Write")) == 3  # the refusal was not retried
+            assert len(cluster.calls_to("Write")) == 3  # the refusal was not retried
             with pytest.raises(E.InvalidArgument):
                 await client.write("orders/7", "k", b"v", token=0)
             status = await client.status()
@@ -522,23 +563,23 @@ def test_async_client_follows_the_same_rules(fake):
     asyncio.run(main())
 
 
-def test_async_client_discovers_the_leader_and_fails_over(fake):
+def test_async_client_discovers_the_leader_and_fails_over(cluster):
     async def main():
-        fake.leader = 1
-        async with AsyncFencingClient(fake.endpoints, **FAST) as client:
+        cluster.leader = 1
+        async with AsyncFencingClient(cluster.endpoints, **FAST) as client:
             lease = await client.acquire("orders/7", ttl_ms=5000, holder="a")
-            assert [c.node for c in fake.calls_to("Acquire")] == [1]
-            fake.stop_node(1)
-            fake.leader = 2
+            assert [c.node for c in cluster.calls_to("Acquire")] == [1]
+            cluster.stop_node(1)
+            cluster.leader = 2
             await client.write("orders/7", "k", b"v", token=lease.token)
-            assert {c.node for c in fake.calls_to("Write")} <= {0, 2}
+            assert {c.node for c in cluster.calls_to("Write")} <= {0, 2}
 
     asyncio.run(main())
 
 
-def test_async_nothing_reachable_is_unavailable(fake):
-    endpoints = fake.endpoints
-    fake.close()
+def test_async_nothing_reachable_is_unavailable(cluster):
+    endpoints = cluster.endpoints
+    cluster.close()
 
     async def main():
         async with AsyncFencingClient(endpoints, **{**FAST, "timeout_s": 1.0}) as client:
@@ -548,14 +589,14 @@ def test_async_nothing_reachable_is_unavailable(fake):
     asyncio.run(main())
 
 
-def test_async_lease_renews_and_is_lost_when_fenced(fake):
+def test_async_lease_renews_and_is_lost_when_fenced(cluster):
     seen = []
 
     async def on_lost(error):
         seen.append(error)
 
     async def main():
-        async with AsyncFencingClient(fake.endpoints, **FAST) as client:
+        async with AsyncFencingClient(cluster.endpoints, **FAST) as client:
             async with client.lease("orders/7", ttl_ms=600, holder="a") as lease:
                 assert isinstance(lease, AsyncLease)
                 first = lease.expires_at_ms

@@ -1,8 +1,9 @@
 """Tests of fencingctl (coordinator.client.fencingctl): strict input checks, exit codes, output.
 
-Most tests run ``main([...])`` in-process against ``testsupport.fake_cluster.FakeCluster``
-(which records every call, so "nothing was sent" is checked, not assumed); a few run the
-real command in a subprocess, and the last ones drive a real three-process cluster.
+Most tests run ``main([...])`` in-process against ``testsupport.inmemory.InMemoryCluster``
+(the real servicers over an in-memory log; it records every call, so "nothing was sent" is
+checked, not assumed); a few run the real command in a subprocess, and the last ones drive a
+real three-process cluster.
 """
 
 from __future__ import annotations
@@ -20,17 +21,20 @@ import pytest
 
 from coordinator.client import fencingctl as cli_ctl
 from coordinator.core import limits
+from coordinator.core.state_machine import Reason
+from coordinator.server.errors import Failure
 from coordinator.core.names import ErrorMeta as M
 from coordinator.core.names import ErrorReason as R
-from testsupport.fake_cluster import FakeCluster, abort, unknown_before_apply
+from testsupport.inmemory import InMemoryCluster
+from testsupport.inmemory_faults import fail, queue_full, refuse, unknown_before_apply, unlisted_status
 from coordinator.client import DEFAULT_ENDPOINTS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
-def fake():
-    with FakeCluster() as cluster:
+def cluster():
+    with InMemoryCluster() as cluster:
         yield cluster
 
 
@@ -53,8 +57,8 @@ class Ctl:
 
 
 @pytest.fixture
-def ctl(fake, capsys):
-    return Ctl(fake.endpoints, capsys)
+def ctl(cluster, capsys):
+    return Ctl(cluster.endpoints, capsys)
 
 
 def acquire(ctl, resource="orders/7", holder="a") -> int:
@@ -67,41 +71,41 @@ def acquire(ctl, resource="orders/7", holder="a") -> int:
 
 
 @pytest.mark.parametrize("token", ["0", "-1", "1.5", "abc", "0x10", "", "+3", "1e3", str(2**64)])
-def test_malformed_token_arguments_exit_2_and_send_nothing(fake, ctl, token):
+def test_malformed_token_arguments_exit_2_and_send_nothing(cluster, ctl, token):
     code, out, err = ctl("write", "orders/7", "k", "v", "--token", token)
     assert code == cli_ctl.EXIT_USAGE == 2
     assert err.startswith("fencingctl: invalid argument: token must be a whole number from 1")
     assert err.count("\n") == 1
-    assert fake.calls == []
+    assert cluster.calls == []
 
 
-def test_missing_token_exits_2_and_sends_nothing(fake, ctl):
+def test_missing_token_exits_2_and_sends_nothing(cluster, ctl):
     code, _, err = ctl("write", "orders/7", "k", "v")
     assert code == 2
     assert err == "fencingctl: invalid argument: write: missing --token\n"
-    assert fake.calls == []
+    assert cluster.calls == []
 
 
 @pytest.mark.parametrize(
     "token_json",
     ["0", "-1", "1.5", "1.0", "\"1\"", "true", "false", "null", "1e3", str(2**64), "[1]", "{}", "NaN"],
 )
-def test_malformed_json_tokens_exit_2_and_send_nothing(fake, ctl, token_json):
+def test_malformed_json_tokens_exit_2_and_send_nothing(cluster, ctl, token_json):
     request = f'{{"resource": "orders/7", "key": "k", "value": "v", "token": {token_json}}}'
     code, doc, err = ctl.json("write", "--json", request)
     assert code == 2
     assert err.count("\n") == 1 and ("token" in err or "NaN is not a number" in err)
     assert doc["error"]["exit_code"] == 2 and doc["error"]["category"] in ("invalid argument",)
-    assert fake.calls == []
+    assert cluster.calls == []
 
 
-def test_json_token_missing_exits_2(fake, ctl):
+def test_json_token_missing_exits_2(cluster, ctl):
     code, _, err = ctl("write", "--json", '{"resource": "orders/7", "key": "k", "value": "v"}')
     assert code == 2 and "missing field 'token'" in err
-    assert fake.calls == []
+    assert cluster.calls == []
 
 
-def test_json_request_with_a_good_token_writes(fake, ctl):
+def test_json_request_with_a_good_token_writes(cluster, ctl):
     token = acquire(ctl)
     request = json.dumps({"resource": "orders/7", "key": "k", "value": "v", "token": token})
     code, doc, _ = ctl.json("write", "--json", request)
@@ -134,19 +138,18 @@ def test_json_request_with_a_good_token_writes(fake, ctl):
         (["admin"], "required"),
     ],
 )
-def test_usage_errors_exit_2_with_one_line(fake, ctl, argv, message):
+def test_usage_errors_exit_2_with_one_line(cluster, ctl, argv, message):
     code, out, err = ctl(*argv)
     assert code == 2
     last = err.strip().splitlines()[-1]
     assert last.startswith("fencingctl: ") and message in last, err
-    assert fake.calls == []
+    assert cluster.calls == []
 
 
-def test_server_side_invalid_argument_exits_2(fake, ctl):
+def test_server_side_invalid_argument_exits_2(cluster, ctl):
     code, _, err = ctl("write", "orders 7", "k", "v", "--token", "1")  # caught by the client
     assert code == 2 and "field 'resource'" in err
-    fake.inject("Describe", abort(grpc.StatusCode.INVALID_ARGUMENT, R.INVALID_FIELD, "bad resource",
-                                  field="resource"))
+    cluster.inject("Describe", fail(Failure.INVALID_INPUT, "bad resource", field="resource"))
     code, doc, err = ctl.json("describe", "orders/7")
     assert code == 2 and doc["error"]["reason"] == R.INVALID_FIELD
     assert err == "fencingctl: invalid argument: field 'resource': bad resource\n"
@@ -155,7 +158,7 @@ def test_server_side_invalid_argument_exits_2(fake, ctl):
 # ---------------------------------------------------------------- exit codes and one-line errors
 
 
-def test_stale_token_is_refused_with_exit_3_and_a_friendly_line(fake, ctl):
+def test_stale_token_is_refused_with_exit_3_and_a_friendly_line(cluster, ctl):
     old = acquire(ctl)
     assert ctl("admin", "force-release", "orders/7")[0] == 0
     code, doc, err = ctl.json("write", "orders/7", "k", "v", "--token", str(old))
@@ -167,7 +170,7 @@ def test_stale_token_is_refused_with_exit_3_and_a_friendly_line(fake, ctl):
     assert len(e["op_id"]) == 32
 
 
-def test_each_refusal_reason_has_its_line_and_code(fake, ctl):
+def test_each_refusal_reason_has_its_line_and_code(cluster, ctl):
     token = acquire(ctl, holder="worker-a")
     code, _, err = ctl("acquire", "orders/7", "--ttl-ms", "5000", "--holder", "b")
     assert code == 3 and err.startswith("fencingctl: refused: orders/7 is held by 'worker-a' (token 1) until ")
@@ -179,59 +182,61 @@ def test_each_refusal_reason_has_its_line_and_code(fake, ctl):
     assert ctl("release", "orders/7", "--token", str(token))[0] == 0
     code, _, err = ctl("keepalive", "orders/7", "--token", str(token))
     assert code == 3 and "has ended; acquire a new one" in err
-    fake.inject("Write", abort(grpc.StatusCode.ALREADY_EXISTS, R.OP_ID_CONFLICT, "used"))
+    cluster.inject("Write", refuse(Reason.OP_ID_CONFLICT, "used"))
     code, _, err = ctl("write", "orders/7", "k", "v", "--token", str(token), "--op-id", "ab" * 16)
     assert (code, err) == (3, f"fencingctl: refused: op id {'ab' * 16} was already used for a different request\n")
 
 
 @pytest.mark.parametrize(
-    "code, reason, exit_code, start",
+    "fault, exit_code, start",
     [
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, R.LIMIT_EXCEEDED, 7, "fencingctl: limit: "),
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, R.EPOCH_EXHAUSTED, 7, "fencingctl: limit: every fencing token"),
-        (grpc.StatusCode.UNAUTHENTICATED, R.UNAUTHENTICATED, 6, "fencingctl: unauthenticated: "),
-        (grpc.StatusCode.PERMISSION_DENIED, R.PERMISSION_DENIED, 6, "fencingctl: permission denied: "),
-        (grpc.StatusCode.INTERNAL, "", 1, "fencingctl: server error: INTERNAL: "),
+        (refuse(Reason.LIMIT_EXCEEDED, "detail"), 7, "fencingctl: limit: "),
+        (refuse(Reason.EPOCH_EXHAUSTED, "detail"), 7, "fencingctl: limit: every fencing token"),
+        (fail(Failure.UNAUTHENTICATED, "detail"), 6, "fencingctl: unauthenticated: "),
+        (fail(Failure.PERMISSION_DENIED, "detail"), 6, "fencingctl: permission denied: "),
+        (unlisted_status(grpc.StatusCode.INTERNAL, "detail"), 1, "fencingctl: server error: INTERNAL: "),
     ],
+    ids=lambda value: getattr(value, "name", None),
 )
-def test_other_statuses_exit_codes(fake, ctl, code, reason, exit_code, start):
-    fake.inject("Describe", abort(code, reason, "detail"))
+def test_other_statuses_exit_codes(cluster, ctl, fault, exit_code, start):
+    cluster.inject("Describe", fault)
     rc, _, err = ctl("describe", "orders/7")
     assert rc == exit_code and err.startswith(start) and err.count("\n") == 1
 
 
-def test_overloaded_until_the_deadline_exits_7(fake, ctl):
-    fake.inject("Describe", *[abort(grpc.StatusCode.RESOURCE_EXHAUSTED, R.OVERLOADED)] * 50)
+def test_overloaded_until_the_deadline_exits_7(cluster, ctl):
+    cluster.inject("Describe", *[queue_full()] * 50)  # the service answers OVERLOADED
     rc, _, err = ctl("describe", "orders/7", timeout="1")
     assert rc == 7 and err.startswith("fencingctl: overloaded: the cluster is overloaded")
 
 
-def test_admin_credentials(fake, ctl, monkeypatch):
-    fake.admin_token = "sekret"
-    assert ctl("admin", "force-release", "orders/7")[0] == 6
-    assert ctl("admin", "force-release", "orders/7", "--admin-token", "nope")[0] == 6
-    assert ctl("--admin-token", "sekret", "admin", "force-release", "orders/7")[0] == 0
-    monkeypatch.setenv(cli_ctl.ADMIN_TOKEN_ENV, "sekret")
-    code, doc, _ = ctl.json("admin", "set-epoch-floor", "50")
-    assert code == 0 and doc["epoch"] == 51
+def test_admin_credentials(capsys, monkeypatch):
+    with InMemoryCluster(admin_token="sekret") as cluster:
+        ctl = Ctl(cluster.endpoints, capsys)
+        assert ctl("admin", "force-release", "orders/7")[0] == 6
+        assert ctl("admin", "force-release", "orders/7", "--admin-token", "nope")[0] == 6
+        assert ctl("--admin-token", "sekret", "admin", "force-release", "orders/7")[0] == 0
+        monkeypatch.setenv(cli_ctl.ADMIN_TOKEN_ENV, "sekret")
+        code, doc, _ = ctl.json("admin", "set-epoch-floor", "50")
+        assert code == 0 and doc["epoch"] == 51
 
 
-def test_unavailable_exits_4(fake, ctl):
-    fake.close()
+def test_unavailable_exits_4(cluster, ctl):
+    cluster.close()
     code, doc, err = ctl.json("write", "orders/7", "k", "v", "--token", "1", timeout="1")
     assert code == cli_ctl.EXIT_UNAVAILABLE == 4
     assert err.startswith("fencingctl: unavailable: ") and err.count("\n") == 1
     assert doc["error"]["type"] == "Unavailable"
 
 
-def test_outcome_unknown_exits_5_and_prints_the_op_id_to_retry_with(fake, ctl):
+def test_outcome_unknown_exits_5_and_prints_the_op_id_to_retry_with(cluster, ctl):
     token = acquire(ctl)
-    fake.inject("Write", *[unknown_before_apply()] * 100)
+    cluster.inject("Write", *[unknown_before_apply()] * 100)
     code, doc, err = ctl.json("write", "orders/7", "k", "v", "--token", str(token), timeout="1")
     assert code == cli_ctl.EXIT_OUTCOME_UNKNOWN == 5
     op_id = doc["error"]["op_id"]
     assert f"retry with op id {op_id}" in err and err.startswith("fencingctl: outcome unknown: ")
-    fake._faults.clear()
+    cluster.clear_faults()
     code, doc, _ = ctl.json("write", "orders/7", "k", "v", "--token", str(token), "--op-id", op_id)
     assert code == 0 and doc["op_id"] == op_id
     code, again, _ = ctl.json("write", "orders/7", "k", "v", "--token", str(token), "--op-id", op_id)
@@ -241,11 +246,11 @@ def test_outcome_unknown_exits_5_and_prints_the_op_id_to_retry_with(fake, ctl):
 # ---------------------------------------------------------------- commands and output
 
 
-def test_every_command_in_table_and_json(fake, ctl, tmp_path):
+def test_every_command_in_table_and_json(cluster, ctl, tmp_path):
     code, out, _ = ctl("status")
-    assert code == 0 and "leader" in out and "fake-0" in out
+    assert code == 0 and "leader" in out and cluster.members[0].member_id in out
     code, doc, _ = ctl.json("status")
-    assert code == 0 and doc["leader_api_address"] == fake.endpoints[0] and len(doc["members"]) == 3
+    assert code == 0 and doc["leader_api_address"] == cluster.endpoints[0] and len(doc["members"]) == 3
     token = acquire(ctl)
     code, out, _ = ctl("describe", "orders/7")
     assert code == 0 and "holder" in out and "a" in out
@@ -267,22 +272,22 @@ def test_every_command_in_table_and_json(fake, ctl, tmp_path):
     code, doc, _ = ctl.json("admin", "snapshot", "--out", str(snap))
     assert code == 0 and doc["bytes"] == snap.stat().st_size > 0
     code, doc, _ = ctl.json("admin", "restore", "--in", str(snap), "--epoch-floor", "1000")
-    assert code == 0 and doc["epoch"] > 1000
+    assert code == 0 and doc["epoch"] == 1000  # max(floor, the backup's epoch + 1): the floor here
     code, doc, _ = ctl.json("admin", "restore", "--in", str(snap), "--json", '{"epoch_floor": 2000}')
     assert code == 0
     code, _, err = ctl("admin", "restore", "--in", str(tmp_path / "missing"), "--epoch-floor", "5")
     assert code == 2 and "cannot read --in" in err
 
 
-def test_global_options_work_after_the_command(fake, capsys):
+def test_global_options_work_after_the_command(cluster, capsys):
     capsys.readouterr()
-    code = cli_ctl.main(["status", "--endpoints", ",".join(fake.endpoints), "-o", "json"])
+    code = cli_ctl.main(["status", "--endpoints", ",".join(cluster.endpoints), "-o", "json"])
     out = capsys.readouterr().out
     assert code == 0 and json.loads(out)["epoch"] == 0
 
 
-def test_endpoints_from_the_environment_and_the_default(fake, capsys, monkeypatch):
-    monkeypatch.setenv(cli_ctl.ENDPOINTS_ENV, ",".join(fake.endpoints))
+def test_endpoints_from_the_environment_and_the_default(cluster, capsys, monkeypatch):
+    monkeypatch.setenv(cli_ctl.ENDPOINTS_ENV, ",".join(cluster.endpoints))
     capsys.readouterr()
     assert cli_ctl.main(["status"]) == 0
     assert DEFAULT_ENDPOINTS == ("127.0.0.1:7100", "127.0.0.1:7101", "127.0.0.1:7102")
@@ -318,11 +323,11 @@ def _run(*argv, env=None, timeout=60):
     )
 
 
-def test_subprocess_exit_codes(fake):
-    eps = ",".join(fake.endpoints)
+def test_subprocess_exit_codes(cluster):
+    eps = ",".join(cluster.endpoints)
     proc = _run("--endpoints", eps, "write", "--json", '{"resource": "r", "key": "k", "value": "v", "token": 0}')
     assert proc.returncode == 2 and "token" in proc.stderr and proc.stdout == ""
-    assert fake.calls == []
+    assert cluster.calls == []
     proc = _run("--endpoints", eps, "-o", "json", "acquire", "orders/7", "--ttl-ms", "5000")
     assert proc.returncode == 0 and json.loads(proc.stdout)["token"] == 1
     proc = _run("--endpoints", eps, "write", "orders/7", "k", "v", "--token", "2")

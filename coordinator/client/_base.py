@@ -1,16 +1,20 @@
 """What the sync and the asyncio fencing clients share: configuration, endpoint choice, the
-request of every RPC, and the bookkeeping of one call's attempts.
+request of every RPC, the bookkeeping of one call's attempts, and the keep-alive policy.
 
-Owns: ``_ClientBase`` (every public RPC method: validate, build the request, describe how it
-may be retried, and hand a ``_Call`` to ``_execute``), ``_Attempts`` (deadline, attempt
-count, maybe-applied, the final exception) and the defaults. Must never: block, sleep or do
-I/O: ``FencingClient._execute`` (threads) and ``AsyncFencingClient._execute`` (asyncio) run
-the loop, so both follow exactly the same rules.
+Owns: ``_ClientBase`` (the constructor and its checks, written once; every public RPC
+method: validate, build the request, describe how it may be retried, and hand a ``Call`` to
+``_execute``), ``Attempts`` (deadline, attempt count, maybe-applied, the final exception),
+``LeaseBase`` and ``keepalive_step`` (when a lease is renewed, how long a failing renewal
+is retried, when the lease counts as lost), and the defaults. Must never: block, sleep or
+do I/O: ``FencingClient`` (threads) and ``AsyncFencingClient`` (asyncio) only add their
+channel flavour, the loop that runs a ``Call`` and the loop that runs a lease's
+keep-alive, so both follow exactly the same rules.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 import random
 import threading
@@ -41,10 +45,12 @@ from coordinator.client.retry import Backoff, Kind, classify
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.client.exceptions import (
+    AuthError,
     FencingError,
     InvalidArgument,
     NotApplied,
     OutcomeUnknown,
+    Refused,
     Unavailable,
     from_rpc_error,
 )
@@ -305,7 +311,16 @@ class _ClientBase:
         self._next_discovery_at = 0.0
         self._suspects: dict[str, float] = {}  # endpoint -> monotonic time it is trusted again
         self._closed = False
-        self._stubs: dict[str, Stubs] = {}
+        self._stubs: dict[str, Stubs] = {
+            endpoint: Stubs(self._open_channel(endpoint, credentials)) for endpoint in self._endpoints
+        }
+        self._leases = self._lease_registry()
+
+    # What a subclass adds: its channel flavour, how it tracks open leases, and the loop.
+    _lease_registry: Callable[[], Any]  # a set-like factory (weak for threads, strong for tasks)
+
+    def _open_channel(self, endpoint: str, credentials: grpc.ChannelCredentials | None) -> Any:
+        raise NotImplementedError  # pragma: no cover - abstract
 
     def _execute(self, call: Call) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -659,9 +674,10 @@ class LeaseBase:
         self.ttl_ms = ttl_ms
         self.acquired = acquired
         self._expires_at_ms = acquired.expires_at_ms
-        # Earliest moment (local monotonic) the server may consider the lease expired:
-        # the server stamps after it receives, so send time + ttl is a lower bound.
-        self._local_expiry = sent_at + ttl_ms / 1000
+        # Send time (local monotonic) of the latest renewal that succeeded, the acquire
+        # included: the server stamps after it receives, so this + ttl is a lower bound of
+        # the moment the server may consider the lease expired.
+        self._renewed_at = sent_at
         self.lost_error: Any = None
         self._released = False
 
@@ -679,7 +695,7 @@ class LeaseBase:
 
     def _renewed(self, result: KeepAliveResult, sent_at: float) -> None:
         self._expires_at_ms = result.expires_at_ms
-        self._local_expiry = max(self._local_expiry, sent_at + self.ttl_ms / 1000)
+        self._renewed_at = max(self._renewed_at, sent_at)
 
     def _context(self) -> dict[str, Any]:
         return {"rpc": "keep-alive", "resource": self.resource, "token": self.token}
@@ -716,3 +732,60 @@ class LeaseBase:
 RENEW_FRACTION = 3
 # After a failed renewal, try again this soon (the call itself already retried).
 RENEW_RETRY_S = 0.2
+# What one renewal may raise that the keep-alive handles: the client's own errors, and
+# RuntimeError/ValueError once the client or its channel is closed. Anything else is a bug
+# and ends the keep-alive loudly.
+RENEWAL_ERRORS: tuple[type[BaseException], ...] = (FencingError, RuntimeError, ValueError)
+
+
+class Renewal(enum.Enum):
+    """What just happened to a lease, when it is not a renewal's exception."""
+
+    RENEWED = "renewed"  # a renewal (or the acquire) succeeded
+    DUE = "due"  # the pause ended: a renewal is due now
+
+
+class KeepAliveAction(enum.Enum):
+    SLEEP = "sleep"  # wait ``seconds``, then step again with Renewal.DUE
+    RENEW = "renew"  # send one keep-alive with deadline ``seconds``, step again with its outcome
+    LOST = "lost"  # give the lease up (``cause``: the refusal; None: it must have expired)
+    STOP = "stop"  # the client was closed: end without a verdict
+
+
+@dataclasses.dataclass(frozen=True)
+class KeepAliveStep:
+    action: KeepAliveAction
+    seconds: float = 0.0
+    cause: BaseException | None = None
+
+
+def keepalive_step(
+    *, now: float, renewed_at: float, ttl_ms: int, last: Renewal | BaseException
+) -> KeepAliveStep:
+    """The keep-alive policy of ``Lease`` and ``AsyncLease``, as one pure decision.
+
+    ``now`` and ``renewed_at`` (send time of the latest successful renewal) are readings of
+    one monotonic clock; ``last`` is what just happened: ``Renewal.RENEWED``,
+    ``Renewal.DUE``, or the exception of the renewal just tried (one of RENEWAL_ERRORS).
+    Renewals come every ttl/RENEW_FRACTION; after a failure that leaves the lease possibly
+    live they come every RENEW_RETRY_S (never slower than the usual pace); a definite refusal
+    loses the lease at once, and so does reaching ``renewed_at + ttl`` without a success:
+    the server may have expired it by then. Each renewal's deadline is the time left.
+    """
+    interval_s = ttl_ms / 1000 / RENEW_FRACTION
+    if last is Renewal.RENEWED:
+        return KeepAliveStep(KeepAliveAction.SLEEP, interval_s)
+    if last is Renewal.DUE:
+        remaining_s = renewed_at + ttl_ms / 1000 - now
+        if remaining_s <= 0:
+            return KeepAliveStep(KeepAliveAction.LOST)
+        return KeepAliveStep(KeepAliveAction.RENEW, remaining_s)
+    if isinstance(last, (Refused, InvalidArgument, AuthError)):
+        # A definite refusal: fenced (StaleToken), ended (LeaseExpired), never issued
+        # (UnknownToken), or not allowed. Asking again changes nothing.
+        return KeepAliveStep(KeepAliveAction.LOST, cause=last)
+    if isinstance(last, FencingError):
+        # Unavailable, OutcomeUnknown, Overloaded, ServerError: the lease may still be live;
+        # try again soon, until renewed_at + ttl says it cannot be.
+        return KeepAliveStep(KeepAliveAction.SLEEP, min(interval_s, RENEW_RETRY_S), cause=last)
+    return KeepAliveStep(KeepAliveAction.STOP, cause=last)

@@ -3,7 +3,7 @@
 Owns: asyncio channels, the awaiting retry loop and discovery, and ``AsyncLease`` (its
 keep-alive is a task). Everything else (validation, requests, the retry policy, the
 bookkeeping of attempts, the results and exceptions) is shared with the sync client
-through ``_client_base``. Must never: block the event loop (no time.sleep, no sync RPC).
+through ``_base`` (the constructor too: this class only opens asyncio channels). Must never: block the event loop (no time.sleep, no sync RPC).
 
     async with AsyncFencingClient(endpoints) as client:
         async with client.lease("orders/7", ttl_ms=5000) as lease:
@@ -21,29 +21,26 @@ import asyncio
 import inspect
 import logging
 import time
-from typing import Any, Callable, Generator, Sequence
+from typing import Any, Callable, Generator
 
 import grpc
 import grpc.aio
 
 from coordinator.client._base import (
-    ATTEMPT_TIMEOUT_S_DEFAULT,
     CHANNEL_OPTIONS,
-    RENEW_FRACTION,
-    RENEW_RETRY_S,
-    RETRY_BACKOFF_MAX_S_DEFAULT,
-    RETRY_BACKOFF_S_DEFAULT,
-    RETRY_MAX_ATTEMPTS_DEFAULT,
-    TIMEOUT_S_DEFAULT,
+    RENEWAL_ERRORS,
     Attempts,
     Call,
+    KeepAliveAction,
     LeaseBase,
+    Renewal,
     Stubs,
     _ClientBase,
+    keepalive_step,
 )
 from coordinator.client.results import AcquireResult, KeepAliveResult, ReleaseResult
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.client.exceptions import AuthError, FencingError, InvalidArgument, LeaseLost, Refused
+from coordinator.client.exceptions import FencingError, LeaseLost, Refused
 
 log = logging.getLogger("coordinator.client.aio")
 
@@ -55,39 +52,13 @@ class AsyncFencingClient(_ClientBase):
     each method returning an awaitable. ``await client.close()`` or ``async with``."""
 
     _log = log
+    # Strong: an AsyncLease leaves it in close(); until then close() of the client stops it.
+    _lease_registry = set
 
-    def __init__(
-        self,
-        endpoints: Sequence[str] | str,
-        *,
-        timeout_s: float = TIMEOUT_S_DEFAULT,
-        attempt_timeout_s: float = ATTEMPT_TIMEOUT_S_DEFAULT,
-        retry_max_attempts: int = RETRY_MAX_ATTEMPTS_DEFAULT,
-        retry_backoff_s: float = RETRY_BACKOFF_S_DEFAULT,
-        retry_backoff_max_s: float = RETRY_BACKOFF_MAX_S_DEFAULT,
-        bearer_token: str | None = None,
-        admin_token: str | None = None,
-        credentials: grpc.ChannelCredentials | None = None,
-    ) -> None:
-        super().__init__(
-            endpoints,
-            timeout_s=timeout_s,
-            attempt_timeout_s=attempt_timeout_s,
-            retry_max_attempts=retry_max_attempts,
-            retry_backoff_s=retry_backoff_s,
-            retry_backoff_max_s=retry_backoff_max_s,
-            bearer_token=bearer_token,
-            admin_token=admin_token,
-            credentials=credentials,
-        )
-        for endpoint in self._endpoints:
-            channel = (
-                grpc.aio.secure_channel(endpoint, credentials, options=CHANNEL_OPTIONS)
-                if credentials is not None
-                else grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
-            )
-            self._stubs[endpoint] = Stubs(channel)
-        self._leases: set[AsyncLease] = set()
+    def _open_channel(self, endpoint: str, credentials: grpc.ChannelCredentials | None) -> grpc.aio.Channel:
+        if credentials is None:
+            return grpc.aio.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+        return grpc.aio.secure_channel(endpoint, credentials, options=CHANNEL_OPTIONS)
 
     async def close(self) -> None:
         """Stop the keep-alive of every open lease (they are not released), close channels."""
@@ -282,26 +253,27 @@ class AsyncLease(LeaseBase):
             await asyncio.gather(task, return_exceptions=True)
 
     async def _keepalive_loop(self) -> None:
-        interval_s = self.ttl_ms / 1000 / RENEW_FRACTION
-        delay_s = interval_s
+        last: Renewal | BaseException = Renewal.RENEWED  # the acquire
         while True:
-            await asyncio.sleep(delay_s)
-            remaining_s = self._local_expiry - time.monotonic()
-            if remaining_s <= 0:
-                await self._mark_lost(None, self._expired_message())
+            step = keepalive_step(
+                now=time.monotonic(), renewed_at=self._renewed_at, ttl_ms=self.ttl_ms, last=last
+            )
+            if step.action is KeepAliveAction.SLEEP:
+                if step.cause is not None:
+                    log.info("renewal of %s token %s failed: %s", self.resource, self.token, step.cause)
+                await asyncio.sleep(step.seconds)  # _stop_keepalive cancels the task here
+                last = Renewal.DUE
+            elif step.action is KeepAliveAction.RENEW:
+                try:
+                    await self.keep_alive(timeout_s=step.seconds)
+                    last = Renewal.RENEWED
+                except RENEWAL_ERRORS as exc:
+                    last = exc
+            elif step.action is KeepAliveAction.LOST:
+                await self._mark_lost(step.cause, "" if step.cause is not None else self._expired_message())
                 return
-            try:
-                await self.keep_alive(timeout_s=remaining_s)
-            except (Refused, InvalidArgument, AuthError) as exc:
-                await self._mark_lost(exc)
+            else:  # STOP: the client was closed
                 return
-            except FencingError as exc:
-                log.info("renewal of %s token %s failed: %s", self.resource, self.token, exc)
-                delay_s = min(interval_s, RENEW_RETRY_S)
-                continue
-            except RuntimeError:  # the client was closed
-                return
-            delay_s = interval_s
 
     async def release(self, *, timeout_s: float | None = None) -> ReleaseResult | None:
         """Stop renewing and release (raises what ``client.release`` raises)."""

@@ -2,13 +2,14 @@
 
 Owns: ``FencingClient`` (sync, thread-safe: channels, the retry loop, leader discovery) and
 ``Lease`` (a daemon thread renews it); it re-exports the results, ``AsyncFencingClient`` and
-``AsyncLease`` (asyncio, ``_client_async``). Shared with the asyncio client through
-``_client_base``: request validation before sending (the server's own field rules,
-``coordinator.core.validation``), the retry policy (``_client_retry``) and the frozen result
-dataclasses (``_client_results``); failures are the exception tree of
-``coordinator.client.exceptions``. Must never: invent an outcome. After an attempt that may have
-applied it says OutcomeUnknown, not "failed"; it never retries a definite refusal; and it
-never treats a ``Lease``'s local ``lost`` flag as the fence: the server's check is.
+``AsyncLease`` (asyncio, ``aio``). Shared with the asyncio client through ``_base``: the
+constructor and its checks, request validation before sending (the server's own field
+rules, ``coordinator.core.validation``), the keep-alive policy (``keepalive_step``), the
+retry policy (``retry``) and the frozen result dataclasses (``results``); failures are the
+exception tree of ``coordinator.client.exceptions``. Must never: invent an outcome. After an
+attempt that may have applied it says OutcomeUnknown, not "failed"; it never retries a
+definite refusal; and it never treats a ``Lease``'s local ``lost`` flag as the fence: the
+server's check is.
 
 Quick start::
 
@@ -53,20 +54,16 @@ import grpc
 
 from coordinator.client.aio import AsyncFencingClient, AsyncLease
 from coordinator.client._base import (
-    ATTEMPT_TIMEOUT_S_DEFAULT,
     CHANNEL_OPTIONS,
     DEFAULT_ENDPOINTS,
-    RENEW_FRACTION,
-    RENEW_RETRY_S,
-    RETRY_BACKOFF_MAX_S_DEFAULT,
-    RETRY_BACKOFF_S_DEFAULT,
-    RETRY_MAX_ATTEMPTS_DEFAULT,
-    TIMEOUT_S_DEFAULT,
+    RENEWAL_ERRORS,
     Attempts,
     Call,
+    KeepAliveAction,
     LeaseBase,
-    Stubs,
+    Renewal,
     _ClientBase,
+    keepalive_step,
     new_op_id,
 )
 from coordinator.client.results import (
@@ -86,13 +83,7 @@ from coordinator.client.results import (
     WriteResult,
 )
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.client.exceptions import (
-    AuthError,
-    FencingError,
-    InvalidArgument,
-    LeaseLost,
-    Refused,
-)
+from coordinator.client.exceptions import FencingError, LeaseLost, Refused
 
 __all__ = [
     "DEFAULT_ENDPOINTS",
@@ -174,34 +165,11 @@ class FencingClient(_ClientBase):
     """
 
     _log = log
+    # Weak: a Lease dropped without close() is no reason to keep it (its thread stops it).
+    _lease_registry = weakref.WeakSet
 
-    def __init__(
-        self,
-        endpoints: Sequence[str] | str,
-        *,
-        timeout_s: float = TIMEOUT_S_DEFAULT,
-        attempt_timeout_s: float = ATTEMPT_TIMEOUT_S_DEFAULT,
-        retry_max_attempts: int = RETRY_MAX_ATTEMPTS_DEFAULT,
-        retry_backoff_s: float = RETRY_BACKOFF_S_DEFAULT,
-        retry_backoff_max_s: float = RETRY_BACKOFF_MAX_S_DEFAULT,
-        bearer_token: str | None = None,
-        admin_token: str | None = None,
-        credentials: grpc.ChannelCredentials | None = None,
-    ) -> None:
-        super().__init__(
-            endpoints,
-            timeout_s=timeout_s,
-            attempt_timeout_s=attempt_timeout_s,
-            retry_max_attempts=retry_max_attempts,
-            retry_backoff_s=retry_backoff_s,
-            retry_backoff_max_s=retry_backoff_max_s,
-            bearer_token=bearer_token,
-            admin_token=admin_token,
-            credentials=credentials,
-        )
-        for endpoint in self._endpoints:
-            self._stubs[endpoint] = Stubs(open_channel(endpoint, credentials, options=CHANNEL_OPTIONS))
-        self._leases: weakref.WeakSet[Lease] = weakref.WeakSet()
+    def _open_channel(self, endpoint: str, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
+        return open_channel(endpoint, credentials, options=CHANNEL_OPTIONS)
 
     def close(self) -> None:
         """Stop the keep-alive of every open Lease (they are not released) and close channels."""
@@ -400,30 +368,28 @@ class Lease(LeaseBase):
             thread.join(timeout=self._client._attempt_timeout_s + 1.0)
 
     def _keepalive_loop(self) -> None:
-        interval_s = self.ttl_ms / 1000 / RENEW_FRACTION
-        delay_s = interval_s
-        while not self._stop.wait(delay_s):
+        last: Renewal | BaseException = Renewal.RENEWED  # the acquire
+        while True:
             with self._state_lock:
-                remaining_s = self._local_expiry - time.monotonic()
-            if remaining_s <= 0:
-                self._mark_lost(None, self._expired_message())
+                renewed_at = self._renewed_at
+            step = keepalive_step(now=time.monotonic(), renewed_at=renewed_at, ttl_ms=self.ttl_ms, last=last)
+            if step.action is KeepAliveAction.SLEEP:
+                if step.cause is not None:
+                    log.info("renewal of %s token %s failed: %s", self.resource, self.token, step.cause)
+                if self._stop.wait(step.seconds):
+                    return
+                last = Renewal.DUE
+            elif step.action is KeepAliveAction.RENEW:
+                try:
+                    self.keep_alive(timeout_s=step.seconds)
+                    last = Renewal.RENEWED
+                except RENEWAL_ERRORS as exc:
+                    last = exc
+            elif step.action is KeepAliveAction.LOST:
+                self._mark_lost(step.cause, "" if step.cause is not None else self._expired_message())
                 return
-            try:
-                self.keep_alive(timeout_s=remaining_s)
-            except (Refused, InvalidArgument, AuthError) as exc:
-                # A definite refusal: fenced (StaleToken), ended (LeaseExpired), never
-                # issued (UnknownToken), or not allowed. Asking again changes nothing.
-                self._mark_lost(exc)
+            else:  # STOP: the client (or its channel) was closed
                 return
-            except FencingError as exc:
-                # Unavailable, OutcomeUnknown, Overloaded, ServerError: the lease may still
-                # be live; try again soon, until the local expiry says it cannot be.
-                log.info("renewal of %s token %s failed: %s", self.resource, self.token, exc)
-                delay_s = min(interval_s, RENEW_RETRY_S)
-                continue
-            except (RuntimeError, ValueError):  # the client (or its channel) was closed
-                return
-            delay_s = interval_s
 
     def release(self, *, timeout_s: float | None = None) -> ReleaseResult | None:
         """Stop renewing and release the lease (raises what ``client.release`` raises);
