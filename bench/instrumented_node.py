@@ -33,7 +33,7 @@ import threading
 import time
 
 from coordinator.raft import node as raft_node
-from coordinator.testing import node_process
+from testsupport import node_process
 
 _now = time.monotonic  # CLOCK_MONOTONIC: one clock for every process on this host
 _cpu = time.thread_time  # CPU time of the calling thread: robust to other load on the host
