@@ -1,9 +1,8 @@
-"""Shared helpers for the benchmarks: clusters of other node modules, stats, /proc readings.
+"""Shared helpers for the benchmarks: stats, /proc readings, host and repo state.
 
-Benchmark-only. ``ModuleCluster`` is ``ProcessCluster`` (testsupport/cluster.py)
-with a different node module: the benchmark runs the stock pysyncobj baseline
-(bench.stock_node) and an instrumented node (bench.instrumented_node) through the same
-lifecycle and cleanup code as the product node.
+Benchmark-only. Clusters come from testsupport: the stock pysyncobj baseline (bench.stock_node)
+and the instrumented node (bench.instrumented_node) run as ``ProcessCluster(..., module=...)``,
+through the same supervisor (lifecycle and cleanup) as the product node.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ import os
 import subprocess
 import sys
 import time
-
-from testsupport.cluster import ProcessCluster
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -27,37 +24,6 @@ def ensure_repo_on_path() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([REPO_ROOT, *parts])
     if REPO_ROOT not in sys.path:
         sys.path.insert(0, REPO_ROOT)
-
-
-class ModuleCluster(ProcessCluster):
-    """ProcessCluster whose nodes run ``python -m <module>`` with the same arguments."""
-
-    def __init__(self, base_dir: str, *, module: str, env: dict | None = None, **kwargs):
-        super().__init__(base_dir, **kwargs)
-        self._module = module
-        self._env = env
-
-    def start(self, i: int, wait: bool = True, timeout_s: float = 20.0) -> None:
-        # Mirrors ProcessCluster.start with only the module (and env) changed.
-        node = self.nodes[i]
-        assert not node.alive, f"node {i} already running"
-        os.makedirs(node.data_dir, exist_ok=True)
-        peers = ",".join(n.address for n in self.nodes if n.index != i)
-        cmd = [
-            sys.executable, "-m", self._module,
-            "--self", node.address, "--peers", peers, "--data-dir", node.data_dir,
-            "--control-port", str(node.control_port), *self._args,
-        ]
-        env = None if self._env is None else {**os.environ, **self._env}
-        with open(node.log_path, "ab") as log:
-            node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        node.paused = False
-        self._spawned.append(node.proc)
-        if node.client is not None:
-            node.client.close()
-            node.client = None
-        if wait:
-            self.wait_ping(i, timeout_s)
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

@@ -57,6 +57,7 @@ import threading
 import time
 
 from coordinator.server import cpu_pin
+from testsupport.supervisor import wait_until
 
 from ._harness import (
     ensure_repo_on_path,
@@ -546,9 +547,10 @@ def profile_run(runner: Runner, args, out_dir: str) -> dict:
             threading.Thread(target=later, daemon=True).start()
 
         row = runner.measure("fencing", mode, workload, clients, seconds=seconds, on_window=start)
-        deadline = time.monotonic() + 15
-        while not procs and time.monotonic() < deadline:
-            time.sleep(0.05)
+        try:
+            wait_until(lambda procs=procs: procs, 15, what="py-spy to start")
+        except TimeoutError:
+            pass  # no py-spy (or it failed): the row stands without a profile
         for p in procs:
             try:
                 p.wait(timeout=20)
@@ -592,10 +594,9 @@ def threads_run(runner: Runner, args) -> dict:
         threading.Thread(target=body, daemon=True).start()
 
     row = runner.measure("fencing", mode, workload, int(clients), on_window=on_window)
-    deadline = time.monotonic() + 10
-    while "b" not in snaps and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if "b" not in snaps:
+    try:
+        wait_until(lambda: "b" in snaps, 10, what="the closing /proc snapshot")
+    except TimeoutError:
         return {"run": args.threads_run, "error": "no /proc snapshot"}
     (ta, a), (tb, b) = snaps["a"], snaps["b"]
     ops = max(1.0, row["ops_per_s"] * (tb - ta))

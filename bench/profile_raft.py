@@ -30,7 +30,6 @@ import tempfile
 import time
 
 from ._harness import (
-    ModuleCluster,
     ensure_repo_on_path,
     host_cpu_busy_s,
     percentile,
@@ -41,6 +40,8 @@ from ._harness import (
 )
 
 ensure_repo_on_path()
+
+from testsupport.cluster import ProcessCluster  # noqa: E402 - needs the repo on the path
 
 PYSPY_RATE = 500  # samples per second
 
@@ -240,7 +241,7 @@ def main(argv=None) -> int:
     threads_list = [int(x) for x in args.threads.split(",") if x]
     base = tempfile.mkdtemp(prefix="raft-profile-")
     try:
-        with ModuleCluster(base, module="bench.instrumented_node", fixes=args.fixes) as cluster:
+        with ProcessCluster(base, module="bench.instrumented_node", fixes=args.fixes) as cluster:
             cluster.start_all(timeout_s=30.0)
             leader = cluster.wait_for_leader(timeout_s=30.0)
             L = cluster.nodes[leader]

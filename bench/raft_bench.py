@@ -36,7 +36,6 @@ import tempfile
 import time
 
 from ._harness import (
-    ModuleCluster,
     cpu_model,
     ensure_repo_on_path,
     fdatasync_cost,
@@ -402,7 +401,7 @@ def main(argv=None) -> int:
                 # only the fix set varies.
                 cluster = ProcessCluster(sub, fixes=fixes)
             else:
-                cluster = ModuleCluster(sub, module="bench.stock_node")
+                cluster = ProcessCluster(sub, module="bench.stock_node")
             if args.wait_idle > 0:
                 busy = wait_for_idle_host(args.wait_idle, log=log)
                 log(f"  [{label}] host busy before start: {busy:.2f} cores")

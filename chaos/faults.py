@@ -24,9 +24,10 @@ import threading
 import time
 import zlib
 
-from chaos.harness import NFT_TABLE, ChaosCluster, run_quiet, wait_until
+from chaos.harness import NFT_TABLE, ChaosCluster, run_quiet
 from coordinator.raft import limits as raft_limits
 from coordinator.raft.journal import JOURNAL_NAME, SYNCED_SIDECAR_SUFFIX
+from testsupport.supervisor import wait_until
 
 # -- nft helpers -------------------------------------------------------------------------
 
@@ -214,8 +215,7 @@ class PowerLoss(Fault):
         for i in self.indexes:
             node = c.nodes[i]
             d = watch.get(i, {"caught": False})
-            if d.get("caught"):
-                _kill_frozen(c, i)
+            # c.power_loss SIGKILLs with no SIGCONT first: a frozen node cannot sync in between.
             old, new = c.power_loss(i)
             cuts[node.raft_address] = old - new
             details[node.raft_address] = {**d, "journal_len": old, "synced_len": new, "bytes_cut": old - new}
@@ -265,11 +265,11 @@ def _freeze(c: ChaosCluster, i: int, timeout_s: float = 1.0) -> bool:
     every thread is stopped. False if that was not confirmed within ``timeout_s``."""
     c.pause(i)
     pid = c.nodes[i].proc.pid
-    deadline = time.monotonic() + timeout_s
-    while not _all_threads_stopped(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.0002)
+    try:
+        # A fine poll: the sooner the freeze is confirmed, the likelier the bytes are still unsynced.
+        wait_until(lambda: _all_threads_stopped(pid), timeout_s, interval_s=0.0002, what=f"node {i} to stop")
+    except TimeoutError:
+        return False
     return True
 
 
@@ -307,16 +307,6 @@ def _catch_unsynced(c: ChaosCluster, indexes: list[int], window_s: float, poll_s
                   "freeze_attempts": attempts[i]}
     return out
 
-
-def _kill_frozen(c: ChaosCluster, i: int) -> None:
-    """SIGKILL a node frozen by ``_freeze`` without the SIGCONT that ``c.kill`` sends first, so
-    it cannot run (and sync) in between. SIGKILL ends a stopped process."""
-    node = c.nodes[i]
-    if node.proc is not None and node.proc.poll() is None:
-        os.kill(node.proc.pid, signal.SIGKILL)
-        node.proc.wait(timeout=10)
-    node.paused = False
-    node.close_channel()
 
 
 class Partition(Fault):
@@ -572,13 +562,13 @@ def gc_pause_schedule(c: ChaosCluster, recorder, resource: str, out_path: str, *
         wait_until(lambda: _proc_state(victim.pid) == "T", 5, what="victim stopped")
         # the new owner: acquire once the lease expired, then write
         owner_value = f"{recorder.process}-{resource}-owner"
-        while True:
+
+        def acquired():
             outcome, res = recorder.acquire(resource, 5000, holder=recorder.process)
-            if outcome == "ok":
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError("new owner never acquired")
-            time.sleep(0.2)
+            return (res,) if outcome == "ok" else None
+
+        (res,) = wait_until(acquired, max(0.0, deadline - time.monotonic()), interval_s=0.2,
+                            what="the new owner to acquire")
         result["owner_token"] = res.token
         if unfenced:
             from chaos.workload import unfenced_put

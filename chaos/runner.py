@@ -34,6 +34,7 @@ from chaos import faults as F
 from chaos.harness import ChaosCluster, network_teardown
 from chaos.history import HistoryWriter, read_history
 from chaos.workload import KEYS, Recorder, make_client
+from testsupport.supervisor import wait_until
 
 RESOURCES = ["r0", "r1", "r2"]
 PROBE_RESOURCES = [f"probe{i}" for i in range(6)]
@@ -106,18 +107,20 @@ class Run:
         return outcome == "ok"
 
     def wait_converged(self, timeout_s: float) -> float | None:
+        """Seconds until every member agrees on a leader and a probe write succeeds; None if
+        not within ``timeout_s``. A member that exited on its own fails the run at once."""
         t0 = time.monotonic()
         deadline = t0 + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                self.cluster.wait_ready(timeout_s=max(0.5, deadline - time.monotonic()))
-                if self.probe():
-                    return time.monotonic() - t0
-            except (TimeoutError, RuntimeError) as exc:
-                if "exited" in str(exc):
-                    raise
-            time.sleep(0.1)
-        return None
+
+        def converged():
+            self.cluster.wait_ready(timeout_s=max(0.5, deadline - time.monotonic()))
+            return self.probe()
+
+        try:
+            wait_until(converged, timeout_s, interval_s=0.1, what="convergence")
+        except TimeoutError:
+            return None
+        return time.monotonic() - t0
 
     # -- clients ----------------------------------------------------------------------
 
@@ -158,16 +161,12 @@ class Run:
             hold_until = time.monotonic() + hold_s
             if fault.leader_fault:
                 # failover: from inject until a probe write is acknowledged (bounded)
-                limit = time.monotonic() + max(hold_s, 20.0)
-                while time.monotonic() < limit:
-                    if self.probe():
-                        step["failover_s"] = round((time.monotonic_ns() - t_inject) / 1e9, 3)
-                        break
-                    time.sleep(0.05)
-                else:
+                try:
+                    wait_until(self.probe, max(hold_s, 20.0), interval_s=0.05, what="a probe write")
+                    step["failover_s"] = round((time.monotonic_ns() - t_inject) / 1e9, 3)
+                except TimeoutError:
                     step["failover_s"] = None
-            while time.monotonic() < hold_until:
-                time.sleep(0.1)
+            time.sleep(max(0.0, hold_until - time.monotonic()))  # the fault's hold: a duration
         except Exception as exc:  # noqa: BLE001
             self.errors.append(f"{fault.kind}: inject failed: {exc!r}")
             step["error"] = repr(exc)
@@ -212,22 +211,25 @@ class Run:
             nodes[0].snapshot(10.0)
         except Exception:  # noqa: BLE001 - reported below if the members never agree
             pass
-        for attempt in range(50):
+        attempts = 0
+
+        def at_one_index():
+            nonlocal attempts
+            attempts += 1
             with concurrent.futures.ThreadPoolExecutor(len(nodes)) as pool:
-                futs = [pool.submit(n.snapshot, 5.0, True) for n in nodes]
-                try:
-                    snaps = [f.result() for f in futs]
-                except Exception:  # noqa: BLE001
-                    time.sleep(0.3)
-                    continue
-            if len({s.index for s in snaps}) == 1:
-                for n, s in zip(nodes, snaps):
-                    self.writer.write({"type": "final", "node": n.raft_address, "applied_index": int(s.index),
-                                       "digest": hashlib.sha256(s.data).hexdigest()})
-                out["digest"] = {"index": int(snaps[0].index), "attempts": attempt + 1,
-                                 "equal": len({hashlib.sha256(s.data).digest() for s in snaps}) == 1}
-                break
-            time.sleep(0.2)
+                snaps = list(pool.map(lambda n: n.snapshot(5.0, True), nodes))
+            return snaps if len({s.index for s in snaps}) == 1 else None
+
+        try:
+            snaps = wait_until(at_one_index, 30.0, interval_s=0.2, what="local snapshots at one applied index")
+        except TimeoutError:
+            pass
+        else:
+            for n, s in zip(nodes, snaps):
+                self.writer.write({"type": "final", "node": n.raft_address, "applied_index": int(s.index),
+                                   "digest": hashlib.sha256(s.data).hexdigest()})
+            out["digest"] = {"index": int(snaps[0].index), "attempts": attempts,
+                             "equal": len({hashlib.sha256(s.data).digest() for s in snaps}) == 1}
         if out["digest"] is None:
             self.errors.append("final digests: nodes never snapshotted at one applied index (no final records)")
         client = make_client(self.cluster.endpoints, timeout_s=10.0)
@@ -288,7 +290,7 @@ class Run:
         finally:
             self.stop_sampler.set()
             self.stop_clients()
-            self.cluster.teardown()
+            self.cluster.close()
             watchdog.cancel()
             if self._probe_rec is not None:
                 self._probe_rec.client.close()
@@ -307,7 +309,7 @@ class Run:
     def _overrun(self) -> None:
         print("[chaos] profile overran its budget: tearing down", file=sys.stderr, flush=True)
         try:
-            self.cluster.teardown()
+            self.cluster.close()
         finally:
             os._exit(3)
 

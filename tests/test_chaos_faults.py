@@ -19,7 +19,8 @@ import types
 import pytest
 
 from chaos import faults as F
-from chaos.harness import HOSTS, network_teardown, pick_ports, wait_until
+from chaos.harness import HOSTS, network_teardown
+from testsupport.supervisor import pick_ports, wait_until
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("nft") is None, reason="needs root and nft (apt-get install nftables)"

@@ -20,8 +20,8 @@ from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.server.metrics import PROPOSAL_OUTCOMES, Metrics
 from coordinator.raft.interface import ProposeOutcome
-from testsupport.cluster import DEFAULT_HOSTS, pick_ports
-from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster, wait_for
+from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
+from testsupport.supervisor import DEFAULT_HOSTS, pick_ports, wait_until
 
 T = RPC_TIMEOUT_S
 WRITE = "/fencing.v1.FencedStore/Write"
@@ -211,8 +211,8 @@ def test_a_scrape_shows_rpcs_proposals_and_the_raft_state(cluster):
         if i == leader:
             continue
         # A follower serves metrics too: not the leader, and it applies the same log.
-        wait_for(lambda i=i: value(scrape(cluster.metrics_urls[i]), "fencing_raft_applied_index") >= applied,
-                 timeout_s=10, what=f"member {i} to apply index {applied}")
+        wait_until(lambda i=i: value(scrape(cluster.metrics_urls[i]), "fencing_raft_applied_index") >= applied,
+                   timeout_s=10, what=f"member {i} to apply index {applied}")
         assert value(scrape(cluster.metrics_urls[i]), "fencing_raft_is_leader") == 0
 
 

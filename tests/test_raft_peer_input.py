@@ -30,8 +30,8 @@ from coordinator.raft import wire as raft_wire
 from coordinator.client import FencingClient
 from coordinator.raft import patches
 from coordinator.raft.node import RaftConfig, RaftNode
-from testsupport.cluster import pick_ports, wait_until
 from testsupport.grpc_cluster import running_cluster
+from testsupport.supervisor import pick_ports, wait_until
 from coordinator.core.state_machine import FencingStateMachine
 
 SECRET = "0123456789abcdef0123456789abcdef-test"

@@ -26,7 +26,8 @@ import sys
 import pytest
 
 from coordinator.client import fencingctl as cli_ctl
-from testsupport.grpc_cluster import running_cluster, wait_for
+from testsupport.grpc_cluster import running_cluster
+from testsupport.supervisor import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELDS = ("token", "version", "value", "hwm")
@@ -120,7 +121,7 @@ def test_the_readme_transcript_runs_as_written(fresh_cluster):
                     proc = run(["-o", "json", "describe", last_resource], endpoints)
                     return proc.returncode == 0 and not json.loads(proc.stdout)["held"]
 
-                wait_for(expired, timeout_s=30, what=f"the lease on {last_resource} to expire")
+                wait_until(expired, timeout_s=30, what=f"the lease on {last_resource} to expire")
             continue
         proc = run(step["argv"], endpoints)
         shown = " ".join(step["argv"])

@@ -27,7 +27,8 @@ from coordinator.core.names import DOMAIN, Trailer
 from coordinator.core.names import ErrorMeta as M
 from coordinator.core.names import ErrorReason as R
 from coordinator.api.v1 import fencing_pb2 as pb
-from testsupport.grpc_cluster import RPC_TIMEOUT_S, SERVING, running_cluster, wait_for
+from testsupport.grpc_cluster import RPC_TIMEOUT_S, SERVING, running_cluster
+from testsupport.supervisor import wait_until
 
 ADMIN_TOKEN = "test-admin-token"
 ADMIN = (("authorization", f"Bearer {ADMIN_TOKEN}"),)
@@ -271,7 +272,7 @@ def test_admin_needs_the_token_and_every_call_is_audited(cluster):
                                  metadata=(("authorization", "Bearer wrong"),))
     assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, R.PERMISSION_DENIED)
     node.admin.ForceRelease(request, timeout=T, metadata=ADMIN)
-    lines = wait_for(lambda: (lambda l: l if len(l) >= before + 3 else None)(audit_lines()), 5, "audit lines")
+    lines = wait_until(lambda: (lambda l: l if len(l) >= before + 3 else None)(audit_lines()), 5, what="audit lines")
     assert len(lines) == before + 3
     assert [(l["rpc"], l["outcome"]) for l in lines[before:]] == [
         ("ForceRelease", "UNAUTHENTICATED/UNAUTHENTICATED"),
@@ -656,7 +657,7 @@ def test_local_snapshot_adds_no_log_entry_and_replicas_agree(cluster_b):
         snaps = [n.admin.Snapshot(pb.SnapshotRequest(local=True), timeout=T) for n in (n0, n1, n2)]
         return snaps if len({(s.index, s.data) for s in snaps}) == 1 else None
 
-    snaps = wait_for(agreed, 10, what="members to agree on a local snapshot")
+    snaps = wait_until(agreed, 10, what="members to agree on a local snapshot")
     again = n0.admin.Snapshot(pb.SnapshotRequest(local=True), timeout=T)
     assert again.index == snaps[0].index  # a local snapshot proposes nothing
 
@@ -666,8 +667,8 @@ def test_losing_the_quorum_is_not_serving_and_unavailable(cluster_b):
     assert survivor.health_status() == SERVING
     cluster_b.kill(1)
     cluster_b.kill(2)
-    wait_for(lambda: survivor.health_status() == health_pb2.HealthCheckResponse.NOT_SERVING, 10,
-             "the survivor to report NOT_SERVING")
+    wait_until(lambda: survivor.health_status() == health_pb2.HealthCheckResponse.NOT_SERVING, 10,
+               what="the survivor to report NOT_SERVING")
     assert survivor.health_status("fencing.v1.Lease") == health_pb2.HealthCheckResponse.NOT_SERVING
 
     # Proposals fail definitely (UNAVAILABLE/NO_LEADER, with a leader hint that may be empty)
@@ -677,7 +678,7 @@ def test_losing_the_quorum_is_not_serving_and_unavailable(cluster_b):
         assert code in {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED}, (code, reason)
         return (code, reason, meta) if reason == R.NO_LEADER else None
 
-    code, reason, meta = wait_for(no_leader, 15, R.NO_LEADER, interval_s=0.2)
+    code, reason, meta = wait_until(no_leader, 15, what=R.NO_LEADER, interval_s=0.2)
     assert code == grpc.StatusCode.UNAVAILABLE and set(meta) >= {"leader", "leader_api"}
 
     cluster_b.start(1)
@@ -685,7 +686,7 @@ def test_losing_the_quorum_is_not_serving_and_unavailable(cluster_b):
     cluster_b.wait_ready()
     # SIGTERM stops a member gracefully: exit code 0.
     for i in range(3):
-        assert cluster_b.terminate(i) == 0
+        assert cluster_b.stop(i) == 0
 
 
 
@@ -716,7 +717,7 @@ def assert_auto_placement(cluster, leader_index: int) -> None:
             continue
         cpu = cpu_pin.choose_cpu("auto", node.index, cpu_pin.allowed_cpus())
         want = {frozenset({cpu})} if node.index == leader_index and cpu is not None else everything
-        wait_for(lambda: cpu_pin.threads_cpus(node.proc.pid) == want, 10, f"node {node.index} on CPUs {want}")
+        wait_until(lambda: cpu_pin.threads_cpus(node.proc.pid) == want, 10, what=f"node {node.index} on CPUs {want}")
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ from coordinator.server import config as config_mod
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.client import FencingClient
-from testsupport.cluster import DEFAULT_HOSTS
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
+from testsupport.supervisor import DEFAULT_HOSTS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

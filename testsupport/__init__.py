@@ -1,11 +1,14 @@
-"""Test and benchmark support: clusters of real processes, and an in-memory one.
+"""Test and benchmark support: real member processes under one supervisor, and an in-memory
+cluster; never shipped.
 
-Owns: the process supervisor and the clusters built on it (``cluster``: node processes driven
-over a control socket; ``grpc_cluster``: real ``fencingd serve`` members), the node control
-process (``node_process``, ``control``), and the in-memory cluster that runs the real
-servicers over an in-memory Raft node for client tests (``inmemory``, ``inmemory_node``,
+Owns: ``supervisor`` (spawn, stop, kill, pause, power-loss, reap, ports, the one
+``wait_until``) and the clusters built on it — ``cluster`` (``node_process`` children driven
+over the ``control`` socket) and ``grpc_cluster`` (real ``fencingd serve`` members; the chaos
+suite's cluster derives from it) — plus the in-memory cluster that runs the real servicers
+over an in-memory Raft node for client tests (``inmemory``, ``inmemory_node``,
 ``inmemory_faults``).
-Must never: ship. It sits beside ``coordinator/``, not inside it, so the wheel leaves it out
-(a test lists the wheel's files); the control socket accepts ``propose`` and ``bench``
-without authentication and exists only for tests and benchmarks.
+Must never: be imported by ``coordinator`` (tests/test_layers.py) or be built into the wheel
+(tests/test_wheel.py). The control socket accepts ``propose`` and ``bench`` without
+authentication: it exists only for tests and benchmarks, which reach the raw Raft layer
+through it without gRPC cost.
 """

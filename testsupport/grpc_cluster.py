@@ -1,15 +1,16 @@
-"""Real ``fencingd serve`` processes on 127.0.0.2, .3, .4 for the gRPC tests.
+"""Real ``fencingd serve`` processes on 127.0.0.2, .3, .4 for the gRPC tests and benchmarks.
 
-Owns: config files, spawned processes, their logs, gRPC channels. Must never leave a
-process behind: ``close()`` sends SIGCONT then SIGKILL to every pid it spawned, and the
-class is a context manager. Every wait is a poll with a deadline (``wait_until``).
+Owns: the fencingd flavour of the supervisor — config files, the command line, SERVING as the
+readiness check, gRPC channels, and observation through Cluster.Status (statuses, leader,
+readiness after a disruption). Must never: spawn, stop or reap a process itself —
+testsupport/supervisor.py does, and ``close()`` leaves none behind. Every wait is a poll with a
+deadline (``wait_until``).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
-import signal
-import subprocess
 import sys
 
 import grpc
@@ -18,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.client import open_channel
-from testsupport.cluster import DEFAULT_HOSTS, pick_ports, reap, wait_until
+from testsupport.supervisor import DEFAULT_HOSTS, Member, Supervisor, pick_ports, wait_until
 
 # Test timing: elections in 0.5-1 s (production 1-2 s) keep failover tests short; the
 # health re-check every 0.2 s lets a test see NOT_SERVING within a second.
@@ -44,24 +45,24 @@ def _toml_value(value) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-class GrpcNode:
+def write_toml(path: str, values: dict) -> None:
+    """A flat TOML file of ``values`` (strings, numbers, booleans, lists of those)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for key, value in values.items():
+            f.write(f"{key} = {_toml_value(value)}\n")
+
+
+class GrpcNode(Member):
+    """One ``fencingd serve`` member: its addresses, config file and (lazily) a channel to it."""
+
     def __init__(self, index: int, host: str, raft_port: int, api_port: int, base_dir: str,
                  credentials: grpc.ChannelCredentials | None = None):
-        self.index = index
+        super().__init__(index, host, base_dir)
         self.credentials = credentials  # TLS clusters: how the tests' channels connect
-        self.host = host
         self.raft_address = f"{host}:{raft_port}"
         self.api_address = f"{host}:{api_port}"
-        self.data_dir = os.path.join(base_dir, f"node{index}")
         self.config_path = os.path.join(base_dir, f"node{index}.toml")
-        self.log_path = os.path.join(base_dir, f"node{index}.log")
-        self.proc: subprocess.Popen | None = None
-        self.paused = False
         self._channel: grpc.Channel | None = None
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     @property
     def channel(self) -> grpc.Channel:
@@ -73,6 +74,9 @@ class GrpcNode:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+
+    def disconnect(self) -> None:
+        self.close_channel()
 
     @property
     def lease(self) -> pb_grpc.LeaseStub:
@@ -100,155 +104,115 @@ class GrpcNode:
         except grpc.RpcError:
             return None
 
+    def status(self, timeout_s: float = 1.5) -> pb.StatusResponse:
+        """Cluster.Status of this member: a read through the log applied here."""
+        return self.cluster.Status(pb.StatusRequest(), timeout=timeout_s)
 
-class GrpcCluster:
+
+class GrpcCluster(Supervisor):
     """Three ``fencingd serve`` members; per-node config overrides via ``node_settings``."""
+
+    node_class = GrpcNode
+    default_settings = TEST_SETTINGS
 
     def __init__(self, base_dir: str, *, hosts=DEFAULT_HOSTS, settings: dict | None = None,
                  node_settings: dict[int, dict] | None = None,
                  credentials: grpc.ChannelCredentials | None = None):
-        self.base_dir = base_dir
-        os.makedirs(base_dir, exist_ok=True)
-        raft_port, api_port = pick_ports(hosts)
-        self.nodes = [GrpcNode(i, h, raft_port, api_port, base_dir, credentials) for i, h in enumerate(hosts)]
-        self.settings = {**TEST_SETTINGS, **(settings or {})}
+        # Absolute: the config files name the data dirs, whatever the members' working directory.
+        self.base_dir = os.path.abspath(base_dir)
+        os.makedirs(self.base_dir, exist_ok=True)
+        self.raft_port, self.api_port = pick_ports(hosts)
+        super().__init__([self.node_class(i, h, self.raft_port, self.api_port, self.base_dir, credentials)
+                          for i, h in enumerate(hosts)])
+        self.settings = {**self.default_settings, **(settings or {})}
         self.node_settings = node_settings or {}
-        self._spawned: list[subprocess.Popen] = []
         members = [f"{n.raft_address}={n.api_address}" for n in self.nodes]
         for node in self.nodes:
-            values = {
+            write_toml(node.config_path, {
                 "data_dir": node.data_dir,
                 "raft_address": node.raft_address,
                 "members": members,
                 **self.settings,
                 **self.node_settings.get(node.index, {}),
-            }
-            with open(node.config_path, "w", encoding="utf-8") as f:
-                for key, value in values.items():
-                    f.write(f"{key} = {_toml_value(value)}\n")
+            })
 
-    def __enter__(self):
-        return self
+    # -- the flavour -------------------------------------------------------------------
 
-    def __exit__(self, *exc):
-        self.close()
+    def command(self, node: GrpcNode) -> list[str]:
+        return [sys.executable, "-m", "coordinator.server.fencingd", "serve", "--config", node.config_path]
 
-    # -- lifecycle -------------------------------------------------------------------
+    def answers(self, node: GrpcNode) -> bool:
+        return node.health_status() == SERVING
 
-    def start(self, i: int) -> None:
-        node = self.nodes[i]
-        assert not node.alive, f"node {i} is already running"
-        with open(node.log_path, "ab") as log:
-            node.proc = subprocess.Popen(
-                [sys.executable, "-m", "coordinator.server.fencingd", "serve", "--config", node.config_path],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )
-        node.paused = False
-        self._spawned.append(node.proc)
+    @property
+    def endpoints(self) -> list[str]:
+        return [n.api_address for n in self.nodes]
 
-    def start_all(self, timeout_s: float = 30.0) -> None:
-        for node in self.nodes:
-            self.start(node.index)
-        self.wait_serving(timeout_s=timeout_s)
+    # -- readiness -----------------------------------------------------------------------
 
     def wait_serving(self, indexes=None, timeout_s: float = 30.0) -> None:
-        indexes = [n.index for n in self.nodes] if indexes is None else list(indexes)
-
-        def all_serving():
-            for i in indexes:
-                node = self.nodes[i]
-                if not node.alive:
-                    raise AssertionError(f"node {i} exited with {node.proc.returncode}; see {node.log_path}")
-            return all(self.nodes[i].health_status() == SERVING for i in indexes)
-
-        wait_until(all_serving, timeout_s, interval_s=0.1, what=f"nodes {indexes} to be SERVING")
+        self.wait_answering(indexes, timeout_s)
 
     def wait_ready(self, timeout_s: float = 30.0) -> int:
-        """Every live member SERVING and answering Status (a read through the log) with the
-        same leader; returns the leader's index. Use after a disruption: health alone can be
-        SERVING for a moment while an election is still running."""
-        live = [n.index for n in self.nodes if n.alive and not n.paused]
-        self.wait_serving(live, timeout_s)
+        """Every running, unpaused member SERVING and answering Status (a read through the log)
+        with the same leader; returns the leader's index. Use after a disruption: health alone
+        can be SERVING for a moment while an election is still running."""
+        up = [n for n in self.nodes if n.up]
+        self.wait_serving([n.index for n in up], timeout_s)
 
         def agreed():
-            leaders = set()
-            for i in live:
-                try:
-                    leaders.add(self.nodes[i].cluster.Status(pb.StatusRequest(), timeout=2.0).leader)
-                except grpc.RpcError:
-                    return None
-            if len(leaders) == 1:
-                return (self.index_of_raft(leaders.pop()),)
-            return None
+            for n in self.nodes:
+                n.check_running()
+            st = self.statuses(nodes=up)
+            leaders = {s.leader for s in st.values()}
+            if len(st) != len(up) or len(leaders) != 1 or "" in leaders:
+                return None
+            node = self.node_by_raft(leaders.pop())
+            return (node.index,) if node is not None else None
 
         return wait_until(agreed, timeout_s, interval_s=0.1, what="members to agree on a leader")[0]
 
-    def kill(self, i: int) -> None:
-        node = self.nodes[i]
-        if node.proc is None:
-            return
-        if node.paused:
-            os.kill(node.proc.pid, signal.SIGCONT)
-        node.proc.kill()
-        node.proc.wait(timeout=10)
-        node.paused = False
-        node.close_channel()
-
-    def terminate(self, i: int, timeout_s: float = 15.0) -> int:
-        node = self.nodes[i]
-        node.proc.send_signal(signal.SIGTERM)
-        code = node.proc.wait(timeout=timeout_s)
-        node.close_channel()
-        return code
-
-    def pause(self, i: int) -> None:
-        os.kill(self.nodes[i].proc.pid, signal.SIGSTOP)
-        self.nodes[i].paused = True
-
-    def resume(self, i: int) -> None:
-        os.kill(self.nodes[i].proc.pid, signal.SIGCONT)
-        self.nodes[i].paused = False
-
-    def close(self) -> None:
-        reap(self._spawned)
-        for node in self.nodes:
-            node.close_channel()
-
     # -- observation -------------------------------------------------------------------
 
-    def index_of_raft(self, raft_address: str) -> int | None:
-        for node in self.nodes:
-            if node.raft_address == raft_address:
-                return node.index
-        return None
+    def node_by_raft(self, raft_address: str) -> GrpcNode | None:
+        return next((n for n in self.nodes if n.raft_address == raft_address), None)
 
-    def leader_index(self, timeout_s: float = 15.0) -> int:
-        """The leader, as reported by a live member's Status (a read through the log)."""
+    def index_of_raft(self, raft_address: str) -> int | None:
+        node = self.node_by_raft(raft_address)
+        return None if node is None else node.index
+
+    def statuses(self, timeout_s: float = 1.5, nodes=None) -> dict[int, pb.StatusResponse]:
+        """Status of every running, unpaused member that answers, asked in parallel."""
+        nodes = [n for n in (nodes or self.nodes) if n.up]
+        out: dict[int, pb.StatusResponse] = {}
+        if not nodes:
+            return out
+        with concurrent.futures.ThreadPoolExecutor(len(nodes)) as pool:
+            futures = {pool.submit(n.status, timeout_s): n for n in nodes}
+            for fut, node in futures.items():
+                try:
+                    out[node.index] = fut.result()
+                except grpc.RpcError:
+                    pass
+        return out
+
+    def named_leader(self, exclude: int | None = None) -> int | None:
+        """The leader named by the highest-term answering member, if it is up (and not ``exclude``)."""
+        best = None
+        for s in self.statuses().values():
+            if s.leader and (best is None or s.term > best.term):
+                best = s
+        node = None if best is None else self.node_by_raft(best.leader)
+        return node.index if node is not None and node.up and node.index != exclude else None
+
+    def leader_index(self, timeout_s: float = 15.0, exclude: int | None = None) -> int:
+        """Poll until a member names an up leader (other than ``exclude``); its index."""
 
         def find():
-            for node in self.nodes:
-                if not node.alive or node.paused:
-                    continue
-                try:
-                    status = node.cluster.Status(pb.StatusRequest(), timeout=2.0)
-                except grpc.RpcError:
-                    continue
-                i = self.index_of_raft(status.leader)
-                if i is not None and self.nodes[i].alive and not self.nodes[i].paused:
-                    return (i,)
-            return None
+            i = self.named_leader(exclude)
+            return None if i is None else (i,)
 
         return wait_until(find, timeout_s, interval_s=0.1, what="a leader")[0]
-
-    def logs(self) -> str:
-        out = []
-        for node in self.nodes:
-            try:
-                with open(node.log_path, encoding="utf-8", errors="replace") as f:
-                    out.append(f"--- node {node.index} ---\n" + f.read()[-4000:])
-            except OSError:
-                pass
-        return "\n".join(out)
 
 
 def running_cluster(base_dir: str, request, **kwargs):
@@ -263,8 +227,4 @@ def running_cluster(base_dir: str, request, **kwargs):
         yield cluster
         if request.session.testsfailed:
             print(cluster.logs())
-
-
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
-    return wait_until(predicate, timeout_s, interval_s=interval_s, what=what)
 

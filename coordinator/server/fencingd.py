@@ -110,7 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 # -- dev -----------------------------------------------------------------------------
 
 
-def _port_free(host: str, port: int) -> bool:
+def port_free(host: str, port: int) -> bool:
     """Nobody listens there. SO_REUSEADDR, as the servers use: our own last run's
     TIME_WAIT connections must not block a restart."""
     with socket.socket() as s:
@@ -209,7 +209,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     apis = [f"{host}:{args.base_port + i}" for i in range(DEV_MEMBERS)]
     rafts = [f"{host}:{args.base_port + DEV_RAFT_PORT_OFFSET + i}" for i in range(DEV_MEMBERS)]
     metrics = [f"{host}:{args.base_port + DEV_METRICS_PORT_OFFSET + i}" for i in range(DEV_MEMBERS)]
-    busy = [a for a in apis + rafts + metrics if not _port_free(host, int(a.rsplit(":", 1)[1]))]
+    busy = [a for a in apis + rafts + metrics if not port_free(host, int(a.rsplit(":", 1)[1]))]
     if busy:
         print(f"fencingd dev: ports in use: {', '.join(busy)} (choose another --base-port)", file=sys.stderr)
         return 1
