@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
-import socketserver
 import sys
 import threading
 import time
@@ -36,7 +34,7 @@ import time
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.syncobj import SyncObjException
 
-from testsupport.control import recv_frame, send_frame
+from testsupport.control import serve_control
 
 _FAIL_NAMES = {
     1: "queue_full",
@@ -144,32 +142,6 @@ class StockService:
         return {"latencies": latencies, "elapsed_s": elapsed, "outcomes": outcomes, "journal_syncs": 0}
 
 
-def _serve_control(service: StockService, host: str, port: int) -> socketserver.ThreadingTCPServer:
-    class Handler(socketserver.BaseRequestHandler):
-        def handle(self):
-            sock = self.request
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            while True:
-                try:
-                    req = recv_frame(sock)
-                except (ConnectionError, OSError):
-                    return
-                try:
-                    reply = service.handle(req)
-                except Exception as exc:  # noqa: BLE001 - report to the bench, keep serving
-                    reply = {"error": repr(exc)}
-                try:
-                    send_frame(sock, reply)
-                except OSError:
-                    return
-
-    socketserver.ThreadingTCPServer.allow_reuse_address = True
-    server = socketserver.ThreadingTCPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="control", daemon=True).start()
-    return server
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--self", dest="self_address", required=True)
@@ -186,7 +158,7 @@ def main(argv=None) -> int:
     conf = SyncObjConf(bindAddress=args.self_address)
     obj = Counter(args.self_address, [p for p in args.peers.split(",") if p], conf)
     host = args.self_address.rsplit(":", 1)[0]
-    server = _serve_control(StockService(obj), host, args.control_port)
+    server = serve_control(StockService(obj), host, args.control_port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

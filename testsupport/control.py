@@ -1,15 +1,21 @@
 """Length-prefixed msgpack frames over TCP: the control protocol of node_process.
 
-Owns: framing and a small blocking client. Must never: block without a timeout.
+Owns: framing, a small blocking client and the threaded server loop (``serve_control``).
+Must never: block a client call without a timeout.
 A frame is a 4-byte big-endian length followed by one msgpack map.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
+import socketserver
 import struct
+import threading
 
 import msgpack
+
+log = logging.getLogger("control")
 
 FRAME_BYTES_MAX = 16 * 1024 * 1024  # a bench reply with many latencies fits easily
 _LEN = struct.Struct(">I")
@@ -77,3 +83,33 @@ class ControlClient:
                 self._sock.close()
             finally:
                 self._sock = None
+
+
+def serve_control(service, host: str, port: int) -> socketserver.ThreadingTCPServer:
+    """Answer control requests on ``host:port`` with ``service.handle(request) -> reply`` on a
+    daemon thread, one thread per connection; an exception becomes ``{"error": ...}`` and the
+    connection keeps serving. Used by the node control process and the stock-node baseline."""
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self):
+            sock = self.request
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            while True:
+                try:
+                    req = recv_frame(sock)
+                except (ConnectionError, OSError):
+                    return
+                try:
+                    reply = service.handle(req)
+                except Exception as exc:  # noqa: BLE001 - report to the caller, keep serving
+                    log.exception("control request failed")
+                    reply = {"error": repr(exc)}
+                try:
+                    send_frame(sock, reply)
+                except OSError:
+                    return
+
+    socketserver.ThreadingTCPServer.allow_reuse_address = True
+    server = socketserver.ThreadingTCPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="control", daemon=True).start()
+    return server

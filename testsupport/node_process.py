@@ -21,8 +21,6 @@ import dataclasses
 import logging
 import os
 import signal
-import socket
-import socketserver
 import sys
 import threading
 import time
@@ -31,7 +29,7 @@ from coordinator.core import commands
 from coordinator.raft.interface import ProposeOutcome
 from coordinator.raft.node import ALL_FIXES, RaftConfig, RaftNode
 from coordinator.core.state_machine import FencingStateMachine, outcome_to_wire
-from testsupport.control import recv_frame, send_frame
+from testsupport.control import serve_control
 
 log = logging.getLogger("node_process")
 
@@ -116,33 +114,6 @@ class NodeService:
                 "journal_syncs": self.node.status()["journal_syncs"]}
 
 
-def _serve_control(service: NodeService, host: str, port: int) -> socketserver.ThreadingTCPServer:
-    class Handler(socketserver.BaseRequestHandler):
-        def handle(self):
-            sock = self.request
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            while True:
-                try:
-                    req = recv_frame(sock)
-                except (ConnectionError, OSError):
-                    return
-                try:
-                    reply = service.handle(req)
-                except Exception as exc:  # noqa: BLE001 - report to the test, keep serving
-                    log.exception("control request failed")
-                    reply = {"error": repr(exc)}
-                try:
-                    send_frame(sock, reply)
-                except OSError:
-                    return
-
-    socketserver.ThreadingTCPServer.allow_reuse_address = True
-    server = socketserver.ThreadingTCPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="control", daemon=True).start()
-    return server
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--self", dest="self_address", required=True)
@@ -181,7 +152,7 @@ def main(argv=None) -> int:
     )
     node = RaftNode(config, FencingStateMachine())
     host = args.self_address.rsplit(":", 1)[0]
-    server = _serve_control(NodeService(node), host, args.control_port)
+    server = serve_control(NodeService(node), host, args.control_port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
