@@ -143,7 +143,7 @@ class ServerConfig:
     health_check_interval_s: float = dataclasses.field(
         default=1.0, metadata=_doc("seconds between health re-checks (quorum, read barrier)")
     )
-    # -- Raft (see raft_node.RaftConfig) -------------------------------------------------------
+    # -- Raft (see coordinator.raft.node.RaftConfig) ------------------------------------------
     raft_min_timeout_s: float = dataclasses.field(
         default=1.0, metadata=_doc("seconds: election timeout, lower bound")
     )

@@ -100,7 +100,7 @@ class Placement:
     """Where this process's threads run, as ``cpu_affinity`` asks.
 
     ``start()`` once, before the member starts threads; ``on_leadership(is_leader)`` from the
-    Raft thread whenever that changes (raft_node.RaftNode's ``on_leadership``).
+    Raft thread whenever that changes (coordinator.raft.node.RaftNode's ``on_leadership``).
     """
 
     def __init__(self, setting: str, member_index: int, allowed: set[int] | None = None,
