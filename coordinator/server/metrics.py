@@ -28,9 +28,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 # Seconds. A healthy commit is ~1-2 ms; elections and the proposal deadline (5 s) bound the top.
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
-# The outcomes of one proposal (label ``outcome``): coordinator.raft.interface.ProposeOutcome's
-# values, and
-# "overloaded" for a proposal refused before it reached Raft (inflight_proposals_max).
+# The outcomes of one proposal (label ``outcome``): the values of
+# coordinator.raft.interface.ProposeOutcome, and "overloaded" for a proposal refused before
+# it reached Raft (inflight_proposals_max).
 PROPOSAL_OUTCOMES = ("applied", "refused", "not_applied", "unknown", "overloaded")
 
 
