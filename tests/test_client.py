@@ -330,6 +330,21 @@ def test_bad_fields_are_refused_before_sending(cluster, client):
         client.acquire("orders/7", ttl_ms=5)
     with pytest.raises(E.InvalidArgument, match="wait_ms"):
         client.acquire("orders/7", ttl_ms=5000, wait_ms=-1)
+    # The table lets fence_all be absent, but the wire cannot say so (an unset bool reads
+    # as False, which fences nothing): the client refuses None instead of sending False.
+    with pytest.raises(E.InvalidArgument) as info:
+        client.set_epoch_floor(5, fence_all=None)
+    assert info.value.field == "fence_all"
+    assert cluster.calls == []
+
+
+def test_the_client_reports_the_first_bad_field_in_the_tables_order(cluster, client):
+    with pytest.raises(E.InvalidArgument) as info:
+        client.write("orders/7", "", b"v", token=0)  # key and token are bad; key comes first
+    assert info.value.field == "key"
+    with pytest.raises(E.InvalidArgument) as info:
+        client.restore(b"", epoch_floor=0)
+    assert info.value.field == "data"
     assert cluster.calls == []
 
 
