@@ -4,10 +4,12 @@ Owns: ``BoundTCPTransport`` (outgoing sockets leave from the node's own address;
 connections must name a member, in time, at most ``RAFT_UNNAMED_CONNECTIONS_MAX`` waiting;
 a listen backlog of ``RAFT_LISTEN_BACKLOG``) and the frame reader that replaces pysyncobj's
 (``process_read_bounded``, ``parse_message_bounded``: heads checked as bytes arrive, a
-bytearray grown in place). RAFT.md "Bounded frames" and "Connections that name no member".
-Must never: patch pysyncobj itself (``patches.install()`` puts the reader in place), decode
-a frame any other way than ``wire.plain_loads(wire.bounded_inflate(...))``, or keep a
-connection that declared a frame over ``raft_limits.RAFT_MESSAGE_BYTES_MAX``.
+bytearray grown in place, frames decoded by the typed wire) and ``send_typed``, the writer.
+RAFT.md "A typed wire", "Bounded frames" and "Connections that name no member".
+Must never: patch pysyncobj itself (``patches.install()`` puts the reader and ``send_typed``
+in place), decode a frame any other way than ``wire.decode_frame`` (no peer byte reaches
+pickle), or keep a connection that declared a frame over ``raft_limits.RAFT_MESSAGE_BYTES_MAX``
+or sent one that failed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import socket
 import time
 from typing import Callable
 
+from pysyncobj.monotonic import monotonic as _monotonic
 from pysyncobj.transport import TCPTransport
 
 from coordinator.raft import limits as raft_limits
@@ -74,10 +77,12 @@ def process_read_bounded(conn) -> bool:
 
 
 def parse_message_bounded(conn):
-    """TcpConnection.__processParseMessage (tcp_connection.py:277-299) on the bytearray.
+    """TcpConnection.__processParseMessage (tcp_connection.py:277-299) on the bytearray, typed.
 
-    A refused frame (one that inflates past the bound or unpickles to anything but plain
-    data) drops the connection, as pysyncobj drops any bad frame.
+    The frame is decrypted with the secret (when there is one) and decoded by
+    ``raft_wire.decode_frame``: a frame that fails anything (replayed, another connection's
+    key, not the typed wire, any field's type or range) drops the connection, as pysyncobj
+    drops any bad frame, and is counted; nothing in it reaches pysyncobj.
     """
     buffer = conn._TcpConnection__readBuffer
     if len(buffer) < raft_wire.FRAME_HEAD.size:
@@ -95,17 +100,68 @@ def parse_message_bounded(conn):
                 raise ValueError("a replayed or reordered frame")
             conn.recvLastTimestamp = timestamp
             data = conn.encryptor.decrypt(data)
-        message = raft_wire.plain_loads(raft_wire.bounded_inflate(data))
-        if conn.recvRandKey:
-            rand_key, message = message
-            if rand_key != conn.recvRandKey:
-                raise ValueError("a frame under another connection's key")
-    except Exception:  # noqa: BLE001 - as pysyncobj: any bad frame drops the connection
-        conn.disconnect()
+        message = raft_wire.decode_frame(data, conn.recvRandKey)
+    except raft_wire.LegacyWireFrame:
+        _refuse_frame(conn, _LEGACY_WIRE_LINE, legacy=True)
+        return None
+    except Exception as exc:  # noqa: BLE001 - as pysyncobj: any bad frame drops the connection
+        _refuse_frame(conn, f"raft: dropped a connection: refused frame ({exc})")
         return None
     del buffer[:end]
     conn._frames_scanned_to = max(0, conn._frames_scanned_to - end)
     return message
+
+
+# A member still on pysyncobj's pickle wire (a rolling upgrade from a version before the
+# typed wire) reconnects every connectionRetryTime: one line says what is wrong, once per
+# process; every such frame is still counted.
+_LEGACY_WIRE_LINE = (
+    "raft: refused a peer speaking pysyncobj's pickle wire (a member of a version before the "
+    "typed Raft wire): a rolling upgrade across this change is not supported; stop every "
+    "member, then start them all on this version (RAFT.md \"A typed wire\")"
+)
+_legacy_logged = False
+# Refused frames are logged at most once per this many ms (with how many were not): a
+# stranger sending bad frames as fast as it can must not turn the log into its channel.
+REFUSED_FRAME_LOG_INTERVAL_MS = 1_000
+_refusals_unlogged = 0
+_refusal_log_at = 0.0
+
+
+def _refuse_frame(conn, line: str, *, legacy: bool = False) -> None:
+    global _legacy_logged, _refusals_unlogged, _refusal_log_at
+    if legacy:
+        if not _legacy_logged:
+            _legacy_logged = True
+            log.error(line)
+    else:
+        now = time.monotonic()
+        if now >= _refusal_log_at:
+            more = f" (and {_refusals_unlogged} more since the last line)" if _refusals_unlogged else ""
+            log.warning("%s%s", line, more)
+            _refusals_unlogged, _refusal_log_at = 0, now + REFUSED_FRAME_LOG_INTERVAL_MS / 1000
+        else:
+            _refusals_unlogged += 1
+    if conn.on_refused_frame is not None:
+        conn.on_refused_frame()
+    conn.disconnect()
+
+
+def send_typed(conn, message) -> None:
+    """TcpConnection.send (tcp_connection.py:141-149) on the typed wire: msgpack, no deflate.
+
+    The write buffer is a bytearray the frame is appended to in place (pysyncobj
+    concatenated bytes, copying everything still unsent on every message).
+    """
+    data = raft_wire.encode_frame(message, conn.sendRandKey)
+    if conn.encryptor:
+        data = conn.encryptor.encrypt_at_time(data, int(_monotonic()))
+    buffer = conn._TcpConnection__writeBuffer
+    if not isinstance(buffer, bytearray):  # pysyncobj (re)sets it to bytes() on (dis)connect
+        buffer = conn._TcpConnection__writeBuffer = bytearray(buffer)
+    buffer += raft_wire.FRAME_HEAD.pack(len(data))
+    buffer += data
+    conn._TcpConnection__trySendBuffer()
 
 
 def restarting_frame_scan(method: Callable) -> Callable:
