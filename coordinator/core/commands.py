@@ -174,6 +174,10 @@ def acquire(*, resource: str, holder: str, ttl_ms: int, op_id: bytes, stamp_ms: 
     return Command(Op.ACQUIRE, stamp_ms, body)
 
 
+# Body fields the server fills from the authenticated caller, never from a request.
+CHARGE_FIELDS = frozenset({"principal", "quota"})
+
+
 def charged(command: Command, *, principal: str, quota: dict[str, int]) -> Command:
     """``command`` charged to ``principal`` under ``quota`` (empty: no maximum), for the ops
     whose effect a quota counts: an ACQUIRE (principal and quota) and a WRITE (quota; its
