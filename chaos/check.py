@@ -31,7 +31,8 @@ Checks, each reporting its own violation kind (the constants below):
    does not reflect its latest acknowledged write / delete in apply order — the final version is
    below that op's version, or the value differs (or the key is absent / present) and no
    unknown-outcome write / delete of the key can explain it; also a final hwm below an epoch
-   established on the resource. ``FAILED_WRITE_VISIBLE``: a final value or a value returned by a
+   established on the resource (a final hwm of 0 with no data is a resource forgotten after
+   its release, not a loss). ``FAILED_WRITE_VISIBLE``: a final value or a value returned by a
    read is the value of a write that was refused on every attempt (values are unique per write).
    Such a read is reported only here and left out of the linearizability search (it cannot be
    linearized; one report per cause). A final value of a refused write is likewise not also
@@ -482,7 +483,10 @@ def _check_durability(
     checked_resources = set(finals)
     for resource, (token, op) in sorted(issued_max.items()):
         state = finals.get(resource)
-        if state is not None and state.hwm < token:
+        # hwm 0 and no data: the resource was forgotten (no lease, no data), and the global
+        # epoch, not its hwm, keeps its old tokens refused (check 1 covers the epoch).
+        forgotten = state is not None and state.hwm == 0 and not state.data
+        if state is not None and state.hwm < token and not forgotten:
             violations.append(
                 Violation(
                     LOST_WRITE,

@@ -13,7 +13,15 @@ import pytest
 
 from coordinator.server import config as config_mod
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.server.auth import ADMIN_TOKEN_PRINCIPAL, Authenticator, PrincipalsError, load_principals, token_digest
+from coordinator.core import limits
+from coordinator.server.auth import (
+    ADMIN_TOKEN_PRINCIPAL,
+    Authenticator,
+    PrincipalsError,
+    Quota,
+    load_principals,
+    token_digest,
+)
 from coordinator.client import FencingClient
 from coordinator.client.exceptions import AuthError
 from coordinator.core.names import ErrorReason
@@ -56,6 +64,11 @@ def test_a_good_file_loads(tmp_path):
         (principals_toml(ORDERS_ENTRY + "\nrole = 1"), "unknown field(s) role"),
         (principals_toml(f'name = "idle"\ntoken_sha256 = "{token_digest("x")}"'), "could do nothing"),
         (principals_toml(ORDERS_ENTRY + '\nadmin = "yes"'), "admin must be true or false"),
+        (principals_toml(ORDERS_ENTRY + "\nresources_max = -1"), "resources_max must be an integer"),
+        (principals_toml(ORDERS_ENTRY + '\nstreams_max = "8"'), "streams_max must be an integer"),
+        (principals_toml(ORDERS_ENTRY + "\nleases_max = true"), "leases_max must be an integer"),
+        (principals_toml(ORDERS_ENTRY + f"\nstored_bytes_max = {2**63}"), "stored_bytes_max must be"),
+        (principals_toml(ORDERS_ENTRY.replace('"orders"', '"' + "o" * 129 + '"', 1)), "longer than 128 bytes"),
         ("[[principal", "not valid TOML"),
     ],
 )
@@ -72,6 +85,27 @@ def test_a_bad_file_is_refused_naming_what_is_wrong(tmp_path, text, fragment):
             "members": ["127.0.0.1:7000=127.0.0.1:7100"], "principals_file": str(path),
         }, {})
     assert str(caught.value).startswith("principals_file: ")
+
+
+def test_quotas_default_for_tenants_and_are_absent_for_admins_unless_set(tmp_path):
+    path = tmp_path / "p.toml"
+    capped_ops = OPS_ENTRY.replace('"ops"', '"ops2"').replace(token_digest(OPS), token_digest("x"))
+    path.write_text(principals_toml(ORDERS_ENTRY, OPS_ENTRY, capped_ops + "\nstreams_max = 1\nresources_max = 0"))
+    loaded = {p.name: p for _, p in load_principals(str(path))}
+    assert loaded["orders"].quota == Quota(
+        resources_max=limits.PRINCIPAL_RESOURCES_MAX,
+        leases_max=limits.PRINCIPAL_LEASES_MAX,
+        stored_bytes_max=limits.PRINCIPAL_STORED_BYTES_MAX,
+        streams_max=limits.PRINCIPAL_STREAMS_MAX,
+    )
+    assert loaded["orders"].quota.replicated() == {
+        "resources": limits.PRINCIPAL_RESOURCES_MAX,
+        "leases": limits.PRINCIPAL_LEASES_MAX,
+        "stored_bytes": limits.PRINCIPAL_STORED_BYTES_MAX,
+    }
+    assert loaded["ops"].quota == Quota() and loaded["ops"].quota.replicated() == {}
+    assert loaded["ops2"].quota == Quota(resources_max=0, streams_max=1)
+    assert ADMIN_TOKEN_PRINCIPAL.quota == Quota()
 
 
 def test_bearer_tokens_authenticate_only_exactly():

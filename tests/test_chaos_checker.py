@@ -266,6 +266,18 @@ def test_lost_write(case):
     assert_only(records, chk.LOST_WRITE)
 
 
+def test_a_resource_forgotten_after_its_release_is_not_a_lost_hwm():
+    records = [
+        acquire(0, 10, 1, index=1),
+        op("release", 20, 30, token=1, hwm=1, released=True, applied_index=2),
+        final_state(hwm=0),  # no lease, no data: forgotten
+    ]
+    assert check(records).ok
+    # with data left, hwm 0 is still a lost hwm
+    records[-1] = final_state(hwm=0, k=("a", 1))
+    assert chk.LOST_WRITE in check(records).kinds()
+
+
 def test_unknown_write_explains_final_state():
     records = base() + [
         op("write", 40, None, process="c2", value="u", token=1, outcome="unknown"),

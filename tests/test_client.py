@@ -454,9 +454,15 @@ def test_keep_alive_release_and_expiry(client):
     a = client.acquire("orders/7", ttl_ms=5000, holder="a")
     renewed = client.keep_alive("orders/7", a.token)
     assert renewed.expires_at_ms >= a.expires_at_ms
+    client.write("orders/7", "k", b"v", token=a.token)  # data: the release keeps the resource
     assert client.release("orders/7", a.token).released
     with pytest.raises(E.LeaseExpired):
         client.keep_alive("orders/7", a.token)
+    # With no data left, a released resource is forgotten: its token is then unknown to it.
+    b = client.acquire("orders/8", ttl_ms=5000, holder="a")
+    assert client.release("orders/8", b.token).released
+    with pytest.raises(E.UnknownToken):
+        client.keep_alive("orders/8", b.token)
 
 
 def test_closed_client_refuses_calls(cluster):

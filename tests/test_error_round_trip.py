@@ -48,6 +48,11 @@ EXPECTED: dict[R, tuple[type[E.FencingError], dict[M, str], dict[str, Any]]] = {
     R.EPOCH_FLOOR_TOO_LOW: (E.EpochFloorTooLow, {M.EPOCH: "12"}, {"epoch": 12}),
     R.OP_ID_CONFLICT: (E.OpIdConflict, {M.OP: "4", M.RESOURCE: "orders/7"}, {}),
     R.LIMIT_EXCEEDED: (E.LimitExceeded, {M.LIMIT: "keys_per_resource", M.MAX: "10"}, {}),
+    R.QUOTA_EXCEEDED: (
+        E.QuotaExceeded,
+        {M.QUOTA: "resources", M.MAX: "3", M.PRINCIPAL: "orders"},
+        {"quota": "resources", "max": 3},
+    ),
     R.EPOCH_EXHAUSTED: (E.EpochExhausted, {}, {}),
     R.OVERLOADED: (E.Overloaded, {M.DETAIL: "queue_full"}, {}),
     R.NO_LEADER: (

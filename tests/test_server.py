@@ -479,7 +479,9 @@ def test_keep_alive_unary_batch_and_stream(cluster):
     code, reason, _, _ = failure(lambda: seen.extend(n1.lease.KeepAliveStream(iter(bad), timeout=T)))
     assert len(seen) == 1 and (code, reason) == (PRE, R.UNKNOWN_TOKEN)
 
-    # An expired lease cannot be kept alive; a release ends it and keeps the hwm.
+    # An expired lease cannot be kept alive; a release ends it and keeps the hwm (of a resource
+    # with data: one with none is forgotten, tests/test_quota_cluster.py).
+    n2.store.Write(pb.WriteRequest(resource=r2, key="k", value=b"v", token=a2.token, op_id=op_id()), timeout=T)
     rel = n2.lease.Release(pb.ReleaseRequest(resource=r2, token=a2.token, op_id=op_id()), timeout=T)
     assert (rel.released, rel.hwm) == (True, a2.token)
     code, reason, _, _ = failure(n0.lease.KeepAlive, pb.KeepAliveRequest(resource=r2, token=a2.token), timeout=T)

@@ -109,7 +109,7 @@ def test_op_numbers_never_change():
         "TICK": 9,
         "RESTORE": 10,
     }
-    assert [r.value for r in Reason] == list(range(1, 11))
+    assert [r.value for r in Reason] == list(range(1, 12))
     assert Reason.OP_ID_CONFLICT == 9 and Reason.MALFORMED == 1
 
 
@@ -853,10 +853,11 @@ def test_an_expired_lease_cannot_be_renewed():
         assert_refused_unchanged(
             sm, cmds.keep_alive(resource=R, token=1, stamp_ms=stamp), Reason.LEASE_EXPIRED
         )
-    # even after a stamp went backwards, the log clock decides
+    # even after a stamp went backwards, the log clock decides; a tick then forgets the
+    # resource (no data), so its token is one the resource no longer knows
     assert_applied(sm.execute(cmds.tick(stamp_ms=TTL)))
     assert_rejected(
-        sm.execute(cmds.keep_alive(resource=R, token=1, stamp_ms=0)), Reason.LEASE_EXPIRED
+        sm.execute(cmds.keep_alive(resource=R, token=1, stamp_ms=0)), Reason.UNKNOWN_TOKEN
     )
 
 
@@ -869,6 +870,7 @@ def test_keep_alive_fencing_and_release():
     assert_refused_unchanged(
         sm, cmds.keep_alive(resource=R2, token=1, stamp_ms=1), Reason.UNKNOWN_TOKEN
     )
+    assert_applied(write(sm, token=1, stamp=1))  # data: the release keeps the resource
     assert_applied(sm.execute(cmds.release(resource=R, token=1, stamp_ms=1)))
     assert_refused_unchanged(
         sm, cmds.keep_alive(resource=R, token=1, stamp_ms=2), Reason.LEASE_EXPIRED
@@ -889,6 +891,7 @@ def test_release():
     assert_refused_unchanged(
         sm, cmds.release(resource=R2, token=1, stamp_ms=1), Reason.UNKNOWN_TOKEN
     )
+    assert_applied(write(sm, token=1, stamp=1))  # data: the release keeps the resource
     first = assert_applied(sm.execute(cmds.release(resource=R, token=1, stamp_ms=1)))
     assert first == {"hwm": 1, "released": True}
     assert sm.describe(R)["lease"] is None and sm.describe(R)["hwm"] == 1
@@ -911,7 +914,7 @@ def test_releasing_an_expired_lease_reports_not_released():
     assert_applied(acquire(sm, stamp=0, ttl_ms=TTL))
     result = assert_applied(sm.execute(cmds.release(resource=R, token=1, stamp_ms=TTL)))
     assert result == {"hwm": 1, "released": False}
-    assert sm.describe(R)["lease"] is None
+    assert sm.describe(R) is None  # no lease, no data: forgotten
 
 
 # -- delete, read barrier, force-release, epoch floor, tick -------------------------------------
@@ -1074,10 +1077,11 @@ def test_tick_expires_leases_but_keeps_hwm():
     assert_applied(acquire(sm, resource="a", stamp=0, ttl_ms=100))
     assert_applied(acquire(sm, resource="b", stamp=0, ttl_ms=200))
     assert_applied(acquire(sm, resource="c", stamp=0, ttl_ms=300))
+    assert_applied(write(sm, resource="a", token=1, stamp=0))
     assert assert_applied(sm.execute(cmds.tick(stamp_ms=99))) == {"expired": 0}
     assert assert_applied(sm.execute(cmds.tick(stamp_ms=200))) == {"expired": 2}
-    assert sm.describe("a") == {"hwm": 1, "lease": None, "revision": 0, "keys": 0}
-    assert sm.describe("b")["lease"] is None and sm.describe("b")["hwm"] == 2
+    assert sm.describe("a") == {"hwm": 1, "lease": None, "revision": 1, "keys": 1}
+    assert sm.describe("b") is None  # expired with no data: forgotten
     assert sm.describe("c")["lease"]["token"] == 3
     assert assert_applied(sm.execute(cmds.tick(stamp_ms=0))) == {"expired": 0}
     assert sm.log_clock_ms == 200

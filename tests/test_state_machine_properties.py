@@ -100,6 +100,12 @@ class Model:
     def hwm(self, name: str) -> int:
         return self.res[name].hwm if name in self.res else 0
 
+    def forget_if_idle(self, name: str) -> None:
+        """A resource with no lease and no data is forgotten (its hwm with it)."""
+        r = self.res[name]
+        if r.lease is None and not r.data:
+            del self.res[name]
+
     def step(
         self,
         op: Op,
@@ -194,6 +200,7 @@ class Model:
             def commit():
                 if holds:
                     r.lease = None
+                self.forget_if_idle(name)
 
             released = holds and r.lease[3] > now
             return ("applied", {"hwm": r.hwm, "released": released}), commit
@@ -232,6 +239,7 @@ class Model:
             def commit():
                 r.revision += 1
                 del r.data[key]
+                self.forget_if_idle(name)
 
             return ("applied", {"version": r.revision + 1, "deleted": True}), commit
 
@@ -270,11 +278,12 @@ class Model:
 
     def decide_tick(self):
         def decide(now):
-            ending = [r for r in self.res.values() if r.lease is not None and r.lease[3] <= now]
+            ending = [n for n, r in self.res.items() if r.lease is not None and r.lease[3] <= now]
 
             def commit():
-                for r in ending:
-                    r.lease = None
+                for name in ending:
+                    self.res[name].lease = None
+                    self.forget_if_idle(name)
 
             return ("applied", {"expired": len(ending)}), commit
 

@@ -27,6 +27,8 @@ The tree answers the first question a caller has after a failed mutation, "did i
     │   │   └── EpochFloorTooLow     restore floor not above every issued token .epoch
     │   ├── ResourceExhausted        a limit of the cluster (RESOURCE_EXHAUSTED)
     │   │   ├── LimitExceeded        too many resources / keys / bytes
+    │   │   ├── QuotaExceeded        the caller's own quota (resources, leases,
+    │   │   │                        stored_bytes, streams)              .quota .max
     │   │   ├── EpochExhausted       every token up to 2**64-1 was issued
     │   │   └── Overloaded           the server is shedding load (the client backs off
     │   │                            and retries it; raised when the retries run out)
@@ -79,6 +81,7 @@ __all__ = [
     "OutcomeUnknown",
     "Overloaded",
     "PermissionDenied",
+    "QuotaExceeded",
     "Refused",
     "ResourceExhausted",
     "ServerError",
@@ -344,6 +347,25 @@ class LimitExceeded(ResourceExhausted):
         return f"{text} (limit: {limit})" if limit and limit not in text else text
 
 
+class QuotaExceeded(ResourceExhausted):
+    """The calling principal is at one of its quotas (the principals file): ``quota`` names it
+    (resources, leases, stored_bytes, streams), ``max`` is its value. Others are unaffected;
+    releasing leases or deleting data frees room."""
+
+    @property
+    def quota(self) -> str:
+        return self.metadata.get(ErrorMeta.QUOTA, "")
+
+    @property
+    def max(self) -> int | None:
+        return self._int_meta(ErrorMeta.MAX)
+
+    def _describe(self) -> str:
+        principal = self.metadata.get(ErrorMeta.PRINCIPAL, "")
+        who = f"principal {principal!r}" if principal else "the caller"
+        return f"{who} is at its {self.quota or '?'} quota (max {self.max if self.max is not None else '?'})"
+
+
 class EpochExhausted(ResourceExhausted):
     """Every token up to 2**64-1 has been issued; no new epoch can exist."""
 
@@ -459,6 +481,7 @@ ERROR_CLASSES: dict[tuple[grpc.StatusCode, str], type[FencingError]] = {
     (_C.ALREADY_EXISTS, ""): OpIdConflict,
     (_C.RESOURCE_EXHAUSTED, _R.LIMIT_EXCEEDED): LimitExceeded,
     (_C.RESOURCE_EXHAUSTED, _R.EPOCH_EXHAUSTED): EpochExhausted,
+    (_C.RESOURCE_EXHAUSTED, _R.QUOTA_EXCEEDED): QuotaExceeded,
     (_C.RESOURCE_EXHAUSTED, _R.OVERLOADED): Overloaded,
     (_C.RESOURCE_EXHAUSTED, ""): ResourceExhausted,
     (_C.UNAVAILABLE, _R.NO_LEADER): NoLeader,

@@ -6,8 +6,8 @@ loop and ask this module what to do.
 
 The rules (DESIGN §4, the server's error contract):
 
-- a definite refusal (Refused, InvalidArgument, AuthError, LimitExceeded, EpochExhausted)
-  is never retried: it changed nothing and would change nothing again;
+- a definite refusal (Refused, InvalidArgument, AuthError, LimitExceeded, QuotaExceeded,
+  EpochExhausted) is never retried: it changed nothing and would change nothing again;
 - Overloaded (RESOURCE_EXHAUSTED/OVERLOADED) is back-pressure, not a refusal: nothing was
   applied, so it is retried after the backoff like NO_LEADER;
 - UNAVAILABLE with NO_LEADER/NOT_LEADER/NO_QUORUM did not apply: retry anywhere, preferring

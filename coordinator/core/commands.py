@@ -12,6 +12,12 @@ Wire format of one command (DESIGN §5)::
 
 ``stamp_ms`` is the proposing node's log-clock stamp (DESIGN I6). In ``body``, resource,
 key and holder are msgpack str; value and op_id are msgpack bin; numbers are ints.
+
+Quotas (DESIGN §8) ride in optional body fields, so entries and snapshots written before them
+decode and apply as they always did, and FORMAT_VERSION stays 1: an ACQUIRE may carry
+``principal`` (str, who owns the resource afterwards) and ``quota`` (map of ``resources``,
+``leases``, ``stored_bytes`` to a maximum); a WRITE may carry ``quota`` (its
+``stored_bytes``). ``charged`` adds them; a command without them is charged to nobody.
 """
 
 from __future__ import annotations
@@ -166,6 +172,25 @@ def acquire(*, resource: str, holder: str, ttl_ms: int, op_id: bytes, stamp_ms: 
     """Take the lease on ``resource`` for ``ttl_ms``; the entry issues a new token (I2)."""
     body = {"resource": resource, "holder": holder, "ttl_ms": ttl_ms, "op_id": op_id}
     return Command(Op.ACQUIRE, stamp_ms, body)
+
+
+# Body fields the server fills from the authenticated caller, never from a request.
+CHARGE_FIELDS = frozenset({"principal", "quota"})
+
+
+def charged(command: Command, *, principal: str, quota: dict[str, int]) -> Command:
+    """``command`` charged to ``principal`` under ``quota`` (empty: no maximum), for the ops
+    whose effect a quota counts: an ACQUIRE (principal and quota) and a WRITE (quota; its
+    bytes count against the resource's owner). Any other command is returned unchanged."""
+    if command.op is Op.ACQUIRE:
+        extra: dict[str, Any] = {"principal": principal}
+        if quota:
+            extra["quota"] = dict(quota)
+    elif command.op is Op.WRITE and quota:
+        extra = {"quota": dict(quota)}
+    else:
+        return command
+    return dataclasses.replace(command, body={**command.body, **extra})
 
 
 def keep_alive(*, resource: str, token: int, stamp_ms: int, ttl_ms: int | None = None) -> Command:

@@ -37,6 +37,27 @@ DEDUP_ENTRIES_MAX = 100_000
 RESOURCES_MAX = 100_000
 KEYS_PER_RESOURCE_MAX = 1_024
 
+# -- per-principal quotas (a principals file entry may set its own; DESIGN §8) ----------
+# Defaults for a non-admin principal that sets none. Admin principals and a cluster without a
+# principals file have no quota of their own (only the cluster-wide limits above).
+# A tenth of RESOURCES_MAX: one tenant alone cannot take the cluster's resource limit.
+PRINCIPAL_RESOURCES_MAX = 10_000
+# Every live lease is one resource at least, so no more leases than resources.
+PRINCIPAL_LEASES_MAX = 10_000
+# Keys + values one principal stores: 16 MiB keeps a member's memory and a snapshot of
+# dozens of tenants within a few hundred MiB (without it a tenant could grow every member
+# by RESOURCES_MAX * KEYS_PER_RESOURCE_MAX * VALUE_BYTES_MAX).
+PRINCIPAL_STORED_BYTES_MAX = 16 * 1024 * 1024
+# Open KeepAliveStreams per principal: each holds a gRPC worker thread for its life, and 8
+# leaves most of the default 64 threads to other callers.
+PRINCIPAL_STREAMS_MAX = 8
+# Largest quota a principals file or a command may state: fits msgpack's int64 and every
+# count above is far below it.
+QUOTA_VALUE_MAX = 2**63 - 1
+# Principal names are stored on every resource a principal owns (and in snapshots): bounded
+# like a holder label.
+PRINCIPAL_NAME_BYTES_MAX = 128
+
 # Largest encoded command accepted by propose(): a value plus its envelope.
 COMMAND_BYTES_MAX = VALUE_BYTES_MAX + 4 * 1024
 

@@ -38,6 +38,7 @@ class ErrorReason(enum.StrEnum):
     EPOCH_FLOOR_TOO_LOW = "EPOCH_FLOOR_TOO_LOW"  # metadata: epoch
     OP_ID_CONFLICT = "OP_ID_CONFLICT"  # metadata: op, resource
     LIMIT_EXCEEDED = "LIMIT_EXCEEDED"  # metadata: limit, max
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"  # the caller's own quota; metadata: quota, max, principal
     EPOCH_EXHAUSTED = "EPOCH_EXHAUSTED"
     OVERLOADED = "OVERLOADED"  # shedding load: nothing applied, retry later
     NO_LEADER = "NO_LEADER"  # definitely not applied; metadata: leader, leader_api, detail
@@ -63,7 +64,9 @@ class ErrorMeta(enum.StrEnum):
     OP = "op"  # the op an op_id was first used for
     RESOURCE = "resource"  # the resource an op_id was first used for
     LIMIT = "limit"  # which limit was reached
-    MAX = "max"  # that limit's value
+    MAX = "max"  # that limit's (or quota's) value
+    QUOTA = "quota"  # which quota of the principal was reached (resources, leases, ...)
+    PRINCIPAL = "principal"  # whose quota it is
     LEADER = "leader"  # the leader's Raft address ("" when none is known)
     LEADER_API = "leader_api"  # the leader's API address ("" when none is known)
     DETAIL = "detail"  # why a proposal did not apply, or why its outcome is unknown

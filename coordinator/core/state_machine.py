@@ -7,6 +7,18 @@ Must never: read a clock, draw randomness, touch files, sockets or threads, or i
 the Raft library (time arrives inside each command); raise on bad input (refusals are ``Rejected``
 values); change anything, not even the log clock, when it refuses. The same entries in the
 same order give the same state and the same outcomes on every replica.
+
+Quotas (DESIGN §8) are checked here, not in the gRPC layer, because what they count --
+resources, leases, stored bytes -- is replicated state that a member's own view may lag: an
+ACQUIRE or WRITE carries the caller's principal and quota in its body (``commands.charged``),
+so every replica checks the same numbers against the same state at the same log index, and a
+principals file edited on one member first cannot make replicas disagree. A resource is owned
+by the principal of its last ACQUIRE; its lease and its keys + values count against that owner
+(``_Usage``, derived from the resources on restore, so it needs no snapshot field of its own
+beyond the owner's name). A resource with no lease (released, force-released or expired) and
+no data is forgotten: it holds nothing worth a slot, and the global epoch already fences every
+token it ever had (a re-acquire issues a token above all of them; a write carrying one finds
+hwm 0 and is UNKNOWN_TOKEN).
 """
 
 from __future__ import annotations
@@ -59,6 +71,7 @@ class Reason(enum.IntEnum):
     EPOCH_EXHAUSTED = 8
     OP_ID_CONFLICT = 9
     EPOCH_FLOOR_TOO_LOW = 10
+    QUOTA_EXCEEDED = 11
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,16 +200,21 @@ _FIELD_CHECKS: dict[str, Callable[[object], Any]] = {
     "fence_all": validation.check_fence_all,
     "data": validation.check_snapshot_data,
     "epoch_floor": validation.check_epoch_floor,
+    "principal": validation.check_principal,
+    "quota": validation.check_quota,
 }
 
 # op -> (required fields, optional fields). An optional field that is nil counts as absent.
 _SCHEMAS: dict[Op, tuple[frozenset[str], frozenset[str]]] = {
-    Op.ACQUIRE: (frozenset({"resource", "holder", "ttl_ms", "op_id"}), frozenset()),
+    Op.ACQUIRE: (
+        frozenset({"resource", "holder", "ttl_ms", "op_id"}),
+        frozenset({"principal", "quota"}),
+    ),
     Op.KEEP_ALIVE: (frozenset({"resource", "token"}), frozenset({"ttl_ms"})),
     Op.RELEASE: (frozenset({"resource", "token"}), frozenset({"op_id"})),
     Op.WRITE: (
         frozenset({"resource", "key", "value", "token", "op_id"}),
-        frozenset({"expected_version"}),
+        frozenset({"expected_version", "quota"}),
     ),
     Op.DELETE: (frozenset({"resource", "key", "token", "op_id"}), frozenset()),
     Op.READ_BARRIER: (frozenset(), frozenset({"resource", "key"})),
@@ -241,6 +259,8 @@ def _parse_body(op: Op, body: dict[str, Any]) -> dict[str, Any]:
             args[name] = None if value is None else check(value)
     if op is Op.READ_BARRIER and args["key"] is not None and args["resource"] is None:
         raise _InvalidField("key", "needs a resource")
+    if op is Op.ACQUIRE and args["quota"] is not None and args["principal"] is None:
+        raise _InvalidField("quota", "needs a principal")
     return args
 
 
@@ -264,6 +284,67 @@ class _Resource:
     # of its last write, so versions never repeat for a key, even across deletes.
     revision: int = 0
     data: dict[str, tuple[bytes, int]] = dataclasses.field(default_factory=dict)
+    # The principal of the last ACQUIRE ("" when it carried none: no principals file, or an
+    # entry written before quotas); its lease and stored bytes count against this name.
+    owner: str = ""
+    # Keys + values of ``data``: derived (never in a snapshot), kept so a quota check is O(1).
+    stored_bytes: int = 0
+
+
+def _entry_bytes(key: str, value: bytes) -> int:
+    """What one key counts against a stored-bytes quota (keys are ASCII: chars are bytes)."""
+    return len(key) + len(value)
+
+
+def _remove_from(table: dict[str, set[str]], owner: str, name: str) -> None:
+    names = table.get(owner)
+    if names is not None:
+        names.discard(name)
+        if not names:
+            del table[owner]
+
+
+class _Usage:
+    """What each principal owns: resources, resources with a stored lease, stored bytes.
+
+    Derived from the resources alone (``of``), so it is the same on every replica and after
+    any restore. Callers ``remove`` a resource before changing its owner, lease or data and
+    ``add`` it back after, which keeps every count exact without recounting. Resources
+    without an owner are not counted (nothing limits them but the cluster-wide limits).
+    """
+
+    def __init__(self) -> None:
+        self.owned: dict[str, set[str]] = {}
+        self.leased: dict[str, set[str]] = {}
+        self.stored_bytes: dict[str, int] = {}
+
+    @classmethod
+    def of(cls, resources: dict[str, _Resource]) -> _Usage:
+        usage = cls()
+        for name, res in resources.items():
+            usage.add(name, res)
+        return usage
+
+    def add(self, name: str, res: _Resource) -> None:
+        if not res.owner:
+            return
+        self.owned.setdefault(res.owner, set()).add(name)
+        if res.lease is not None:
+            self.leased.setdefault(res.owner, set()).add(name)
+        if res.stored_bytes:
+            self.stored_bytes[res.owner] = self.stored_bytes.get(res.owner, 0) + res.stored_bytes
+
+    def remove(self, name: str, res: _Resource) -> None:
+        if not res.owner:
+            return
+        _remove_from(self.owned, res.owner, name)
+        _remove_from(self.leased, res.owner, name)
+        if res.stored_bytes:
+            left = self.stored_bytes[res.owner] - res.stored_bytes
+            if left:
+                self.stored_bytes[res.owner] = left
+            else:
+                del self.stored_bytes[res.owner]
 
 
 class _DedupEntry:
@@ -334,6 +415,7 @@ class FencingStateMachine:
         self._epoch = 0
         self._log_clock_ms = 0
         self._resources: dict[str, _Resource] = {}
+        self._usage = _Usage()
         self._dedup: collections.OrderedDict[bytes, _DedupEntry] = collections.OrderedDict()
         self._handlers: dict[Op, Callable[[int, dict[str, Any]], Outcome]] = {
             Op.ACQUIRE: self._acquire,
@@ -365,6 +447,21 @@ class FencingStateMachine:
     def dedup_size(self) -> int:
         """How many op_ids the dedup table holds now."""
         return len(self._dedup)
+
+    @property
+    def resources_count(self) -> int:
+        """How many resources the state holds now (what the resources limit counts)."""
+        return len(self._resources)
+
+    def usage(self, principal: str) -> dict[str, int]:
+        """What ``principal`` owns now: resources and leases as stored (a lease may have
+        expired by the log clock; an acquire at a quota counts only live ones), and the
+        bytes of their keys and values."""
+        return {
+            "resources": len(self._usage.owned.get(principal, ())),
+            "leases": len(self._usage.leased.get(principal, ())),
+            "stored_bytes": self._usage.stored_bytes.get(principal, 0),
+        }
 
     def describe(self, resource: str) -> dict[str, Any] | None:
         """The stored state of ``resource``, or None if it was never acquired or fenced.
@@ -482,15 +579,90 @@ class FencingStateMachine:
             )
         return None
 
-    def _new_epoch_refusal(self, op: Op, resource: str) -> Rejected | None:
-        """Why a new epoch for ``resource`` cannot be issued now, or None."""
+    def _settle(self, name: str, res: _Resource) -> None:
+        """After ``res`` changed (its usage removed first): forget it if it holds nothing --
+        no lease, no data -- else count it for its owner again."""
+        if res.lease is None and not res.data:
+            del self._resources[name]
+        else:
+            self._usage.add(name, res)
+
+    def _live_owned(self, principal: str, now: int, besides: str) -> tuple[int, int, list[str]]:
+        """(live resources, live leases, idle resources) owned by ``principal``, ``besides``
+        not counted. Live: a lease not yet expired at ``now``, or stored data. Idle: neither."""
+        live_resources = live_leases = 0
+        idle: list[str] = []
+        for name in self._usage.owned.get(principal, ()):
+            if name == besides:
+                continue
+            res = self._resources[name]
+            leased = res.lease is not None and res.lease.expires_at_ms > now
+            live_leases += leased
+            if leased or res.data:
+                live_resources += 1
+            else:
+                idle.append(name)
+        return live_resources, live_leases, sorted(idle)
+
+    def _quota_refusal(
+        self, resource: str, res: _Resource | None, now: int, principal: str, quota: dict[str, int]
+    ) -> tuple[Rejected | None, list[str]]:
+        """Whether ``principal`` may own ``resource`` and its lease under ``quota``:
+        (the refusal or None, the principal's idle resources to forget if it applies).
+
+        The stored counts decide at once while they are below the quota; at the quota, the
+        principal's resources are counted live (expired leases of crashed holders do not
+        count), and the idle ones found are forgotten by this acquire -- so a principal pays
+        for that scan only when it is at its quota, and each idle resource is scanned once.
+        """
+        owned = self._usage.owned.get(principal, ())
+        leased = self._usage.leased.get(principal, ())
+        resources_max = quota.get("resources")
+        leases_max = quota.get("leases")
+        stored_bytes_max = quota.get("stored_bytes")
+        idle: list[str] = []
+        at_quota = (
+            resources_max is not None and len(owned) - (resource in owned) >= resources_max
+        ) or (leases_max is not None and len(leased) - (resource in leased) >= leases_max)
+        if at_quota:
+            live_resources, live_leases, idle = self._live_owned(principal, now, resource)
+            for name, live, maximum in (
+                ("resources", live_resources, resources_max),
+                ("leases", live_leases, leases_max),
+            ):
+                if maximum is not None and live >= maximum:
+                    return self._quota_rejected(Op.ACQUIRE, principal, name, maximum, live), []
+        if stored_bytes_max is not None and res is not None and res.owner != principal:
+            # Taking a resource over takes its data too.
+            total = self._usage.stored_bytes.get(principal, 0) + res.stored_bytes
+            if res.stored_bytes and total > stored_bytes_max:
+                return self._quota_rejected(
+                    Op.ACQUIRE, principal, "stored_bytes", stored_bytes_max, total
+                ), []
+        return None, idle
+
+    @staticmethod
+    def _quota_rejected(op: Op, principal: str, quota: str, maximum: int, used: int) -> Rejected:
+        return Rejected(
+            op=op,
+            reason=Reason.QUOTA_EXCEEDED,
+            message=(
+                f"principal {principal!r} is at its {quota} quota"
+                f" ({used} {'would be ' if quota == 'stored_bytes' else ''}used, max {maximum})"
+            ),
+            details={"quota": quota, "max": maximum, "principal": principal},
+        )
+
+    def _new_epoch_refusal(self, op: Op, resource: str, freed: int = 0) -> Rejected | None:
+        """Why a new epoch for ``resource`` cannot be issued now, or None (``freed``: how
+        many resources this command forgets first)."""
         if self._epoch >= limits.TOKEN_MAX:
             return Rejected(
                 op=op,
                 reason=Reason.EPOCH_EXHAUSTED,
                 message=f"every token up to {limits.TOKEN_MAX} has been issued",
             )
-        if resource not in self._resources and len(self._resources) >= self._resources_max:
+        if resource not in self._resources and len(self._resources) - freed >= self._resources_max:
             return Rejected(
                 op=op,
                 reason=Reason.LIMIT_EXCEEDED,
@@ -516,11 +688,22 @@ class FencingStateMachine:
                     "token": lease.token,
                 },
             )
-        refusal = self._new_epoch_refusal(Op.ACQUIRE, resource)
+        principal = args["principal"]
+        idle: list[str] = []
+        if principal is not None and args["quota"]:
+            refusal, idle = self._quota_refusal(resource, res, now, principal, args["quota"])
+            if refusal is not None:
+                return refusal
+        refusal = self._new_epoch_refusal(Op.ACQUIRE, resource, freed=len(idle))
         if refusal is not None:
             return refusal
+        for name in idle:
+            self._usage.remove(name, self._resources.pop(name))
         if res is None:
             res = self._resources[resource] = _Resource()
+        else:
+            self._usage.remove(resource, res)
+        res.owner = principal or ""
         self._epoch += 1
         res.high_water_mark = self._epoch  # fence on acquire (I2)
         res.lease = _Lease(
@@ -529,6 +712,7 @@ class FencingStateMachine:
             ttl_ms=args["ttl_ms"],
             expires_at_ms=now + args["ttl_ms"],
         )
+        self._usage.add(resource, res)
         return Applied(
             op=Op.ACQUIRE,
             result={
@@ -563,9 +747,11 @@ class FencingStateMachine:
         res = self._resources[resource]
         lease = res.lease
         released = False
+        self._usage.remove(resource, res)
         if lease is not None and lease.token == token:
             released = lease.expires_at_ms > now  # an expired lease had already ended
             res.lease = None
+        self._settle(resource, res)  # no data: forgotten; the epoch fences its tokens
         return Applied(op=Op.RELEASE, result={"hwm": res.high_water_mark, "released": released})
 
     def _write(self, now: int, args: dict[str, Any]) -> Outcome:
@@ -591,8 +777,20 @@ class FencingStateMachine:
                 message=f"{resource!r} already holds {self._keys_per_resource_max} keys",
                 details={"limit": "keys_per_resource", "max": self._keys_per_resource_max},
             )
+        value = args["value"]
+        grows_by = _entry_bytes(key, value) - (0 if current is None else _entry_bytes(key, current[0]))
+        stored_bytes_max = None if args["quota"] is None else args["quota"].get("stored_bytes")
+        if stored_bytes_max is not None and res.owner and grows_by > 0:
+            # The bytes are the owner's (the principal of the last acquire): a writer is
+            # normally that owner, as only the last acquire's token writes.
+            total = self._usage.stored_bytes.get(res.owner, 0) + grows_by
+            if total > stored_bytes_max:
+                return self._quota_rejected(Op.WRITE, res.owner, "stored_bytes", stored_bytes_max, total)
+        self._usage.remove(resource, res)
         res.revision += 1
-        res.data[key] = (args["value"], res.revision)
+        res.data[key] = (value, res.revision)
+        res.stored_bytes += grows_by
+        self._usage.add(resource, res)
         return Applied(op=Op.WRITE, result={"version": res.revision, "hwm": res.high_water_mark})
 
     def _delete(self, now: int, args: dict[str, Any]) -> Outcome:
@@ -603,8 +801,10 @@ class FencingStateMachine:
         res = self._resources[resource]
         if key not in res.data:
             return Applied(op=Op.DELETE, result={"version": 0, "deleted": False})
+        self._usage.remove(resource, res)
         res.revision += 1
-        del res.data[key]
+        res.stored_bytes -= _entry_bytes(key, res.data.pop(key)[0])
+        self._settle(resource, res)  # the last key of a released resource: forgotten
         return Applied(op=Op.DELETE, result={"version": res.revision, "deleted": True})
 
     def _read_barrier(self, now: int, args: dict[str, Any]) -> Outcome:
@@ -638,9 +838,13 @@ class FencingStateMachine:
         res = self._resources.get(resource)
         if res is None:
             res = self._resources[resource] = _Resource()
+        self._usage.remove(resource, res)
         self._epoch += 1
         res.high_water_mark = self._epoch  # the old holder's token is now stale (I7)
         res.lease = None
+        # Kept even when empty: an admin's fence stays visible, and its owner's quota scan
+        # forgets it once that owner needs the slot.
+        self._usage.add(resource, res)
         return Applied(op=Op.FORCE_RELEASE, result={"hwm": res.high_water_mark})
 
     def _set_epoch_floor(self, now: int, args: dict[str, Any]) -> Outcome:
@@ -661,13 +865,16 @@ class FencingStateMachine:
             for res in self._resources.values():
                 res.high_water_mark = new_epoch  # every token issued before is stale (I11)
                 res.lease = None
+            self._usage = _Usage.of(self._resources)  # no leases left
         return Applied(op=Op.SET_EPOCH_FLOOR, result={"epoch": new_epoch})
 
     def _tick(self, now: int, args: dict[str, Any]) -> Outcome:
         expired = 0
-        for res in self._resources.values():
+        for name, res in list(self._resources.items()):
             if res.lease is not None and res.lease.expires_at_ms <= now:
+                self._usage.remove(name, res)
                 res.lease = None
+                self._settle(name, res)  # an expired lease on no data: forgotten
                 expired += 1
         return Applied(op=Op.TICK, result={"expired": expired})
 
@@ -710,6 +917,7 @@ class FencingStateMachine:
             res.lease = None
         self._epoch = new_epoch
         self._resources = resources
+        self._usage = _Usage.of(resources)
         self._dedup = collections.OrderedDict()
         return Applied(op=Op.RESTORE, result={"epoch": new_epoch, "resources": len(resources)})
 
@@ -719,7 +927,9 @@ class FencingStateMachine:
         """All state as canonical msgpack: resources and keys sorted, dedup in apply order.
 
         Layout: ``[magic, SNAPSHOT_FORMAT_VERSION, epoch, log_clock_ms, resources, dedup]``;
-        resources ``[[name, hwm, revision, lease|nil, [[key, value, version], ...]], ...]``,
+        resources ``[[name, hwm, revision, lease|nil, [[key, value, version], ...], owner?], ...]``
+        (``owner`` only when the resource has one, so states without principals keep the
+        bytes they had before quotas),
         lease ``[holder, token, ttl_ms, expires_at_ms]``, dedup
         ``[[op_id, op, resource, outcome_wire, applied_at_ms, first_index], ...]``.
         """
@@ -727,17 +937,18 @@ class FencingStateMachine:
         for name in sorted(self._resources):
             res = self._resources[name]
             lease = res.lease
-            resources.append(
-                [
-                    name,
-                    res.high_water_mark,
-                    res.revision,
-                    None
-                    if lease is None
-                    else [lease.holder, lease.token, lease.ttl_ms, lease.expires_at_ms],
-                    [[key, *res.data[key]] for key in sorted(res.data)],
-                ]
-            )
+            item = [
+                name,
+                res.high_water_mark,
+                res.revision,
+                None
+                if lease is None
+                else [lease.holder, lease.token, lease.ttl_ms, lease.expires_at_ms],
+                [[key, *res.data[key]] for key in sorted(res.data)],
+            ]
+            if res.owner:
+                item.append(res.owner)
+            resources.append(item)
         # msgpack is concatenative: an array is its header then its packed items, so the
         # dedup entries' stored bytes are joined as they are (the same bytes as packing
         # the whole document at once; a test holds both forms equal).
@@ -759,6 +970,7 @@ class FencingStateMachine:
         self._epoch = epoch
         self._log_clock_ms = log_clock_ms
         self._resources = resources
+        self._usage = _Usage.of(resources)
         self._dedup = dedup
 
     def digest(self) -> str:
@@ -820,8 +1032,9 @@ def _read_snapshot(
     resources: dict[str, _Resource] = {}
     previous_name: str | None = None
     for item in raw_resources:
-        _need(isinstance(item, list) and len(item) == 5, "a resource must be a 5-item array")
-        name, hwm, revision, raw_lease, raw_data = item
+        # 5 items: no owner (written before quotas, or never acquired by a principal).
+        _need(isinstance(item, list) and len(item) in (5, 6), "a resource must be 5 or 6 items")
+        name, hwm, revision, raw_lease, raw_data, owner = item if len(item) == 6 else (*item, "")
         _need(isinstance(name, str) and name != "", "resource name must be a non-empty string")
         _need(previous_name is None or name > previous_name, "resources must be sorted, unique")
         previous_name = name
@@ -854,7 +1067,19 @@ def _read_snapshot(
             _need(key_version not in versions, "two keys of %r share a version", name)
             versions.add(key_version)
             data[key] = (value, key_version)
-        resources[name] = _Resource(high_water_mark=hwm, lease=lease, revision=revision, data=data)
+        if len(item) == 6:
+            try:
+                validation.check_principal(owner)
+            except _InvalidField as exc:
+                raise ValueError(f"bad snapshot: owner of {name!r}: {exc}") from None
+        resources[name] = _Resource(
+            high_water_mark=hwm,
+            lease=lease,
+            revision=revision,
+            data=data,
+            owner=owner,
+            stored_bytes=sum(_entry_bytes(key, value) for key, (value, _) in data.items()),
+        )
 
     _need(isinstance(raw_dedup, list), "dedup must be an array")
     dedup: collections.OrderedDict[bytes, _DedupEntry] = collections.OrderedDict()

@@ -22,6 +22,7 @@ __all__ = [
     "REQUESTS",
     "Field",
     "InvalidField",
+    "QUOTA_NAMES",
     "check_epoch_floor",
     "check_expected_version",
     "check_fence_all",
@@ -29,6 +30,8 @@ __all__ = [
     "check_holder",
     "check_key",
     "check_op_id",
+    "check_principal",
+    "check_quota",
     "check_request",
     "check_resource",
     "check_snapshot_data",
@@ -84,15 +87,45 @@ def check_key(value: object) -> str:
 
 
 def check_holder(value: object) -> str:
+    return _check_label("holder", value, limits.HOLDER_BYTES_MAX)
+
+
+def _check_label(field: str, value: object, bytes_max: int) -> str:
+    """A free-form UTF-8 label of 1..bytes_max bytes (a holder, a principal's name)."""
     if not isinstance(value, str):
-        raise InvalidField("holder", f"must be a string, got {type(value).__name__}")
+        raise InvalidField(field, f"must be a string, got {type(value).__name__}")
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError:
-        raise InvalidField("holder", "is not valid UTF-8") from None
-    if not 1 <= size <= limits.HOLDER_BYTES_MAX:
-        raise InvalidField("holder", f"is {size} bytes, not in [1, {limits.HOLDER_BYTES_MAX}]")
+        raise InvalidField(field, "is not valid UTF-8") from None
+    if not 1 <= size <= bytes_max:
+        raise InvalidField(field, f"is {size} bytes, not in [1, {bytes_max}]")
     return str(value)
+
+
+def check_principal(value: object) -> str:
+    """The name of the principal a command is charged to (its principals-file name)."""
+    return _check_label("principal", value, limits.PRINCIPAL_NAME_BYTES_MAX)
+
+
+# The quotas a command carries into the state machine: the counts that depend on replicated
+# state. The stream quota is a count of open RPCs on one member and never enters the log.
+QUOTA_NAMES = ("resources", "leases", "stored_bytes")
+
+
+def check_quota(value: object) -> dict[str, int]:
+    """A map from some of ``QUOTA_NAMES`` to a maximum in [0, QUOTA_VALUE_MAX]; a name that is
+    absent has no maximum."""
+    if not isinstance(value, dict):
+        raise InvalidField("quota", f"must be a map, got {type(value).__name__}")
+    checked: dict[str, int] = {}
+    for name, maximum in value.items():
+        if name not in QUOTA_NAMES:
+            raise InvalidField("quota", f"{name!r} is not a quota (known: {', '.join(QUOTA_NAMES)})")
+        if not is_int(maximum) or not 0 <= maximum <= limits.QUOTA_VALUE_MAX:
+            raise InvalidField("quota", f"{name} must be an integer in [0, {limits.QUOTA_VALUE_MAX}]")
+        checked[name] = int(maximum)
+    return checked
 
 
 def check_value(value: object) -> bytes:

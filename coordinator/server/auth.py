@@ -12,6 +12,10 @@ Principals file (TOML)::
     prefixes = ["orders/"]             # resources it may acquire, keep alive, release,
                                        # describe, write, delete and read
     admin = false                      # may it call Admin (force-release, snapshot, ...)
+    resources_max = 10000              # quotas (optional; these are the defaults of a
+    leases_max = 10000                 #   non-admin principal, coordinator/core/limits.py):
+    stored_bytes_max = 16777216        #   live resources, live leases, keys + values bytes,
+    streams_max = 8                    #   open KeepAliveStreams on one member
 
 Without a principals file the data plane is open and Admin is guarded by ``admin_token``
 alone (the behaviour of a dev cluster). With one, every fencing RPC needs
@@ -19,6 +23,13 @@ alone (the behaviour of a dev cluster). With one, every fencing RPC needs
 calls on a resource outside the principal's prefixes, and Admin calls by a non-admin, are
 PERMISSION_DENIED and change nothing. ``admin_token``, if also set, is one more principal:
 admin, every resource. Health and reflection stay open.
+
+Quotas: a non-admin principal gets the defaults for any quota it does not set; an admin
+principal (and ``admin_token``) has none unless its entry sets them, so an operator is never
+locked out of a cluster its tenants filled; without a principals file there is no principal to
+charge and only the cluster-wide limits hold. The resources, leases and stored-bytes quotas
+travel inside each ACQUIRE and WRITE and are checked by the state machine (deterministic on
+every replica); the streams quota is a count of open RPCs on one member, checked by the service.
 """
 
 from __future__ import annotations
@@ -34,6 +45,13 @@ from coordinator.server import tomlfile
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _PREFIX = re.compile(r"[A-Za-z0-9._/:-]*", re.ASCII)  # resource-name characters; "" = all
 PRINCIPALS_MAX = 1000  # a file, read at start: a bound keeps a typo'd generator from hurting
+# Each quota's field in a principals-file entry -> its default for a non-admin principal.
+QUOTA_DEFAULTS: dict[str, int] = {
+    "resources_max": limits.PRINCIPAL_RESOURCES_MAX,
+    "leases_max": limits.PRINCIPAL_LEASES_MAX,
+    "stored_bytes_max": limits.PRINCIPAL_STORED_BYTES_MAX,
+    "streams_max": limits.PRINCIPAL_STREAMS_MAX,
+}
 
 
 class PrincipalsError(ValueError):
@@ -41,10 +59,30 @@ class PrincipalsError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class Quota:
+    """A principal's quotas; None is no maximum of its own (the cluster-wide limits hold)."""
+
+    resources_max: int | None = None
+    leases_max: int | None = None
+    stored_bytes_max: int | None = None
+    streams_max: int | None = None
+
+    def replicated(self) -> dict[str, int]:
+        """The quotas the state machine checks, as a command carries them (``commands.charged``)."""
+        values = {
+            "resources": self.resources_max,
+            "leases": self.leases_max,
+            "stored_bytes": self.stored_bytes_max,
+        }
+        return {name: value for name, value in values.items() if value is not None}
+
+
+@dataclasses.dataclass(frozen=True)
 class Principal:
     name: str
     prefixes: tuple[str, ...]
     admin: bool
+    quota: Quota = Quota()  # no quota of its own (admin_token; tests)
 
     def may_use(self, resource: str) -> bool:
         return any(resource.startswith(prefix) for prefix in self.prefixes)
@@ -77,13 +115,15 @@ def _principal(path: str, n: int, entry: Any, names: set, digests: set) -> tuple
     where = f"{path}: principal #{n}"
     if not isinstance(entry, dict):
         raise PrincipalsError(f"{where}: must be a table")
-    unknown = sorted(set(entry) - {"name", "token_sha256", "prefixes", "admin"})
+    unknown = sorted(set(entry) - {"name", "token_sha256", "prefixes", "admin", *QUOTA_DEFAULTS})
     if unknown:
         raise PrincipalsError(f"{where}: unknown field(s) {', '.join(unknown)}")
     name = entry.get("name")
     if not isinstance(name, str) or not name.strip():
         raise PrincipalsError(f"{where}: name must be a non-empty string")
     where = f"{path}: principal {name!r}"
+    if len(name.encode()) > limits.PRINCIPAL_NAME_BYTES_MAX:
+        raise PrincipalsError(f"{where}: name is longer than {limits.PRINCIPAL_NAME_BYTES_MAX} bytes")
     if name in names:
         raise PrincipalsError(f"{where}: the name is used twice")
     digest = entry.get("token_sha256")
@@ -105,9 +145,17 @@ def _principal(path: str, n: int, entry: Any, names: set, digests: set) -> tuple
         raise PrincipalsError(f"{where}: admin must be true or false")
     if not prefixes and not admin:
         raise PrincipalsError(f"{where}: no prefixes and not admin: it could do nothing")
+    quota: dict[str, int | None] = {}
+    for field, default in QUOTA_DEFAULTS.items():
+        value = entry.get(field, None if admin else default)
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limits.QUOTA_VALUE_MAX
+        ):
+            raise PrincipalsError(f"{where}: {field} must be an integer in [0, {limits.QUOTA_VALUE_MAX}]")
+        quota[field] = value
     names.add(name)
     digests.add(digest)
-    return digest, Principal(name=name, prefixes=tuple(prefixes), admin=admin)
+    return digest, Principal(name=name, prefixes=tuple(prefixes), admin=admin, quota=Quota(**quota))
 
 
 ADMIN_TOKEN_PRINCIPAL = Principal(name="admin-token", prefixes=("",), admin=True)

@@ -2,8 +2,9 @@
 
 Owns: request validation (each RPC's row of ``validation.REQUESTS``), the ``Proposer`` (stamps commands, bounds
 proposals in flight, derives each proposal's deadline from the RPC's), response headers,
-Admin authorization and its audit log, and the translation of every outcome through
-``errors.STATUS_TABLE``.
+Admin authorization and its audit log, charging each ACQUIRE and WRITE to its caller's
+quotas (checked in the state machine), the per-principal count of open KeepAliveStreams, and
+the translation of every outcome through ``errors.STATUS_TABLE``.
 Must never: decide a domain rule (the state machine does), touch the Raft library (the Raft node
 does), queue proposals without bound, or report an unknown outcome as a failure.
 
@@ -135,6 +136,47 @@ class Proposer:
         raise errors.from_propose_failure(result, leader, leader_api)
 
 
+class StreamSlots:
+    """Open KeepAliveStreams per principal on this member, against each one's ``streams_max``.
+
+    A count of open RPCs, not replicated state: it never enters the log. No principal (no
+    principals file) or no ``streams_max`` (admin): not counted.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, int] = {}
+
+    def open_count(self, name: str) -> int:
+        with self._lock:
+            return self._open.get(name, 0)
+
+    def enter(self, caller: Principal | None) -> None:
+        """Take a slot for ``caller``'s new stream; QUOTA_EXCEEDED when it holds all of its own."""
+        maximum = None if caller is None else caller.quota.streams_max
+        if maximum is None:
+            return
+        with self._lock:
+            held = self._open.get(caller.name, 0)
+            if held >= maximum:
+                raise ServiceError(
+                    Reason.QUOTA_EXCEEDED,
+                    f"principal {caller.name!r} is at its streams quota ({held} open, max {maximum})",
+                    {ErrorMeta.QUOTA: "streams", ErrorMeta.MAX: maximum, ErrorMeta.PRINCIPAL: caller.name},
+                )
+            self._open[caller.name] = held + 1
+
+    def leave(self, caller: Principal | None) -> None:
+        if caller is None or caller.quota.streams_max is None:
+            return
+        with self._lock:
+            left = self._open.get(caller.name, 0) - 1
+            if left > 0:
+                self._open[caller.name] = left
+            else:
+                self._open.pop(caller.name, None)
+
+
 class Core:
     """What every servicer shares: the node, the proposer, who may call, headers and error replies."""
 
@@ -153,6 +195,7 @@ class Core:
         self.members = members
         self.authenticator = authenticator  # None: open data plane (no principals file)
         self.proof_signer = proof_signer  # None: Acquire returns no token_proof
+        self.streams = StreamSlots()
 
     def principal(self, context) -> Principal | None:
         """The authenticated caller (None when there is no principals file); raises
@@ -199,8 +242,11 @@ class Core:
     def run(
         self, command: commands.Command, context, caller: Principal | None, *, max_bytes: int | None = None
     ) -> tuple[dict, int]:
-        """Authorize, then propose with the RPC's deadline; (result dict, Raft index) or ServiceError."""
+        """Authorize, charge to the caller's quotas, then propose with the RPC's deadline;
+        (result dict, Raft index) or ServiceError."""
         self.authorize(caller, command.resource)
+        if caller is not None:
+            command = commands.charged(command, principal=caller.name, quota=caller.quota.replicated())
         result = self.proposer.propose(command, self.proposer.timeout_s(context), max_bytes=max_bytes)
         return result.value.result, result.index
 
@@ -346,8 +392,13 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         # status (the failed request is the one after the last response).
         try:
             caller = self.core.principal(context)  # once per stream, before any request
+            self.core.streams.enter(caller)
         except ServiceError as error:
             self.core.abort(context, error)
+        # The slot is given back when the RPC ends, however it ends (cancelled included).
+        if not context.add_callback(functools.partial(self.core.streams.leave, caller)):
+            self.core.streams.leave(caller)  # it has ended already
+            return
         for request in request_iterator:
             try:
                 response = self._keep_alive(request, context, caller)
