@@ -547,6 +547,13 @@ class AdminServicer(pb_grpc.AdminServicer):
 
     @_admin
     def Restore(self, request: pb.RestoreRequest, context, caller: Principal | None) -> pb.RestoreResponse:
-        command = commands.restore(**_checked_request("Restore", request), stamp_ms=0)
+        fields = _checked_request("Restore", request)
+        try:
+            # The state machine's own checks, before anything is proposed: a backup that would
+            # be refused never enters the log (DESIGN §8).
+            self.core.node.state_machine.check_backup(fields["data"])
+        except ValueError as exc:
+            raise errors.invalid("data", f"field 'data': {exc}") from None
+        command = commands.restore(**fields, stamp_ms=0)
         result, index = self.core.run(command, context, caller, max_bytes=limits.RESTORE_COMMAND_BYTES_MAX)
         return pb.RestoreResponse(header=self.core.header(index), epoch=result["epoch"])
