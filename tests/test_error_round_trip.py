@@ -27,6 +27,7 @@ from coordinator.client import FencingClient
 from coordinator.core.names import ErrorMeta as M
 from coordinator.core.names import ErrorReason as R
 from coordinator.server import errors, service
+from coordinator.server.streams import StreamGate
 
 MEMBER_ID = "127.0.0.1:7200"  # what the stand-in node calls itself (the trailers carry it)
 TERM, APPLIED = 7, 42
@@ -94,7 +95,9 @@ def server():
     )
     proposer = _FailingProposer()
     core = service.Core(node, proposer, members={MEMBER_ID: "127.0.0.1:7100"})
-    lease = service.LeaseServicer(core, acquire_wait_poll_s=0.05)
+    lease = service.LeaseServicer(
+        core, acquire_wait_poll_s=0.05, streams=StreamGate(streams_max=2, per_caller_max=2, idle_timeout_s=5.0)
+    )
     grpc_server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
     pb_grpc.add_FencedStoreServicer_to_server(service.FencedStoreServicer(core), grpc_server)
     pb_grpc.add_LeaseServicer_to_server(lease, grpc_server)

@@ -23,7 +23,7 @@ import grpc
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.core import limits
 from coordinator.core.state_machine import FencingStateMachine
-from coordinator.server.app import audit_logger
+from coordinator.server.app import audit_logger, stream_gate
 from coordinator.server.config import ServerConfig
 from coordinator.server.metrics import Metrics
 from coordinator.server.service import (
@@ -123,7 +123,9 @@ class Member:
             metrics=self.metrics,
         )
         self.core = Core(self.node, proposer, members=members, authenticator=None, proof_signer=None)
-        self.lease = LeaseServicer(self.core, acquire_wait_poll_s=config.acquire_wait_poll_ms / 1000)
+        self.lease = LeaseServicer(
+            self.core, acquire_wait_poll_s=config.acquire_wait_poll_ms / 1000, streams=stream_gate(config)
+        )
         pb_grpc.add_LeaseServicer_to_server(self.lease, self.server)
         pb_grpc.add_FencedStoreServicer_to_server(FencedStoreServicer(self.core), self.server)
         pb_grpc.add_ClusterServicer_to_server(ClusterServicer(self.core), self.server)

@@ -32,6 +32,7 @@ from coordinator.server.auth import Authenticator
 from coordinator.server.config import ServerConfig
 from coordinator.server.errors import ServiceError
 from coordinator.server.metrics import Metrics
+from coordinator.server.streams import StreamGate
 from coordinator.raft.node import RaftConfig, RaftNode
 from coordinator.server.service import (
     AdminServicer,
@@ -65,6 +66,14 @@ def raft_config(config: ServerConfig) -> RaftConfig:
         log_compaction_min_time_s=config.log_compaction_min_time_s,
         track_synced=config.track_synced_for_tests,
         secret=config.resolved_raft_secret() or None,
+    )
+
+
+def stream_gate(config: ServerConfig) -> StreamGate:
+    return StreamGate(
+        streams_max=config.streams_max,
+        per_caller_max=config.streams_per_principal_max,
+        idle_timeout_s=config.stream_idle_timeout_s,
     )
 
 
@@ -157,7 +166,9 @@ class FencingServer:
             ],
             interceptors=[] if self.metrics is None else [self.metrics.interceptor()],
         )
-        self.lease = LeaseServicer(core, acquire_wait_poll_s=config.acquire_wait_poll_ms / 1000)
+        self.lease = LeaseServicer(
+            core, acquire_wait_poll_s=config.acquire_wait_poll_ms / 1000, streams=stream_gate(config)
+        )
         pb_grpc.add_LeaseServicer_to_server(self.lease, self.grpc_server)
         pb_grpc.add_FencedStoreServicer_to_server(FencedStoreServicer(core), self.grpc_server)
         pb_grpc.add_ClusterServicer_to_server(ClusterServicer(core), self.grpc_server)

@@ -16,6 +16,7 @@ Status.epoch, Snapshot) go through the log as a READ_BARRIER entry (DESIGN I9).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import hmac
@@ -36,6 +37,7 @@ from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.server.errors import Failure, ServiceError
 from coordinator.server.metrics import Metrics
+from coordinator.server.streams import StreamGate, caller_key
 from coordinator.client.proof import ProofSigner
 from coordinator.core.names import ErrorMeta, Trailer
 from coordinator.raft.interface import ProposeOutcome, ProposeResult
@@ -229,9 +231,10 @@ def _unary(method):
 
 
 class LeaseServicer(pb_grpc.LeaseServicer):
-    def __init__(self, core: Core, *, acquire_wait_poll_s: float) -> None:
+    def __init__(self, core: Core, *, acquire_wait_poll_s: float, streams: StreamGate) -> None:
         self.core = core
         self.acquire_wait_poll_s = acquire_wait_poll_s
+        self.streams = streams  # caps open KeepAliveStreams and closes idle ones
         self._batch_pool = concurrent.futures.ThreadPoolExecutor(
             KEEP_ALIVE_MANY_WORKERS, thread_name_prefix="keepalive-many"
         )
@@ -343,17 +346,16 @@ class LeaseServicer(pb_grpc.LeaseServicer):
 
     def KeepAliveStream(self, request_iterator, context):
         # One response per request, in order. The first refusal ends the stream with its
-        # status (the failed request is the one after the last response).
+        # status (the failed request is the one after the last response). A stream past the
+        # caps is refused before it reads anything; one idle for the idle timeout is closed.
         try:
             caller = self.core.principal(context)  # once per stream, before any request
+            who = caller_key(None if caller is None else caller.name, context.peer())
+            with self.streams.admit(who), contextlib.closing(self.streams.requests(request_iterator)) as requests:
+                for request in requests:
+                    yield self._keep_alive(request, context, caller)
         except ServiceError as error:
             self.core.abort(context, error)
-        for request in request_iterator:
-            try:
-                response = self._keep_alive(request, context, caller)
-            except ServiceError as error:
-                self.core.abort(context, error)
-            yield response
 
     @_unary
     def Release(self, request: pb.ReleaseRequest, context, caller: Principal | None) -> pb.ReleaseResponse:
