@@ -462,9 +462,12 @@ def _admin(method):
     @functools.wraps(method)
     def handler(self, request, context):
         started = time.monotonic()
-        principal, outcome, index = "unauthenticated", "OK", 0
+        # Who is calling, as far as is known when the line is written: "unauthenticated"
+        # only until a credential is recognised, so a refused caller is named too.
+        who = {"principal": "unauthenticated"}
+        outcome, index = "OK", 0
         try:
-            principal, caller = self._authorize(context)
+            caller = self._authorize(context, who)
             response = method(self, request, context, caller)
             index = response.header.applied_index
             return response
@@ -478,7 +481,7 @@ def _admin(method):
             self._audit(
                 {
                     "rpc": method.__name__,
-                    "principal": principal,
+                    "principal": who["principal"],
                     "peer": context.peer(),
                     "member": self.core.member_id,
                     "args": _audit_args(request),
@@ -499,15 +502,18 @@ class AdminServicer(pb_grpc.AdminServicer):
         self._token = admin_token
         self._audit_log = audit
 
-    def _authorize(self, context) -> tuple[str, Principal | None]:
-        """(the name the audit line records, the caller the RPC passes on), or ServiceError."""
+    def _authorize(self, context, who: dict[str, str]) -> Principal | None:
+        """The caller the RPC passes on, or ServiceError; ``who["principal"]`` is set to the
+        caller's name as soon as its credential is recognised, before it is authorized."""
         principal = self.core.principal(context)  # with a principals file (admin_token is one)
         if principal is not None:
+            who["principal"] = principal.name
             if not principal.admin:
                 raise ServiceError(Failure.PERMISSION_DENIED, f"principal {principal.name!r} is not an admin")
-            return principal.name, principal
+            return principal
         if not self._token:
-            return "anonymous", None  # no token configured: Admin is open (dev clusters)
+            who["principal"] = "anonymous"
+            return None  # no token configured: Admin is open (dev clusters)
         values = [v for k, v in context.invocation_metadata() if k == "authorization"]
         if not values:
             raise ServiceError(Failure.UNAUTHENTICATED, "Admin needs 'authorization: Bearer TOKEN'")
@@ -516,7 +522,8 @@ class AdminServicer(pb_grpc.AdminServicer):
             presented.strip().encode(), self._token.encode()
         ):
             raise ServiceError(Failure.PERMISSION_DENIED, "the admin token is not valid")
-        return "admin-token", None  # no principals file: nothing narrower to check later
+        who["principal"] = "admin-token"
+        return None  # no principals file: nothing narrower to check later
 
     def _audit(self, record: dict[str, Any]) -> None:
         self._audit_log.info(json.dumps({"ts_ms": time.time_ns() // 1_000_000, **record}, default=str))
