@@ -941,6 +941,7 @@ def _read_snapshot(
     _need(isinstance(raw_dedup, list), "dedup must be an array")
     _need_count(raw_dedup, counts and counts.dedup_entries_max, "dedup entries")
     dedup: collections.OrderedDict[bytes, _DedupEntry] = collections.OrderedDict()
+    checked_names = set(resources)
     previous_at = 0
     for item in raw_dedup:
         # 5 items: written before first-applied indexes were kept (index unknown: 0).
@@ -949,8 +950,11 @@ def _read_snapshot(
         op_id = _need_field(validation.check_op_id, op_id, "a dedup op_id")
         _need(op_id not in dedup, "dedup op_ids must be unique")
         _need(_is_int(op) and op in Op._value2member_map_, "unknown dedup op %r", op)
-        # Every op that carries an op_id acts on one resource.
-        resource = _need_field(validation.check_resource, resource, "dedup resource")
+        # Every op that carries an op_id acts on one resource. Most name a resource already
+        # checked above (or in an earlier entry): checked once, as restore stalls the Raft thread.
+        if not (isinstance(resource, str) and resource in checked_names):
+            resource = _need_field(validation.check_resource, resource, "dedup resource")
+            checked_names.add(resource)
         try:
             outcome = outcome_from_wire(wire)
         except ValueError as exc:
