@@ -8,6 +8,7 @@ Every wait is a poll with a deadline or an RPC deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -23,6 +24,8 @@ from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.core.names import ErrorMeta as M
 from coordinator.core.names import ErrorReason as R
 from coordinator.server.auth import token_digest
+from coordinator.server.errors import ServiceError
+from coordinator.server.streams import StreamGate, caller_key
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, SERVING, running_cluster
 from testsupport.supervisor import wait_until
 
@@ -112,6 +115,19 @@ def test_a_crafted_restore_is_refused_and_every_member_keeps_serving(cluster):
 # -- streams --------------------------------------------------------------------------------------
 
 
+def reader_threads(node) -> int:
+    """How many stream-reader threads the member's process has (names as /proc shows them)."""
+    task_dir = f"/proc/{node.proc.pid}/task"
+    count = 0
+    for tid in os.listdir(task_dir):
+        try:
+            with open(os.path.join(task_dir, tid, "comm"), encoding="utf-8") as f:
+                count += f.read().strip() == "stream-reader"
+        except FileNotFoundError:
+            pass  # the thread ended while we looked
+    return count
+
+
 class IdleStream:
     """A KeepAliveStream that sends one keep-alive, reads its answer, then stays idle."""
 
@@ -169,6 +185,7 @@ def test_idle_streams_past_the_caps_starve_nothing_and_are_closed(cluster):
         assert got.token > 0
         snap = node.admin.Snapshot(pb.SnapshotRequest(local=True), timeout=T, metadata=auth(ADMIN_NAME))
         assert snap.epoch >= got.token
+        assert reader_threads(node) == STREAMS_MAX  # one helper per admitted stream, no more
 
         last = IdleStream(node, "carol", "carol/streamed", leases["carol"].token)
         streams.append(last)
@@ -194,7 +211,8 @@ def test_idle_streams_past_the_caps_starve_nothing_and_are_closed(cluster):
         for stream in streams:
             stream.close()
 
-    # Their slots are given back: the same principal opens a stream again.
+    # Their threads end with them, and their slots are given back: the principal opens one again.
+    wait_until(lambda: reader_threads(node) == 0, 10, what="the streams' reader threads to end")
     def admitted_again():
         stream = IdleStream(node, "alice", "alice/streamed", leases["alice"].token)
         try:
@@ -256,3 +274,72 @@ def test_the_audit_log_names_the_principal_of_every_call(cluster):
         ("SetEpochFloor", "alice"), ("SetEpochFloor", ADMIN_NAME), ("SetEpochFloor", "unauthenticated")]
     assert lines[0]["outcome"] == "PERMISSION_DENIED/PERMISSION_DENIED" and lines[1]["outcome"] == "OK"
 
+
+
+# -- the gate itself, in-process ---------------------------------------------------------------
+
+
+def test_streams_count_against_their_principal_or_their_client_host():
+    assert caller_key("alice", "ipv4:10.0.0.7:53012") == "principal alice"
+    assert caller_key(None, "ipv4:10.0.0.7:53012") == caller_key(None, "ipv4:10.0.0.7:1") == "host ipv4:10.0.0.7"
+    assert caller_key(None, "ipv6:[::1]:5555") == "host ipv6:[::1]"
+
+
+def test_a_slot_is_given_back_however_the_stream_ends():
+    gate = StreamGate(streams_max=2, per_caller_max=1, idle_timeout_s=1.0)
+    with pytest.raises(RuntimeError):
+        with gate.admit("a"):
+            with pytest.raises(ServiceError) as caught:
+                with gate.admit("a"):
+                    pass
+            assert caught.value.metadata == {"limit": "streams_per_principal_max", "max": "1"}
+            raise RuntimeError("the handler failed")
+    assert gate.open_count() == 0
+    with gate.admit("a"), gate.admit("b"):
+        with pytest.raises(ServiceError) as caught:
+            with gate.admit("c"):
+                pass
+        assert caught.value.metadata == {"limit": "streams_max", "max": "2"}
+    assert gate.open_count() == 0
+
+
+def reader_alive() -> bool:
+    return any(t.name == "stream-reader" and t.is_alive() for t in threading.enumerate())
+
+
+def test_requests_end_with_the_client_and_time_out_when_idle():
+    gate = StreamGate(streams_max=1, per_caller_max=1, idle_timeout_s=0.2)
+    assert list(gate.requests(iter([1, 2, 3]))) == [1, 2, 3]
+    wait_until(lambda: not reader_alive(), 5, what="the reader to end with the stream")
+
+    never = threading.Event()
+
+    def idle():
+        yield 1
+        never.wait(10)  # a client that sends nothing more
+
+    got = []
+    started = time.monotonic()
+    with pytest.raises(ServiceError) as caught:
+        for item in gate.requests(idle()):
+            got.append(item)
+    assert got == [1] and caught.value.metadata["limit"] == "stream_idle_timeout_s"
+    assert 0.2 <= time.monotonic() - started < 5
+    never.set()
+    wait_until(lambda: not reader_alive(), 5, what="the reader to end after the timeout")
+
+
+def test_a_worker_that_stops_early_lets_the_reader_go():
+    """A refused keep-alive ends the stream while the client keeps sending: the reader,
+    blocked on handing over the next item, must not outlive the stream."""
+    gate = StreamGate(streams_max=1, per_caller_max=1, idle_timeout_s=30.0)
+
+    def flood():
+        n = 0
+        while True:
+            n += 1
+            yield n
+
+    with contextlib.closing(gate.requests(flood())) as requests:
+        assert next(requests) == 1
+    wait_until(lambda: not reader_alive(), 5, what="the reader to end when the worker stops")
