@@ -796,9 +796,10 @@ class FencingStateMachine:
         )
 
     def check_backup(self, data: object) -> None:
-        """Raise ValueError unless ``data`` is a backup RESTORE would accept: the same checks
-        as the RESTORE handler, for the gRPC layer to run before it proposes anything. Reads
-        only configuration, so it needs no lock."""
+        """Raise ValueError unless ``data`` is a backup the RESTORE handler would read: its
+        checks of the backup itself (not of the epoch floor, which depends on state), for
+        the gRPC layer to run before it proposes anything. Reads only configuration, so it
+        needs no lock."""
         _parse_snapshot(data, self._bounds)
 
     def restore(self, data: bytes) -> None:
