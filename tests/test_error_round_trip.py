@@ -28,6 +28,7 @@ from coordinator.core.names import DOMAIN, Trailer
 from coordinator.core.names import ErrorMeta as M
 from coordinator.core.names import ErrorReason as R
 from coordinator.server import errors, service
+from coordinator.server.streams import StreamGate
 
 MEMBER_ID = "127.0.0.1:7200"  # what the stand-in node calls itself (the trailers carry it)
 TERM, APPLIED = 7, 42
@@ -100,7 +101,9 @@ def server():
     )
     proposer = _FailingProposer()
     core = service.Core(node, proposer, members={MEMBER_ID: "127.0.0.1:7100"})
-    lease = service.LeaseServicer(core, acquire_wait_poll_s=0.05)
+    lease = service.LeaseServicer(
+        core, acquire_wait_poll_s=0.05, streams=StreamGate(streams_max=2, per_caller_max=2, idle_timeout_s=5.0)
+    )
     grpc_server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
     pb_grpc.add_FencedStoreServicer_to_server(service.FencedStoreServicer(core), grpc_server)
     pb_grpc.add_LeaseServicer_to_server(lease, grpc_server)
@@ -193,11 +196,11 @@ def test_the_wire_strings_are_pinned():
         "INVALID_FIELD", "STALE_TOKEN", "UNKNOWN_TOKEN", "LEASE_HELD", "LEASE_EXPIRED",
         "VERSION_MISMATCH", "EPOCH_FLOOR_TOO_LOW", "OP_ID_CONFLICT", "LIMIT_EXCEEDED",
         "EPOCH_EXHAUSTED", "OVERLOADED", "NO_LEADER", "OUTCOME_UNKNOWN", "UNAUTHENTICATED",
-        "PERMISSION_DENIED", "NOT_LEADER", "NO_QUORUM",
+        "PERMISSION_DENIED", "NOT_LEADER", "NO_QUORUM", "QUOTA_EXCEEDED",
     ])
     assert all(reason.value == reason.name for reason in R)
     assert sorted(M) == sorted([
         "field", "hwm", "holder", "expires_at_ms", "token", "version", "epoch", "op",
-        "resource", "limit", "max", "leader", "leader_api", "detail",
+        "resource", "limit", "max", "leader", "leader_api", "detail", "quota", "principal",
     ])
     assert sorted(Trailer) == ["fencing-applied-index", "fencing-member-id", "fencing-raft-term"]

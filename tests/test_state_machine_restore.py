@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgpack
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from coordinator.core import commands as c
 from coordinator.core import limits
@@ -153,3 +155,274 @@ def test_a_snapshot_is_the_canonical_msgpack_of_its_document(entries):
     restored = FencingStateMachine()
     restored.restore(data)
     assert restored.snapshot() == data and restored.digest() == sm.digest()
+
+
+# -- a backup is held to the bounds of live state (issue 14: poisoned restore) -------------
+
+GUARD_MESSAGE = "refused: applying it failed"
+
+
+def snapshot_doc() -> list:
+    """The document of a backup with one leased resource (two keys) and dedup entries."""
+    sm = FencingStateMachine()
+    applied(sm.execute(c.acquire(resource=R, holder="A", ttl_ms=10_000, op_id=op(1), stamp_ms=100)))
+    applied(sm.execute(c.write(resource=R, key="k", value=b"v", token=1, op_id=op(2), stamp_ms=101)))
+    applied(sm.execute(c.write(resource=R, key="m", value=b"w", token=1, op_id=op(3), stamp_ms=102)))
+    return msgpack.unpackb(sm.snapshot(), raw=False)
+
+
+def edited(path: list, value) -> bytes:
+    doc = snapshot_doc()
+    target = doc
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = value
+    return msgpack.packb(doc, use_bin_type=True)
+
+
+# Each one is within msgpack's range and passed restore's old checks; each is past a bound
+# that live state never crosses. [4, 0] is resource R: [name, hwm, revision, lease, keys].
+OUT_OF_BOUNDS_BACKUPS = {
+    "revision 2^64-1": edited([4, 0, 2], 2**64 - 1),
+    "revision 2^63": edited([4, 0, 2], limits.REVISION_MAX + 1),
+    "log clock past the largest stamp": edited([3], limits.STAMP_MS_MAX + 1),
+    "resource name outside the charset": edited([4, 0, 0], "orders 7"),
+    "resource name too long": edited([4, 0, 0], "r" * (limits.RESOURCE_NAME_BYTES_MAX + 1)),
+    "key too long": edited([4, 0, 4, 0, 0], "k" * (limits.KEY_BYTES_MAX + 1)),
+    "key outside the charset": edited([4, 0, 4, 0, 0], "k\n"),
+    "value too big": edited([4, 0, 4, 0, 1], b"v" * (limits.VALUE_BYTES_MAX + 1)),
+    "holder too long": edited([4, 0, 3, 0], "h" * (limits.HOLDER_BYTES_MAX + 1)),
+    "lease ttl too long": edited([4, 0, 3, 2], limits.LEASE_TTL_MS_MAX + 1),
+    "lease expiry past clock + ttl": edited([4, 0, 3, 3], 2**64 - 1),
+    "dedup op_id too short": edited([5, 0, 0], b"short"),
+    "dedup resource outside the charset": edited([5, 0, 2], "a b"),
+    "dedup index 2^64-1": edited([5, 0, 5], 2**64 - 1),
+    "dedup result nested": edited([5, 0, 3, 2], {"token": [1]}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OUT_OF_BOUNDS_BACKUPS))
+def test_a_backup_past_a_live_bound_is_refused_and_changes_nothing(name):
+    data = OUT_OF_BOUNDS_BACKUPS[name]
+    sm, _ = backed_up()
+    before = sm.digest()
+    r = refused(through_the_log(sm, c.restore(data=data, epoch_floor=10, stamp_ms=200)), Reason.MALFORMED)
+    assert r.details == {"field": "data"} and "bad snapshot" in r.message
+    assert sm.digest() == before
+    with pytest.raises(ValueError, match="bad snapshot"):
+        sm.check_backup(data)  # what the gRPC layer runs before proposing
+    with pytest.raises(ValueError, match="bad snapshot"):
+        FencingStateMachine().restore(data)  # a snapshot file is held to the same bounds
+
+
+def test_a_backup_with_more_than_the_configured_counts_is_refused():
+    """Live state never holds more resources, keys or dedup entries than the limits allow; a
+    restored backup may not either (a member's own snapshot file is not held to them: it may
+    have been written under other limits)."""
+    doc = snapshot_doc()  # resource R with 2 keys, 3 dedup entries
+    doc[4].append([R2, 1, 0, None, []])
+    data = msgpack.packb(doc, use_bin_type=True)
+    for limit, what in (("resources_max", "resources: 2"), ("keys_per_resource_max", f"keys of {R!r}: 2"),
+                        ("dedup_entries_max", "dedup entries: 3")):
+        sm = FencingStateMachine(**{limit: 1})
+        before = sm.digest()
+        r = refused(sm.execute(c.restore(data=data, epoch_floor=10, stamp_ms=200)), Reason.MALFORMED)
+        assert f"{what}, more than 1" in r.message
+        assert sm.digest() == before
+        FencingStateMachine(**{limit: 1}).restore(data)  # the snapshot-file path loads it
+
+
+def test_apply_turns_a_failing_handler_into_a_refusal(monkeypatch):
+    """The last line of DESIGN §8: should an input get past every check and make a handler
+    raise, apply refuses the entry instead of raising (which stops the member, exit 70, on an
+    entry it meets again after every restart)."""
+    sm, _ = backed_up()
+    before = sm.digest()
+
+    def broken(now, args):
+        raise OverflowError("Integer value out of range")
+
+    monkeypatch.setitem(sm._handlers, Op.TICK, broken)
+    r = refused(through_the_log(sm, c.tick(stamp_ms=10**6)), Reason.MALFORMED)
+    assert r.message.startswith(GUARD_MESSAGE) and "OverflowError" in r.message
+    assert sm.digest() == before and sm.log_clock_ms == 104  # not even the log clock moved
+
+
+def test_the_crafted_restore_of_issue_14_cannot_break_a_later_write():
+    """The finding: revision 2^64-1 was restored, and the next write's version (2^64) could
+    not be packed, so apply raised on every member. Now the restore is refused; a backup at
+    the highest revision restores, and a write or delete there is refused, not raised, so
+    live state stays within the bounds its own snapshot is read back with."""
+    sm, _ = backed_up()
+    refused(sm.execute(c.restore(data=OUT_OF_BOUNDS_BACKUPS["revision 2^64-1"], epoch_floor=10, stamp_ms=200)),
+            Reason.MALFORMED)
+    highest = applied(sm.execute(c.restore(data=edited([4, 0, 2], limits.REVISION_MAX), epoch_floor=10,
+                                           stamp_ms=200)))
+    token = applied(sm.execute(c.acquire(resource=R, holder="B", ttl_ms=1_000, op_id=op(20), stamp_ms=201)))["token"]
+    assert token == highest["epoch"] + 1
+    before = sm.digest()
+    for command in (c.write(resource=R, key="k", value=b"x", token=token, op_id=op(21), stamp_ms=202),
+                    c.delete(resource=R, key="k", token=token, op_id=op(22), stamp_ms=202)):
+        r = refused(sm.execute(command), Reason.LIMIT_EXCEEDED)
+        assert r.details == {"limit": "revision", "max": limits.REVISION_MAX}
+    assert sm.digest() == before
+    assert applied(sm.execute(c.delete(resource=R, key="absent", token=token, op_id=op(23), stamp_ms=203)))[
+        "deleted"] is False  # a delete that changes nothing needs no revision
+    FencingStateMachine().restore(sm.snapshot())  # that state's snapshot loads again
+
+
+# -- property: no backup bytes can make apply raise, now or at any later entry -----------------
+
+# Integers at and around every bound a snapshot field has, and msgpack's own ends.
+EDGE_INTS = st.sampled_from(
+    [-(2**63), -1, 0, 1, 2, 100, limits.KEYS_PER_RESOURCE_MAX, limits.LEASE_TTL_MS_MAX, limits.LEASE_TTL_MS_MAX + 1,
+     limits.STAMP_MS_MAX, limits.STAMP_MS_MAX + 1, limits.REVISION_MAX, limits.REVISION_MAX + 1,
+     limits.TOKEN_MAX - 1, limits.TOKEN_MAX]
+)
+SNAPSHOT_VALUES = st.recursive(
+    st.none() | st.booleans() | EDGE_INTS | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats() | st.text(max_size=8) | st.binary(max_size=20)
+    | st.sampled_from([R, R2, "k", "", "a b", op(7), b"v" * (limits.VALUE_BYTES_MAX + 1)]),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    max_leaves=8,
+)
+
+
+def busy_doc() -> list:
+    sm = FencingStateMachine()
+    applied(sm.execute(c.acquire(resource=R, holder="A", ttl_ms=10_000, op_id=op(1), stamp_ms=100)))
+    applied(sm.execute(c.write(resource=R, key="k", value=b"v", token=1, op_id=op(2), stamp_ms=101)))
+    applied(sm.execute(c.write(resource=R, key="m", value=b"w", token=1, op_id=op(3), stamp_ms=102)))
+    applied(sm.execute(c.delete(resource=R, key="m", token=1, op_id=op(4), stamp_ms=103)))
+    applied(sm.execute(c.acquire(resource=R2, holder="B", ttl_ms=500, op_id=op(5), stamp_ms=104)))
+    applied(sm.execute(c.force_release(resource="orders/9", op_id=op(6), stamp_ms=105)))
+    return msgpack.unpackb(sm.snapshot(), raw=False)
+
+
+def _paths(node, prefix=()) -> list[tuple[int, ...]]:
+    """The path of every item in a backup document, containers and leaves alike."""
+    out = []
+    for index, item in enumerate(node):
+        out.append((*prefix, index))
+        if isinstance(item, list):
+            out.extend(_paths(item, (*prefix, index)))
+    return out
+
+
+BUSY_DOC = busy_doc()
+BUSY_PATHS = _paths(BUSY_DOC)
+
+
+def _item(doc, path):
+    for step in path:
+        doc = doc[step]
+    return doc
+
+
+# Most snapshot fields are integers with a range: the likeliest place for a bound to be missing.
+BUSY_INT_PATHS = [p for p in BUSY_PATHS if isinstance(_item(BUSY_DOC, p), int)]
+
+
+@st.composite
+def mutated_backups(draw) -> bytes:
+    """A real backup with an item or two replaced (mostly an integer by an edge value, else
+    any item, container or leaf, by any value), sometimes with its bytes flipped or cut."""
+    doc = busy_doc()
+    for _ in range(draw(st.integers(1, 2))):
+        if draw(st.integers(0, 3)):
+            path, value = draw(st.sampled_from(BUSY_INT_PATHS)), draw(EDGE_INTS)
+        else:
+            path, value = draw(st.sampled_from(BUSY_PATHS)), draw(SNAPSHOT_VALUES)
+        target = doc
+        for step in path[:-1]:
+            if not isinstance(target, list) or step >= len(target):
+                break  # an earlier replacement changed this part of the tree
+            target = target[step]
+        else:
+            if isinstance(target, list) and path[-1] < len(target):
+                target[path[-1]] = value
+    data = bytearray(msgpack.packb(doc, use_bin_type=True))
+    if draw(st.integers(0, 7)) == 0:
+        for _ in range(draw(st.integers(1, 4))):
+            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    if draw(st.integers(0, 15)) == 0:
+        data = data[: draw(st.integers(0, len(data)))] + draw(st.binary(max_size=8))
+    return bytes(data)
+
+
+def no_guard(outcome):
+    """An outcome that is not the apply guard's: the checks, not the guard, kept it safe."""
+    assert not (isinstance(outcome, Rejected) and outcome.message.startswith(GUARD_MESSAGE)), outcome
+    return outcome
+
+
+_op_ids = iter(range(10**6, 10**9))
+
+
+def fresh_op() -> bytes:
+    return op(next(_op_ids))
+
+
+def exercise(sm: FencingStateMachine) -> None:
+    """Every kind of entry on every restored resource and key, then a snapshot round trip."""
+    doc = msgpack.unpackb(sm.snapshot(), raw=False)
+    stamp = sm.log_clock_ms + 1
+    for name, _hwm, _revision, _lease, keys in doc[4]:
+        acquired = no_guard(sm.execute(c.acquire(resource=name, holder="p", ttl_ms=1_000, op_id=fresh_op(),
+                                                 stamp_ms=stamp)))
+        token = acquired.result["token"] if isinstance(acquired, Applied) else 1
+        for key in [k for k, _, _ in keys] + ["fresh"]:
+            no_guard(sm.execute(c.write(resource=name, key=key, value=b"x", token=token, op_id=fresh_op(),
+                                        stamp_ms=stamp)))
+            no_guard(sm.execute(c.write(resource=name, key=key, value=b"y", token=token, op_id=fresh_op(),
+                                        expected_version=2**64 - 1, stamp_ms=stamp)))
+            no_guard(sm.execute(c.read_barrier(resource=name, key=key, stamp_ms=stamp)))
+            no_guard(sm.execute(c.delete(resource=name, key=key, token=token, op_id=fresh_op(), stamp_ms=stamp)))
+        no_guard(sm.execute(c.keep_alive(resource=name, token=token, ttl_ms=limits.LEASE_TTL_MS_MAX,
+                                         stamp_ms=limits.STAMP_MS_MAX)))
+        no_guard(sm.execute(c.release(resource=name, token=token, op_id=fresh_op(), stamp_ms=limits.STAMP_MS_MAX)))
+        no_guard(sm.execute(c.force_release(resource=name, op_id=fresh_op(), stamp_ms=limits.STAMP_MS_MAX)))
+    no_guard(sm.execute(c.tick(stamp_ms=limits.STAMP_MS_MAX)))
+    no_guard(sm.execute(c.set_epoch_floor(floor=limits.TOKEN_MAX - 1, stamp_ms=limits.STAMP_MS_MAX)))
+    copy = FencingStateMachine()
+    copy.restore(sm.snapshot())  # the state it reached reads back: no exit 70 at the next start
+    assert copy.digest() == sm.digest()
+
+
+def check_restore_apply(data: bytes) -> None:
+    sm, _ = backed_up()
+    before = sm.digest()
+    outcome = no_guard(sm.apply(c.restore(data=data, epoch_floor=10, stamp_ms=200).encode()))
+    try:
+        sm.check_backup(data)
+        pre_check_refuses = False
+    except ValueError:
+        pre_check_refuses = True
+    if isinstance(outcome, Rejected):
+        assert sm.digest() == before
+        # The gRPC layer's check before proposing refuses what apply refuses as bad data.
+        assert pre_check_refuses or outcome.reason is not Reason.MALFORMED or not data, outcome
+        return
+    assert not pre_check_refuses
+    exercise(sm)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_backups())
+@example(OUT_OF_BOUNDS_BACKUPS["revision 2^64-1"])  # the finding itself, on every run
+def test_no_mutated_backup_makes_apply_raise_now_or_later(data):
+    check_restore_apply(data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_no_arbitrary_bytes_make_restore_apply_raise(data):
+    check_restore_apply(data)
+
+
+def test_the_unmutated_busy_backup_restores_and_is_exercised():
+    """The property's base case applies (so the property covers the applied path too)."""
+    sm, _ = backed_up()
+    applied(sm.apply(c.restore(data=msgpack.packb(busy_doc(), use_bin_type=True), epoch_floor=10,
+                               stamp_ms=200).encode()))
+    exercise(sm)

@@ -65,6 +65,12 @@ COMMAND_BYTES_MAX = VALUE_BYTES_MAX + 4 * 1024
 STAMP_MS_MAX = 2**53 - 1
 # Items per msgpack array/map in one command (largest body has 6 fields): caps decoder allocation.
 COMMAND_ITEMS_MAX = 16
+# A resource's revision (and so a key's version): live writes add one per entry and never come
+# near; a restored revision at most this leaves 2^63 writes before a uint64 version overflows.
+REVISION_MAX = 2**63 - 1
+# A Raft log index kept in state (a dedup entry's first index): Raft indexes live in
+# [0, 2^63), the range the Raft wire accepts, so nothing live is ever larger.
+RAFT_INDEX_MAX = 2**63 - 1
 
 # -- admin restore (DESIGN I11) --------------------------------------------------
 # A backup restored through Admin.Restore travels as one Raft entry. 4 MiB holds tens of

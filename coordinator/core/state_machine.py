@@ -347,6 +347,20 @@ class _Usage:
                 del self.stored_bytes[res.owner]
 
 
+def _revision_refusal(op: Op, resource: str, res: _Resource) -> Rejected | None:
+    """Why ``res`` cannot take one more write or delete, or None. Only a restored backup can
+    bring a revision this high; refusing here keeps live state within the bounds its own
+    snapshot is read back with (``_read_snapshot``)."""
+    if res.revision < limits.REVISION_MAX:
+        return None
+    return Rejected(
+        op=op,
+        reason=Reason.LIMIT_EXCEEDED,
+        message=f"{resource!r} is at revision {limits.REVISION_MAX}, the highest a version may have",
+        details={"limit": "revision", "max": limits.REVISION_MAX},
+    )
+
+
 class _DedupEntry:
     """The first outcome of one op_id, kept as the bytes it has in a snapshot's dedup array.
 
@@ -411,6 +425,12 @@ class FencingStateMachine:
         self._resources_max = _positive_config("resources_max", resources_max, limits.RESOURCES_MAX)
         self._keys_per_resource_max = _positive_config(
             "keys_per_resource_max", keys_per_resource_max, limits.KEYS_PER_RESOURCE_MAX
+        )
+        # What a backup restored through the log may hold: no more than live state may.
+        self._bounds = _Counts(
+            resources_max=self._resources_max,
+            keys_per_resource_max=self._keys_per_resource_max,
+            dedup_entries_max=self._dedup_entries_max,
         )
         self._epoch = 0
         self._log_clock_ms = 0
@@ -537,15 +557,32 @@ class FencingStateMachine:
                 )
 
         now = max(self._log_clock_ms, cmd.stamp_ms)
-        # A handler either refuses without touching state or applies and returns Applied.
-        outcome = self._handlers[op](now, args)
-        if isinstance(outcome, Applied):
-            self._log_clock_ms = now
-            if op_id is not None:
-                self._dedup[op_id] = _DedupEntry(
-                    op_id, op, args["resource"], outcome_to_wire(outcome), now, index
+        try:
+            # A handler either refuses without touching state or applies and returns Applied.
+            outcome = self._handlers[op](now, args)
+            if isinstance(outcome, Applied):
+                # Packed before the log clock or the dedup table change, so a result that
+                # cannot be stored leaves both as they were.
+                dedup_entry = (
+                    None
+                    if op_id is None
+                    else _DedupEntry(op_id, op, args["resource"], outcome_to_wire(outcome), now, index)
                 )
-            self._evict_dedup()
+                self._log_clock_ms = now
+                if dedup_entry is not None:
+                    self._dedup[op_id] = dedup_entry
+                self._evict_dedup()
+        # DESIGN §8: apply never raises. The field and snapshot checks make this unreachable.
+        # Should some input still get past them, the handler may have changed state before it
+        # failed, but every replica fails the same way at the same entry (apply is
+        # deterministic), so they stay equal; and the member keeps serving instead of exiting
+        # on an entry it would meet again after every restart (a crash loop).
+        except Exception as exc:  # noqa: BLE001 - any failure becomes a refusal
+            return Rejected(
+                op=op,
+                reason=Reason.MALFORMED,
+                message=f"refused: applying it failed ({type(exc).__name__}: {exc})",
+            )
         return outcome
 
     def _evict_dedup(self) -> None:
@@ -770,6 +807,9 @@ class FencingStateMachine:
                 message=f"{key!r} is at version {current_version}, not {expected}",
                 details={"version": current_version},
             )
+        refusal = _revision_refusal(Op.WRITE, resource, res)
+        if refusal is not None:
+            return refusal
         if current is None and len(res.data) >= self._keys_per_resource_max:
             return Rejected(
                 op=Op.WRITE,
@@ -801,6 +841,9 @@ class FencingStateMachine:
         res = self._resources[resource]
         if key not in res.data:
             return Applied(op=Op.DELETE, result={"version": 0, "deleted": False})
+        refusal = _revision_refusal(Op.DELETE, resource, res)
+        if refusal is not None:
+            return refusal
         self._usage.remove(resource, res)
         res.revision += 1
         res.stored_bytes -= _entry_bytes(key, res.data.pop(key)[0])
@@ -897,7 +940,7 @@ class FencingStateMachine:
                 details={"epoch": self._epoch},
             )
         try:
-            backup_epoch, _clock, resources, _dedup = _parse_snapshot(args["data"])
+            backup_epoch, _clock, resources, _dedup = _parse_snapshot(args["data"], self._bounds)
         except ValueError as exc:
             return Rejected(
                 op=Op.RESTORE,
@@ -963,10 +1006,18 @@ class FencingStateMachine:
             ]
         )
 
+    def check_backup(self, data: object) -> None:
+        """Raise ValueError unless ``data`` is a backup the RESTORE handler would read: its
+        checks of the backup itself (not of the epoch floor, which depends on state), for
+        the gRPC layer to run before it proposes anything. Reads only configuration, so it
+        needs no lock."""
+        _parse_snapshot(data, self._bounds)
+
     def restore(self, data: bytes) -> None:
         """Replace all state with a ``snapshot()``. Raises ValueError on bad data, leaving
-        the current state untouched."""
-        epoch, log_clock_ms, resources, dedup = _parse_snapshot(data)
+        the current state untouched. Counts are not held to this machine's configured
+        limits: a member's own snapshot, written under other limits, must still load."""
+        epoch, log_clock_ms, resources, dedup = _parse_snapshot(data, None)
         self._epoch = epoch
         self._log_clock_ms = log_clock_ms
         self._resources = resources
@@ -979,12 +1030,24 @@ class FencingStateMachine:
 
 
 # ---------------------------------------------------------------------------------------
-# Snapshot reading. Checks structure and the invariants the rules keep, not configurable
-# limits: a snapshot written under other limits must still restore.
+# Snapshot reading. Every field is held to the bounds live state keeps (the same field rules
+# as commands, the ranges the handlers can reach), so nothing restored can later make a
+# handler, a snapshot or a reply fail. Counts are held to the configured limits only for a
+# backup restored through the log (``_Counts``); a member's own snapshot, written under
+# other limits, must still load.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Counts:
+    """How many resources, keys per resource and dedup entries a restored backup may hold."""
+
+    resources_max: int
+    keys_per_resource_max: int
+    dedup_entries_max: int
 
 
 def _parse_snapshot(
-    data: object,
+    data: object, counts: _Counts | None
 ) -> tuple[int, int, dict[str, _Resource], collections.OrderedDict[bytes, _DedupEntry]]:
     """The parts of a ``snapshot()``; raises ValueError on anything else."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -994,7 +1057,7 @@ def _parse_snapshot(
     # Any parser failure means the file is not one of our snapshots.
     except Exception as exc:
         raise ValueError(f"snapshot is not valid msgpack: {type(exc).__name__}: {exc}") from exc
-    return _read_snapshot(doc)
+    return _read_snapshot(doc, counts)
 
 
 # The checks below run for every key and dedup entry of a snapshot (restore stalls the Raft
@@ -1006,17 +1069,30 @@ def _need(condition: bool, message: str, *args: object) -> None:
         raise ValueError("bad snapshot: " + (message % args if args else message))
 
 
-def _need_int(value: object, low: int, high: int | None, what: str, *args: object) -> int:
-    """``value``, if an int in [low, high] (no upper bound: None); ``what % args`` names it."""
-    if not (_is_int(value) and value >= low and (high is None or value <= high)):
+def _need_int(value: object, low: int, high: int, what: str, *args: object) -> int:
+    """``value``, if an int in [low, high]; ``what % args`` names it."""
+    if not (_is_int(value) and low <= value <= high):
         name = what % args if args else what
         _need(_is_int(value), "%s must be an integer", name)
-        _need(False, "%s %s is out of range", name, value)
+        _need(False, "%s %s is outside [%s, %s]", name, value, low, high)
     return value
 
 
+def _need_field(check: Callable[[object], Any], value: object, what: str, *args: object) -> Any:
+    """``check(value)`` (a field rule of validation.py); its refusal names ``what % args``."""
+    try:
+        return check(value)
+    except _InvalidField as exc:
+        raise ValueError(f"bad snapshot: {what % args if args else what}: {exc}") from None
+
+
+def _need_count(items: list, high: int | None, what: str, *args: object) -> None:
+    if high is not None and len(items) > high:
+        _need(False, "%s: %d, more than %d", what % args if args else what, len(items), high)
+
+
 def _read_snapshot(
-    doc: object,
+    doc: object, counts: _Counts | None
 ) -> tuple[int, int, dict[str, _Resource], collections.OrderedDict[bytes, _DedupEntry]]:
     _need(isinstance(doc, list) and len(doc) == 6, "top level must be a 6-item array")
     magic, version, epoch, log_clock_ms, raw_resources, raw_dedup = doc
@@ -1026,43 +1102,50 @@ def _read_snapshot(
         "unknown snapshot format version %r (this build reads %d)", version, SNAPSHOT_FORMAT_VERSION,
     )
     epoch = _need_int(epoch, 0, limits.TOKEN_MAX, "epoch")
-    log_clock_ms = _need_int(log_clock_ms, 0, None, "log_clock_ms")
+    # The log clock is the greatest stamp applied, and stamps are at most STAMP_MS_MAX.
+    log_clock_ms = _need_int(log_clock_ms, 0, limits.STAMP_MS_MAX, "log_clock_ms")
 
     _need(isinstance(raw_resources, list), "resources must be an array")
+    _need_count(raw_resources, counts and counts.resources_max, "resources")
     resources: dict[str, _Resource] = {}
     previous_name: str | None = None
     for item in raw_resources:
         # 5 items: no owner (written before quotas, or never acquired by a principal).
         _need(isinstance(item, list) and len(item) in (5, 6), "a resource must be 5 or 6 items")
         name, hwm, revision, raw_lease, raw_data, owner = item if len(item) == 6 else (*item, "")
-        _need(isinstance(name, str) and name != "", "resource name must be a non-empty string")
+        name = _need_field(validation.check_resource, name, "resource name")
         _need(previous_name is None or name > previous_name, "resources must be sorted, unique")
         previous_name = name
         hwm = _need_int(hwm, 1, epoch, "hwm of %r", name)
-        revision = _need_int(revision, 0, None, "revision of %r", name)
+        revision = _need_int(revision, 0, limits.REVISION_MAX, "revision of %r", name)
         lease = None
         if raw_lease is not None:
             _need(isinstance(raw_lease, list) and len(raw_lease) == 4, "lease must be 4 items")
             holder, token, ttl_ms, expires_at_ms = raw_lease
-            _need(isinstance(holder, str) and holder != "", "lease holder of %r", name)
+            holder = _need_field(validation.check_holder, holder, "lease holder of %r", name)
             _need(token == hwm and _is_int(token), "lease token of %r must equal its hwm", name)
+            ttl_ms = _need_field(validation.check_ttl_ms, ttl_ms, "lease ttl_ms of %r", name)
             lease = _Lease(
                 holder=holder,
                 token=token,
-                ttl_ms=_need_int(ttl_ms, 1, None, "lease ttl_ms of %r", name),
-                expires_at_ms=_need_int(expires_at_ms, 0, None, "lease expiry of %r", name),
+                ttl_ms=ttl_ms,
+                # Set to now + ttl_ms at a now no later than the log clock.
+                expires_at_ms=_need_int(
+                    expires_at_ms, ttl_ms, log_clock_ms + ttl_ms, "lease expiry of %r", name
+                ),
             )
         _need(isinstance(raw_data, list), "data of %r must be an array", name)
+        _need_count(raw_data, counts and counts.keys_per_resource_max, "keys of %r", name)
         data: dict[str, tuple[bytes, int]] = {}
         previous_key: str | None = None
         versions: set[int] = set()
         for entry in raw_data:
             _need(isinstance(entry, list) and len(entry) == 3, "a key entry must be 3 items")
             key, value, key_version = entry
-            _need(isinstance(key, str) and key != "", "keys of %r must be strings", name)
+            key = _need_field(validation.check_key, key, "a key of %r", name)
             _need(previous_key is None or key > previous_key, "keys of %r must be sorted", name)
             previous_key = key
-            _need(isinstance(value, bytes), "value of %r/%r must be bytes", name, key)
+            value = _need_field(validation.check_value, value, "value of %r/%r", name, key)
             key_version = _need_int(key_version, 1, revision, "version of %r/%r", name, key)
             _need(key_version not in versions, "two keys of %r share a version", name)
             versions.add(key_version)
@@ -1082,22 +1165,31 @@ def _read_snapshot(
         )
 
     _need(isinstance(raw_dedup, list), "dedup must be an array")
+    _need_count(raw_dedup, counts and counts.dedup_entries_max, "dedup entries")
     dedup: collections.OrderedDict[bytes, _DedupEntry] = collections.OrderedDict()
+    checked_names = set(resources)
     previous_at = 0
     for item in raw_dedup:
         # 5 items: written before first-applied indexes were kept (index unknown: 0).
         _need(isinstance(item, list) and len(item) in (5, 6), "a dedup entry must be 5 or 6 items")
         op_id, op, resource, wire, applied_at_ms, first_index = item if len(item) == 6 else (*item, 0)
-        _need(isinstance(op_id, bytes) and op_id not in dedup, "dedup op_ids must be unique bytes")
+        op_id = _need_field(validation.check_op_id, op_id, "a dedup op_id")
+        _need(op_id not in dedup, "dedup op_ids must be unique")
         _need(_is_int(op) and op in Op._value2member_map_, "unknown dedup op %r", op)
-        _need(isinstance(resource, str), "dedup resource must be a string")
+        # Every op that carries an op_id acts on one resource. Most name a resource already
+        # checked above (or in an earlier entry): checked once, as restore stalls the Raft thread.
+        if not (isinstance(resource, str) and resource in checked_names):
+            resource = _need_field(validation.check_resource, resource, "dedup resource")
+            checked_names.add(resource)
         try:
             outcome = outcome_from_wire(wire)
         except ValueError as exc:
             raise ValueError(f"bad snapshot: dedup outcome: {exc}") from exc
         _need(isinstance(outcome, Applied) and outcome.op == op, "dedup outcome must be Applied")
         result = wire[2]
-        if not (_flat(result) and list(result) == sorted(result)):
+        # A result is a flat map (the handlers make no nested ones): packable as stored.
+        _need(_flat(result), "dedup result must be a flat map")
+        if list(result) != sorted(result):
             wire = None  # not canonical (a hand-made backup): re-encoded from the outcome
         applied_at_ms = _need_int(applied_at_ms, previous_at, log_clock_ms, "dedup applied_at_ms")
         previous_at = applied_at_ms
@@ -1108,6 +1200,6 @@ def _read_snapshot(
             # Canonical as read: not converted again (restore time is a stall too).
             outcome_to_wire(outcome) if wire is None else wire,
             applied_at_ms,
-            _need_int(first_index, 0, None, "dedup index"),
+            _need_int(first_index, 0, limits.RAFT_INDEX_MAX, "dedup index"),
         )
     return epoch, log_clock_ms, resources, dedup

@@ -34,6 +34,7 @@ from coordinator.server.auth import Authenticator
 from coordinator.server.config import ServerConfig
 from coordinator.server.errors import ServiceError
 from coordinator.server.metrics import Metrics
+from coordinator.server.streams import StreamGate
 from coordinator.raft.node import RaftConfig, RaftNode
 from coordinator.server.service import (
     AdminServicer,
@@ -99,7 +100,7 @@ def add_services(
         node, proposer, members=members, authenticator=authenticator,
         proof_signer=config.proof_signer(),
     )
-    lease = LeaseServicer(core, acquire_wait_poll_s=config.acquire_wait_poll_ms / 1000)
+    lease = LeaseServicer(core, acquire_wait_poll_s=config.acquire_wait_poll_ms / 1000, streams=stream_gate(config))
     pb_grpc.add_LeaseServicer_to_server(lease, server)
     pb_grpc.add_FencedStoreServicer_to_server(FencedStoreServicer(core), server)
     pb_grpc.add_ClusterServicer_to_server(ClusterServicer(core), server)
@@ -127,6 +128,14 @@ def raft_config(config: ServerConfig) -> RaftConfig:
         log_compaction_min_time_s=config.log_compaction_min_time_s,
         track_synced=config.track_synced_for_tests,
         secret=config.resolved_raft_secret() or None,
+    )
+
+
+def stream_gate(config: ServerConfig) -> StreamGate:
+    return StreamGate(
+        streams_max=config.streams_max,
+        per_caller_max=config.streams_per_principal_max,
+        idle_timeout_s=config.stream_idle_timeout_s,
     )
 
 

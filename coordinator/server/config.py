@@ -136,6 +136,34 @@ class ServerConfig:
         default=512,
         metadata=_doc("RPCs admitted at once (running or queued for a thread); beyond it RESOURCE_EXHAUSTED"),
     )
+    # -- streams (issue 14: idle KeepAliveStreams took every worker thread) ----------------
+    streams_max: int = dataclasses.field(
+        # A quarter of the default grpc_threads: whatever streams do, 48 threads stay for
+        # health, Admin and unary calls (one stream keeps any number of leases alive).
+        default=16,
+        metadata=_doc(
+            "KeepAliveStreams open at once on this member; must be below grpc_threads, so streams"
+            " never hold every thread; beyond it RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (limit streams_max)"
+        ),
+    )
+    streams_per_principal_max: int = dataclasses.field(
+        # A client needs one stream per process; 4 lets a few processes share a principal while
+        # no principal takes more than a quarter of streams_max.
+        default=4,
+        metadata=_doc(
+            "KeepAliveStreams one principal (on an open data plane: one client host) may have open"
+            " on this member; beyond it RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (limit streams_per_principal_max)"
+        ),
+    )
+    stream_idle_timeout_s: float = dataclasses.field(
+        # Holders keep alive at a fraction of their TTL: 60 s covers TTLs up to a few minutes;
+        # a holder with a longer TTL opens a new stream (or calls KeepAlive) when it needs one.
+        default=60.0,
+        metadata=_doc(
+            "seconds a KeepAliveStream may go without a request before the server closes it with"
+            " RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (limit stream_idle_timeout_s)"
+        ),
+    )
     shutdown_grace_s: float = dataclasses.field(
         default=5.0,
         metadata=_doc("seconds running RPCs get to finish after SIGTERM before they are cancelled"),
@@ -373,6 +401,9 @@ def validate(config: ServerConfig) -> ServerConfig:
         "acquire_wait_poll_ms": config.acquire_wait_poll_ms,
         "grpc_threads": config.grpc_threads,
         "grpc_max_concurrent_rpcs": config.grpc_max_concurrent_rpcs,
+        "streams_max": config.streams_max,
+        "streams_per_principal_max": config.streams_per_principal_max,
+        "stream_idle_timeout_s": config.stream_idle_timeout_s,
         "health_check_interval_s": config.health_check_interval_s,
         "raft_min_timeout_s": config.raft_min_timeout_s,
         "raft_max_timeout_s": config.raft_max_timeout_s,
@@ -393,6 +424,11 @@ def validate(config: ServerConfig) -> ServerConfig:
         raise ConfigError("raft_min_timeout_s: must exceed 3 * heartbeat_s")
     if config.grpc_max_concurrent_rpcs < config.grpc_threads:
         raise ConfigError("grpc_max_concurrent_rpcs: must be >= grpc_threads")
+    if config.streams_max >= config.grpc_threads:
+        raise ConfigError(
+            f"streams_max: {config.streams_max} must be below grpc_threads ({config.grpc_threads}),"
+            " or streams could hold every thread health and Admin need"
+        )
     if config.log_level.upper() not in _LOG_LEVELS:
         raise ConfigError(f"log_level: must be one of {', '.join(_LOG_LEVELS)}")
     config.resolved_admin_token()  # a missing or empty token file fails at start, not at first use

@@ -17,6 +17,7 @@ Status.epoch, Snapshot) go through the log as a READ_BARRIER entry (DESIGN I9).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import hmac
@@ -37,6 +38,7 @@ from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.server.errors import Failure, ServiceError
 from coordinator.server.metrics import Metrics
+from coordinator.server.streams import StreamGate, caller_key
 from coordinator.client.proof import ProofSigner
 from coordinator.core.names import ErrorMeta, Trailer
 from coordinator.raft.interface import ProposeOutcome, ProposeResult
@@ -275,9 +277,10 @@ def _unary(method):
 
 
 class LeaseServicer(pb_grpc.LeaseServicer):
-    def __init__(self, core: Core, *, acquire_wait_poll_s: float) -> None:
+    def __init__(self, core: Core, *, acquire_wait_poll_s: float, streams: StreamGate) -> None:
         self.core = core
         self.acquire_wait_poll_s = acquire_wait_poll_s
+        self.streams = streams  # caps open KeepAliveStreams and closes idle ones
         self._batch_pool = concurrent.futures.ThreadPoolExecutor(
             KEEP_ALIVE_MANY_WORKERS, thread_name_prefix="keepalive-many"
         )
@@ -389,22 +392,26 @@ class LeaseServicer(pb_grpc.LeaseServicer):
 
     def KeepAliveStream(self, request_iterator, context):
         # One response per request, in order. The first refusal ends the stream with its
-        # status (the failed request is the one after the last response).
+        # status (the failed request is the one after the last response). A stream past the
+        # caps is refused before it reads anything; one idle for the idle timeout is closed.
         try:
             caller = self.core.principal(context)  # once per stream, before any request
-            self.core.streams.enter(caller)
+            self.core.streams.enter(caller)  # the principal's streams quota (principals file)
         except ServiceError as error:
             self.core.abort(context, error)
-        # The slot is given back when the RPC ends, however it ends (cancelled included).
+        # The quota slot is given back when the RPC ends, however it ends (cancelled included).
         if not context.add_callback(functools.partial(self.core.streams.leave, caller)):
             self.core.streams.leave(caller)  # it has ended already
             return
-        for request in request_iterator:
-            try:
-                response = self._keep_alive(request, context, caller)
-            except ServiceError as error:
-                self.core.abort(context, error)
-            yield response
+        try:
+            # The member's own caps (streams_max, streams_per_principal_max) and idle timeout:
+            # they keep worker threads for everyone else whatever the principals file grants.
+            who = caller_key(None if caller is None else caller.name, context.peer())
+            with self.streams.admit(who), contextlib.closing(self.streams.requests(request_iterator)) as requests:
+                for request in requests:
+                    yield self._keep_alive(request, context, caller)
+        except ServiceError as error:
+            self.core.abort(context, error)
 
     @_unary
     def Release(self, request: pb.ReleaseRequest, context, caller: Principal | None) -> pb.ReleaseResponse:
@@ -511,9 +518,12 @@ def _admin(method):
     @functools.wraps(method)
     def handler(self, request, context):
         started = time.monotonic()
-        principal, outcome, index = "unauthenticated", "OK", 0
+        # Who is calling, as far as is known when the line is written: "unauthenticated"
+        # only until a credential is recognised, so a refused caller is named too.
+        who = {"principal": "unauthenticated"}
+        outcome, index = "OK", 0
         try:
-            principal, caller = self._authorize(context)
+            caller = self._authorize(context, who)
             response = method(self, request, context, caller)
             index = response.header.applied_index
             return response
@@ -527,7 +537,7 @@ def _admin(method):
             self._audit(
                 {
                     "rpc": method.__name__,
-                    "principal": principal,
+                    "principal": who["principal"],
                     "peer": context.peer(),
                     "member": self.core.member_id,
                     "args": _audit_args(request),
@@ -548,15 +558,18 @@ class AdminServicer(pb_grpc.AdminServicer):
         self._token = admin_token
         self._audit_log = audit
 
-    def _authorize(self, context) -> tuple[str, Principal | None]:
-        """(the name the audit line records, the caller the RPC passes on), or ServiceError."""
+    def _authorize(self, context, who: dict[str, str]) -> Principal | None:
+        """The caller the RPC passes on, or ServiceError; ``who["principal"]`` is set to the
+        caller's name as soon as its credential is recognised, before it is authorized."""
         principal = self.core.principal(context)  # with a principals file (admin_token is one)
         if principal is not None:
+            who["principal"] = principal.name
             if not principal.admin:
                 raise ServiceError(Failure.PERMISSION_DENIED, f"principal {principal.name!r} is not an admin")
-            return principal.name, principal
+            return principal
         if not self._token:
-            return "anonymous", None  # no token configured: Admin is open (dev clusters)
+            who["principal"] = "anonymous"
+            return None  # no token configured: Admin is open (dev clusters)
         values = [v for k, v in context.invocation_metadata() if k == "authorization"]
         if not values:
             raise ServiceError(Failure.UNAUTHENTICATED, "Admin needs 'authorization: Bearer TOKEN'")
@@ -565,7 +578,8 @@ class AdminServicer(pb_grpc.AdminServicer):
             presented.strip().encode(), self._token.encode()
         ):
             raise ServiceError(Failure.PERMISSION_DENIED, "the admin token is not valid")
-        return "admin-token", None  # no principals file: nothing narrower to check later
+        who["principal"] = "admin-token"
+        return None  # no principals file: nothing narrower to check later
 
     def _audit(self, record: dict[str, Any]) -> None:
         self._audit_log.info(json.dumps({"ts_ms": time.time_ns() // 1_000_000, **record}, default=str))
@@ -598,6 +612,13 @@ class AdminServicer(pb_grpc.AdminServicer):
 
     @_admin
     def Restore(self, request: pb.RestoreRequest, context, caller: Principal | None) -> pb.RestoreResponse:
-        command = commands.restore(**_checked_request("Restore", request), stamp_ms=0)
+        fields = _checked_request("Restore", request)
+        try:
+            # The state machine's own checks, before anything is proposed: a backup that would
+            # be refused never enters the log (DESIGN §8).
+            self.core.node.state_machine.check_backup(fields["data"])
+        except ValueError as exc:
+            raise errors.invalid("data", f"field 'data': {exc}") from None
+        command = commands.restore(**fields, stamp_ms=0)
         result, index = self.core.run(command, context, caller, max_bytes=limits.RESTORE_COMMAND_BYTES_MAX)
         return pb.RestoreResponse(header=self.core.header(index), epoch=result["epoch"])
