@@ -1,10 +1,12 @@
 """Who may talk to a member over Raft, and how much: connection admission and bounded frames.
 
 Owns: ``BoundTCPTransport`` (outgoing sockets leave from the node's own address; incoming
-connections must name a member, in time, at most ``RAFT_UNNAMED_CONNECTIONS_MAX`` waiting;
-a listen backlog of ``RAFT_LISTEN_BACKLOG``) and the frame reader that replaces pysyncobj's
+connections must name a member, in time, at most ``RAFT_UNNAMED_CONNECTIONS_MAX`` waiting, and
+never take the place of a working connection unless they passed the secret; a listen backlog
+of ``RAFT_LISTEN_BACKLOG``) and the frame reader that replaces pysyncobj's
 (``process_read_bounded``, ``parse_message_bounded``: heads checked as bytes arrive, a
-bytearray grown in place). RAFT.md "Bounded frames" and "Connections that name no member".
+bytearray grown in place). RAFT.md "Bounded frames", "Connections that name no member" and
+"Peer authentication".
 Must never: patch pysyncobj itself (``patches.install()`` puts the reader in place), decode
 a frame any other way than ``wire.plain_loads(wire.bounded_inflate(...))``, or keep a
 connection that declared a frame over ``raft_limits.RAFT_MESSAGE_BYTES_MAX``.
@@ -18,6 +20,7 @@ import socket
 import time
 from typing import Callable
 
+from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
 from coordinator.raft import limits as raft_limits
@@ -119,6 +122,21 @@ def restarting_frame_scan(method: Callable) -> Callable:
     return wrapped
 
 
+def still_open(conn) -> bool:
+    """The connection is up as far as this process can tell: pysyncobj says connected and the
+    kernel holds neither an end of stream nor an error for it (either may not have been read
+    yet when the peer reconnects right after closing)."""
+    if conn.state != CONNECTION_STATE.CONNECTED:
+        return False
+    sock = conn._TcpConnection__socket
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except (BlockingIOError, InterruptedError):
+        return True  # nothing to read: open
+    except OSError:
+        return False  # reset, or any other error the next read would report
+
+
 class BoundTCPTransport(TCPTransport):
     """Outgoing peer connections leave from this node's own address; strangers are bounded.
 
@@ -192,4 +210,25 @@ class BoundTCPTransport(TCPTransport):
         if not isinstance(message, str) or message not in self._nodeAddrToNode:
             self._drop_unnamed(conn, f"its first message did not name a member ({type(message).__name__})")
             return
+        node = self._nodeAddrToNode[message]
+        if self._shouldConnect(node):
+            # Members dial only lower addresses, so this member never hears from that one on an
+            # incoming connection. pysyncobj would put the newcomer in place of the connection
+            # it dials (transport.py:359) and, once the newcomer hangs up, "reconnect" through
+            # an accepted socket that never names itself: the member stayed cut off for good.
+            self._drop_unnamed(conn, f"it named {message}, a member this one connects to itself")
+            return
+        established = self._connections.get(node)
+        keep = established is not None and established is not conn and still_open(established)
+        if keep and not self._syncObj.encryptor:
+            # Without the secret a name proves nothing: the connection that works stays, and a
+            # restarted member gets in once the kernel reports its old connection closed.
+            self._drop_unnamed(conn, f"it named {message}, which is connected already")
+            return
         super()._onIncomingMessageReceived(conn, message)
+        if keep:
+            # With the secret the newcomer proved it is a member (one restarted, say, after a
+            # power loss its old connection never reported). pysyncobj would leave the replaced
+            # connection open, still delivering; closing it after the swap (_connToNode no
+            # longer finds it) tells no one that the member disconnected.
+            established.disconnect()
