@@ -2,7 +2,7 @@
 
 Real ``fencingd serve`` members, and a raw TCP client playing the attacker who reaches a Raft
 port. It speaks exactly what a member speaks: its frames are made by pysyncobj's own
-TcpConnection with our wire patches installed (``member_bytes``), so they follow the wire
+TcpConnection with our wire patches installed (testsupport/raft_peer.py), so they follow the wire
 members use.
 
 - Naming hijack: the attacker names member V at the other members and hangs up. pysyncobj put
@@ -20,17 +20,11 @@ import socket
 import time
 
 import pytest
-from pysyncobj.encryptor import getEncryptor
-from pysyncobj.poller import createPoller
-import pysyncobj.tcp_connection as ps_tcp
 
 from chaos.faults import hung_up_on
 from coordinator.client import FencingClient
-from coordinator.core import commands
-from coordinator.raft import patches
-from coordinator.raft import wire as raft_wire
-from coordinator.raft.syncobj import _ENTRY_REGULAR
 from testsupport.grpc_cluster import SERVING, running_cluster
+from testsupport.raft_peer import epoch_floor_entry, member_bytes
 from testsupport.supervisor import wait_until
 
 SECRET = "peer-auth-test-secret-0123456789abcdef"
@@ -40,37 +34,6 @@ SECRET = "peer-auth-test-secret-0123456789abcdef"
 OBSERVE_S = 6.0
 # A member answers a frame it refuses by hanging up at once; allow for a loaded CI machine.
 HANG_UP_S = 5.0
-
-
-def member_bytes(*messages, secret: str | None = None) -> bytes:
-    """``messages`` as a member's TcpConnection puts them on the wire (``secret``: encrypted
-    under it, as a member with that secret would, but without the key exchange)."""
-    patches.install()  # what every member runs with: the wire under test
-    ours, theirs = socket.socketpair()
-    try:
-        conn = ps_tcp.TcpConnection(createPoller("auto"), socket=ours, timeout=60)
-        if secret is not None:
-            conn.encryptor = getEncryptor(secret)
-        for message in messages:
-            conn.send(message)
-        theirs.setblocking(False)
-        out = b""
-        while True:
-            try:
-                chunk = theirs.recv(1 << 16)
-            except BlockingIOError:
-                return out
-            out += chunk
-    finally:
-        ours.close()
-        theirs.close()
-
-
-def epoch_floor_entry(floor: int) -> bytes:
-    """A log entry as a member writes it: a call of the state machine's apply (method id 0,
-    its only replicated method) with a command that raises the epoch to ``floor``."""
-    command = commands.set_epoch_floor(floor=floor, stamp_ms=int(time.time() * 1000), fence_all=False).encode()
-    return _ENTRY_REGULAR + raft_wire.dumps((0, (command,)))
 
 
 def connect(raft_address: str) -> socket.socket:
