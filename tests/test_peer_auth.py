@@ -24,7 +24,7 @@ import pytest
 from chaos.faults import hung_up_on
 from coordinator.client import FencingClient
 from testsupport.grpc_cluster import SERVING, running_cluster
-from testsupport.raft_peer import epoch_floor_entry, member_bytes
+from testsupport.raft_peer import epoch_floor_entry, member_bytes, running_secret_cluster
 from testsupport.supervisor import wait_until
 
 SECRET = "peer-auth-test-secret-0123456789abcdef"
@@ -112,10 +112,7 @@ def test_without_the_secret_a_named_connection_can_commit_anything(open_cluster)
 
 @pytest.fixture(scope="module")
 def secret_cluster(tmp_path_factory, request):
-    base = tmp_path_factory.mktemp("peer-secret")
-    secret_file = base / "raft-secret"
-    secret_file.write_text(SECRET + "\n")
-    yield from running_cluster(str(base), request, settings={"raft_secret_file": str(secret_file)})
+    yield from running_secret_cluster(tmp_path_factory, request, SECRET)
 
 
 @pytest.mark.parametrize("secret", [None, "not-the-cluster-secret-0123456789abcdef"], ids=["plain", "wrong-secret"])

@@ -3,7 +3,7 @@
 Owns: ``member_bytes`` (messages framed by pysyncobj's own TcpConnection with our wire patches
 installed, so they follow whatever wire the members use, optionally encrypted under a secret)
 and ``epoch_floor_entry`` (a log entry as a member writes it, whose command raises the epoch:
-visible in Status when it commits). Must never: be imported by anything under coordinator/.
+visible in Status when it commits), and ``running_secret_cluster``. Must never: be imported by anything under coordinator/.
 """
 
 from __future__ import annotations
@@ -50,3 +50,13 @@ def epoch_floor_entry(floor: int) -> bytes:
     its only replicated method) with a command that raises the epoch to ``floor``."""
     command = commands.set_epoch_floor(floor=floor, stamp_ms=int(time.time() * 1000), fence_all=False).encode()
     return _ENTRY_REGULAR + raft_wire.dumps((0, (command,)))
+
+
+def running_secret_cluster(tmp_path_factory, request, secret: str):
+    """Generator for a pytest fixture: a running GrpcCluster whose members share ``secret``."""
+    from testsupport.grpc_cluster import running_cluster
+
+    base = tmp_path_factory.mktemp("raft-secret")
+    secret_file = base / "raft-secret"
+    secret_file.write_text(secret + "\n")
+    yield from running_cluster(str(base), request, settings={"raft_secret_file": str(secret_file)})
