@@ -26,12 +26,21 @@ import threading
 import time
 import traceback
 
+from coordinator.core.names import ErrorReason as R
+
 VALUE = b"v" * 64
 RPC_TIMEOUT_S = 5.0
 WRITE_TTL_MS = 120_000  # the fenced-write workload holds one lease for the whole run
 CYCLE_TTL_MS = 5_000  # a cycle's lease is released at once; the TTL only matters after errors
 KEY = "k"
 SETUP_RETRY_S = 20.0
+# Error kinds (``error_kind``: "Class/REASON" from the library, "CODE/REASON" from a raw
+# stub) that setup waits out: an election or a busy machine, nothing applied.
+SETUP_RETRYABLE = ("UNAVAILABLE", "ABORTED", "DEADLINE", R.OVERLOADED, "Unavailable")
+# Reasons that say the write workload's lease is gone, so it takes a new token and goes on.
+# The library's StaleToken and LeaseExpired come only from a server refusal, so their kind
+# always carries the reason too.
+LEASE_GONE = (R.STALE_TOKEN, R.LEASE_EXPIRED)
 
 
 def _raw_error_kind(err) -> str:
@@ -98,9 +107,7 @@ class _Client:
                 return
             except Exception as exc:  # noqa: BLE001
                 kind = self.error_kind(exc) or ""
-                if time.monotonic() > deadline or not any(
-                    k in kind for k in ("UNAVAILABLE", "ABORTED", "DEADLINE", "OVERLOADED", "Unavailable")
-                ):
+                if time.monotonic() > deadline or not any(k in kind for k in SETUP_RETRYABLE):
                     raise
                 time.sleep(0.2)
 
@@ -213,8 +220,7 @@ def _client_thread(spec: dict, name: str, ready: threading.Barrier, go: threadin
                 errors[kind] += 1
             if kind.startswith("bench-bug") and errors[kind] == 1:
                 traceback.print_exc()
-            if client.workload == "write" and ("STALE_TOKEN" in kind or "StaleToken" in kind
-                                               or "LEASE_EXPIRED" in kind or "LeaseExpired" in kind):
+            if client.workload == "write" and any(reason in kind for reason in LEASE_GONE):
                 try:  # our lease is gone: take a new token and go on
                     client.token = client._acquire()
                 except Exception:  # noqa: BLE001

@@ -25,6 +25,7 @@ import time
 import zlib
 
 from chaos.harness import NFT_TABLE, ChaosCluster, run_quiet
+from coordinator.core.names import ErrorReason
 from coordinator.raft import limits as raft_limits
 from coordinator.raft.journal import JOURNAL_NAME, SYNCED_SIDECAR_SUFFIX
 from testsupport.supervisor import wait_until
@@ -624,7 +625,7 @@ class ClientGcPause(Fault):
         out = os.path.join(self.out_dir, f"gc-victim-{self.count}.jsonl")
         self.info = gc_pause_schedule(c, rec, resource, out)
         self.info["ok"] = (self.info.get("victim_write") == "refused"
-                           and self.info.get("victim_reason") == "STALE_TOKEN"
+                           and self.info.get("victim_reason") == ErrorReason.STALE_TOKEN
                            and self.info.get("final_value") == self.info.get("owner_value"))
         self.nodes = []
 

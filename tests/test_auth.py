@@ -16,6 +16,7 @@ from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.server.auth import ADMIN_TOKEN_PRINCIPAL, Authenticator, PrincipalsError, load_principals, token_digest
 from coordinator.client import FencingClient
 from coordinator.client.exceptions import AuthError
+from coordinator.core.names import ErrorReason
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
 
 T = RPC_TIMEOUT_S
@@ -135,7 +136,7 @@ def test_a_principal_uses_its_prefixes_only_and_a_refusal_changes_nothing(cluste
         ):
             with pytest.raises(AuthError) as caught:
                 attempt()
-            assert caught.value.reason == "PERMISSION_DENIED"
+            assert caught.value.reason == ErrorReason.PERMISSION_DENIED
         after = ops.describe("billing/7")  # an admin principal sees every resource
         assert (after.held, after.hwm) == (before.held, before.hwm)
         assert orders.status().has_quorum  # Status needs a principal, any principal
@@ -161,7 +162,7 @@ def test_keep_alive_many_refuses_each_foreign_item_alone(cluster):
         ]),
         timeout=T, metadata=bearer(ORDERS),
     )
-    assert [(r.ok, r.reason) for r in reply.results] == [(True, ""), (False, "PERMISSION_DENIED")]
+    assert [(r.ok, r.reason) for r in reply.results] == [(True, ""), (False, ErrorReason.PERMISSION_DENIED)]
 
 
 def test_keep_alive_stream_checks_its_caller_once_and_every_item_alone(cluster):

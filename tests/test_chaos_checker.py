@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from chaos import check as chk
 from chaos import history as hist
 from chaos import linearizability as lin
+from coordinator.core.names import ErrorReason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -282,7 +283,7 @@ def test_unknown_write_explains_final_state():
 def test_failed_write_visible_in_read():
     records = base() + [
         acquire(40, 50, 2, index=3, process="c2"),
-        op("write", 60, 70, value="x", token=1, outcome="refused", reason="STALE_TOKEN", hwm=2),
+        op("write", 60, 70, value="x", token=1, outcome="refused", reason=ErrorReason.STALE_TOKEN, hwm=2),
         read(80, 90, "x", version=2, index=5),
         final_state(hwm=2, k=("a", 1)),
     ]
@@ -293,7 +294,7 @@ def test_failed_write_visible_in_read():
 def test_failed_write_visible_in_final_state():
     records = base() + [
         acquire(40, 50, 2, index=3, process="c2"),
-        op("write", 60, 70, value="x", token=1, outcome="refused", reason="STALE_TOKEN", hwm=2),
+        op("write", 60, 70, value="x", token=1, outcome="refused", reason=ErrorReason.STALE_TOKEN, hwm=2),
         final_state(hwm=2, k=("x", 2)),
     ]
     report = assert_only(records, chk.FAILED_WRITE_VISIBLE)
@@ -307,7 +308,7 @@ def test_refused_then_unknown_retry_is_not_definitely_failed():
         op("write", 40, 45, value="b", token=1, outcome="unknown", op_id=oid,
            reason="DEADLINE_EXCEEDED"),
         op("write", 50, 60, value="b", token=1, outcome="refused", op_id=oid,
-           reason="VERSION_MISMATCH"),
+           reason=ErrorReason.VERSION_MISMATCH),
         read(70, 80, "b", version=2, index=4),
         final_state(hwm=1, k=("b", 2)),
     ]
@@ -405,7 +406,7 @@ def realistic_history() -> list[dict[str, Any]]:
         node(0, "n3", 1, False),
         # c1 holds r1 (token 1) and writes.
         acquire(100, 200, 1, index=1, process="c1"),
-        op("acquire", 150, 260, process="c2", outcome="refused", reason="LEASE_HELD"),
+        op("acquire", 150, 260, process="c2", outcome="refused", reason=ErrorReason.LEASE_HELD),
         op("write", 300, 400, process="c1", value="c1-1", token=1, version=1, hwm=1,
            applied_index=2),
         op("keepalive", 410, 450, process="c1", token=1, expires_at_ms=7000, applied_index=3),
@@ -422,9 +423,9 @@ def realistic_history() -> list[dict[str, Any]]:
         # c2 takes over with token 2; c1's late write with token 1 is refused
         acquire(820, 900, 2, index=9, process="c2"),
         op("write", 910, 950, process="c1", value="c1-3", token=1, outcome="refused",
-           reason="STALE_TOKEN", hwm=2),
+           reason=ErrorReason.STALE_TOKEN, hwm=2),
         op("write", 915, 940, process="c1", value="c1-4", token=77, outcome="refused",
-           reason="UNKNOWN_TOKEN"),
+           reason=ErrorReason.UNKNOWN_TOKEN),
         # c2's write times out and is retried under the same op_id; both answers agree
         op("write", 1000, 1100, process="c2", value="c2-1", token=2, op_id=retry,
            outcome="unknown", reason="DEADLINE_EXCEEDED"),
@@ -453,7 +454,7 @@ def realistic_history() -> list[dict[str, Any]]:
         op("force_release", 2600, 2700, process="admin", resource="r2", hwm=4,
            applied_index=19),
         op("write", 2710, 2750, process="c4", resource="r2", key="j", value="c4-2", token=3,
-           outcome="refused", reason="STALE_TOKEN", hwm=4),
+           outcome="refused", reason=ErrorReason.STALE_TOKEN, hwm=4),
         read(2760, 2800, None, index=20, process="c3", resource="r2", key="j"),
         final("n1", 20, "f00d"),
         final("n2", 20, "f00d"),
@@ -778,7 +779,7 @@ def simulate(
         lease = model["lease"].get(r)
         if f in ("acquire", "force_release"):
             if f == "acquire" and lease is not None and lease[1] > now:
-                return "refused", "LEASE_HELD", {}
+                return "refused", ErrorReason.LEASE_HELD, {}
             model["epoch"] += 1
             model["hwm"][r] = model["epoch"]
             result = {"hwm": model["epoch"], "applied_index": index}
@@ -790,9 +791,9 @@ def simulate(
         else:
             token, hwm = rec["token"], model["hwm"][r]
             if token > hwm:
-                return "refused", "UNKNOWN_TOKEN", {}
+                return "refused", ErrorReason.UNKNOWN_TOKEN, {}
             if token < hwm:
-                return "refused", "STALE_TOKEN", {"hwm": hwm}
+                return "refused", ErrorReason.STALE_TOKEN, {"hwm": hwm}
             data = model["data"][r]
             result = {"applied_index": index}
             if f == "write":
@@ -808,7 +809,7 @@ def simulate(
                     result.update(version=0, deleted=False)
             elif f == "keepalive":
                 if lease is None or lease[0] != token or lease[1] <= now:
-                    return "refused", "LEASE_EXPIRED", {}
+                    return "refused", ErrorReason.LEASE_EXPIRED, {}
                 model["lease"][r] = (token, now + ttl)
                 result.update(token=token, expires_at_ms=now + ttl)
             else:
@@ -870,7 +871,7 @@ def simulate(
         if outcome == "ok" and rec["f"] == "acquire":
             tokens[r] = result["token"]
         elif (rec["f"] == "release" and outcome == "ok") or reason in (
-            "STALE_TOKEN", "LEASE_EXPIRED"
+            ErrorReason.STALE_TOKEN, ErrorReason.LEASE_EXPIRED
         ):
             if tokens.get(r) == rec["token"]:
                 del tokens[r]

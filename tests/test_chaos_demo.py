@@ -22,6 +22,7 @@ from chaos.faults import gc_pause_schedule
 from chaos.harness import ChaosCluster
 from chaos.history import HistoryWriter
 from chaos.workload import Recorder, UnfencedStore, make_client
+from coordinator.core.names import ErrorReason as R
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +60,10 @@ def test_fenced_store_refuses_the_stale_write(cluster, owner, tmp_path):
     assert result["owner_token"] > result["victim_token"]
     assert result["owner_write"] == "ok"
     assert result["victim_write"] == "refused"
-    assert result["victim_reason"] == "STALE_TOKEN"
+    assert result["victim_reason"] == R.STALE_TOKEN
     assert result["final_value"] == result["owner_value"]  # the new owner's value survives
     # the victim recorded its refused write in the history format
     with open(tmp_path / "victim.jsonl") as f:
         lines = f.read()
-    assert '"reason":"STALE_TOKEN"' in lines and '"outcome":"refused"' in lines
+    assert f'"reason":"{R.STALE_TOKEN}"' in lines and '"outcome":"refused"' in lines
     assert os.path.getsize(tmp_path / "owner.jsonl") > 0

@@ -26,6 +26,7 @@ import grpc
 import pytest
 
 from coordinator.client import exceptions as E
+from coordinator.core.names import ErrorReason as R
 from coordinator.core.state_machine import Reason
 from coordinator.server.errors import Failure
 from testsupport.inmemory import InMemoryCluster
@@ -74,28 +75,28 @@ NO = "server says no"
     "fault, code, reason, metadata, cls, attrs",
     [
         # Refusals come from the node as the state machine's own, through the service's table.
-        (refuse(Reason.STALE_TOKEN, NO, hwm=9), _C.FAILED_PRECONDITION, "STALE_TOKEN", {"hwm": "9"},
+        (refuse(Reason.STALE_TOKEN, NO, hwm=9), _C.FAILED_PRECONDITION, R.STALE_TOKEN, {"hwm": "9"},
          E.StaleToken, {"hwm": 9}),
-        (refuse(Reason.UNKNOWN_TOKEN, NO, hwm=2), _C.FAILED_PRECONDITION, "UNKNOWN_TOKEN", {"hwm": "2"},
+        (refuse(Reason.UNKNOWN_TOKEN, NO, hwm=2), _C.FAILED_PRECONDITION, R.UNKNOWN_TOKEN, {"hwm": "2"},
          E.UnknownToken, {"hwm": 2}),
         (refuse(Reason.LEASE_HELD, NO, holder="w-b", expires_at_ms=1700000000000, token=4),
-         _C.FAILED_PRECONDITION, "LEASE_HELD", {"holder": "w-b", "expires_at_ms": "1700000000000", "token": "4"},
+         _C.FAILED_PRECONDITION, R.LEASE_HELD, {"holder": "w-b", "expires_at_ms": "1700000000000", "token": "4"},
          E.LeaseHeld, {"holder": "w-b", "expires_at_ms": 1700000000000, "token": 4}),
-        (refuse(Reason.LEASE_EXPIRED, NO), _C.FAILED_PRECONDITION, "LEASE_EXPIRED", {}, E.LeaseExpired, {}),
-        (refuse(Reason.VERSION_MISMATCH, NO, version=3), _C.FAILED_PRECONDITION, "VERSION_MISMATCH",
+        (refuse(Reason.LEASE_EXPIRED, NO), _C.FAILED_PRECONDITION, R.LEASE_EXPIRED, {}, E.LeaseExpired, {}),
+        (refuse(Reason.VERSION_MISMATCH, NO, version=3), _C.FAILED_PRECONDITION, R.VERSION_MISMATCH,
          {"version": "3"}, E.VersionMismatch, {"version": 3}),
-        (refuse(Reason.EPOCH_FLOOR_TOO_LOW, NO, epoch=12), _C.FAILED_PRECONDITION, "EPOCH_FLOOR_TOO_LOW",
+        (refuse(Reason.EPOCH_FLOOR_TOO_LOW, NO, epoch=12), _C.FAILED_PRECONDITION, R.EPOCH_FLOOR_TOO_LOW,
          {"epoch": "12"}, E.EpochFloorTooLow, {"epoch": 12}),
-        (refuse(Reason.OP_ID_CONFLICT, NO, op=4), _C.ALREADY_EXISTS, "OP_ID_CONFLICT", {"op": "4"},
+        (refuse(Reason.OP_ID_CONFLICT, NO, op=4), _C.ALREADY_EXISTS, R.OP_ID_CONFLICT, {"op": "4"},
          E.OpIdConflict, {}),
-        (refuse(Reason.MALFORMED, NO, field="token"), _C.INVALID_ARGUMENT, "INVALID_FIELD", {"field": "token"},
+        (refuse(Reason.MALFORMED, NO, field="token"), _C.INVALID_ARGUMENT, R.INVALID_FIELD, {"field": "token"},
          E.InvalidArgument, {"field": "token"}),
-        (refuse(Reason.LIMIT_EXCEEDED, NO, limit="keys"), _C.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED",
+        (refuse(Reason.LIMIT_EXCEEDED, NO, limit="keys"), _C.RESOURCE_EXHAUSTED, R.LIMIT_EXCEEDED,
          {"limit": "keys"}, E.LimitExceeded, {}),
-        (refuse(Reason.EPOCH_EXHAUSTED, NO), _C.RESOURCE_EXHAUSTED, "EPOCH_EXHAUSTED", {}, E.EpochExhausted, {}),
+        (refuse(Reason.EPOCH_EXHAUSTED, NO), _C.RESOURCE_EXHAUSTED, R.EPOCH_EXHAUSTED, {}, E.EpochExhausted, {}),
         # Failures the service raises before proposing, through the same table.
-        (fail(Failure.UNAUTHENTICATED, NO), _C.UNAUTHENTICATED, "UNAUTHENTICATED", {}, E.Unauthenticated, {}),
-        (fail(Failure.PERMISSION_DENIED, NO), _C.PERMISSION_DENIED, "PERMISSION_DENIED", {},
+        (fail(Failure.UNAUTHENTICATED, NO), _C.UNAUTHENTICATED, R.UNAUTHENTICATED, {}, E.Unauthenticated, {}),
+        (fail(Failure.PERMISSION_DENIED, NO), _C.PERMISSION_DENIED, R.PERMISSION_DENIED, {},
          E.PermissionDenied, {}),
         # Statuses this server never sends: a newer server's reason, a bare gRPC code.
         (unlisted_status(_C.FAILED_PRECONDITION, NO, "SOMETHING_NEW"), _C.FAILED_PRECONDITION, "SOMETHING_NEW",
@@ -142,18 +143,18 @@ def test_the_tree_answers_did_it_apply():
 
 
 def test_friendly_messages_name_the_facts():
-    stale = E.error_for_reason("STALE_TOKEN", "x", code=grpc.StatusCode.FAILED_PRECONDITION,
+    stale = E.error_for_reason(R.STALE_TOKEN, "x", code=grpc.StatusCode.FAILED_PRECONDITION,
                                metadata={"hwm": "2"}, request={"resource": "orders/7", "token": 1})
     assert str(stale) == "token 1 is stale for orders/7 (high-water mark is 2)"
     assert stale.category == "refused"
-    held = E.error_for_reason("LEASE_HELD", "", code=grpc.StatusCode.FAILED_PRECONDITION,
+    held = E.error_for_reason(R.LEASE_HELD, "", code=grpc.StatusCode.FAILED_PRECONDITION,
                               metadata={"holder": "worker-a", "expires_at_ms": "0", "token": "5"},
                               request={"resource": "orders/7"})
     assert str(held) == "orders/7 is held by 'worker-a' (token 5) until 1970-01-01T00:00:00.000Z (log clock)"
     unknown = E.OutcomeUnknown(request={"rpc": "write", "op_id": b"\x01" * 16})
     assert "retry with op id " + "01" * 16 in str(unknown)
     # A reason alone (KeepAliveMany items carry no status code) still finds its class.
-    assert type(E.error_for_reason("LEASE_EXPIRED")) is E.LeaseExpired
+    assert type(E.error_for_reason(R.LEASE_EXPIRED)) is E.LeaseExpired
     assert type(E.error_for_reason("NEVER_HEARD_OF")) is E.ServerError
 
 
@@ -164,7 +165,7 @@ def test_error_info_from_another_domain_is_ignored():
 
     status = status_pb2.Status(code=code_pb2.FAILED_PRECONDITION, message="m")
     detail = any_pb2.Any()
-    detail.Pack(error_details_pb2.ErrorInfo(domain="other.v1", reason="STALE_TOKEN"))
+    detail.Pack(error_details_pb2.ErrorInfo(domain="other.v1", reason=R.STALE_TOKEN))
     status.details.append(detail)
     grpc_status = rpc_status.to_status(status)
 
@@ -330,6 +331,21 @@ def test_bad_fields_are_refused_before_sending(cluster, client):
         client.acquire("orders/7", ttl_ms=5)
     with pytest.raises(E.InvalidArgument, match="wait_ms"):
         client.acquire("orders/7", ttl_ms=5000, wait_ms=-1)
+    # The table lets fence_all be absent, but the wire cannot say so (an unset bool reads
+    # as False, which fences nothing): the client refuses None instead of sending False.
+    with pytest.raises(E.InvalidArgument) as info:
+        client.set_epoch_floor(5, fence_all=None)
+    assert info.value.field == "fence_all"
+    assert cluster.calls == []
+
+
+def test_the_client_reports_the_first_bad_field_in_the_tables_order(cluster, client):
+    with pytest.raises(E.InvalidArgument) as info:
+        client.write("orders/7", "", b"v", token=0)  # key and token are bad; key comes first
+    assert info.value.field == "key"
+    with pytest.raises(E.InvalidArgument) as info:
+        client.restore(b"", epoch_floor=0)
+    assert info.value.field == "data"
     assert cluster.calls == []
 
 

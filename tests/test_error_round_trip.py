@@ -24,6 +24,7 @@ import pytest
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.client import exceptions as E
 from coordinator.client import FencingClient
+from coordinator.core.names import DOMAIN, Trailer
 from coordinator.core.names import ErrorMeta as M
 from coordinator.core.names import ErrorReason as R
 from coordinator.server import errors, service
@@ -176,3 +177,22 @@ def test_every_declared_reason_has_a_client_class():
     # Reasons the server never sends (NOT_LEADER, NO_QUORUM) are declared for the client.
     known = {reason for _, reason in E.ERROR_CLASSES if reason}
     assert set(R) == known
+
+
+def test_the_wire_strings_are_pinned():
+    # The one place the wire strings are typed out, on purpose: everything else compares
+    # with coordinator.core.names, so renaming a value there would pass every other test
+    # while breaking every client and server already deployed.
+    assert DOMAIN == "fencing.v1"
+    assert sorted(R) == sorted([
+        "INVALID_FIELD", "STALE_TOKEN", "UNKNOWN_TOKEN", "LEASE_HELD", "LEASE_EXPIRED",
+        "VERSION_MISMATCH", "EPOCH_FLOOR_TOO_LOW", "OP_ID_CONFLICT", "LIMIT_EXCEEDED",
+        "EPOCH_EXHAUSTED", "OVERLOADED", "NO_LEADER", "OUTCOME_UNKNOWN", "UNAUTHENTICATED",
+        "PERMISSION_DENIED", "NOT_LEADER", "NO_QUORUM",
+    ])
+    assert all(reason.value == reason.name for reason in R)
+    assert sorted(M) == sorted([
+        "field", "hwm", "holder", "expires_at_ms", "token", "version", "epoch", "op",
+        "resource", "limit", "max", "leader", "leader_api", "detail",
+    ])
+    assert sorted(Trailer) == ["fencing-applied-index", "fencing-member-id", "fencing-raft-term"]

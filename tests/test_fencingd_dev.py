@@ -20,9 +20,8 @@ import grpc
 from coordinator.client import proof
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from chaos.faults import hung_up_on
 from coordinator.server.fencingd import DEV_METRICS_PORT_OFFSET, DEV_RAFT_PORT_OFFSET
-from testsupport.raft_peer import epoch_floor_entry, member_bytes
+from testsupport.raft_peer import RaftPeer, epoch_floor_entry
 
 OFFSETS = (0, DEV_RAFT_PORT_OFFSET, DEV_METRICS_PORT_OFFSET)  # API, Raft, metrics
 
@@ -129,12 +128,11 @@ def test_dev_cluster_starts_stops_and_restarts_on_the_same_data(tmp_path):
         # State injection: naming a member and sending apply_command at a Raft port commits nothing.
         with grpc.insecure_channel(endpoints[0]) as ch:
             before = pb_grpc.ClusterStub(ch).Status(pb.StatusRequest(), timeout=10).epoch
-            injection = member_bytes(f"127.0.0.1:{base + DEV_RAFT_PORT_OFFSET + 1}",
-                                     {"type": "apply_command", "command": epoch_floor_entry(before + 1_000_000)})
-            for i in range(3):
-                with socket.create_connection(("127.0.0.1", base + DEV_RAFT_PORT_OFFSET + i), timeout=10) as s:
-                    s.sendall(injection)
-                    assert hung_up_on(s, 10), f"member {i} kept the connection"
+            for i in range(3):  # a plain connection, as without the secret: named, then the command
+                with RaftPeer(f"127.0.0.1:{base + DEV_RAFT_PORT_OFFSET + i}", timeout_s=10) as peer:
+                    peer.name_and_command(f"127.0.0.1:{base + DEV_RAFT_PORT_OFFSET + 1}",
+                                          epoch_floor_entry(before + 1_000_000))
+                    assert peer.hung_up(10), f"member {i} kept the connection"
             assert pb_grpc.ClusterStub(ch).Status(pb.StatusRequest(), timeout=10).epoch == before
         assert dev.stop(signal.SIGTERM) == 0
         assert "fencingd dev: all members stopped\n" in dev.output

@@ -1,9 +1,8 @@
 """A name sent on a Raft connection is not an identity (SECURITY.md, "Peer authentication").
 
-Real ``fencingd serve`` members, and a raw TCP client playing the attacker who reaches a Raft
-port. It speaks exactly what a member speaks: its frames are made by pysyncobj's own
-TcpConnection with our wire patches installed (testsupport/raft_peer.py), so they follow the wire
-members use.
+Real ``fencingd serve`` members, and a raw Raft-port client playing the attacker who reaches a
+Raft port (testsupport/raft_peer.py): it speaks the typed wire members speak, with or without
+the secret's key exchange.
 
 - Naming hijack: the attacker names member V at the other members and hangs up. pysyncobj put
   the attacker's connection in place of the working one, and V was out of the cluster (then
@@ -11,20 +10,22 @@ members use.
 - State injection: the attacker names a member and sends ``apply_command`` with an entry that
   raises the epoch floor. Without the secret (insecure mode) that commits — the control shows
   the probe is real; with the secret it is dropped unread and the epoch stays.
+- With the secret, a newcomer that holds it and names a member replaces that member's
+  connection even while it still looks open (a member restarted after a power loss), and the
+  old one is closed: pysyncobj left it open, and the member, still connected as far as it
+  could tell, never dialled again. A key exchange that sends anything but a key is dropped.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import pytest
 
-from chaos.faults import hung_up_on
 from coordinator.client import FencingClient
 from testsupport.grpc_cluster import SERVING, running_cluster
-from testsupport.raft_peer import epoch_floor_entry, member_bytes, running_secret_cluster
+from testsupport.raft_peer import RaftPeer, epoch_floor_entry, running_secret_cluster
 from testsupport.supervisor import wait_until
 
 SECRET = "peer-auth-test-secret-0123456789abcdef"
@@ -36,17 +37,17 @@ OBSERVE_S = 6.0
 HANG_UP_S = 5.0
 
 
-def connect(raft_address: str) -> socket.socket:
-    host, port = raft_address.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=HANG_UP_S)
+def stranger(raft_address: str, secret: str | None) -> RaftPeer:
+    """A connection that skips the key exchange: plain, or under a secret that is not the
+    cluster's (a member drops both at their first frame)."""
+    return RaftPeer(raft_address, secret=secret, key_exchange=False, timeout_s=HANG_UP_S)
 
 
 def name_and_hang_up(raft_address: str, named: str, *, secret: str | None = None) -> bool:
     """Name member ``named`` at ``raft_address``, give the member time to act on it, hang up.
     True if the member hung up first (it refused the name)."""
-    with connect(raft_address) as sock:
-        sock.sendall(member_bytes(named, secret=secret))
-        return hung_up_on(sock, 1.0)
+    with stranger(raft_address, secret) as peer:
+        return peer.name(named).hung_up(1.0)
 
 
 def holds_for(predicate, duration_s: float, what: str) -> None:
@@ -99,9 +100,8 @@ def test_without_the_secret_a_named_connection_can_commit_anything(open_cluster)
     leader = cluster.wait_ready()
     before = cluster.nodes[leader].status().epoch
     floor = before + 1_000_000
-    with connect(cluster.nodes[leader].raft_address) as sock:
-        sock.sendall(member_bytes(cluster.nodes[2].raft_address,
-                                  {"type": "apply_command", "command": epoch_floor_entry(floor)}))
+    with RaftPeer(cluster.nodes[leader].raft_address, timeout_s=HANG_UP_S) as peer:
+        peer.name_and_command(cluster.nodes[2].raft_address, epoch_floor_entry(floor))
         wait_until(lambda: cluster.nodes[leader].status().epoch >= floor, 10, what="the injected entry to apply")
     cluster.start(2)
     cluster.wait_ready()
@@ -134,12 +134,43 @@ def test_with_the_secret_an_injected_command_is_dropped_and_nothing_commits(secr
     cluster = secret_cluster
     leader = cluster.wait_ready()
     before = cluster.nodes[leader].status().epoch
-    injection = member_bytes(cluster.nodes[(leader + 1) % 3].raft_address,
-                             {"type": "apply_command", "command": epoch_floor_entry(before + 1_000_000)},
-                             secret=secret)
     for node in cluster.nodes:  # the leader takes commands; followers would forward them
-        with connect(node.raft_address) as sock:
-            sock.sendall(injection)
-            assert hung_up_on(sock, HANG_UP_S), f"member {node.index} kept the connection"
+        with stranger(node.raft_address, secret) as peer:
+            peer.name_and_command(cluster.nodes[(leader + 1) % 3].raft_address, epoch_floor_entry(before + 1_000_000))
+            assert peer.hung_up(HANG_UP_S), f"member {node.index} kept the connection"
     for node in cluster.nodes:
         assert node.status().epoch == before  # a read through the log: nothing was committed
+
+
+def test_with_the_secret_a_holder_replaces_a_connection_that_looks_open_and_the_old_one_closes(secret_cluster):
+    """A member restarted after a power loss reconnects before its old connection reports
+    closed: it holds the secret, so it takes that connection's place. Played here by a holder
+    that names member 2 (it dials the others) at members 0 and 1. The replaced connection
+    must be closed: member 2 then dials again at once and takes its place back. pysyncobj
+    left it open, so member 2, connected as far as it could tell, kept sending into it while
+    every answer went to the holder: no acks, and member 2 fell out until its connection
+    timed out."""
+    cluster = secret_cluster
+    cluster.wait_ready()
+    named = cluster.nodes[2].raft_address
+    holders = [RaftPeer(node.raft_address, secret=SECRET, timeout_s=HANG_UP_S).name(named) for node in cluster.nodes[:2]]
+    try:
+        # Member 0 is dialled by the others: a name of it at them is dropped, secret or not.
+        with RaftPeer(cluster.nodes[1].raft_address, secret=SECRET, timeout_s=HANG_UP_S) as holder:
+            assert holder.name(cluster.nodes[0].raft_address).hung_up(HANG_UP_S)
+        holds_for(lambda: all(n.health_status() == SERVING for n in cluster.nodes), OBSERVE_S,
+                  what="every member SERVING")
+    finally:
+        for holder in holders:
+            holder.close()
+    serves_everywhere(cluster, through=2)
+
+
+def test_with_the_secret_a_key_exchange_that_sends_no_key_is_dropped(secret_cluster):
+    """pysyncobj stored whatever came first as the connection's key: here a name, under the
+    secret. A member answers a key exchange only with a key."""
+    cluster = secret_cluster
+    cluster.wait_ready()
+    with RaftPeer(cluster.nodes[0].raft_address, secret=SECRET, key_exchange=False, timeout_s=HANG_UP_S) as peer:
+        assert peer.name(cluster.nodes[2].raft_address).hung_up(HANG_UP_S)
+    serves_everywhere(cluster, through=0)

@@ -15,6 +15,7 @@ import grpc
 import pytest
 from pysyncobj.config import FAIL_REASON
 
+from coordinator.core.names import ErrorReason as R
 from coordinator.core.state_machine import FencingStateMachine
 from coordinator.raft.interface import ProposeFailure, ProposeOutcome, ProposeResult, StateMachine
 from coordinator.raft.node import failure_of
@@ -47,7 +48,7 @@ def test_every_propose_failure_maps_to_a_status_that_keeps_its_meaning(failure):
     assert (failure.outcome is ProposeOutcome.NOT_APPLIED) == definite
     # Only OUTCOME_UNKNOWN tells a client to retry with the same op_id; anything else it
     # may retry anywhere, so a failure that may still apply must never map elsewhere.
-    assert (error.reason == "OUTCOME_UNKNOWN") == (not definite)
+    assert (error.reason == R.OUTCOME_UNKNOWN) == (not definite)
     assert error.code is errors.STATUS_TABLE[errors.PROPOSE_FAILURES[failure]][0]
     assert error.metadata["detail"] == failure.value
 
@@ -70,7 +71,7 @@ def test_an_unknown_fail_code_is_unknown_and_keeps_its_number():
     assert (result.outcome, result.failure, result.detail) == (
         ProposeOutcome.UNKNOWN, ProposeFailure.UNRECOGNIZED, "fail_reason_99")
     error = errors.from_propose_failure(result)
-    assert (error.code, error.reason) == (grpc.StatusCode.ABORTED, "OUTCOME_UNKNOWN")
+    assert (error.code, error.reason) == (grpc.StatusCode.ABORTED, R.OUTCOME_UNKNOWN)
     assert error.metadata["detail"] == "fail_reason_99"
 
 

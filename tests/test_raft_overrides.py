@@ -101,10 +101,8 @@ def make_node(tmp_path, fixes=ALL_FIXES, machine=None, name="n", **config_fields
 
 
 def entry(node, payload: bytes, idx: int, term: int):
-    """A log entry exactly as pysyncobj stores a call of our replicated apply."""
-    so = node.syncobj
-    func_id = so._methodToID[(id(node._replica), "apply_v0")]
-    return (b"\x00" + ps_pickle.dumps((func_id, (payload,))), idx, term)
+    """A log entry exactly as our members write one (the typed entry format)."""
+    return (raft_wire.encode_entry(payload), idx, term)
 
 
 def append(node, prev_idx, prev_term, entries, commit, term=1, leader=LEADER):
@@ -281,7 +279,7 @@ def test_commands_with_distinct_keys_share_one_entry_in_order(tmp_path):
         node.propose_async(name, collect(results, name), batch_key=key)
     node.tick(0)
     log = so._SyncObj__raftLog
-    shared = [raft_wire.decode_shared_entry(ps_pickle.loads(e[0][1:])[1][0]) for e in log[before + 1 - log[0][1]:]]
+    shared = [raft_wire.decode_shared_entry(raft_wire.entry_command(e[0])) for e in log[before + 1 - log[0][1]:]]
     # a2 repeats key "a": a new entry (of one command: a plain one); n1 has no key:
     # alone, keeping its place; c1 is then alone too.
     assert shared == [[b"a1", b"b1"], None, None, None]
@@ -569,33 +567,6 @@ def test_outgoing_connections_bind_own_address(tmp_path):
         listener.close()
 
 
-# -- Raft wire: stored zlib blocks ------------------------------------------------------
-
-
-@pytest.mark.parametrize("size", [0, 1, 700, 65_535, 65_536, 200_000])
-def test_stored_zlib_stream_is_what_any_pysyncobj_peer_decompresses(size):
-    import os
-    import zlib
-
-    data = os.urandom(size)
-    stream = raft_wire.zlib_stored(data)
-    assert zlib.decompress(stream) == data  # what tcp_connection.py:291 does on the other side
-    reader = zlib.decompressobj()
-    assert reader.decompress(stream) == data and reader.eof and not reader.unused_data
-    assert len(stream) <= size + 11 + 5 * (size // 65_535)  # stored: no compression attempted
-
-
-def test_raft_connections_send_stored_blocks_below_the_threshold():
-    import pysyncobj.tcp_connection as tcp
-
-    patches.install()  # what RaftNode does first
-    small = b"x" * 1000
-    assert tcp.zlib.compress(small, 3) == raft_wire.zlib_stored(small)
-    big = b"x" * raft_wire.ZLIB_STORED_BELOW_BYTES
-    assert len(tcp.zlib.compress(big, 3)) < len(big) // 10  # large chunks still compressed
-    assert tcp.zlib.decompress(tcp.zlib.compress(big, 3)) == big
-
-
 # -- peer input: entries that call code never run ---------------------------------------
 
 
@@ -641,13 +612,13 @@ def test_a_split_append_is_dropped_unread(tmp_path):
 
 @pytest.mark.parametrize("forged", [
     "wrong-method-id", "two-arguments", "text-argument", "keyword-arguments", "not-a-tuple",
-    "membership", "code-version", "not-a-pickle",
+    "membership", "code-version", "not-a-pickle", "a-pickled-call-of-apply", "typed-but-another-version", "empty",
 ])
 def test_a_committed_entry_no_member_writes_is_skipped(tmp_path, forged):
     # Stock pysyncobj calls whatever method id and arguments an entry names
     # (syncobj.py:894-907): these raised inside apply and stopped every member.
     node = make_node(tmp_path)
-    apply_id = node.syncobj._methodToID[(id(node._replica), "apply_v0")]
+    apply_id = raft_wire.LEGACY_APPLY_METHOD_ID  # what pysyncobj numbered Replica.apply before
     body = {
         "wrong-method-id": b"\x00" + ps_pickle.dumps((apply_id + 1000, (b"x",))),
         "two-arguments": b"\x00" + ps_pickle.dumps((apply_id, (b"x", b"y"))),
@@ -657,6 +628,9 @@ def test_a_committed_entry_no_member_writes_is_skipped(tmp_path, forged):
         "membership": b"\x02" + ps_pickle.dumps(["rem", "127.0.0.12:4001", "127.0.0.12:4001"]),
         "code-version": b"\x03" + ps_pickle.dumps(7),
         "not-a-pickle": b"\x00garbage",
+        "a-pickled-call-of-apply": b"\x00" + ps_pickle.dumps((apply_id, (b"x",))),  # typed entries only now
+        "typed-but-another-version": b"\x00\x02" + b"x",
+        "empty": b"",
     }[forged]
     append(node, 1, 0, [entry(node, b"p2", 2, 1), (body, 3, 1), entry(node, b"p4", 4, 1)], commit=1)
     append(node, 4, 1, [], commit=4)

@@ -1,7 +1,7 @@
-"""One table of each RPC's request fields (``validation.REQUESTS``), and its three readers.
+"""One table of each RPC's request fields (``validation.REQUESTS``), and its four readers.
 
-The service reads a request's fields through it, fencingctl takes from it which fields a
-command takes and which the user must give, and the state machine's command schemas must
+The service and the client check a request's fields through it, fencingctl takes from it
+which fields a command takes and which the user must give, and the state machine's command schemas must
 agree with it field for field (they are a different layer, with their own wire format, so
 they are compared here rather than derived).
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.client import fencingctl
+from coordinator.client import FencingClient, fencingctl
+from coordinator.client import exceptions as E
 from coordinator.core import state_machine, validation
 from coordinator.core.commands import Op
 from coordinator.server import errors, service
@@ -106,6 +107,54 @@ def test_service_refuses_a_bad_field_as_invalid_argument_naming_it():
         service._checked_request("Acquire", pb.AcquireRequest(resource="r", holder="h", ttl_ms=5))
     assert caught.value.key is errors.Failure.INVALID_INPUT
     assert caught.value.metadata == {"field": "ttl_ms"}
+
+
+# -- the client checks requests by the table --------------------------------------------------
+
+
+@pytest.fixture
+def offline_client():
+    # Nothing listens on port 1: a request that got past the checks would fail as Unavailable.
+    with FencingClient(["127.0.0.1:1"], timeout_s=0.5, retry_max_attempts=1) as client:
+        yield client
+
+
+def test_client_checks_a_request_by_the_tables_row(monkeypatch, offline_client):
+    # A rule put into the table reaches the client: it has no field list of its own.
+    def only_k(value):
+        if value != "k":
+            raise validation.InvalidField("key", "must be 'k' in this test")
+        return value
+
+    monkeypatch.setitem(validation.REQUESTS["Write"], "key", validation.Field(only_k))
+    with pytest.raises(E.InvalidArgument, match="must be 'k' in this test") as caught:
+        offline_client.write("r", "other", b"v", token=3)
+    assert caught.value.field == "key"
+    assert caught.value.metadata == {"field": "key"}
+    with pytest.raises(E.Unavailable):  # a good key passes the checks and is sent
+        offline_client.write("r", "k", b"v", token=3)
+
+
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda c: c.acquire("r", ttl_ms=5, holder="h"), "ttl_ms"),
+        (lambda c: c.keep_alive("r", 0), "token"),
+        (lambda c: c.release("r", 3, op_id=b"short"), "op_id"),
+        (lambda c: c.describe("r r"), "resource"),
+        (lambda c: c.write("r", "k", "text", token=3), "value"),
+        (lambda c: c.write("r", "k", b"v", token=3, expected_version=-1), "expected_version"),
+        (lambda c: c.delete("r", "", token=3), "key"),
+        (lambda c: c.read("r", "k k"), "key"),
+        (lambda c: c.force_release("r", op_id=b""), "op_id"),
+        (lambda c: c.set_epoch_floor(0), "floor"),
+        (lambda c: c.restore(b"backup", epoch_floor=0), "epoch_floor"),
+    ],
+)
+def test_client_refuses_a_bad_field_of_every_rpc_naming_it(offline_client, call, field):
+    with pytest.raises(E.InvalidArgument) as caught:
+        call(offline_client)
+    assert caught.value.field == field
 
 
 # -- fencingctl takes the table's fields ------------------------------------------------------

@@ -12,6 +12,7 @@ from coordinator.server import config
 from coordinator.server import errors
 from coordinator.server.fencingd import build_parser
 from coordinator.raft.interface import ProposeFailure, ProposeResult
+from coordinator.core.names import ErrorReason as R
 from coordinator.core.state_machine import Reason, Rejected
 
 MEMBERS = ["127.0.0.2:7000=127.0.0.2:7100", "127.0.0.3:7000=127.0.0.3:7100", "127.0.0.4:7000=127.0.0.4:7100"]
@@ -101,19 +102,19 @@ def test_every_refusal_reason_has_one_status():
 
 
 @pytest.mark.parametrize("failure, code, reason", [
-    (ProposeFailure.LEADER_CHANGED, grpc.StatusCode.ABORTED, "OUTCOME_UNKNOWN"),
-    (ProposeFailure.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED, "OUTCOME_UNKNOWN"),
-    (ProposeFailure.NO_LEADER, grpc.StatusCode.UNAVAILABLE, "NO_LEADER"),
-    (ProposeFailure.NOT_LEADER, grpc.StatusCode.UNAVAILABLE, "NO_LEADER"),
-    (ProposeFailure.QUEUE_FULL, grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED"),
-    (ProposeFailure.COMMAND_TOO_LARGE, grpc.StatusCode.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED"),
+    (ProposeFailure.LEADER_CHANGED, grpc.StatusCode.ABORTED, R.OUTCOME_UNKNOWN),
+    (ProposeFailure.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED, R.OUTCOME_UNKNOWN),
+    (ProposeFailure.NO_LEADER, grpc.StatusCode.UNAVAILABLE, R.NO_LEADER),
+    (ProposeFailure.NOT_LEADER, grpc.StatusCode.UNAVAILABLE, R.NO_LEADER),
+    (ProposeFailure.QUEUE_FULL, grpc.StatusCode.RESOURCE_EXHAUSTED, R.OVERLOADED),
+    (ProposeFailure.COMMAND_TOO_LARGE, grpc.StatusCode.RESOURCE_EXHAUSTED, R.LIMIT_EXCEEDED),
 ])
 def test_propose_failures_map_through_the_table(failure, code, reason):
     error = errors.from_propose_failure(ProposeResult.failed(failure), "10.0.0.1:7000", "10.0.0.1:7100")
     assert (error.code, error.reason) == (code, reason)
-    if reason == "NO_LEADER":
+    if reason == R.NO_LEADER:
         assert error.metadata["leader_api"] == "10.0.0.1:7100"
-    if reason == "OUTCOME_UNKNOWN":
+    if reason == R.OUTCOME_UNKNOWN:
         assert error.metadata["detail"] == failure.value
 
 
@@ -121,7 +122,7 @@ def test_refusal_details_become_string_metadata():
     refusal = Rejected(op=None, reason=Reason.LEASE_HELD, message="held",
                        details={"holder": "a", "expires_at_ms": 12, "token": 3})
     error = errors.from_refusal(refusal, index=9)
-    assert (error.code, error.reason, error.index) == (grpc.StatusCode.FAILED_PRECONDITION, "LEASE_HELD", 9)
+    assert (error.code, error.reason, error.index) == (grpc.StatusCode.FAILED_PRECONDITION, R.LEASE_HELD, 9)
     assert error.metadata == {"holder": "a", "expires_at_ms": "12", "token": "3"}
     status = errors.rich_status(error, (("fencing-member-id", "m"),))
     assert status.code is grpc.StatusCode.FAILED_PRECONDITION

@@ -1,9 +1,9 @@
 """An in-process fencing cluster for client and fencingctl tests: the REAL servicers over
 in-memory Raft nodes.
 
-Owns: ``InMemoryCluster`` (N gRPC servers on 127.0.0.1, each wired the way
-``coordinator/server/app.py`` wires a member: service.py's servicers, the errors table,
-metrics and the admin token, in front of its own ``InMemoryNode`` on one shared log), the
+Owns: ``InMemoryCluster`` (N gRPC servers on 127.0.0.1, each wired by
+``coordinator/server/app.py``'s own ``add_services``: service.py's servicers, the errors
+table, metrics and the admin token, in front of its own ``InMemoryNode`` on one shared log), the
 interceptor at each server's edge that records every call (so "nothing was sent" is
 checked, not assumed) and runs transport faults, and ``inject``. A node that is down is
 its server stopped. The faults are in ``inmemory_faults``.
@@ -20,20 +20,11 @@ from typing import Any
 
 import grpc
 
-from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from coordinator.core import limits
 from coordinator.core.state_machine import FencingStateMachine
-from coordinator.server.app import audit_logger
+from coordinator.server.app import GRPC_SERVER_OPTIONS, add_services
 from coordinator.server.config import ServerConfig
 from coordinator.server.metrics import Metrics
-from coordinator.server.service import (
-    AdminServicer,
-    ClusterServicer,
-    Core,
-    FencedStoreServicer,
-    LeaseServicer,
-    Proposer,
-)
+from coordinator.server.service import Core, LeaseServicer
 from testsupport.inmemory_faults import Fault, Faults, ProposeFault, TransportFault
 from testsupport.inmemory_node import InMemoryNode, SharedLog
 
@@ -99,11 +90,7 @@ class Member:
         self.metrics = Metrics()
         self.server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(GRPC_THREADS, thread_name_prefix=f"inmemory-{index}"),
-            options=[
-                ("grpc.max_receive_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
-                ("grpc.max_send_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
-                ("grpc.so_reuseport", 0),
-            ],
+            options=GRPC_SERVER_OPTIONS,
             interceptors=[_EdgeInterceptor(self), self.metrics.interceptor()],
         )
         self.port = self.server.add_insecure_port("127.0.0.1:0")
@@ -113,24 +100,10 @@ class Member:
         self.lease: LeaseServicer | None = None
 
     def wire(self, config: ServerConfig, members: dict[str, str]) -> None:
-        """Build and register the servicers as coordinator/server/app.py's FencingServer does."""
-        proposer = Proposer(
-            self.node,
-            inflight_max=config.inflight_proposals_max,
-            timeout_max_s=config.propose_timeout_max_s,
-            deadline_margin_s=config.propose_deadline_margin_s,
-            members=members,
-            metrics=self.metrics,
-        )
-        self.core = Core(self.node, proposer, members=members, authenticator=None, proof_signer=None)
-        self.lease = LeaseServicer(self.core, acquire_wait_poll_s=config.acquire_wait_poll_ms / 1000)
-        pb_grpc.add_LeaseServicer_to_server(self.lease, self.server)
-        pb_grpc.add_FencedStoreServicer_to_server(FencedStoreServicer(self.core), self.server)
-        pb_grpc.add_ClusterServicer_to_server(ClusterServicer(self.core), self.server)
-        pb_grpc.add_AdminServicer_to_server(
-            AdminServicer(self.core, admin_token=config.resolved_admin_token(), audit=audit_logger(config)),
-            self.server,
-        )
+        """Build and register the servicers with app.py's ``add_services``, as a member does."""
+        services = add_services(self.server, self.node, config, members=members, metrics=self.metrics)
+        self.core = services.core
+        self.lease = services.lease
 
     def start(self) -> None:
         self.server.start()

@@ -2,8 +2,8 @@
 request of every RPC, the bookkeeping of one call's attempts, and the keep-alive policy.
 
 Owns: ``_ClientBase`` (the constructor and its checks, written once; every public RPC
-method: validate, build the request, describe how it may be retried, and hand a ``Call`` to
-``_execute``), ``Attempts`` (deadline, attempt count, maybe-applied, the final exception),
+method: check and build the request by its row of ``validation.REQUESTS``, describe how
+it may be retried, and hand a ``Call`` to ``_execute``), ``Attempts`` (deadline, attempt count, maybe-applied, the final exception),
 ``LeaseBase`` and ``keepalive_step`` (when a lease is renewed, how long a failing renewal
 is retried, when the lease counts as lost), and the defaults. Must never: block, sleep or
 do I/O: ``FencingClient`` (threads) and ``AsyncFencingClient`` (asyncio) only add their
@@ -98,16 +98,40 @@ def new_op_id() -> bytes:
     return os.urandom(limits.OP_ID_BYTES_MIN)
 
 
+def _invalid(exc: validation.InvalidField, request: dict[str, Any]) -> InvalidArgument:
+    return InvalidArgument(
+        str(exc), reason=ErrorReason.INVALID_FIELD, metadata={ErrorMeta.FIELD: exc.field},
+        request=request,
+    )
+
+
 def _check(check: Callable[[Any], Any], value: Any, request: dict[str, Any]) -> Any:
-    """Run a shared field check (coordinator.core.validation, the server's own rules); a bad
-    field is InvalidArgument, raised before anything is sent."""
+    """Run one field check that is not a row of validation.REQUESTS (Acquire's wait_ms, a
+    batch's shared ttl_ms); a bad field is InvalidArgument, raised before anything is sent."""
     try:
         return check(value)
     except validation.InvalidField as exc:
-        raise InvalidArgument(
-            str(exc), reason=ErrorReason.INVALID_FIELD, metadata={ErrorMeta.FIELD: exc.field},
-            request=request,
-        ) from None
+        raise _invalid(exc, request) from None
+
+
+def _request(message: Any, request: dict[str, Any], **fields: Any) -> Any:
+    """``message`` (a fencing.proto request type) holding ``fields``, checked by its RPC's row
+    of validation.REQUESTS: the table and rules the server checks with, in the same order,
+    so the first bad field is InvalidArgument naming it, raised before anything is sent.
+
+    None leaves an optional field unset, except a bool: the wire cannot carry an unset one
+    (the server reads it as False), so a None there is refused rather than sent as False.
+    """
+    rpc = message.DESCRIPTOR.name.removesuffix("Request")
+    try:
+        checked = validation.check_request(rpc, fields)
+        wire = message.DESCRIPTOR.fields_by_name
+        for name, value in checked.items():
+            if value is None and wire[name].type == wire[name].TYPE_BOOL:
+                validation.REQUESTS[rpc][name].check(value)
+    except validation.InvalidField as exc:
+        raise _invalid(exc, request) from None
+    return message(**checked)
 
 
 def _check_wait_ms(value: object) -> int:
@@ -425,14 +449,11 @@ class _ClientBase:
         holder = _default_holder() if holder is None else holder
         op_id = new_op_id() if op_id is None else op_id
         ctx = {"rpc": "acquire", "resource": resource, "holder": holder, "op_id": op_id}
-        _check(validation.check_resource, resource, ctx)
-        _check(validation.check_holder, holder, ctx)
-        _check(validation.check_ttl_ms, ttl_ms, ctx)
-        _check(validation.check_op_id, op_id, ctx)
-        wait_ms = _check(_check_wait_ms, wait_ms, ctx)
-        req = pb.AcquireRequest(
-            resource=resource, holder=holder, ttl_ms=ttl_ms, op_id=op_id, wait_ms=wait_ms
+        req = _request(
+            pb.AcquireRequest, ctx, resource=resource, holder=holder, ttl_ms=ttl_ms, op_id=op_id
         )
+        wait_ms = _check(_check_wait_ms, wait_ms, ctx)  # not in the table: the server clamps it
+        req.wait_ms = wait_ms
         return self._execute(Call(
             "lease", "Acquire", req, Kind.DEDUP, ctx,
             lambda r: results.acquire_result(r, resource=resource, holder=holder, op_id=op_id),
@@ -454,11 +475,7 @@ class _ClientBase:
         unknown outcome.
         """
         ctx = {"rpc": "keep-alive", "resource": resource, "token": token}
-        _check(validation.check_resource, resource, ctx)
-        _check(validation.check_token, token, ctx)
-        if ttl_ms is not None:
-            _check(validation.check_ttl_ms, ttl_ms, ctx)
-        req = pb.KeepAliveRequest(resource=resource, token=token, ttl_ms=ttl_ms or 0)
+        req = _request(pb.KeepAliveRequest, ctx, resource=resource, token=token, ttl_ms=ttl_ms)
         return self._execute(Call(
             "lease", "KeepAlive", req, Kind.REPEATABLE, ctx,
             lambda r: results.keep_alive_result(r, resource=resource, token=token),
@@ -476,14 +493,15 @@ class _ClientBase:
         on its own (``item.ok``, ``item.error``). At most limits.KEEP_ALIVE_BATCH_ITEMS_MAX
         items (InvalidArgument beyond)."""
         ctx: dict[str, Any] = {"rpc": "keep-alive-many"}
-        if ttl_ms is not None:
-            _check(validation.check_ttl_ms, ttl_ms, ctx)
-        requests = []
-        for resource, token in leases:
-            item_ctx = {**ctx, "resource": resource, "token": token}
-            _check(validation.check_resource, resource, item_ctx)
-            _check(validation.check_token, token, item_ctx)
-            requests.append(pb.KeepAliveRequest(resource=resource, token=token, ttl_ms=ttl_ms or 0))
+        if ttl_ms is not None:  # checked once, before the items: it is the batch's
+            _check(validation.REQUESTS["KeepAlive"]["ttl_ms"].check, ttl_ms, ctx)
+        requests = [
+            _request(
+                pb.KeepAliveRequest, {**ctx, "resource": resource, "token": token},
+                resource=resource, token=token, ttl_ms=ttl_ms,
+            )
+            for resource, token in leases
+        ]
         if len(requests) > limits.KEEP_ALIVE_BATCH_ITEMS_MAX:
             raise InvalidArgument(
                 f"{len(requests)} leases, more than {limits.KEEP_ALIVE_BATCH_ITEMS_MAX} in one call",
@@ -506,10 +524,7 @@ class _ClientBase:
         lease had already ended)."""
         op_id = new_op_id() if op_id is None else op_id
         ctx = {"rpc": "release", "resource": resource, "token": token, "op_id": op_id}
-        _check(validation.check_resource, resource, ctx)
-        _check(validation.check_token, token, ctx)
-        _check(validation.check_op_id, op_id, ctx)
-        req = pb.ReleaseRequest(resource=resource, token=token, op_id=op_id)
+        req = _request(pb.ReleaseRequest, ctx, resource=resource, token=token, op_id=op_id)
         return self._execute(Call(
             "lease", "Release", req, Kind.DEDUP, ctx, results.release_result, timeout_s=timeout_s,
         ))
@@ -517,9 +532,9 @@ class _ClientBase:
     def describe(self, resource: str, *, timeout_s: float | None = None) -> Description:
         """The resource's lease and hwm, linearizable (read through the log)."""
         ctx = {"rpc": "describe", "resource": resource}
-        _check(validation.check_resource, resource, ctx)
+        req = _request(pb.DescribeRequest, ctx, resource=resource)
         return self._execute(Call(
-            "lease", "Describe", pb.DescribeRequest(resource=resource), Kind.READ, ctx,
+            "lease", "Describe", req, Kind.READ, ctx,
             lambda r: results.description(r, resource=resource), timeout_s=timeout_s,
         ))
 
@@ -547,16 +562,9 @@ class _ClientBase:
             "rpc": "write", "resource": resource, "key": key, "token": token, "op_id": op_id,
             "expected_version": expected_version,
         }
-        _check(validation.check_resource, resource, ctx)
-        _check(validation.check_key, key, ctx)
-        value = _check(validation.check_value, _as_bytes(value), ctx)
-        _check(validation.check_token, token, ctx)
-        _check(validation.check_op_id, op_id, ctx)
-        if expected_version is not None:
-            _check(validation.check_expected_version, expected_version, ctx)
-        req = pb.WriteRequest(
-            resource=resource, key=key, value=value, token=token, op_id=op_id,
-            expected_version=expected_version,
+        req = _request(
+            pb.WriteRequest, ctx, resource=resource, key=key, value=_as_bytes(value), token=token,
+            op_id=op_id, expected_version=expected_version,
         )
         return self._execute(Call(
             "store", "Write", req, Kind.DEDUP, ctx,
@@ -575,11 +583,7 @@ class _ClientBase:
         """Fenced delete of ``key`` (checked like a write, DESIGN I7)."""
         op_id = new_op_id() if op_id is None else op_id
         ctx = {"rpc": "delete", "resource": resource, "key": key, "token": token, "op_id": op_id}
-        _check(validation.check_resource, resource, ctx)
-        _check(validation.check_key, key, ctx)
-        _check(validation.check_token, token, ctx)
-        _check(validation.check_op_id, op_id, ctx)
-        req = pb.DeleteRequest(resource=resource, key=key, token=token, op_id=op_id)
+        req = _request(pb.DeleteRequest, ctx, resource=resource, key=key, token=token, op_id=op_id)
         return self._execute(Call(
             "store", "Delete", req, Kind.DEDUP, ctx,
             lambda r: results.delete_result(r, op_id=op_id), timeout_s=timeout_s,
@@ -588,10 +592,9 @@ class _ClientBase:
     def read(self, resource: str, key: str, *, timeout_s: float | None = None) -> ReadResult:
         """Linearizable read of ``key`` (DESIGN I9); ``found`` is False if absent."""
         ctx = {"rpc": "read", "resource": resource, "key": key}
-        _check(validation.check_resource, resource, ctx)
-        _check(validation.check_key, key, ctx)
+        req = _request(pb.ReadRequest, ctx, resource=resource, key=key)
         return self._execute(Call(
-            "store", "Read", pb.ReadRequest(resource=resource, key=key), Kind.READ, ctx,
+            "store", "Read", req, Kind.READ, ctx,
             results.read_result, timeout_s=timeout_s,
         ))
 
@@ -616,9 +619,7 @@ class _ClientBase:
         """Admin: clear the lease by issuing a new epoch; the old holder is fenced (I7)."""
         op_id = new_op_id() if op_id is None else op_id
         ctx = {"rpc": "force-release", "resource": resource, "op_id": op_id}
-        _check(validation.check_resource, resource, ctx)
-        _check(validation.check_op_id, op_id, ctx)
-        req = pb.ForceReleaseRequest(resource=resource, op_id=op_id)
+        req = _request(pb.ForceReleaseRequest, ctx, resource=resource, op_id=op_id)
         return self._execute(Call(
             "admin", "ForceRelease", req, Kind.DEDUP, ctx,
             lambda r: results.force_release_result(r, op_id=op_id), timeout_s=timeout_s,
@@ -631,9 +632,7 @@ class _ClientBase:
         default) every resource is fenced at a new epoch (I11). Repeating it only raises
         the epoch further, so it is retried after an unknown outcome."""
         ctx = {"rpc": "set-epoch-floor", "floor": floor}
-        _check(validation.check_floor, floor, ctx)
-        _check(validation.check_fence_all, fence_all, ctx)
-        req = pb.SetEpochFloorRequest(floor=floor, fence_all=fence_all)
+        req = _request(pb.SetEpochFloorRequest, ctx, floor=floor, fence_all=fence_all)
         return self._execute(Call(
             "admin", "SetEpochFloor", req, Kind.REPEATABLE, ctx, results.epoch_result,
             timeout_s=timeout_s,
@@ -653,9 +652,7 @@ class _ClientBase:
         issued (I11). Not resent after an attempt that may have applied: that raises
         OutcomeUnknown, and the operator checks ``status()`` before trying again."""
         ctx = {"rpc": "restore", "epoch_floor": epoch_floor}
-        data = _check(validation.check_snapshot_data, _as_bytes(data), ctx)
-        _check(validation.check_epoch_floor, epoch_floor, ctx)
-        req = pb.RestoreRequest(data=data, epoch_floor=epoch_floor)
+        req = _request(pb.RestoreRequest, ctx, data=_as_bytes(data), epoch_floor=epoch_floor)
         return self._execute(Call(
             "admin", "Restore", req, Kind.ONCE, ctx, results.epoch_result, timeout_s=timeout_s,
         ))

@@ -37,6 +37,8 @@ from typing import Callable
 import msgpack
 from pysyncobj.journal import Journal
 
+from coordinator.raft import wire as raft_wire
+
 log = logging.getLogger(__name__)
 
 JOURNAL_NAME = "raft.journal"
@@ -143,6 +145,10 @@ class DurableJournal(Journal):
         version, term, voted_for = msgpack.unpackb(body, raw=False)
         if version != _META_FORMAT_VERSION:
             raise JournalCorrupt(f"{self._meta_path}: unknown meta format version {version}")
+        if type(term) is not int or not 0 <= term < 2**63:
+            # pysyncobj persisted whatever term a peer sent (a float 1e300 stopped the cluster
+            # for good); the typed wire refuses those now, and one on disk is refused here.
+            raise JournalCorrupt(f"{self._meta_path}: term {term!r} is not an integer in [0, 2^63)")
         return term, voted_for
 
     def _open_and_load(self) -> int:
@@ -193,10 +199,19 @@ class DurableJournal(Journal):
                     f"{self._path}: record at offset {offset} has index {index}, expected {previous_index + 1}"
                 )
             previous_index = index
-            self._entries.append((bytes(payload[_ENTRY_HEAD.size :]), index, term))
+            self._entries.append((self._typed_entry(bytes(payload[_ENTRY_HEAD.size :]), index), index, term))
             self._offsets.append(offset)
             offset = start + length
         self._end = offset
+
+    def _typed_entry(self, command: bytes, index: int) -> bytes:
+        # A journal written before the typed entry format holds pickled calls: this member's
+        # own, read here once (raft_wire.upgrade_own_entry; RAFT.md "A typed wire"). In memory,
+        # and so on the wire and in the next compaction's file, every entry is typed.
+        upgraded, why = raft_wire.upgrade_own_entry(command)
+        if why is not None:
+            log.error("%s: entry %d of the pre-typed format is skipped (a NO_OP now): %s", self._path, index, why)
+        return upgraded
 
     def _cut_torn_tail(self, fd: int, data: bytes, offset: int, why: str) -> None:
         # Only the last record can be torn: a write that never completed was never

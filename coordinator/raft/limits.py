@@ -14,7 +14,26 @@ RAFT_ENTRY_COMMANDS_MAX = 256
 RAFT_ENTRY_BYTES_MAX = 1024 * 1024
 
 
+# One Raft log entry's bytes (pysyncobj's type byte, our entry version byte, then the command):
+# the largest a member of ours writes is a restore command alone, or a shared entry (its
+# commands, each with a msgpack bin head of at most 5 bytes, and the list's own head). A peer's
+# entry or forwarded command over this is refused before anything stores it.
+RAFT_LOG_ENTRY_BYTES_MAX = 2 + max(
+    RESTORE_COMMAND_BYTES_MAX, 1 + 5 + RAFT_ENTRY_BYTES_MAX + 5 * RAFT_ENTRY_COMMANDS_MAX
+)
+
+
 # -- peer messages -----------------------------------------------------------------
+# Terms, log indexes, request ids and commit indexes on the wire: integers in [0, 2^63).
+# pysyncobj compares and persists whatever a peer sends; a float term (1e300) once adopted
+# could never be passed by an integer one, and the journal stores them as u64.
+RAFT_WIRE_INT_END = 2**63
+# Snapshot chunks: pysyncobj reads the dump file this many bytes at a time
+# (logCompactionBatchSize; syncobj.py sets it to this) and a peer's chunk may be no longer.
+RAFT_SNAPSHOT_CHUNK_BYTES = 64 * 1024
+# A member's Raft address as it names itself ("host:port"): a DNS name is at most 253
+# characters, a port 5 digits; longer is not a member and is refused unread.
+RAFT_ADDRESS_CHARS_MAX = 253 + 1 + 5
 # What pysyncobj sends in one append: entries up to its batch size (syncobj.py sets it to
 # RAFT_BATCH_BYTES) plus the one entry that crosses it, and at most RAFT_APPEND_ENTRIES_MAX
 # entries (syncobj.py caps the count; stock pysyncobj has no cap).

@@ -3,12 +3,11 @@
 Owns: the pinned version (``PYSYNCOBJ_VERSION_REQUIRED``, ``check_pysyncobj_version``) and
 ``install()``, which checks that version first and then, once per process, replaces:
   - ``syncobj.createJournal``: also accepts a ready Journal object (our DurableJournal);
-  - ``zlib`` as tcp_connection.py sees it: stored blocks for small messages, bounded inflate;
-  - ``pickle`` as syncobj.py and tcp_connection.py see it: plain data in, protocol 5 out;
-  - TcpConnection's frame reader (``transport.py``: bounded heads, a bytearray buffer) and
-    its per-connection defaults.
-Why each one is needed: RAFT.md ("No deflate on the Raft wire", "Peer input is plain data",
-"Bounded frames").
+  - ``pickle`` as syncobj.py and tcp_connection.py see it: refuses everything (nothing of
+    ours goes through it any more);
+  - TcpConnection's frame reader and writer (``transport.py``: the typed wire, bounded heads,
+    bytearray buffers) and its per-connection defaults.
+Why each one is needed: RAFT.md ("A typed wire", "Bounded frames").
 Must never: patch anything at import (importing any coordinator.raft module leaves pysyncobj
 stock; a test checks it), or patch a pysyncobj other than the pinned one: every replacement
 names that version's internals.
@@ -17,7 +16,6 @@ names that version's internals.
 from __future__ import annotations
 
 import threading
-import zlib
 
 import pysyncobj.pickle as _ps_pickle
 import pysyncobj.syncobj as _ps
@@ -53,9 +51,8 @@ def install() -> None:
         if _installed:
             return
         _accept_journal_objects()
-        _ps_tcp.zlib = _RaftWireZlib
-        _ps.pickle = _RaftWirePickle
-        _ps_tcp.pickle = _RaftWirePickle
+        _ps.pickle = _NoPickle
+        _ps_tcp.pickle = _NoPickle
         _bound_frame_reads()
         _installed = True
 
@@ -74,36 +71,23 @@ def _accept_journal_objects() -> None:
     _ps.createJournal = create_journal
 
 
-# pysyncobj deflates every Raft message (tcp_connection.py:144); small ones go out as
-# stored zlib blocks instead, the same format for any peer (wire.py says why).
-class _RaftWireZlib:
-    """What tcp_connection.py sees as ``zlib``: stored blocks for small messages."""
-
-    decompress = staticmethod(raft_wire.bounded_inflate)  # its errors drop the connection
-    error = zlib.error
-
-    @staticmethod
-    def compress(data: bytes, level: int = -1) -> bytes:
-        if len(data) < raft_wire.ZLIB_STORED_BELOW_BYTES:
-            return raft_wire.zlib_stored(data)
-        return zlib.compress(data, level)  # large snapshot chunks: worth compressing
-
-
 # pysyncobj unpickles every Raft frame (tcp_connection.py:291) and every log entry it applies
 # (syncobj.py:874, 894, 977, 1419): code execution for anyone who reaches a Raft port or gets
-# an entry into the log. What pysyncobj itself sends and stores is plain data, so both modules
-# get an unpickler that refuses every global (raft_wire.plain_loads says why that suffices),
-# and what we send is pickled with protocol 5, which needs no global for bytes.
-# A refused frame drops the connection (tcp_connection.py:293-296); entries are checked
-# further by HardenedSyncObj._SyncObj__doApplyCommand (syncobj.py in this package).
-class _RaftWirePickle:
-    """What syncobj.py and tcp_connection.py see as ``pickle``: plain data in, protocol 5 out."""
+# an entry into the log. Frames are now the typed wire (transport.send_typed and the frame
+# reader below); entries are typed too and applied by HardenedSyncObj._SyncObj__doApplyCommand
+# without pickle. What is left of pickle in the two modules is refused outright, so a path we
+# did not override fails loudly instead of unpickling.
+class _NoPickle:
+    """What syncobj.py and tcp_connection.py see as ``pickle``: nothing goes through it."""
 
     @staticmethod
-    def dumps(value, protocol=None) -> bytes:  # pysyncobj's signature; it ignores protocol too
-        return raft_wire.dumps(value)
+    def dumps(value, protocol=None) -> bytes:
+        raise raft_wire.RefusedPickle("the Raft layer pickles nothing: messages and entries are typed")
 
-    loads = staticmethod(raft_wire.plain_loads)
+    @staticmethod
+    def loads(data) -> None:
+        raise raft_wire.RefusedPickle("the Raft layer unpickles nothing: messages and entries are typed")
+
     to_bytes = staticmethod(_ps_pickle.to_bytes)
 
 
@@ -113,5 +97,6 @@ def _bound_frame_reads() -> None:
         setattr(conn, name, default)
     conn._TcpConnection__processRead = transport.process_read_bounded
     conn._TcpConnection__processParseMessage = transport.parse_message_bounded
+    conn.send = transport.send_typed
     conn.connect = transport.restarting_frame_scan(conn.connect)
     conn.disconnect = transport.restarting_frame_scan(conn.disconnect)

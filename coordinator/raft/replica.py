@@ -1,4 +1,4 @@
-"""The state machine as pysyncobj sees it: one replicated ``apply`` and the snapshot hooks.
+"""The state machine as pysyncobj sees it: ``apply_entry`` for committed entries, and the snapshot hooks.
 
 Owns: ``Replica`` (a SyncObjConsumer around a ``StateMachine``): the apply lock readers take,
 the last applied index, unpacking shared entries into their commands, and the serializer /
@@ -14,7 +14,7 @@ import contextlib
 import gc
 import threading
 
-from pysyncobj import SyncObjConsumer, replicated
+from pysyncobj import SyncObjConsumer
 
 from coordinator.raft import snapshot_file
 from coordinator.raft import wire as raft_wire
@@ -37,7 +37,7 @@ def _gc_paused():
 
 
 class Replica(SyncObjConsumer):
-    """Holds the state machine; its one replicated method takes our own bytes."""
+    """Holds the state machine; ``apply_entry`` takes a typed entry's command bytes."""
 
     def __init__(self, state_machine: StateMachine, on_fatal: FatalHandler):
         self._sm = state_machine
@@ -46,10 +46,9 @@ class Replica(SyncObjConsumer):
         self.last_applied_index = 0
         super().__init__()
 
-    # One @replicated entry point: pysyncobj numbers replicated methods by sorted
-    # name (syncobj.py:248-255), so a single method never renumbers on upgrade.
-    @replicated
-    def apply(self, entry: bytes):
+    # Called by HardenedSyncObj for each committed typed entry (wire.py "log entries"):
+    # no @replicated method, so pysyncobj never pickles a call (syncobj.py:1599).
+    def apply_entry(self, entry: bytes):
         try:
             index = self._syncObj.raftLastApplied + 1
             shared = raft_wire.decode_shared_entry(entry)

@@ -61,9 +61,10 @@ ALL_FIXES = frozenset(
     }
 )
 
-# An entry's first byte is its pysyncobj command type (syncobj.py:56-60, 497).
-_ENTRY_REGULAR = _ps._bchr(_ps._COMMAND_TYPE.REGULAR)
-_ENTRY_NEVER_OURS = (_ps._bchr(_ps._COMMAND_TYPE.MEMBERSHIP), _ps._bchr(_ps._COMMAND_TYPE.VERSION))
+# An entry's first byte is its pysyncobj command type (syncobj.py:56-60, 497); the typed entry
+# format (wire.py, which may not import pysyncobj) names the two we write by value.
+assert raft_wire.ENTRY_TYPE_REGULAR == _ps._COMMAND_TYPE.REGULAR
+assert raft_wire.NO_OP_ENTRY == _ps._bchr(_ps._COMMAND_TYPE.NO_OP)
 
 
 class HardenedSyncObj(SyncObj):
@@ -132,6 +133,8 @@ class HardenedSyncObj(SyncObj):
             serializer=replica.serialize,
             deserializer=replica.deserialize,
             useFork=False,  # never fork() a process that runs gRPC threads
+            # Snapshot chunks on the wire: the typed wire refuses longer ones.
+            logCompactionBatchSize=raft_limits.RAFT_SNAPSHOT_CHUNK_BYTES,
             logCompactionMinEntries=config.log_compaction_min_entries,
             logCompactionMinTime=config.log_compaction_min_time_s,
             bindAddress=config.self_address,
@@ -250,7 +253,7 @@ class HardenedSyncObj(SyncObj):
     def _propose_group(self, group: list[tuple[bytes, Any, Callable]]) -> None:
         if len(group) == 1:
             command, _, callback = group[0]
-            self._replica.apply(command, callback=callback)
+            self._applyCommand(raft_wire.encode_entry(command), callback)
             return
         callbacks = [callback for _, _, callback in group]
 
@@ -268,7 +271,8 @@ class HardenedSyncObj(SyncObj):
                 callback((index, outcome), error)
 
         self.shared_entries += 1
-        self._replica.apply(raft_wire.encode_shared_entry([command for command, _, _ in group]), callback=fan_out)
+        shared = raft_wire.encode_shared_entry([command for command, _, _ in group])
+        self._applyCommand(raft_wire.encode_entry(shared), fan_out)
 
     # -- group commit and coalesced sends --------------------------------------
 
@@ -429,30 +433,19 @@ class HardenedSyncObj(SyncObj):
                 nxt[node] = next_index_before
 
     def _SyncObj__doApplyCommand(self, command):
-        # Every entry a member of ours writes is a NO_OP (a new leader's first entry) or a
-        # REGULAR call of Replica.apply with one bytes argument (syncobj.py:1585-1599). Anything
-        # else came from someone with access to a Raft port: pysyncobj would unpickle it
-        # (syncobj.py:874, 894, 1419) and call whatever method id it names with whatever
-        # arguments, so a wrong id or argument list raised and stopped every member. Such an
-        # entry is skipped, by every member alike, so replicas stay equal.
-        kind = command[:1]
-        if kind == _ENTRY_REGULAR:
-            try:
-                call = raft_wire.plain_loads(command[1:])
-            except Exception as exc:  # noqa: BLE001 - refused or not a pickle at all
-                return self._skip_entry(f"not a plain-data pickle: {exc}")
-            if (
-                type(call) is not tuple or len(call) != 2 or call[0] != self._apply_method_id()
-                or type(call[1]) is not tuple or len(call[1]) != 1 or type(call[1][0]) is not bytes
-            ):
-                return self._skip_entry("not a call of this state machine's apply with one bytes argument")
-            return self._replica.apply(call[1][0], _doApply=True)
-        if kind in _ENTRY_NEVER_OURS:
-            return self._skip_entry("a membership or code-version change (membership is static here)")
-        return SyncObj._SyncObj__doApplyCommand(self, command)  # NO_OP and unknown types: ignored
-
-    def _apply_method_id(self) -> int:
-        return self._methodToID[(id(self._replica), "apply_v0")]
+        # Every entry a member of ours writes is a NO_OP (a new leader's first entry) or a typed
+        # entry carrying commands for Replica.apply_entry (wire.py "log entries"); the wire
+        # refuses anything else from peers, and a journal from before the typed format is
+        # upgraded when it is loaded. pysyncobj would unpickle an entry (syncobj.py:874, 894,
+        # 1419) and call whatever method id it names with whatever arguments. Anything else is
+        # skipped, by every member alike, so replicas stay equal.
+        try:
+            payload = raft_wire.entry_command(command)
+        except ValueError as exc:
+            return self._skip_entry(str(exc))
+        if payload is None:
+            return None  # a NO_OP
+        return self._replica.apply_entry(payload)
 
     def _skip_entry(self, why: str) -> None:
         self.refused_entries += 1

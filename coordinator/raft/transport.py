@@ -5,11 +5,13 @@ connections must name a member, in time, at most ``RAFT_UNNAMED_CONNECTIONS_MAX`
 never take the place of a working connection unless they passed the secret; a listen backlog
 of ``RAFT_LISTEN_BACKLOG``) and the frame reader that replaces pysyncobj's
 (``process_read_bounded``, ``parse_message_bounded``: heads checked as bytes arrive, a
-bytearray grown in place). RAFT.md "Bounded frames", "Connections that name no member" and
-"Peer authentication".
-Must never: patch pysyncobj itself (``patches.install()`` puts the reader in place), decode
-a frame any other way than ``wire.plain_loads(wire.bounded_inflate(...))``, or keep a
-connection that declared a frame over ``raft_limits.RAFT_MESSAGE_BYTES_MAX``.
+bytearray grown in place, frames decoded by the typed wire) and ``send_typed``, the writer.
+RAFT.md "A typed wire", "Bounded frames", "Connections that name no member" and "Peer
+authentication".
+Must never: patch pysyncobj itself (``patches.install()`` puts the reader and ``send_typed``
+in place), decode a frame any other way than ``wire.decode_frame`` (no peer byte reaches
+pickle), keep a connection that declared a frame over ``raft_limits.RAFT_MESSAGE_BYTES_MAX``
+or sent one that failed, or take anything but a connection key as the key exchange.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import socket
 import time
 from typing import Callable
 
+from pysyncobj.monotonic import monotonic as _monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
@@ -77,10 +80,12 @@ def process_read_bounded(conn) -> bool:
 
 
 def parse_message_bounded(conn):
-    """TcpConnection.__processParseMessage (tcp_connection.py:277-299) on the bytearray.
+    """TcpConnection.__processParseMessage (tcp_connection.py:277-299) on the bytearray, typed.
 
-    A refused frame (one that inflates past the bound or unpickles to anything but plain
-    data) drops the connection, as pysyncobj drops any bad frame.
+    The frame is decrypted with the secret (when there is one) and decoded by
+    ``raft_wire.decode_frame``: a frame that fails anything (replayed, another connection's
+    key, not the typed wire, any field's type or range) drops the connection, as pysyncobj
+    drops any bad frame, and is counted; nothing in it reaches pysyncobj.
     """
     buffer = conn._TcpConnection__readBuffer
     if len(buffer) < raft_wire.FRAME_HEAD.size:
@@ -98,17 +103,68 @@ def parse_message_bounded(conn):
                 raise ValueError("a replayed or reordered frame")
             conn.recvLastTimestamp = timestamp
             data = conn.encryptor.decrypt(data)
-        message = raft_wire.plain_loads(raft_wire.bounded_inflate(data))
-        if conn.recvRandKey:
-            rand_key, message = message
-            if rand_key != conn.recvRandKey:
-                raise ValueError("a frame under another connection's key")
-    except Exception:  # noqa: BLE001 - as pysyncobj: any bad frame drops the connection
-        conn.disconnect()
+        message = raft_wire.decode_frame(data, conn.recvRandKey)
+    except raft_wire.LegacyWireFrame:
+        _refuse_frame(conn, _LEGACY_WIRE_LINE, legacy=True)
+        return None
+    except Exception as exc:  # noqa: BLE001 - as pysyncobj: any bad frame drops the connection
+        _refuse_frame(conn, f"raft: dropped a connection: refused frame ({exc})")
         return None
     del buffer[:end]
     conn._frames_scanned_to = max(0, conn._frames_scanned_to - end)
     return message
+
+
+# A member still on pysyncobj's pickle wire (a rolling upgrade from a version before the
+# typed wire) reconnects every connectionRetryTime: one line says what is wrong, once per
+# process; every such frame is still counted.
+_LEGACY_WIRE_LINE = (
+    "raft: refused a peer speaking pysyncobj's pickle wire (a member of a version before the "
+    "typed Raft wire): a rolling upgrade across this change is not supported; stop every "
+    "member, then start them all on this version (RAFT.md \"A typed wire\")"
+)
+_legacy_logged = False
+# Refused frames are logged at most once per this many ms (with how many were not): a
+# stranger sending bad frames as fast as it can must not turn the log into its channel.
+REFUSED_FRAME_LOG_INTERVAL_MS = 1_000
+_refusals_unlogged = 0
+_refusal_log_at = 0.0
+
+
+def _refuse_frame(conn, line: str, *, legacy: bool = False) -> None:
+    global _legacy_logged, _refusals_unlogged, _refusal_log_at
+    if legacy:
+        if not _legacy_logged:
+            _legacy_logged = True
+            log.error(line)
+    else:
+        now = time.monotonic()
+        if now >= _refusal_log_at:
+            more = f" (and {_refusals_unlogged} more since the last line)" if _refusals_unlogged else ""
+            log.warning("%s%s", line, more)
+            _refusals_unlogged, _refusal_log_at = 0, now + REFUSED_FRAME_LOG_INTERVAL_MS / 1000
+        else:
+            _refusals_unlogged += 1
+    if conn.on_refused_frame is not None:
+        conn.on_refused_frame()
+    conn.disconnect()
+
+
+def send_typed(conn, message) -> None:
+    """TcpConnection.send (tcp_connection.py:141-149) on the typed wire: msgpack, no deflate.
+
+    The write buffer is a bytearray the frame is appended to in place (pysyncobj
+    concatenated bytes, copying everything still unsent on every message).
+    """
+    data = raft_wire.encode_frame(message, conn.sendRandKey)
+    if conn.encryptor:
+        data = conn.encryptor.encrypt_at_time(data, int(_monotonic()))
+    buffer = conn._TcpConnection__writeBuffer
+    if not isinstance(buffer, bytearray):  # pysyncobj (re)sets it to bytes() on (dis)connect
+        buffer = conn._TcpConnection__writeBuffer = bytearray(buffer)
+    buffer += raft_wire.FRAME_HEAD.pack(len(data))
+    buffer += data
+    conn._TcpConnection__trySendBuffer()
 
 
 def restarting_frame_scan(method: Callable) -> Callable:
@@ -206,7 +262,12 @@ class BoundTCPTransport(TCPTransport):
         here (after the secret's key exchange, when there is one): it must name a member.
         """
         if self._syncObj.encryptor and not conn.sendRandKey:
-            return super()._onIncomingMessageReceived(conn, message)  # the key exchange
+            # pysyncobj stores whatever comes first as the connection's key (transport.py:342-346)
+            # and sends under it from then on; a name or a message there is no key exchange.
+            if not raft_wire.is_connection_key(message):
+                self._drop_unnamed(conn, f"its key exchange sent no connection key ({type(message).__name__})")
+                return
+            return super()._onIncomingMessageReceived(conn, message)
         if not isinstance(message, str) or message not in self._nodeAddrToNode:
             self._drop_unnamed(conn, f"its first message did not name a member ({type(message).__name__})")
             return
@@ -232,3 +293,18 @@ class BoundTCPTransport(TCPTransport):
             # connection open, still delivering; closing it after the swap (_connToNode no
             # longer finds it) tells no one that the member disconnected.
             established.disconnect()
+
+    def _onOutgoingMessageReceived(self, conn, message):
+        """The answer to our key exchange on a connection we dialled: a connection key, or we hang up.
+
+        pysyncobj takes the first message as the key unseen (transport.py:473-475), then names
+        this member and reports the peer connected; a peer answering anything else is not
+        speaking the exchange. Dropping it lets pysyncobj dial again after connectionRetryTime.
+        """
+        if not conn.sendRandKey and not raft_wire.is_connection_key(message):
+            log.warning("raft: dropped an outgoing connection: its key exchange answered no connection key (%s)",
+                        type(message).__name__)
+            self._count_refused()
+            conn.disconnect()
+            return
+        super()._onOutgoingMessageReceived(conn, message)

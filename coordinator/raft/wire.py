@@ -1,18 +1,25 @@
-"""Byte formats of the Raft layer that need no pysyncobj: shared entries, the wire's zlib,
-and the unpickling of what peers send.
+"""Byte formats of the Raft layer that need no pysyncobj: the typed wire, log entries,
+shared entries, and the reading of this member's own pre-wire journals.
 
-Owns: the encoding of an entry that carries several commands, a zlib stream of stored
-(uncompressed) blocks for Raft messages, and ``plain_loads``, an unpickler that builds only
-plain data. Must never: import pysyncobj (the modules that wrap it use these formats) or
-decide what a command means (the state machine does).
+Owns: the Raft wire (``encode_frame`` / ``decode_frame``: msgpack with a version tag and a
+fixed schema per message type, every field's type and range checked before anything acts
+on it), the log entry format (``encode_entry``; ``ENTRY_VERSION``), the encoding of an entry
+that carries several commands, frame heads (``scan_frames``), and ``upgrade_own_entry``,
+which turns an entry this member's journal wrote before the typed format (a pickled call)
+into the typed one with a restricted unpickler (``plain_loads``) that builds plain data only.
+Must never: import pysyncobj (the modules that wrap it use these formats), decide what a
+command means (the state machine does), or let a peer's byte reach pickle: ``plain_loads``
+reads this member's own journal only (RAFT.md "A typed wire").
 """
 
 from __future__ import annotations
 
+import hmac
 import io
 import pickle
 import struct
-import zlib
+
+from typing import Callable
 
 import msgpack
 
@@ -43,47 +50,8 @@ def decode_shared_entry(entry: bytes) -> list[bytes] | None:
     return commands
 
 
-# Every Raft message is zlib.compress(pickle, 3)'d before it is sent (tcp_connection.py:144).
-# For the small messages Raft sends all the time that costs 60-90 us each (zlib sets up
-# its state per call), an append goes to each follower, and nothing here gains from
-# compression (appends carry msgpack commands, mostly random op_ids). Below this size
-# messages go out as a zlib stream of stored blocks: the same format, so any pysyncobj
-# peer still decompresses it (tcp_connection.py:291), for the cost of an Adler-32.
-ZLIB_STORED_BELOW_BYTES = 64 * 1024
-
-
-def zlib_stored(data: bytes) -> bytes:
-    """``data`` as a valid zlib stream of uncompressed ("stored") deflate blocks (RFC 1950/1951)."""
-    out = [b"\x78\x01"]  # CMF: deflate, 32 KiB window; FLG: no dictionary, check bits ok
-    view = memoryview(data)
-    step = 0xFFFF
-    for pos in range(0, max(len(data), 1), step):
-        chunk = view[pos : pos + step]
-        final = pos + step >= len(data)
-        out.append(struct.pack("<BHH", 1 if final else 0, len(chunk), len(chunk) ^ 0xFFFF))
-        out.append(chunk)
-    out.append(struct.pack(">I", zlib.adler32(data)))
-    return b"".join(out)
-
-
 class FrameTooLarge(ValueError):
-    """A Raft frame declares, or inflates to, more than raft_limits.RAFT_MESSAGE_BYTES_MAX."""
-
-
-def bounded_inflate(data: bytes, max_bytes: int = raft_limits.RAFT_MESSAGE_BYTES_MAX) -> bytes:
-    """``zlib.decompress(data)``, refused past ``max_bytes`` of output.
-
-    zlib inflates up to ~1000x, so a frame well within the frame bound could otherwise
-    grow to gigabytes before anything looks at it. A stream that is cut short, or has
-    bytes after its end, is refused like a corrupt one.
-    """
-    inflater = zlib.decompressobj()
-    out = inflater.decompress(data, max_bytes)
-    if inflater.unconsumed_tail:
-        raise FrameTooLarge(f"a Raft frame inflates to more than {max_bytes} bytes")
-    if not inflater.eof or inflater.unused_data:
-        raise zlib.error("a Raft frame is not one complete zlib stream")
-    return out
+    """A Raft frame declares more than raft_limits.RAFT_MESSAGE_BYTES_MAX."""
 
 
 # pysyncobj's frame: a native-endian signed 32-bit length, then that many bytes
@@ -110,9 +78,9 @@ def scan_frames(buffer: bytes, start: int, max_bytes: int = raft_limits.RAFT_MES
     return pos
 
 
-# pysyncobj frames every Raft message as pickle (tcp_connection.py:144, 291) and stores every
-# log entry as a pickled call (syncobj.py:894, 1599), so whoever reaches a Raft port, or gets an
-# entry into the log, would run code on every member (PYSYNCOBJ.md). Everything pysyncobj puts
+# Journals written before the typed format hold pysyncobj's entries: a pickled call of the
+# replica's apply (syncobj.py:1599). This member reads its OWN such journal once, at start
+# (upgrade_own_entry below); no peer byte is ever unpickled. Everything pysyncobj put
 # there is plain data: dicts, lists, tuples, bytes, str, int, float, bool, None. pickle can only
 # reach code through find_class (GLOBAL, STACK_GLOBAL, INST, OBJ and the EXT* registry all go
 # through it; REDUCE/NEWOBJ/BUILD need an object only find_class can make) or through a
@@ -121,7 +89,8 @@ def scan_frames(buffer: bytes, start: int, max_bytes: int = raft_limits.RAFT_MES
 #
 # The stand-ins exist because pysyncobj pickles with protocol 2 (pysyncobj/pickle.py), which
 # has no opcode for bytes: b"" is written as a call of builtins.bytes() and any other bytes
-# as _codecs.encode(text, "latin1"). Journals on disk hold entries written that way.
+# as _codecs.encode(text, "latin1"). Journals on disk hold entries written that way
+# (protocol 5, written before the typed format too, needs no global).
 
 
 class RefusedPickle(pickle.UnpicklingError):
@@ -152,20 +121,279 @@ class _PlainDataUnpickler(pickle.Unpickler):
         try:
             return _BYTES_CONSTRUCTORS[(module, name)]
         except KeyError:
-            raise RefusedPickle(f"pickle names {module}.{name}; only plain data is accepted from peers") from None
-
-
-# What we pickle with: protocol 5 has an opcode for bytes, so it needs no global at all, and
-# it is ~6x faster to write and ~3x faster to read back than pysyncobj's protocol 2 for an
-# append of four entries (measured: 0.65 vs 4.2 us, 2.0 vs 6.5 us; 463 vs 717 bytes). Any
-# Python 3 pysyncobj reads it; plain_loads still reads protocol 2 (journals on disk).
-PICKLE_PROTOCOL = 5
-
-
-def dumps(value) -> bytes:
-    return pickle.dumps(value, protocol=PICKLE_PROTOCOL)
+            raise RefusedPickle(f"pickle names {module}.{name}; only plain data is accepted") from None
 
 
 def plain_loads(data: bytes):
-    """``pickle.loads`` for peer input: plain data only; a pickle that calls anything else is refused."""
+    """``pickle.loads`` for this member's own pre-wire journal: plain data only; anything that calls is refused."""
     return _PlainDataUnpickler(io.BytesIO(data)).load()
+
+
+# -- log entries ----------------------------------------------------------------------
+# An entry is pysyncobj's command-type byte (syncobj.py:56-60; syncobj.py in this package
+# checks these values against pysyncobj's) and, for our commands, ENTRY_VERSION and the
+# command's bytes as the state machine reads them: no pickle. A new leader's NO_OP is the
+# type byte alone (syncobj.py:168, 1227). Nothing else is a valid entry.
+ENTRY_TYPE_REGULAR = 0
+ENTRY_TYPE_NO_OP = 1
+ENTRY_VERSION = 1
+NO_OP_ENTRY = bytes((ENTRY_TYPE_NO_OP,))
+_ENTRY_HEAD = bytes((ENTRY_TYPE_REGULAR, ENTRY_VERSION))
+# A pickled call's first byte (PROTO, protocol >= 2): what a pre-typed journal holds after the type.
+_PICKLE_PROTO = 0x80
+# The one replicated method pysyncobj numbered before the typed format: Replica.apply, id 0
+# (methods are numbered over sorted names; it was the only one, syncobj.py:248-255).
+LEGACY_APPLY_METHOD_ID = 0
+
+
+def encode_entry(command: bytes) -> bytes:
+    """The log entry that carries ``command`` (one command, or a shared entry)."""
+    return _ENTRY_HEAD + command
+
+
+def entry_command(entry: bytes) -> bytes | None:
+    """The command an entry carries; None for a NO_OP; raises ValueError for anything else."""
+    if entry[:2] == _ENTRY_HEAD:
+        return entry[2:]
+    if entry == NO_OP_ENTRY:
+        return None
+    raise ValueError(f"not an entry of format {ENTRY_VERSION} (starts {bytes(entry[:2]).hex()})")
+
+
+def _is_entry(value) -> bool:
+    return type(value) is bytes and (
+        value == NO_OP_ENTRY or (value[:2] == _ENTRY_HEAD and len(value) <= raft_limits.RAFT_LOG_ENTRY_BYTES_MAX)
+    )
+
+
+# pysyncobj's REGULAR, MEMBERSHIP and VERSION entries: a type byte and a pickle (syncobj.py:56-60).
+_LEGACY_TYPES = (b"\x00", b"\x02", b"\x03")
+
+
+def upgrade_own_entry(entry: bytes) -> tuple[bytes, str | None]:
+    """An entry of this member's own journal in the typed format, and why it was skipped, if it was.
+
+    Only pickled entries (a pysyncobj type byte, then a pickle) are changed. A pickled call of the replica's apply with one bytes
+    argument (all that members wrote before) becomes the typed entry of that command. Any
+    other pre-typed entry (membership and code-version changes, anything a peer got into the
+    log before) was skipped by every member at apply: it becomes a NO_OP, which every member
+    skips alike, so replicas stay equal and the entry can still be sent to a lagging member.
+    """
+    if entry[1:2] != bytes((_PICKLE_PROTO,)) or entry[:1] not in _LEGACY_TYPES:
+        return entry, None  # typed, or no pysyncobj entry at all: apply skips what is not typed
+    if entry[:1] != bytes((ENTRY_TYPE_REGULAR,)):
+        return NO_OP_ENTRY, f"a pickled entry of type {entry[0]} (membership or code version)"
+    try:
+        call = plain_loads(entry[1:])
+    except Exception as exc:  # noqa: BLE001 - refused or not a pickle at all
+        return NO_OP_ENTRY, f"not a plain-data pickle: {exc}"
+    if (
+        type(call) is not tuple or len(call) != 2 or call[0] != LEGACY_APPLY_METHOD_ID
+        or type(call[1]) is not tuple or len(call[1]) != 1 or type(call[1][0]) is not bytes
+    ):
+        return NO_OP_ENTRY, "not a call of the replica's apply with one bytes argument"
+    return encode_entry(call[1][0]), None
+
+
+# -- the Raft wire ---------------------------------------------------------------------
+# A frame's body (after pysyncobj's length head, and inside Fernet with the secret) is one
+# msgpack array: [WIRE_VERSION, kind, key, *fields]. ``key`` is the connection's random key
+# once the secret's key exchange is done (pysyncobj wraps messages as (key, message),
+# tcp_connection.py:141-143, 296-298), else nil. Each kind has a fixed list of fields, each
+# with one type and range; a frame with another version, an unknown kind, a field missing or
+# extra or of the wrong type, or a value out of range is refused whole (PeerMessageRefused) and
+# its connection dropped: nothing in it reaches pysyncobj. msgpack maps and extension types
+# never occur, so they are refused by the parser itself.
+WIRE_VERSION = 1
+
+
+class PeerMessageRefused(ValueError):
+    """A frame that is not a well-formed message of the typed wire."""
+
+
+class LegacyWireFrame(PeerMessageRefused):
+    """A frame of pysyncobj's own wire (zlib of a pickle): a member of an older version."""
+
+
+_INT_END = raft_limits.RAFT_WIRE_INT_END
+_RAND_KEY_BYTES = 32  # os.urandom(32) in pysyncobj's key exchange (transport.py:344, 455)
+
+
+def _int(value) -> bool:
+    return type(value) is int and 0 <= value < _INT_END
+
+
+def _opt_int(value) -> bool:
+    return value is None or _int(value)
+
+
+def _bool(value) -> bool:
+    return type(value) is bool
+
+
+def _fail_code(value) -> bool:
+    # pysyncobj's FAIL_REASON codes other than SUCCESS (config.py:2-10): an "error" of 0
+    # would reach a callback as success without a result.
+    return type(value) is int and 1 <= value <= 7
+
+
+def _address(value) -> bool:
+    return type(value) is str and 0 < len(value) <= raft_limits.RAFT_ADDRESS_CHARS_MAX
+
+
+def is_connection_key(value) -> bool:
+    """``value`` is what the secret's key exchange sends: a connection's random key."""
+    return type(value) is bytes and len(value) == _RAND_KEY_BYTES
+
+
+def _chunk(value) -> bool:
+    # pysyncobj's transmission data: None, or (data, isFirst, isLast) (serializer.py:117-153).
+    return value is None or (
+        type(value) is tuple and len(value) == 3 and type(value[0]) is bytes
+        and len(value[0]) <= raft_limits.RAFT_SNAPSHOT_CHUNK_BYTES
+        and type(value[1]) is bool and type(value[2]) is bool
+    )
+
+
+def _entries(value) -> bool:
+    # Checked as a whole with the message (_check_append): entries follow prevLogIdx.
+    return type(value) is tuple and len(value) <= raft_limits.RAFT_APPEND_ENTRIES_MAX
+
+
+# kind -> (pysyncobj's message type, fields as (name, check, omitted from the dict when None)).
+# Every message pysyncobj 0.3.17 sends between members (syncobj.py:449, 534-569, 643, 940,
+# 1090-1107, 1286-1317; transport.py:345, 441, 456), but the split append ("transmission",
+# never sent by ours: limits keep every entry below the batch size), "readonly" (no read-only
+# members) and utility commands and their answers (not accepted on a member's port).
+KIND_KEY = 1  # the secret's key exchange: the sender's random key, bytes
+KIND_NAME = 2  # an outgoing connection names its member: the address, str
+_SCHEMAS: dict[int, tuple[str, tuple[tuple[str, Callable, bool], ...]]] = {
+    3: ("request_vote", (("term", _int, False), ("last_log_index", _int, False), ("last_log_term", _int, False))),
+    4: ("response_vote", (("term", _int, False),)),
+    5: ("append_entries", (("term", _int, False), ("commit_index", _int, False), ("prevLogIdx", _opt_int, False),
+                           ("prevLogTerm", _opt_int, False), ("entries", _entries, False))),
+    6: ("append_entries", (("term", _int, False), ("commit_index", _int, False), ("serialized", _chunk, False))),
+    7: ("next_node_idx", (("next_node_idx", _int, False), ("reset", _bool, False), ("success", _bool, False))),
+    8: ("apply_command", (("command", _is_entry, False), ("request_id", _opt_int, True))),
+    9: ("apply_command_response", (("request_id", _int, False), ("log_idx", _int, False), ("log_term", _int, False))),
+    10: ("apply_command_response", (("request_id", _int, False), ("error", _fail_code, False))),
+    11: ("timeout_now", (("term", _int, False),)),
+}
+KIND_NAMES = {KIND_KEY: "key", KIND_NAME: "name", **{k: v[0] for k, v in _SCHEMAS.items()}}
+_KIND_APPEND, _KIND_SNAPSHOT_CHUNK, _KIND_RESULT, _KIND_ERROR = 5, 6, 9, 10
+_KIND_OF_TYPE = {name: kind for kind, (name, _) in _SCHEMAS.items() if kind not in (_KIND_SNAPSHOT_CHUNK, _KIND_ERROR)}
+_FIELD_NAMES = {kind: tuple(f[0] for f in fields) for kind, (_, fields) in _SCHEMAS.items()}
+
+
+def _kind_of(message) -> int:
+    if type(message) is dict:
+        kind_type = message["type"]
+        if kind_type == "append_entries":
+            if "transmission" in message:
+                raise ValueError("a split append (transmission): members of ours never send one")
+            return _KIND_SNAPSHOT_CHUNK if "serialized" in message else _KIND_APPEND
+        if kind_type == "apply_command_response" and "error" in message:
+            return _KIND_ERROR
+        return _KIND_OF_TYPE[kind_type]
+    if type(message) is bytes:
+        return KIND_KEY
+    if type(message) is str:
+        return KIND_NAME
+    raise ValueError(f"no wire message of type {type(message).__name__}")
+
+
+def encode_frame(message, key: bytes | None = None) -> bytes:
+    """The frame body for ``message`` (what pysyncobj passes to TcpConnection.send).
+
+    Our own messages only: one that fits no schema (a bug here) raises ValueError or
+    KeyError rather than go out in a form members refuse.
+    """
+    kind = _kind_of(message)
+    if kind in (KIND_KEY, KIND_NAME):
+        return msgpack.packb((WIRE_VERSION, kind, key, message), use_bin_type=True)
+    get = message.get
+    return msgpack.packb(
+        (WIRE_VERSION, kind, key, *[get(name) for name in _FIELD_NAMES[kind]]), use_bin_type=True
+    )
+
+
+# A frame of pysyncobj's own wire is zlib (tcp_connection.py:144): its first byte is 0x78,
+# never the first byte of ours (a msgpack array head, 0x9X or 0xdc).
+_ZLIB_HEAD = 0x78
+
+
+def decode_frame(data: bytes, key: bytes | None = None):
+    """The message in a frame body: a dict as pysyncobj's handlers read it, the key bytes of
+    a key exchange, or the address a connection names itself with.
+
+    ``key``: the key this connection's messages must carry (None before the key exchange or
+    without the secret). Raises PeerMessageRefused (LegacyWireFrame for pysyncobj's pickle
+    wire) for anything else; nothing is acted on before the whole frame passed.
+    """
+    if data[:1] == bytes((_ZLIB_HEAD,)):
+        raise LegacyWireFrame("a frame of pysyncobj's zlib+pickle wire (a member of a version before the typed wire)")
+    try:
+        frame = msgpack.unpackb(
+            data, use_list=False, raw=False, max_map_len=0, max_ext_len=0,
+            max_str_len=raft_limits.RAFT_ADDRESS_CHARS_MAX, max_array_len=raft_limits.RAFT_APPEND_ENTRIES_MAX,
+        )
+    except Exception as exc:  # noqa: BLE001 - every msgpack failure is a refusal
+        raise PeerMessageRefused(f"not one msgpack value within the wire's bounds: {exc}") from None
+    if type(frame) is not tuple or len(frame) < 4:
+        raise PeerMessageRefused("not a wire frame (an array of version, kind, key, fields)")
+    version, kind, frame_key = frame[0], frame[1], frame[2]
+    if version != WIRE_VERSION or type(version) is not int:
+        raise PeerMessageRefused(f"wire version {version!r}; this member speaks {WIRE_VERSION}")
+    if key is None:
+        if frame_key is not None:
+            raise PeerMessageRefused("a connection key before the key exchange")
+    elif type(frame_key) is not bytes or not hmac.compare_digest(frame_key, key):
+        raise PeerMessageRefused("a frame under another connection's key")
+    fields = frame[3:]
+    if type(kind) is not int:  # True == 1: a bool is no kind
+        raise PeerMessageRefused(f"a message kind of type {type(kind).__name__}")
+    if kind == KIND_KEY or kind == KIND_NAME:
+        if len(fields) != 1 or not (is_connection_key if kind == KIND_KEY else _address)(fields[0]):
+            raise PeerMessageRefused(f"a malformed {KIND_NAMES[kind]} message")
+        return fields[0]
+    schema = _SCHEMAS.get(kind)
+    if schema is None:
+        raise PeerMessageRefused(f"unknown message kind {kind!r}")
+    name, spec = schema
+    if len(fields) != len(spec):
+        raise PeerMessageRefused(f"{name}: {len(fields)} fields, the schema has {len(spec)}")
+    message = {"type": name}
+    for value, (field, check, optional) in zip(fields, spec):
+        if not check(value):
+            raise PeerMessageRefused(f"{name}: field {field} fails its type or range ({type(value).__name__})")
+        if not (optional and value is None):
+            message[field] = value
+    if kind == _KIND_APPEND:
+        _check_append(message)
+    return message
+
+
+def _check_append(message: dict) -> None:
+    """An append's entries: typed entries, consecutive after prevLogIdx, terms never above the
+    message's and never decreasing (Raft's log matching; pysyncobj adds them as they come)."""
+    prev_idx, prev_term, entries = message["prevLogIdx"], message["prevLogTerm"], message["entries"]
+    if (prev_idx is None) != (prev_term is None):
+        raise PeerMessageRefused("append_entries: prevLogIdx and prevLogTerm must both be set or both nil")
+    if prev_idx is None:
+        if entries:
+            raise PeerMessageRefused("append_entries: entries without a previous index")
+        return
+    expected, last_term, term = prev_idx + 1, prev_term, message["term"]
+    if last_term > term:
+        raise PeerMessageRefused("append_entries: prevLogTerm above the message's term")
+    for entry in entries:
+        if not (
+            type(entry) is tuple and len(entry) == 3 and _is_entry(entry[0])
+            and entry[1] == expected and type(entry[1]) is int
+            and _int(entry[2]) and last_term <= entry[2] <= term
+        ):
+            raise PeerMessageRefused(f"append_entries: entry {expected - prev_idx} is not a typed entry in sequence")
+        expected += 1
+        last_term = entry[2]
+    if expected >= _INT_END:
+        raise PeerMessageRefused("append_entries: indexes past the wire's range")

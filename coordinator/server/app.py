@@ -1,7 +1,8 @@
 """One ``fencingd serve`` process: a Raft node plus a gRPC server in front of it.
 
 Owns: building the grpc.server (bounded thread pool, ``maximum_concurrent_rpcs``, message
-size limits), registering the fencing services, the standard health service and server
+size limits), wiring and registering the fencing services (``add_services``, which the
+in-memory test cluster uses too), the standard health service and server
 reflection, the health updater thread, the audit log, the metrics endpoint (when
 ``metrics_address`` is set), and graceful shutdown.
 Must never: implement an RPC (service.py does) or touch the Raft library (coordinator.raft does).
@@ -15,6 +16,7 @@ caught up with at least one leader's log); NOT_SERVING otherwise. Re-checked eve
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import threading
@@ -49,6 +51,66 @@ FENCING_SERVICES = tuple(s.full_name for s in pb.DESCRIPTOR.services_by_name.val
 AUDIT_LOGGER = "coordinator.audit"
 # The barrier the health updater proposes: short, so a check never overlaps the next.
 HEALTH_BARRIER_TIMEOUT_S = 1.0
+
+
+# Message size limits both ways (a snapshot or a restore is the largest message); no
+# SO_REUSEPORT, so a second server on a taken port fails instead of sharing it.
+GRPC_SERVER_OPTIONS = (
+    ("grpc.max_receive_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
+    ("grpc.max_send_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
+    ("grpc.so_reuseport", 0),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Services:
+    """What ``add_services`` built for one member and its owner still needs: the proposer
+    (health barriers), the core (error replies) and the Lease servicer (closed at shutdown)."""
+
+    proposer: Proposer
+    core: Core
+    lease: LeaseServicer
+
+
+def add_services(
+    server: grpc.Server,
+    node: RaftNode,
+    config: ServerConfig,
+    *,
+    members: dict[str, str],
+    metrics: Metrics | None,
+) -> Services:
+    """Build one member's Proposer, Core and four fencing servicers over ``node`` and register
+    them on ``server``: the only wiring of the RPCs, used by ``FencingServer`` and by the
+    in-memory test cluster alike. ``members``: Raft address -> API address of every member;
+    ``metrics``: None when this member exports none."""
+    proposer = Proposer(
+        node,
+        inflight_max=config.inflight_proposals_max,
+        timeout_max_s=config.propose_timeout_max_s,
+        deadline_margin_s=config.propose_deadline_margin_s,
+        members=members,
+        metrics=metrics,
+    )
+    principals = config.principals()
+    admin_token = config.resolved_admin_token()
+    authenticator = Authenticator(principals, admin_token=admin_token) if principals else None
+    core = Core(
+        node, proposer, members=members, authenticator=authenticator,
+        proof_signer=config.proof_signer(),
+    )
+    lease = LeaseServicer(core, acquire_wait_poll_s=config.acquire_wait_poll_ms / 1000)
+    pb_grpc.add_LeaseServicer_to_server(lease, server)
+    pb_grpc.add_FencedStoreServicer_to_server(FencedStoreServicer(core), server)
+    pb_grpc.add_ClusterServicer_to_server(ClusterServicer(core), server)
+    if not principals:
+        log.warning("no principals_file: every client may use every resource (fine for dev only)")
+        if not admin_token:
+            log.warning("no admin token configured: Admin RPCs are open to every client (fine for dev only)")
+    pb_grpc.add_AdminServicer_to_server(
+        AdminServicer(core, admin_token=admin_token, audit=audit_logger(config)), server
+    )
+    return Services(proposer, core, lease)
 
 
 def raft_config(config: ServerConfig) -> RaftConfig:
@@ -130,44 +192,18 @@ class FencingServer:
                  on_leadership: Callable[[bool], None] | None = None) -> None:
         self.config = config
         self.node = node or RaftNode(raft_config(config), FencingStateMachine(), on_leadership=on_leadership)
-        members = config.member_map
         self.metrics = Metrics() if config.metrics_address else None
-        self.proposer = Proposer(
-            self.node,
-            inflight_max=config.inflight_proposals_max,
-            timeout_max_s=config.propose_timeout_max_s,
-            deadline_margin_s=config.propose_deadline_margin_s,
-            members=members,
-            metrics=self.metrics,
-        )
-        principals = config.principals()
-        admin_token = config.resolved_admin_token()
-        authenticator = Authenticator(principals, admin_token=admin_token) if principals else None
-        core = Core(
-            self.node, self.proposer, members=members, authenticator=authenticator,
-            proof_signer=config.proof_signer(),
-        )
         self.grpc_server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(config.grpc_threads, thread_name_prefix="grpc"),
             maximum_concurrent_rpcs=config.grpc_max_concurrent_rpcs,
-            options=[
-                ("grpc.max_receive_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
-                ("grpc.max_send_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
-                ("grpc.so_reuseport", 0),
-            ],
+            options=GRPC_SERVER_OPTIONS,
             interceptors=[] if self.metrics is None else [self.metrics.interceptor()],
         )
-        self.lease = LeaseServicer(core, acquire_wait_poll_s=config.acquire_wait_poll_ms / 1000)
-        pb_grpc.add_LeaseServicer_to_server(self.lease, self.grpc_server)
-        pb_grpc.add_FencedStoreServicer_to_server(FencedStoreServicer(core), self.grpc_server)
-        pb_grpc.add_ClusterServicer_to_server(ClusterServicer(core), self.grpc_server)
-        if not principals:
-            log.warning("no principals_file: every client may use every resource (fine for dev only)")
-            if not admin_token:
-                log.warning("no admin token configured: Admin RPCs are open to every client (fine for dev only)")
-        pb_grpc.add_AdminServicer_to_server(
-            AdminServicer(core, admin_token=admin_token, audit=audit_logger(config)), self.grpc_server
+        services = add_services(
+            self.grpc_server, self.node, config, members=config.member_map, metrics=self.metrics
         )
+        self.proposer = services.proposer
+        self.lease = services.lease
         self.health = health.HealthServicer()
         for name in ("", *FENCING_SERVICES):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -7,8 +7,8 @@ and the safety checks run during and after each run. ``run_simulation(seed)``
 replays one run exactly: everything it does is drawn from ``seed``.
 
 Must never: sleep, read the real clock, use threads, or share Python objects
-between nodes (every message crosses the network as a pickle, read back with the
-members' plain-data unpickler), and never leave
+between nodes (every message crosses the network as a frame of the typed wire, read back
+with the members' decoder, so a message of ours the wire refuses fails the run), and never leave
 pysyncobj patched after a run.
 
 Model, in short (the docstrings below give the details):
@@ -48,7 +48,6 @@ import hashlib
 import heapq
 import logging
 import os
-import pickle
 import random
 import shutil
 import tempfile
@@ -436,7 +435,7 @@ class Network:
         if message.get("serialized", 0) is None:
             # pysyncobj's append loop spinning while a fresh snapshot is pending.
             self.stats["empty_snapshot_messages"] += 1
-        blob = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        blob = raft_wire.encode_frame(message)
         self._links[link].append((due, 1, src, self._link_seq[link], "msg", blob))
         self.stats["messages_sent"] += 1
         if self.on_due is not None:
@@ -531,7 +530,7 @@ class SimTransport(Transport):
                     network.stats["messages_dropped_unconnected"] += 1
                     continue
                 network.stats["messages_delivered"] += 1
-                self._onMessageReceived(node, raft_wire.plain_loads(payload))
+                self._onMessageReceived(node, raft_wire.decode_frame(payload))
 
     def detach(self) -> None:
         if self._attached:
