@@ -32,13 +32,20 @@ CONFIG_PATH = "/etc/fencing/fencing.toml"
 RAFT_PORT, API_PORT, METRICS_PORT = 7000, 7100, 7300
 
 
-def load_member(values: dict, tmp_path) -> config_mod.ServerConfig:
-    """The config a member would run with; its admin token file is replaced by a real one
-    (the manifests point at a secret mounted only at run time)."""
-    token = tmp_path / "admin-token"
+def secret_files(tmp_path) -> dict[str, str]:
+    """Real files in place of the secrets the manifests mount only at run time."""
+    token, raft_secret = tmp_path / "admin-token", tmp_path / "raft-secret"
     token.write_text("t0ken")
+    raft_secret.write_text("0123456789abcdef" * 4)
+    return {"admin_token_file": str(token), "raft_secret_file": str(raft_secret)}
+
+
+def load_member(values: dict, tmp_path) -> config_mod.ServerConfig:
+    """The config a member would run with, its secret files replaced by real ones."""
     assert values.get("admin_token_file"), "every deployed member needs an admin token"
-    return config_mod.build(values, {"admin_token_file": str(token)})
+    assert values.get("raft_secret_file"), "every deployed member needs the peer credential"
+    assert not values.get("insecure_peer_transport")
+    return config_mod.build(values, secret_files(tmp_path))
 
 
 def port(address: str) -> int:
@@ -107,13 +114,15 @@ def test_compose_members_form_one_cluster_on_the_published_ports(tmp_path):
         config = load_member(values, tmp_path)
         assert config.raft_address.split(":")[0] == service["hostname"] == name
         assert values["admin_token_file"] == "/run/secrets/admin_token"
-        assert service["secrets"] == ["admin_token"]
+        assert values["raft_secret_file"] == "/run/secrets/raft_secret"
+        assert service["secrets"] == ["admin_token", "raft_secret"]
         published = {int(p.rsplit(":", 1)[1]) for p in service["ports"]}
         assert published == {API_PORT, METRICS_PORT}
         assert mounts["/var/lib/fencing"] in compose["volumes"]
         configs.append(config)
     check_cluster(configs)
     assert compose["secrets"]["admin_token"]["file"] == "./compose/admin-token"
+    assert compose["secrets"]["raft_secret"]["file"] == "./compose/raft-secret"
 
 
 # -- Kubernetes -------------------------------------------------------------------------------
@@ -147,6 +156,15 @@ def test_kubernetes_members_get_valid_configs_and_probes_match_the_ports(tmp_pat
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert configs[0].data_dir.startswith(mounts["data"])
     assert any(a.startswith("--admin-token-file=" + mounts["admin"]) for a in container["args"])
+    # The peer credential comes from a Secret, and only members reach the Raft port.
+    assert any(a.startswith("--raft-secret-file=" + mounts["raft"] + "/") for a in container["args"])
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["raft"]["secret"]["secretName"] == "fencing-raft"
+    policy = docs[("NetworkPolicy", "fencing-raft")]["spec"]
+    members = sts["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"] == members and policy["policyTypes"] == ["Ingress"]
+    raft_rules = [r for r in policy["ingress"] if any(p["port"] == RAFT_PORT for p in r.get("ports", []))]
+    assert raft_rules and all(r.get("from") == [{"podSelector": {"matchLabels": members}}] for r in raft_rules)
 
 
 # -- systemd ----------------------------------------------------------------------------------
@@ -203,3 +221,66 @@ def test_fencingd_health_exits_zero_only_while_serving():
                                   "systemd/fencing.toml"])
 def test_every_deployed_config_file_has_only_known_keys(path):
     config_mod.read_toml(os.path.join(DEPLOY, path))  # raises on an unknown key
+
+
+# -- every deployed member refuses to run without the peer credential -------------------------
+
+
+def deployed_member_values() -> dict[str, dict]:
+    """Each deploy config file's keys, as the member it configures reads them."""
+    out = {}
+    for path in ("compose/node1.toml", "compose/node2.toml", "compose/node3.toml", "systemd/fencing.toml"):
+        with open(os.path.join(DEPLOY, path), "rb") as f:
+            out[path] = tomllib.load(f)
+    with open(os.path.join(DEPLOY, "kubernetes", "fencing.yaml"), encoding="utf-8") as f:
+        sts = next(d for d in yaml.safe_load_all(f) if d["kind"] == "StatefulSet")
+    args = [a.replace("$(POD_NAME)", "fencing-0") for a in sts["spec"]["template"]["spec"]["containers"][0]["args"]]
+    parsed = build_parser().parse_args(["serve", *args])
+    out["kubernetes/fencing.yaml"] = {k: v for k, v in vars(parsed).items() if k in config_mod._FIELDS and v is not None}
+    return out
+
+
+def runnable_here(values: dict, tmp_path) -> dict:
+    """``values`` with its paths in ``tmp_path`` and its addresses on this machine. The Raft
+    address stays reachable from the network (0.0.0.0, every interface), as deployed."""
+    from testsupport.supervisor import pick_ports
+
+    raft_port, api_port = pick_ports(("127.0.0.1",))
+    members = [f"0.0.0.0:{raft_port}=127.0.0.1:{api_port}", "0.0.0.0:1=127.0.0.1:2", "0.0.0.0:3=127.0.0.1:4"]
+    local = {**values, "data_dir": str(tmp_path / "data"), "raft_address": f"0.0.0.0:{raft_port}",
+             "members": members, "listen_address": f"127.0.0.1:{api_port}", "metrics_address": "",
+             "cpu_affinity": "off", **secret_files(tmp_path)}
+    if values.get("audit_log_path"):
+        local["audit_log_path"] = str(tmp_path / "audit.log")
+    return local
+
+
+def write_config(path, values: dict) -> str:
+    from testsupport.grpc_cluster import write_toml
+
+    write_toml(str(path), values)
+    return str(path)
+
+
+@pytest.mark.parametrize("name", sorted(deployed_member_values()))
+def test_a_member_from_each_deploy_config_refuses_to_start_without_the_credential(name, tmp_path):
+    values = runnable_here(deployed_member_values()[name], tmp_path)
+    without = {k: v for k, v in values.items() if k != "raft_secret_file"}
+    refused = subprocess.run([sys.executable, "-m", "coordinator.server.fencingd", "serve", "--config",
+                              write_config(tmp_path / "without.toml", without)],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.count("\n") == 1 and "configuration error: raft_secret_file: required" in refused.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "coordinator.server.fencingd", "serve", "--config",
+                             write_config(tmp_path / "with.toml", values)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:  # ends at READY, or when the member exits
+            lines.append(line)
+            if line.startswith("READY "):
+                break
+        assert lines and lines[-1].startswith("READY "), "".join(lines)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

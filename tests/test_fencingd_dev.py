@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import urllib.request
 
 import grpc
@@ -20,6 +21,7 @@ from coordinator.client import proof
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.server.fencingd import DEV_METRICS_PORT_OFFSET, DEV_RAFT_PORT_OFFSET
+from testsupport.raft_peer import RaftPeer, epoch_floor_entry
 
 OFFSETS = (0, DEV_RAFT_PORT_OFFSET, DEV_METRICS_PORT_OFFSET)  # API, Raft, metrics
 
@@ -117,6 +119,21 @@ def test_dev_cluster_starts_stops_and_restarts_on_the_same_data(tmp_path):
         assert url == f"http://127.0.0.1:{base + DEV_METRICS_PORT_OFFSET}/metrics"
         with urllib.request.urlopen(url, timeout=10) as reply:
             assert "fencing_raft_applied_index" in reply.read().decode()
+        # Members authenticate each other: one credential of their own, 0600, on all three.
+        secret = os.path.join(data_dir, "raft-secret")
+        assert os.stat(secret).st_mode & 0o777 == 0o600
+        for i in range(3):
+            with open(os.path.join(data_dir, f"node{i}.toml"), "rb") as f:
+                assert tomllib.load(f)["raft_secret_file"] == secret
+        # State injection: naming a member and sending apply_command at a Raft port commits nothing.
+        with grpc.insecure_channel(endpoints[0]) as ch:
+            before = pb_grpc.ClusterStub(ch).Status(pb.StatusRequest(), timeout=10).epoch
+            for i in range(3):  # a plain connection, as without the secret: named, then the command
+                with RaftPeer(f"127.0.0.1:{base + DEV_RAFT_PORT_OFFSET + i}", timeout_s=10) as peer:
+                    peer.name_and_command(f"127.0.0.1:{base + DEV_RAFT_PORT_OFFSET + 1}",
+                                          epoch_floor_entry(before + 1_000_000))
+                    assert peer.hung_up(10), f"member {i} kept the connection"
+            assert pb_grpc.ClusterStub(ch).Status(pb.StatusRequest(), timeout=10).epoch == before
         assert dev.stop(signal.SIGTERM) == 0
         assert "fencingd dev: all members stopped\n" in dev.output
     finally:

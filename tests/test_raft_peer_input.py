@@ -32,7 +32,7 @@ from coordinator.raft import wire as raft_wire
 from coordinator.client import FencingClient
 from coordinator.raft import patches
 from coordinator.raft.node import RaftConfig, RaftNode
-from testsupport.grpc_cluster import running_cluster
+from testsupport.raft_peer import running_secret_cluster
 from testsupport.supervisor import pick_ports, wait_until
 from coordinator.core.state_machine import FencingStateMachine
 
@@ -135,10 +135,7 @@ def test_a_connection_that_does_not_name_a_member_is_dropped_unanswered(lone_nod
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, request):
-    base = tmp_path_factory.mktemp("secret")
-    secret_file = base / "raft-secret"
-    secret_file.write_text(SECRET + "\n")
-    yield from running_cluster(str(base), request, settings={"raft_secret_file": str(secret_file)})
+    yield from running_secret_cluster(tmp_path_factory, request, SECRET)
 
 
 def test_members_with_the_secret_replicate_and_a_stranger_is_dropped_unread(cluster, tmp_path):

@@ -130,3 +130,73 @@ def test_refusal_details_become_string_metadata():
     status = errors.rich_status(error, (("fencing-member-id", "m"),))
     assert status.code is grpc.StatusCode.FAILED_PRECONDITION
     assert ("fencing-member-id", "m") in status.trailing_metadata
+
+
+# -- peer credential (SECURITY.md, "Peer authentication") -------------------------------------
+
+PUBLIC = ('data_dir = "/tmp/x"\nraft_address = "10.0.0.2:7000"\n'
+          'members = ["10.0.0.1:7000=10.0.0.1:7100", "10.0.0.2:7000=10.0.0.2:7100", "10.0.0.3:7000=10.0.0.3:7100"]\n')
+
+
+@pytest.mark.parametrize("host, loopback", [
+    ("127.0.0.1", True), ("127.0.0.4", True), ("localhost", True), ("[::1]", True),
+    ("10.0.0.1", False), ("0.0.0.0", False), ("node1", False), ("fencing-0.fencing-peers.fencing.svc", False),
+])
+def test_only_literal_loopback_counts_as_loopback(host, loopback):
+    assert config.is_loopback_host(host) is loopback
+
+
+def test_a_public_raft_address_without_the_secret_is_refused_naming_the_setting(tmp_path):
+    with pytest.raises(config.ConfigError) as caught:
+        parse(["--config", write_toml(tmp_path, PUBLIC)])
+    message = str(caught.value)
+    assert message.startswith("raft_secret_file: required because raft_address 10.0.0.2:7000 is not loopback")
+    assert "fencingd gen-secret" in message and "insecure_peer_transport" in message and "\n" not in message
+
+
+def test_a_public_raft_address_runs_with_the_secret_or_the_explicit_insecure_flag(tmp_path):
+    secret = tmp_path / "raft-secret"
+    secret.write_text("x" * 64)
+    assert parse(["--config", write_toml(tmp_path, PUBLIC), "--raft-secret-file", str(secret)]).raft_secret_file
+    insecure = parse(["--config", write_toml(tmp_path, PUBLIC + "insecure_peer_transport = true\n")])
+    assert insecure.insecure_peer_transport and insecure.peers_unauthenticated
+    assert not parse(["--config", write_toml(tmp_path, GOOD)]).insecure_peer_transport  # loopback: no flag needed
+    with pytest.raises(config.ConfigError, match="^insecure_peer_transport: true, but raft_secret_file is set"):
+        parse(["--config", write_toml(tmp_path, PUBLIC + "insecure_peer_transport = true\n"),
+               "--raft-secret-file", str(secret)])
+
+
+def serve(config_path: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "coordinator.server.fencingd", "serve", "--config", config_path],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_serve_without_the_secret_on_a_public_address_exits_2_with_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "coordinator.server.fencingd", "serve", "--config",
+                          write_toml(tmp_path, PUBLIC)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("fencingd: configuration error: raft_secret_file: required")
+
+
+def test_insecure_peer_transport_starts_and_warns_at_every_start(tmp_path):
+    from testsupport.supervisor import pick_ports
+
+    raft_port, api_port = pick_ports(("127.0.0.1",))
+    members = [f"0.0.0.0:{raft_port}=127.0.0.1:{api_port}",  # 0.0.0.0: every interface, not loopback
+               "0.0.0.0:1=127.0.0.1:2", "0.0.0.0:3=127.0.0.1:4"]
+    path = write_toml(tmp_path, f'data_dir = "{tmp_path / "d"}"\nraft_address = "{members[0].split("=")[0]}"\n'
+                                f"members = {members!r}\ninsecure_peer_transport = true\n".replace("'", '"'))
+    for _ in range(2):  # every start, not only the first
+        proc = serve(path)
+        try:
+            lines = []
+            for line in proc.stdout:
+                lines.append(line)
+                if line.startswith("READY "):
+                    break
+            assert any("WARNING" in l and "insecure_peer_transport" in l for l in lines), "".join(lines)
+            assert lines[-1].startswith("READY "), "".join(lines)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)

@@ -1,15 +1,17 @@
 """Who may talk to a member over Raft, and how much: connection admission and bounded frames.
 
 Owns: ``BoundTCPTransport`` (outgoing sockets leave from the node's own address; incoming
-connections must name a member, in time, at most ``RAFT_UNNAMED_CONNECTIONS_MAX`` waiting;
-a listen backlog of ``RAFT_LISTEN_BACKLOG``) and the frame reader that replaces pysyncobj's
+connections must name a member, in time, at most ``RAFT_UNNAMED_CONNECTIONS_MAX`` waiting, and
+never take the place of a working connection unless they passed the secret; a listen backlog
+of ``RAFT_LISTEN_BACKLOG``) and the frame reader that replaces pysyncobj's
 (``process_read_bounded``, ``parse_message_bounded``: heads checked as bytes arrive, a
 bytearray grown in place, frames decoded by the typed wire) and ``send_typed``, the writer.
-RAFT.md "A typed wire", "Bounded frames" and "Connections that name no member".
+RAFT.md "A typed wire", "Bounded frames", "Connections that name no member" and "Peer
+authentication".
 Must never: patch pysyncobj itself (``patches.install()`` puts the reader and ``send_typed``
 in place), decode a frame any other way than ``wire.decode_frame`` (no peer byte reaches
-pickle), or keep a connection that declared a frame over ``raft_limits.RAFT_MESSAGE_BYTES_MAX``
-or sent one that failed.
+pickle), keep a connection that declared a frame over ``raft_limits.RAFT_MESSAGE_BYTES_MAX``
+or sent one that failed, or take anything but a connection key as the key exchange.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from typing import Callable
 
 from pysyncobj.monotonic import monotonic as _monotonic
+from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
 from coordinator.raft import limits as raft_limits
@@ -175,6 +178,21 @@ def restarting_frame_scan(method: Callable) -> Callable:
     return wrapped
 
 
+def still_open(conn) -> bool:
+    """The connection is up as far as this process can tell: pysyncobj says connected and the
+    kernel holds neither an end of stream nor an error for it (either may not have been read
+    yet when the peer reconnects right after closing)."""
+    if conn.state != CONNECTION_STATE.CONNECTED:
+        return False
+    sock = conn._TcpConnection__socket
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except (BlockingIOError, InterruptedError):
+        return True  # nothing to read: open
+    except OSError:
+        return False  # reset, or any other error the next read would report
+
+
 class BoundTCPTransport(TCPTransport):
     """Outgoing peer connections leave from this node's own address; strangers are bounded.
 
@@ -244,8 +262,49 @@ class BoundTCPTransport(TCPTransport):
         here (after the secret's key exchange, when there is one): it must name a member.
         """
         if self._syncObj.encryptor and not conn.sendRandKey:
-            return super()._onIncomingMessageReceived(conn, message)  # the key exchange
+            # pysyncobj stores whatever comes first as the connection's key (transport.py:342-346)
+            # and sends under it from then on; a name or a message there is no key exchange.
+            if not raft_wire.is_connection_key(message):
+                self._drop_unnamed(conn, f"its key exchange sent no connection key ({type(message).__name__})")
+                return
+            return super()._onIncomingMessageReceived(conn, message)
         if not isinstance(message, str) or message not in self._nodeAddrToNode:
             self._drop_unnamed(conn, f"its first message did not name a member ({type(message).__name__})")
             return
+        node = self._nodeAddrToNode[message]
+        if self._shouldConnect(node):
+            # Members dial only lower addresses, so this member never hears from that one on an
+            # incoming connection. pysyncobj would put the newcomer in place of the connection
+            # it dials (transport.py:359) and, once the newcomer hangs up, "reconnect" through
+            # an accepted socket that never names itself: the member stayed cut off for good.
+            self._drop_unnamed(conn, f"it named {message}, a member this one connects to itself")
+            return
+        established = self._connections.get(node)
+        keep = established is not None and established is not conn and still_open(established)
+        if keep and not self._syncObj.encryptor:
+            # Without the secret a name proves nothing: the connection that works stays, and a
+            # restarted member gets in once the kernel reports its old connection closed.
+            self._drop_unnamed(conn, f"it named {message}, which is connected already")
+            return
         super()._onIncomingMessageReceived(conn, message)
+        if keep:
+            # With the secret the newcomer proved it is a member (one restarted, say, after a
+            # power loss its old connection never reported). pysyncobj would leave the replaced
+            # connection open, still delivering; closing it after the swap (_connToNode no
+            # longer finds it) tells no one that the member disconnected.
+            established.disconnect()
+
+    def _onOutgoingMessageReceived(self, conn, message):
+        """The answer to our key exchange on a connection we dialled: a connection key, or we hang up.
+
+        pysyncobj takes the first message as the key unseen (transport.py:473-475), then names
+        this member and reports the peer connected; a peer answering anything else is not
+        speaking the exchange. Dropping it lets pysyncobj dial again after connectionRetryTime.
+        """
+        if not conn.sendRandKey and not raft_wire.is_connection_key(message):
+            log.warning("raft: dropped an outgoing connection: its key exchange answered no connection key (%s)",
+                        type(message).__name__)
+            self._count_refused()
+            conn.disconnect()
+            return
+        super()._onOutgoingMessageReceived(conn, message)

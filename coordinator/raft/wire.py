@@ -241,7 +241,8 @@ def _address(value) -> bool:
     return type(value) is str and 0 < len(value) <= raft_limits.RAFT_ADDRESS_CHARS_MAX
 
 
-def _rand_key(value) -> bool:
+def is_connection_key(value) -> bool:
+    """``value`` is what the secret's key exchange sends: a connection's random key."""
     return type(value) is bytes and len(value) == _RAND_KEY_BYTES
 
 
@@ -352,7 +353,7 @@ def decode_frame(data: bytes, key: bytes | None = None):
     if type(kind) is not int:  # True == 1: a bool is no kind
         raise PeerMessageRefused(f"a message kind of type {type(kind).__name__}")
     if kind == KIND_KEY or kind == KIND_NAME:
-        if len(fields) != 1 or not (_rand_key if kind == KIND_KEY else _address)(fields[0]):
+        if len(fields) != 1 or not (is_connection_key if kind == KIND_KEY else _address)(fields[0]):
             raise PeerMessageRefused(f"a malformed {KIND_NAMES[kind]} message")
         return fields[0]
     schema = _SCHEMAS.get(kind)

@@ -13,6 +13,7 @@ Example (``fencingd serve --config node1.toml``)::
                "10.0.0.2:7000=10.0.0.2:7100",
                "10.0.0.3:7000=10.0.0.3:7100"]
     admin_token_file = "/etc/fencing/admin-token"
+    raft_secret_file = "/etc/fencing/raft-secret"   # fencingd gen-secret; the same on every member
 
 Every key can be given as a flag instead: ``--raft-address``, ``--members A=B,C=D``,
 ``--inflight-proposals-max 64`` ... Flags win over the file.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 from typing import Any
 
@@ -82,9 +84,16 @@ class ServerConfig:
     raft_secret_file: str = dataclasses.field(
         default="",
         metadata=_doc(
-            "file holding a secret shared by every member: Raft traffic is then encrypted and"
-            " authenticated (Fernet), and a peer without it is dropped before its data is read;"
-            " empty: plaintext, and anyone reaching the Raft port can pose as a member"
+            "file holding the peer credential, a secret shared by every member (fencingd gen-secret):"
+            " Raft traffic is encrypted and authenticated (Fernet), and a peer without it is dropped"
+            " before its data is read; required unless raft_address is loopback (SECURITY.md)"
+        ),
+    )
+    insecure_peer_transport: bool = dataclasses.field(
+        default=False,
+        metadata=_doc(
+            "true: run without raft_secret_file on a non-loopback raft_address, so anyone who"
+            " reaches the Raft port can pose as a member and commit anything; logged at every start"
         ),
     )
     token_signing_key_file: str = dataclasses.field(
@@ -259,6 +268,16 @@ class ServerConfig:
             return _secret_from_file("admin_token_file", self.admin_token_file, chars_min=1)
         return self.admin_token
 
+    @property
+    def raft_is_loopback(self) -> bool:
+        """Only processes on this machine can reach the Raft port (a literal loopback address)."""
+        return is_loopback_host(_parse_address("raft_address", self.raft_address)[0])
+
+    @property
+    def peers_unauthenticated(self) -> bool:
+        """No peer credential: any connection that names a member is taken for that member."""
+        return not self.raft_secret_file
+
     def resolved_raft_secret(self) -> str:
         """The Raft secret from ``raft_secret_file``; "" if none."""
         if not self.raft_secret_file:
@@ -316,6 +335,18 @@ def _secret_from_file(key: str, path: str, *, chars_min: int) -> str:
             f"{key}: {path} holds {len(secret)} characters; use at least {chars_min} (e.g. openssl rand -hex 32)"
         )
     return secret
+
+
+def is_loopback_host(host: str) -> bool:
+    """``host`` is "localhost" or a literal loopback IP. Any other name counts as reachable from
+    the network: what it resolves to can change, and config checks never touch DNS."""
+    host = host.strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ServerConfig)}
@@ -435,9 +466,24 @@ def validate(config: ServerConfig) -> ServerConfig:
     config.principals()  # so does a bad principals file
     config.tls_files()  # and unreadable TLS files
     config.resolved_raft_secret()  # and a missing or short Raft secret
+    _check_peer_credential(config)
     config.proof_signer()  # and a token signing key that is not an Ed25519 private key
     config.pinned_cpu()  # and a CPU this machine does not let us use
     return config
+
+
+def _check_peer_credential(config: ServerConfig) -> None:
+    """Members authenticate each other unless the Raft port is loopback-only or the operator
+    said ``insecure_peer_transport`` (SECURITY.md, "Peer authentication")."""
+    if config.raft_secret_file and config.insecure_peer_transport:
+        raise ConfigError("insecure_peer_transport: true, but raft_secret_file is set; remove one")
+    if config.raft_secret_file or config.insecure_peer_transport or config.raft_is_loopback:
+        return
+    raise ConfigError(
+        f"raft_secret_file: required because raft_address {config.raft_address} is not loopback"
+        " (create one with: fencingd gen-secret FILE, the same file on every member;"
+        " insecure_peer_transport = true runs without, letting anyone who reaches the Raft port pose as a member)"
+    )
 
 
 def read_toml(path: str) -> dict[str, Any]:

@@ -4,6 +4,7 @@
     fencingd dev [--data-dir DIR] [--base-port N]            a local three-member cluster
     fencingd health --address HOST:PORT                      exit 0 iff the member is SERVING
     fencingd keygen --private-key F --public-key G           a token signing key pair (DESIGN §6)
+    fencingd gen-secret FILE                                 a peer credential (raft_secret_file), mode 0600
 
 Owns: argument parsing, logging setup, signal handling, and the ``dev`` supervisor that
 runs three ``fencingd serve`` children on loopback.
@@ -42,6 +43,11 @@ DEV_METRICS_PORT_OFFSET = 200
 # dev: the token signing pair (made on first start, kept in the data dir).
 DEV_SIGNING_KEY = "token-signing.pem"
 DEV_VERIFY_KEY = "token-signing.pub"
+# dev: the peer credential all three members share (made on first start, kept in the data dir).
+DEV_RAFT_SECRET = "raft-secret"
+# gen-secret: 32 random bytes as 64 hex characters. pysyncobj stretches the secret under a
+# fixed salt, so its own entropy is all that protects it: 256 bits, twice the key it becomes.
+RAFT_SECRET_RANDOM_BYTES = 32
 
 
 def _setup_logging(level: str) -> None:
@@ -82,6 +88,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"fencingd: configuration error: {exc}", file=sys.stderr)
         return 2
     _setup_logging(cfg.log_level)
+    if cfg.peers_unauthenticated and not cfg.raft_is_loopback:  # only with insecure_peer_transport
+        log.warning(
+            "insecure_peer_transport: Raft peers are not authenticated; anyone who reaches %s can pose"
+            " as a member and commit anything (set raft_secret_file)", cfg.raft_address,
+        )
+    elif cfg.peers_unauthenticated:
+        log.info("Raft peers are not authenticated: raft_address %s is loopback-only", cfg.raft_address)
     placement = cpu_pin.Placement(cfg.cpu_affinity, cfg.member_index, log=log.info)
     placement.start()  # before any thread starts: threads inherit where they were started
     _name_os_threads()
@@ -154,26 +167,47 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 1
 
 
+def _create_file(path: str, data: bytes, mode: int) -> str | None:
+    """Create ``path`` holding ``data`` with ``mode``, synced; never overwrites. The error line, or None."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    except OSError as exc:
+        return f"cannot create {path}: {exc.strerror}"
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return None
+
+
 def _write_key_pair(private_path: str, public_path: str) -> str | None:
     """Create a fresh Ed25519 pair: the private half mode 0600, the public half 0644.
     Never overwrites a file, never leaves half a pair; the error line, or None."""
     from coordinator.client.proof import generate_key_pair
 
     private, public = generate_key_pair()
-    written: list[str] = []
-    for path, data, mode in ((private_path, private, 0o600), (public_path, public, 0o644)):
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        except OSError as exc:
-            for done in written:  # a lone private key is useless
-                os.unlink(done)
-            return f"cannot create {path}: {exc.strerror}"
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        written.append(path)
-    return None
+    error = _create_file(private_path, private, 0o600)
+    if error is None:
+        error = _create_file(public_path, public, 0o644)
+        if error is not None:
+            os.unlink(private_path)  # a lone private key is useless
+    return error
+
+
+def _write_raft_secret(path: str) -> str | None:
+    import secrets
+
+    return _create_file(path, (secrets.token_hex(RAFT_SECRET_RANDOM_BYTES) + "\n").encode(), 0o600)
+
+
+def cmd_gen_secret(args: argparse.Namespace) -> int:
+    """Write a fresh peer credential for raft_secret_file (copy the same file to every member)."""
+    error = _write_raft_secret(args.file)
+    if error is not None:
+        print(f"fencingd gen-secret: {error}", file=sys.stderr, flush=True)
+        return 1
+    print(f"peer credential (raft_secret_file, the same on every member): {args.file}", flush=True)
+    return 0
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -221,6 +255,13 @@ def cmd_dev(args: argparse.Namespace) -> int:
         if error is not None:
             print(f"fencingd dev: {error}", file=sys.stderr)
             return 1
+    # Members authenticate each other even on loopback: the dev cluster makes its own credential.
+    raft_secret = os.path.join(data_dir, DEV_RAFT_SECRET)
+    if not os.path.exists(raft_secret):
+        error = _write_raft_secret(raft_secret)
+        if error is not None:
+            print(f"fencingd dev: {error}", file=sys.stderr)
+            return 1
     children: list[subprocess.Popen] = []
     logs = []
     for i in range(DEV_MEMBERS):
@@ -233,6 +274,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
                 f"members = {_toml_list(members)}\n"
                 f'metrics_address = "{metrics[i]}"\n'
                 f'token_signing_key_file = "{signing_key}"\n'
+                f'raft_secret_file = "{raft_secret}"\n'
                 f'log_level = "{args.log_level}"\n'
             )
         log_path = os.path.join(data_dir, f"node{i}.log")
@@ -294,6 +336,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     for i in range(DEV_MEMBERS):
         print(f"  member {i}: api {apis[i]}  raft {rafts[i]}  metrics http://{metrics[i]}/metrics  log {logs[i]}", flush=True)
     print(f"  token proofs: Acquire signs them; guards verify with {verify_key}", flush=True)
+    print(f"  peer credential (raft_secret_file of all three): {raft_secret}", flush=True)
     print(f"ENDPOINTS {','.join(apis)}", flush=True)
     print(f"try: fencingctl --endpoints {','.join(apis)} status", flush=True)
     print(f"     fencingctl --endpoints {','.join(apis)} acquire orders/7 --ttl-ms 10000 --holder me", flush=True)
@@ -336,6 +379,11 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--private-key", required=True, help="file to create for the private key (mode 0600)")
     keygen.add_argument("--public-key", required=True, help="file to create for the public key")
     keygen.set_defaults(func=cmd_keygen)
+    gen_secret = sub.add_parser(
+        "gen-secret", help="write a peer credential for raft_secret_file (64 hex characters, mode 0600)"
+    )
+    gen_secret.add_argument("file", help="file to create (never overwritten); copy it to every member")
+    gen_secret.set_defaults(func=cmd_gen_secret)
     return parser
 
 
