@@ -259,7 +259,12 @@ class BoundTCPTransport(TCPTransport):
         pysyncobj lets any connection announce itself as a read-only node, which is then sent
         every entry, or send utility commands (status, add, remove, set_version, transfer;
         transport.py:375-384) that no member of ours uses. Only the first message is seen
-        here (after the secret's key exchange, when there is one): it must name a member.
+        here (after the secret's key exchange, when there is one): it must name a member,
+        and one that dials this member, never one this member dials itself (pysyncobj: the
+        higher address dials, transport.py:401-409). pysyncobj would put the incoming
+        connection in place of the outgoing one it dials that member with, and once that
+        closed reconnect with it: it never named itself to that member again, which then
+        stayed out of the cluster for good (found by tests/test_raft_port_fuzz.py).
         """
         if self._syncObj.encryptor and not conn.sendRandKey:
             # pysyncobj stores whatever comes first as the connection's key (transport.py:342-346)
