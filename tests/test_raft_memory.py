@@ -27,8 +27,8 @@ from coordinator.core import limits
 from coordinator.raft import limits as raft_limits
 from coordinator.raft import wire as raft_wire
 from coordinator.raft.journal import JOURNAL_NAME, DurableJournal
-from testsupport.grpc_cluster import DEFAULT_HOSTS, running_cluster
-from testsupport.supervisor import pick_ports, wait_until
+from testsupport.grpc_cluster import metered_cluster, running_cluster
+from testsupport.supervisor import wait_until
 
 MIB = 1024 * 1024
 SECRET = "0123456789abcdef0123456789abcdef-memory-test"
@@ -117,13 +117,8 @@ def scrape_counter(url: str, name: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def metered_cluster(tmp_path_factory, request):
-    base = str(tmp_path_factory.mktemp("raft-memory"))
-    metrics_port, _ = pick_ports(DEFAULT_HOSTS)
-    node_settings = {i: {"metrics_address": f"{h}:{metrics_port}"} for i, h in enumerate(DEFAULT_HOSTS)}
-    for c in running_cluster(base, request, node_settings=node_settings):
-        c.metrics_urls = [f"http://{h}:{metrics_port}/metrics" for h in DEFAULT_HOSTS]
-        yield c
+def flooded_cluster(tmp_path_factory, request):
+    yield from metered_cluster(str(tmp_path_factory.mktemp("raft-memory")), request)
 
 
 class Writer(threading.Thread):
@@ -157,8 +152,8 @@ def _flood_one(address: str, sockets: list) -> None:
         pass  # dropped while sending: what the budget does
 
 
-def test_a_pre_auth_flood_is_dropped_counted_and_holds_no_memory(metered_cluster):
-    cluster = metered_cluster
+def test_a_pre_auth_flood_is_dropped_counted_and_holds_no_memory(flooded_cluster):
+    cluster = flooded_cluster
     leader = cluster.wait_ready()
     target = cluster.nodes[leader]
     url = cluster.metrics_urls[leader]
