@@ -20,7 +20,7 @@ from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.server.metrics import PROPOSAL_OUTCOMES, Metrics
 from coordinator.raft.interface import ProposeOutcome
-from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
+from testsupport.grpc_cluster import RPC_TIMEOUT_S, metered_cluster
 from testsupport.supervisor import DEFAULT_HOSTS, pick_ports, wait_until
 
 T = RPC_TIMEOUT_S
@@ -152,12 +152,7 @@ def test_a_bad_metrics_address_is_refused_by_name(address, fragment):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, request):
-    base = str(tmp_path_factory.mktemp("metrics"))
-    metrics_port, _ = pick_ports(DEFAULT_HOSTS)
-    node_settings = {i: {"metrics_address": f"{h}:{metrics_port}"} for i, h in enumerate(DEFAULT_HOSTS)}
-    for c in running_cluster(base, request, node_settings=node_settings):
-        c.metrics_urls = [f"http://{h}:{metrics_port}/metrics" for h in DEFAULT_HOSTS]
-        yield c
+    yield from metered_cluster(str(tmp_path_factory.mktemp("metrics")), request)
 
 
 def scrape(url: str) -> dict:

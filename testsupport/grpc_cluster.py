@@ -215,6 +215,16 @@ class GrpcCluster(Supervisor):
         return wait_until(find, timeout_s, interval_s=0.1, what="a leader")[0]
 
 
+def metered_cluster(base_dir: str, request, **kwargs):
+    """``running_cluster`` with every member's Prometheus endpoint on; the cluster's
+    ``metrics_urls`` lists them by member index."""
+    metrics_port, _ = pick_ports(DEFAULT_HOSTS)
+    node_settings = {i: {"metrics_address": f"{h}:{metrics_port}"} for i, h in enumerate(DEFAULT_HOSTS)}
+    for cluster in running_cluster(base_dir, request, node_settings=node_settings, **kwargs):
+        cluster.metrics_urls = [f"http://{h}:{metrics_port}/metrics" for h in DEFAULT_HOSTS]
+        yield cluster
+
+
 def running_cluster(base_dir: str, request, **kwargs):
     """Generator for a pytest fixture: a started GrpcCluster, its logs printed if starting
     it or any test of the session failed, every process gone afterwards."""

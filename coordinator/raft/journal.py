@@ -89,6 +89,19 @@ def _write_all(fd: int, data: bytes, offset: int) -> None:
         offset += written
 
 
+# The journal is read at start through a buffer of this many bytes: large enough that a
+# journal of tens of MiB takes few reads, small against any journal worth streaming.
+_LOAD_READ_BYTES = 1024 * 1024
+
+
+def _rest_is_zero(f) -> bool:
+    """Whether everything left in ``f`` is zero bytes (a zero-filled tail), read a buffer at a time."""
+    while chunk := f.read(_LOAD_READ_BYTES):
+        if any(chunk):
+            return False
+    return True
+
+
 def _encode_record(command: bytes, index: int, term: int) -> bytes:
     payload = _ENTRY_HEAD.pack(index, term) + command
     return _RECORD_HEAD.pack(len(payload), zlib.crc32(payload)) + payload
@@ -121,6 +134,8 @@ class DurableJournal(Journal):
         self._committed_through = 0
         self._end = _HEADER.size
         self._synced_end = _HEADER.size
+        # The file's length when last rewritten (compacted): a loaded file counts whole.
+        self._end_after_compaction = _HEADER.size
         # sync() may run on another thread than the one that appends (the leader syncs in
         # the background): it holds this lock, and so does everything that replaces,
         # truncates or closes the file. Appends only ever extend it, from one thread.
@@ -153,55 +168,61 @@ class DurableJournal(Journal):
 
     def _open_and_load(self) -> int:
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
-        data = b""
-        size = os.fstat(fd).st_size
-        if size == 0:
+        if os.fstat(fd).st_size == 0:
             _write_all(fd, _HEADER.pack(_MAGIC, _FORMAT_VERSION, 0, 0), 0)
             self._fsync(fd)
             fsync_directory(self._dir, self._fsync)
         else:
-            data = os.pread(fd, size, 0)
-            self._parse(fd, data)
+            self._parse(fd)
         self._synced_end = self._end
         self._write_synced_sidecar()
         return fd
 
-    def _parse(self, fd: int, data: bytes) -> None:
-        if len(data) < _HEADER.size:
-            raise JournalCorrupt(f"{self._path}: file shorter than its header ({len(data)} bytes)")
-        magic, version, _reserved, committed = _HEADER.unpack_from(data, 0)
+    def _parse(self, fd: int) -> None:
+        """Load the file record by record: memory is the entries kept, never the file on top.
+
+        pysyncobj's FileJournal, and ours before, read the whole file into one buffer first,
+        so a start needed the file's size again on top of its entries.
+        """
+        size = os.fstat(fd).st_size
+        header = os.pread(fd, _HEADER.size, 0)
+        if len(header) < _HEADER.size:
+            raise JournalCorrupt(f"{self._path}: file shorter than its header ({len(header)} bytes)")
+        magic, version, _reserved, committed = _HEADER.unpack_from(header, 0)
         if magic != _MAGIC or version != _FORMAT_VERSION:
             raise JournalCorrupt(f"{self._path}: not a journal of format {_FORMAT_VERSION} (offset 0)")
         self._committed_through = committed
         offset = _HEADER.size
         previous_index = None
-        while offset < len(data):
-            remaining = len(data) - offset
-            if remaining < _RECORD_HEAD.size:
-                self._cut_torn_tail(fd, data, offset, "incomplete record header")
-                break
-            length, crc = _RECORD_HEAD.unpack_from(data, offset)
-            if length < _ENTRY_HEAD.size:
-                if not any(data[offset:]):
-                    self._cut_torn_tail(fd, data, offset, "zero-filled tail")
+        with os.fdopen(os.dup(fd), "rb", buffering=_LOAD_READ_BYTES) as f:
+            f.seek(offset)
+            while offset < size:
+                remaining = size - offset
+                if remaining < _RECORD_HEAD.size:
+                    self._cut_torn_tail(fd, size, offset, "incomplete record header")
                     break
-                raise JournalCorrupt(f"{self._path}: invalid record length {length} at offset {offset}")
-            if _RECORD_HEAD.size + length > remaining:
-                self._cut_torn_tail(fd, data, offset, "record extends past end of file")
-                break
-            start = offset + _RECORD_HEAD.size
-            payload = data[start : start + length]
-            if zlib.crc32(payload) != crc:
-                raise JournalCorrupt(f"{self._path}: checksum mismatch in record at offset {offset}")
-            index, term = _ENTRY_HEAD.unpack_from(payload, 0)
-            if previous_index is not None and index != previous_index + 1:
-                raise JournalCorrupt(
-                    f"{self._path}: record at offset {offset} has index {index}, expected {previous_index + 1}"
-                )
-            previous_index = index
-            self._entries.append((self._typed_entry(bytes(payload[_ENTRY_HEAD.size :]), index), index, term))
-            self._offsets.append(offset)
-            offset = start + length
+                head = f.read(_RECORD_HEAD.size)
+                length, crc = _RECORD_HEAD.unpack(head)
+                if length < _ENTRY_HEAD.size:
+                    if not any(head) and _rest_is_zero(f):
+                        self._cut_torn_tail(fd, size, offset, "zero-filled tail")
+                        break
+                    raise JournalCorrupt(f"{self._path}: invalid record length {length} at offset {offset}")
+                if _RECORD_HEAD.size + length > remaining:
+                    self._cut_torn_tail(fd, size, offset, "record extends past end of file")
+                    break
+                payload = f.read(length)
+                if zlib.crc32(payload) != crc:
+                    raise JournalCorrupt(f"{self._path}: checksum mismatch in record at offset {offset}")
+                index, term = _ENTRY_HEAD.unpack_from(payload, 0)
+                if previous_index is not None and index != previous_index + 1:
+                    raise JournalCorrupt(
+                        f"{self._path}: record at offset {offset} has index {index}, expected {previous_index + 1}"
+                    )
+                previous_index = index
+                self._entries.append((self._typed_entry(payload[_ENTRY_HEAD.size :], index), index, term))
+                self._offsets.append(offset)
+                offset += _RECORD_HEAD.size + length
         self._end = offset
 
     def _typed_entry(self, command: bytes, index: int) -> bytes:
@@ -213,10 +234,10 @@ class DurableJournal(Journal):
             log.error("%s: entry %d of the pre-typed format is skipped (a NO_OP now): %s", self._path, index, why)
         return upgraded
 
-    def _cut_torn_tail(self, fd: int, data: bytes, offset: int, why: str) -> None:
+    def _cut_torn_tail(self, fd: int, size: int, offset: int, why: str) -> None:
         # Only the last record can be torn: a write that never completed was never
         # synced, hence never acknowledged. Anything before it passed its checksum.
-        log.warning("%s: cutting torn tail at offset %d (%s, %d bytes)", self._path, offset, why, len(data) - offset)
+        log.warning("%s: cutting torn tail at offset %d (%s, %d bytes)", self._path, offset, why, size - offset)
         os.ftruncate(fd, offset)
         self._fsync(fd)
 
@@ -244,6 +265,12 @@ class DurableJournal(Journal):
     @property
     def path(self) -> str:
         return self._path
+
+    @property
+    def bytes_since_compaction(self) -> int:
+        """How much the file grew since it was last rewritten (compacted): what a
+        compaction by bytes (RaftConfig.log_compaction_min_bytes) is measured on."""
+        return max(0, self._end - self._end_after_compaction)
 
     def _write_synced_sidecar(self) -> None:
         if not self._track_synced:
@@ -328,6 +355,7 @@ class DurableJournal(Journal):
         self._offsets = offsets
         self._end = end
         self._synced_end = end
+        self._end_after_compaction = end
         self._committed_through = committed_through
         self._write_synced_sidecar()
 

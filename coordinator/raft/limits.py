@@ -39,13 +39,36 @@ RAFT_ADDRESS_CHARS_MAX = 253 + 1 + 5
 # entries (syncobj.py caps the count; stock pysyncobj has no cap).
 RAFT_BATCH_BYTES = max(512 * 1024, 4 * COMMAND_BYTES_MAX, 2 * RESTORE_COMMAND_BYTES_MAX, 2 * RAFT_ENTRY_BYTES_MAX)
 RAFT_APPEND_ENTRIES_MAX = 4096
-# One Raft message, as framed on the wire and once inflated: a member drops a connection
-# whose next frame declares more, or inflates to more, instead of buffering up to the 2 GiB a
-# 32-bit length allows or expanding a small deflated frame without end. Above the largest
-# append a member of ours sends (batch + one restore entry + per-entry pickle overhead ~30 B;
-# tests/test_raft_peer_input.py builds it).
-RAFT_MESSAGE_BYTES_MAX = 32 * 1024 * 1024
-assert RAFT_MESSAGE_BYTES_MAX > RAFT_BATCH_BYTES + RESTORE_COMMAND_BYTES_MAX + 64 * RAFT_APPEND_ENTRIES_MAX
+# One typed entry inside an append, beyond its bytes: a 3-item array head (1), the bin head (5)
+# and two uint64 (index, term: 9 each). Measured, not guessed: tests/test_raft_peer_input.py.
+RAFT_APPEND_ENTRY_OVERHEAD_BYTES = 1 + 5 + 9 + 9
+# The largest typed message a member of ours sends, before the secret's encryption: an append
+# with pysyncobj's batch just under its size, then one more entry of the largest kind, each with
+# its overhead, and the message's own head (version, kind, key, term, indexes: well under 1 KiB).
+RAFT_PLAIN_MESSAGE_BYTES_MAX = (
+    RAFT_BATCH_BYTES + RAFT_LOG_ENTRY_BYTES_MAX
+    + RAFT_APPEND_ENTRY_OVERHEAD_BYTES * RAFT_APPEND_ENTRIES_MAX + 1024
+)
+
+
+def fernet_token_bytes(plain_bytes: int) -> int:
+    """Length of pysyncobj's Fernet token (the secret's encryption) of ``plain_bytes``: version,
+    timestamp and IV (25 bytes), the ciphertext padded to 16 bytes, the HMAC (32), base64 (4/3)."""
+    raw = 1 + 8 + 16 + (plain_bytes // 16 + 1) * 16 + 32
+    return 4 * -(-raw // 3)
+
+
+# One Raft frame after the connection named a member: the largest message a member sends, as the
+# secret's encryption stretches it (~16 MiB). A member drops a connection whose next frame
+# declares more before its body is waited for, instead of buffering up to the 2 GiB a 32-bit
+# length allows (the typed wire has no deflate to inflate past it).
+RAFT_MESSAGE_BYTES_MAX = fernet_token_bytes(RAFT_PLAIN_MESSAGE_BYTES_MAX)
+# Bytes an incoming connection may hold in its read buffer before it has named a member: its
+# messages until then are the secret's key exchange (140 bytes encrypted) and the naming
+# message (484 bytes encrypted for the longest address; both measured in
+# tests/test_raft_memory.py). 4 KiB is several times both, and RAFT_UNNAMED_CONNECTIONS_MAX of
+# them hold 64 KiB at most, where a frame each (above) would let strangers park 16 x 16 MiB.
+RAFT_PREAUTH_BYTES_MAX = 4 * 1024
 # Incoming Raft connections that have not named a member yet. pysyncobj keeps them with no
 # deadline and no count, so idle ones from anyone would pile up (each a file descriptor and
 # up to a frame of memory). A member names itself in its first message (after one key
@@ -58,3 +81,11 @@ RAFT_NAMING_DEADLINE_MS = 5_000
 # reconnect wait on SYN retransmits (1 s, then 3 s). Accepted, they meet the bounds above.
 # (The kernel caps it at net.core.somaxconn, 4096 by default.)
 RAFT_LISTEN_BACKLOG = 128
+# -- the journal ---------------------------------------------------------------------
+# Snapshot and compact once the journal has grown by this many bytes since its last compaction
+# (as well as by entry count or age). Every member keeps its uncompacted entries in memory and
+# on disk; by count alone (50,000 entries) 64 KiB writes made that 3 GiB. 64 MiB is ~1,000 such
+# writes: a snapshot per 64 MiB written costs a fraction of the writes, and a member's journal
+# memory and file stay near this whatever the write size (server config
+# log_compaction_min_bytes).
+RAFT_COMPACTION_BYTES_DEFAULT = 64 * 1024 * 1024

@@ -31,6 +31,7 @@ from pysyncobj.config import FAIL_REASON
 from pysyncobj.journal import FileJournal
 
 from coordinator.core import limits
+from coordinator.raft import limits as raft_limits
 from coordinator.raft import patches
 from coordinator.raft.fatal import FatalHandler, default_fatal
 from coordinator.raft.interface import ProposeFailure, ProposeOutcome, ProposeResult, StateMachine
@@ -95,6 +96,9 @@ class RaftConfig:
     # entries keep the in-memory log near 10 MB and a replay on restart around a second.
     log_compaction_min_entries: int = 50_000
     log_compaction_min_time_s: float = 300.0
+    # ... or once the journal has grown by this many bytes since its last compaction
+    # (raft_limits.RAFT_COMPACTION_BYTES_DEFAULT says why); 0: by count and time only.
+    log_compaction_min_bytes: int = raft_limits.RAFT_COMPACTION_BYTES_DEFAULT
     # Test switches: which fixes are on (default all), and whether the journal
     # records its synced length for power-loss simulation.
     fixes: frozenset[str] = ALL_FIXES

@@ -110,6 +110,7 @@ class HardenedSyncObj(SyncObj):
         self._true_match_term = -1
         self._match_capped = False  # some follower's matchIndex is shown below its ack
         self._conflict_hint = None  # where to resume, for the append being handled
+        self._compaction_bytes = config.log_compaction_min_bytes
         conf = SyncObjConf(
             autoTick=kwargs.pop("autoTick", True),
             # Send one append per new entry (not every 100 ms) and coalesce them
@@ -539,6 +540,17 @@ class HardenedSyncObj(SyncObj):
                 )
                 return
         SyncObj._SyncObj__deleteEntriesFrom(self, fromIDx)
+
+    def _SyncObj__tryLogCompaction(self):
+        """Compact by bytes as well: stock pysyncobj compacts after logCompactionMinEntries
+        entries or logCompactionMinTime seconds only (syncobj.py:1436-1439), so 64 KiB writes
+        grew every member's journal, in memory and on disk, to 50,000 x 64 KiB. Once the
+        journal has grown by ``log_compaction_min_bytes`` since its last compaction, the stock
+        method is told to compact now (its force flag; it resets it when it starts)."""
+        grown = getattr(self._journal, "bytes_since_compaction", 0)  # the stock journal: count only
+        if self._compaction_bytes and grown > self._compaction_bytes and not self._SyncObj__forceLogCompaction:
+            self._SyncObj__forceLogCompaction = True
+        return SyncObj._SyncObj__tryLogCompaction(self)
 
     def _SyncObj__loadDumpFile(self, clearJournal):
         path = self.conf.fullDumpFile

@@ -11,7 +11,8 @@ authentication".
 Must never: patch pysyncobj itself (``patches.install()`` puts the reader and ``send_typed``
 in place), decode a frame any other way than ``wire.decode_frame`` (no peer byte reaches
 pickle), keep a connection that declared a frame over ``raft_limits.RAFT_MESSAGE_BYTES_MAX``
-or sent one that failed, or take anything but a connection key as the key exchange.
+or sent one that failed, take anything but a connection key as the key exchange, or buffer
+more than ``raft_limits.RAFT_PREAUTH_BYTES_MAX`` for one that has not named a member.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ CONNECTION_DEFAULTS = {
     "_frames_scanned_to": 0,
     "on_refused_frame": None,  # the transport's refusal counter, once it owns the connection
     "accepted_at": 0.0,  # monotonic time an incoming connection was accepted
+    # The transport's connections that have not named a member yet: one in it reads under
+    # raft_limits.RAFT_PREAUTH_BYTES_MAX (outgoing connections are never in it).
+    "unnamed_connections": frozenset(),
 }
 
 
@@ -47,13 +51,30 @@ CONNECTION_DEFAULTS = {
 # bytes, which copies the buffer on every read: seconds on the Raft thread for a frame of
 # tens of MiB. Ours is the same reader with the heads checked as bytes arrive
 # (raft_wire.scan_frames: a head declaring more than raft_limits.RAFT_MESSAGE_BYTES_MAX drops the
-# connection before its body is waited for) and a bytearray that grows in place.
+# connection before its body is waited for; before the connection names a member, more than
+# raft_limits.RAFT_PREAUTH_BYTES_MAX) and a bytearray that grows in place.
 
 
 def process_read_bounded(conn) -> bool:
-    """TcpConnection.__processRead (tcp_connection.py:261-275), the buffer a bytearray, heads checked."""
+    """TcpConnection.__processRead (tcp_connection.py:261-275), the buffer a bytearray, heads checked.
+
+    Until the connection names a member it reads under the pre-authentication budget
+    (``raft_limits.RAFT_PREAUTH_BYTES_MAX``): never more than that many bytes buffered, its
+    first frame's head checked against it, and no read past a whole first frame (which may
+    name a member: it is parsed first, and a member's next frames get the full bound).
+    """
+    buffer = conn._TcpConnection__readBuffer
+    if not isinstance(buffer, bytearray):  # pysyncobj (re)sets it to bytes() on (dis)connect
+        buffer = conn._TcpConnection__readBuffer = bytearray(buffer)
+    unnamed = conn in conn.unnamed_connections
+    size = conn._TcpConnection__recvBufferSize
+    if unnamed:
+        if _first_frame_whole(buffer):
+            return False  # pysyncobj parses it next; the rest stays in the kernel's buffer
+        # > 0: a first frame within the budget is whole before the buffer reaches it (above).
+        size = min(size, raft_limits.RAFT_PREAUTH_BYTES_MAX - len(buffer))
     try:
-        incoming = conn._TcpConnection__socket.recv(conn._TcpConnection__recvBufferSize)
+        incoming = conn._TcpConnection__socket.recv(size)
     except OSError as exc:
         if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
             conn.disconnect()
@@ -64,19 +85,41 @@ def process_read_bounded(conn) -> bool:
     if not incoming:
         conn.disconnect()
         return False
-    buffer = conn._TcpConnection__readBuffer
-    if not isinstance(buffer, bytearray):  # pysyncobj (re)sets it to bytes() on (dis)connect
-        buffer = conn._TcpConnection__readBuffer = bytearray(buffer)
     buffer += incoming
     try:
-        conn._frames_scanned_to = raft_wire.scan_frames(buffer, conn._frames_scanned_to)
+        if unnamed:
+            # The first frame's head against the budget; heads after it (a member may send its
+            # appends right behind its name) against the full bound. At most the budget's bytes
+            # are scanned here; the offset stays 0, so they are scanned again once named.
+            raft_wire.scan_frames(buffer[: raft_wire.FRAME_HEAD.size], 0, max_bytes=_PREAUTH_FRAME_BYTES_MAX)
+            if _first_frame_whole(buffer):
+                (length,) = raft_wire.FRAME_HEAD.unpack_from(buffer, 0)
+                raft_wire.scan_frames(
+                    buffer, raft_wire.FRAME_HEAD.size + length, max_bytes=raft_limits.RAFT_MESSAGE_BYTES_MAX
+                )
+        else:
+            conn._frames_scanned_to = raft_wire.scan_frames(
+                buffer, conn._frames_scanned_to, max_bytes=raft_limits.RAFT_MESSAGE_BYTES_MAX
+            )
     except raft_wire.FrameTooLarge as exc:
-        log.warning("raft: dropped a connection: %s", exc)
+        before = " before naming a member" if unnamed else ""
+        log.warning("raft: dropped a connection%s: %s", before, exc)
         if conn.on_refused_frame is not None:
             conn.on_refused_frame()
         conn.disconnect()
         return False
     return True
+
+
+# A frame, head included, fits the pre-authentication budget.
+_PREAUTH_FRAME_BYTES_MAX = raft_limits.RAFT_PREAUTH_BYTES_MAX - raft_wire.FRAME_HEAD.size
+
+
+def _first_frame_whole(buffer: bytearray) -> bool:
+    if len(buffer) < raft_wire.FRAME_HEAD.size:
+        return False
+    (length,) = raft_wire.FRAME_HEAD.unpack_from(buffer, 0)
+    return len(buffer) >= raft_wire.FRAME_HEAD.size + length
 
 
 def parse_message_bounded(conn):
@@ -216,6 +259,9 @@ class BoundTCPTransport(TCPTransport):
 
     def _onNewIncomingConnection(self, conn):
         conn.on_refused_frame = self._count_refused
+        # pysyncobj moves it out of this set once it names a member; until then the
+        # pre-authentication budget holds (process_read_bounded).
+        conn.unnamed_connections = self._unknownConnections
         conn.accepted_at = time.monotonic()
         while len(self._unknownConnections) >= raft_limits.RAFT_UNNAMED_CONNECTIONS_MAX:
             oldest = min(self._unknownConnections, key=lambda c: c.accepted_at)

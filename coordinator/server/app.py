@@ -126,6 +126,7 @@ def raft_config(config: ServerConfig) -> RaftConfig:
         commands_queue_size=config.commands_queue_size,
         log_compaction_min_entries=config.log_compaction_min_entries,
         log_compaction_min_time_s=config.log_compaction_min_time_s,
+        log_compaction_min_bytes=config.log_compaction_min_bytes,
         track_synced=config.track_synced_for_tests,
         secret=config.resolved_raft_secret() or None,
     )

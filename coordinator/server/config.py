@@ -27,6 +27,7 @@ import ipaddress
 import os
 from typing import Any
 
+from coordinator.raft import limits as raft_limits
 from coordinator.server import cpu_pin
 from coordinator.client import pemfile
 from coordinator.server import tomlfile
@@ -200,6 +201,14 @@ class ServerConfig:
     )
     log_compaction_min_time_s: float = dataclasses.field(
         default=300.0, metadata=_doc("seconds after which the log is snapshotted and compacted")
+    )
+    log_compaction_min_bytes: int = dataclasses.field(
+        # Bounds each member's journal memory and file whatever the write size (raft/limits.py).
+        default=raft_limits.RAFT_COMPACTION_BYTES_DEFAULT,
+        metadata=_doc(
+            "bytes the Raft journal may grow by after its last compaction before the log is"
+            " snapshotted and compacted (as well as by entries and seconds)"
+        ),
     )
     # -- tests ------------------------------------------------------------------------
     track_synced_for_tests: bool = dataclasses.field(
@@ -443,6 +452,7 @@ def validate(config: ServerConfig) -> ServerConfig:
         "commands_queue_size": config.commands_queue_size,
         "log_compaction_min_entries": config.log_compaction_min_entries,
         "log_compaction_min_time_s": config.log_compaction_min_time_s,
+        "log_compaction_min_bytes": config.log_compaction_min_bytes,
     }
     for key, value in positive.items():
         if not value > 0:
