@@ -1,67 +1,42 @@
 """TLS on the gRPC API: a three-process cluster serving mutual TLS, reached by the client
-library, fencingctl and the health probe with certificates made here (cryptography)."""
+library, fencingctl and the health probe with certificates made here (cryptography); and a
+member whose certificate is replaced on SIGHUP while it serves."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
+import signal
+import socket
+import ssl
 import subprocess
 import sys
 
 import grpc
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from coordinator.server import config as config_mod
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.client import FencingClient
+from testsupport import pki as pki_mod
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
-from testsupport.supervisor import DEFAULT_HOSTS
+from testsupport.supervisor import DEFAULT_HOSTS, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _pem_key(key) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
-
-
-def _cert(subject: str, key, issuer_name, issuer_key, *, ca: bool, ips=()) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-        .issuer_name(issuer_name or x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if ips:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]), critical=False
-        )
-    return builder.sign(issuer_key or key, hashes.SHA256())
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory) -> dict[str, str]:
     """A CA, a server certificate for the test hosts, a client certificate: file paths."""
     out = tmp_path_factory.mktemp("pki")
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = _cert("test-ca", ca_key, None, None, ca=True)
-    files = {"ca": ca.public_bytes(serialization.Encoding.PEM)}
+    ca_key = pki_mod.new_key()
+    ca = pki_mod.make_cert("test-ca", ca_key, ca=True)
+    files = {"ca": pki_mod.pem_cert(ca)}
     for name, ips in (("server", DEFAULT_HOSTS), ("client", ())):
-        key = ec.generate_private_key(ec.SECP256R1())
-        cert = _cert(name, key, ca.subject, ca_key, ca=False, ips=ips)
-        files[f"{name}_cert"] = cert.public_bytes(serialization.Encoding.PEM)
-        files[f"{name}_key"] = _pem_key(key)
+        key = pki_mod.new_key()
+        files[f"{name}_cert"] = pki_mod.pem_cert(pki_mod.make_cert(name, key, ca, ca_key, ips=ips))
+        files[f"{name}_key"] = pki_mod.pem_key(key)
     paths = {}
     for name, data in files.items():
         path = out / f"{name}.pem"
@@ -131,8 +106,138 @@ def test_tls_settings_are_checked_at_start(tmp_path, pki):
         ({"tls_client_ca_file": pki["ca"]}, "give both"),
         ({"tls_cert_file": pki["server_cert"], "tls_key_file": str(tmp_path / "missing")}, "tls_key_file: cannot read"),
         ({"tls_cert_file": str(not_pem), "tls_key_file": pki["server_key"]}, "tls_cert_file: " + str(not_pem) + " is not PEM"),
+        ({"tls_cert_file": pki["server_cert"], "tls_key_file": pki["client_key"]}, "is not the private key of"),
+        ({"tls_cert_file": pki["server_cert"], "tls_key_file": pki["server_key"], "tls_client_ca_file": pki["server_key"]},
+         "tls_client_ca_file: " + pki["server_key"] + " holds no readable certificate"),
     ):
         with pytest.raises(config_mod.ConfigError) as caught:
             config_mod.build(base, overrides)
         assert fragment in str(caught.value)
     assert config_mod.build(base, {"tls_cert_file": pki["server_cert"], "tls_key_file": pki["server_key"]}).tls_files()
+
+
+# -- SIGHUP: a new certificate without a restart ------------------------------------------------
+
+# A SIGHUP is acted on within a fraction of a second; a slow machine gets far more.
+RELOAD_TIMEOUT_S = 15.0
+
+
+class ReloadPki:
+    """Two server CAs (the certificate before and after the swap are signed by different ones, so
+    a client trusting only the new CA proves the swap), a client CA and a client certificate."""
+
+    def __init__(self, out, host: str):
+        self.out, self.host = out, host
+        self.client_ca_key = pki_mod.new_key()
+        self.client_ca = pki_mod.make_cert("client-ca", self.client_ca_key, ca=True)
+        client_key = pki_mod.new_key()
+        self.files = {"client_ca": self.path("client-ca.pem"), "cert": self.path("server.pem"),
+                      "key": self.path("server.key"), "client_cert": self.path("client.pem"),
+                      "client_key": self.path("client.key")}
+        pki_mod.write_file(self.files["client_ca"], pki_mod.pem_cert(self.client_ca))
+        pki_mod.write_file(self.files["client_cert"], pki_mod.pem_cert(
+            pki_mod.make_cert("client", client_key, self.client_ca, self.client_ca_key)))
+        pki_mod.write_file(self.files["client_key"], pki_mod.pem_key(client_key))
+
+    def path(self, name: str) -> str:
+        return str(self.out / name)
+
+    def server_identity(self, cn: str, dns=()):
+        """A new CA and a server certificate it signed for the member's host: (ca PEM, cert, key)."""
+        ca_key = pki_mod.new_key()
+        ca = pki_mod.make_cert(f"{cn}-ca", ca_key, ca=True)
+        key = pki_mod.new_key()
+        return pki_mod.pem_cert(ca), pki_mod.make_cert(cn, key, ca, ca_key, ips=(self.host,), dns=dns), key
+
+    def install(self, cert, key) -> None:
+        pki_mod.write_file(self.files["key"], pki_mod.pem_key(key))
+        pki_mod.write_file(self.files["cert"], pki_mod.pem_cert(cert))
+
+    def channel_credentials(self, server_ca: bytes) -> grpc.ChannelCredentials:
+        read = lambda name: open(self.files[name], "rb").read()  # noqa: E731
+        return grpc.ssl_channel_credentials(server_ca, read("client_key"), read("client_cert"))
+
+
+def served_certificate(address: str, reload_pki: ReloadPki):
+    """The certificate a new TLS connection to ``address`` is shown (read, not verified)."""
+    host, port = address.rsplit(":", 1)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # we only look at what is served; gRPC below verifies
+    context.load_cert_chain(reload_pki.files["client_cert"], reload_pki.files["client_key"])
+    with socket.create_connection((host, int(port)), timeout=RPC_TIMEOUT_S) as raw:
+        with context.wrap_socket(raw) as tls:
+            return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True))
+
+
+def _status_ok(address: str, credentials: grpc.ChannelCredentials) -> bool:
+    with grpc.secure_channel(address, credentials) as channel:
+        try:
+            pb_grpc.ClusterStub(channel).Status(pb.StatusRequest(), timeout=RPC_TIMEOUT_S)
+        except grpc.RpcError:
+            return False
+    return True
+
+
+@pytest.fixture
+def reload_member(tmp_path, request):
+    """One member (a quorum of its own: the swap is a per-process matter) serving mutual TLS
+    from files the test replaces: (cluster, pki, the first server CA, its certificate)."""
+    host = DEFAULT_HOSTS[0]
+    reload_pki = ReloadPki(tmp_path, host)
+    old_ca, old_cert, old_key = reload_pki.server_identity("server-before")
+    reload_pki.install(old_cert, old_key)
+    settings = {"tls_cert_file": reload_pki.files["cert"], "tls_key_file": reload_pki.files["key"],
+                "tls_client_ca_file": reload_pki.files["client_ca"]}
+    for cluster in running_cluster(str(tmp_path / "c"), request, hosts=(host,), settings=settings,
+                                   credentials=reload_pki.channel_credentials(old_ca)):
+        yield cluster, reload_pki, old_ca, old_cert
+
+
+def test_sighup_replaces_the_api_certificate_without_a_restart(reload_member):
+    cluster, reload_pki, old_ca, old_cert = reload_member
+    node = cluster.nodes[0]
+    pid = node.proc.pid
+    assert served_certificate(node.api_address, reload_pki).serial_number == old_cert.serial_number
+    # A channel connected before the swap: it keeps its connection, and keeps being served.
+    node.status()
+
+    new_ca, new_cert, new_key = reload_pki.server_identity("server-after", dns=("reloaded.test",))
+    reload_pki.install(new_cert, new_key)
+    os.kill(pid, signal.SIGHUP)
+    wait_until(lambda: served_certificate(node.api_address, reload_pki).serial_number == new_cert.serial_number,
+               RELOAD_TIMEOUT_S, what="the new certificate to be served")
+    served = served_certificate(node.api_address, reload_pki)
+    assert served.subject.rfc4514_string() == "CN=server-after"
+    assert "reloaded.test" in served.extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert _status_ok(node.api_address, reload_pki.channel_credentials(new_ca))  # verified by the new CA
+    assert not _status_ok(node.api_address, reload_pki.channel_credentials(old_ca))
+    node.status()  # the connection made before the swap still works
+    assert node.alive and node.proc.pid == pid and cluster.answers(node)
+
+    # Bad replacements: each is refused in one line naming the setting; the member keeps
+    # serving the certificate it has.
+    _, stray_cert, _ = reload_pki.server_identity("server-stray")
+    for bad, fragment in (
+        (lambda: pki_mod.write_file(reload_pki.files["cert"], pki_mod.pem_cert(stray_cert)),
+         "tls_key_file: " + reload_pki.files["key"] + " is not the private key of the certificate"),
+        (lambda: pki_mod.write_file(reload_pki.files["cert"], b"-----BEGIN CERTIFICATE-----\nnot base64\n"),
+         "tls_cert_file: " + reload_pki.files["cert"] + " holds no readable certificate"),
+        (lambda: os.remove(reload_pki.files["key"]), "tls_key_file: cannot read " + reload_pki.files["key"]),
+    ):
+        bad()
+        os.kill(pid, signal.SIGHUP)
+        wait_until(lambda: fragment in _log(node), RELOAD_TIMEOUT_S, what=f"a refusal naming {fragment!r}")
+        assert served_certificate(node.api_address, reload_pki).serial_number == new_cert.serial_number
+        assert _status_ok(node.api_address, reload_pki.channel_credentials(new_ca))
+        reload_pki.install(new_cert, new_key)
+    refusals = [line for line in _log(node).splitlines() if "kept the current API certificate" in line]
+    assert len(refusals) == 3 and all("Traceback" not in line for line in refusals)
+    assert "Traceback" not in _log(node)
+    assert node.alive and node.proc.pid == pid and cluster.answers(node)
+
+
+def _log(node) -> str:
+    with open(node.log_path, encoding="utf-8", errors="replace") as f:
+        return f.read()

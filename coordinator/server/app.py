@@ -4,7 +4,8 @@ Owns: building the grpc.server (bounded thread pool, ``maximum_concurrent_rpcs``
 size limits), wiring and registering the fencing services (``add_services``, which the
 in-memory test cluster uses too), the standard health service and server
 reflection, the health updater thread, the audit log, the metrics endpoint (when
-``metrics_address`` is set), and graceful shutdown.
+``metrics_address`` is set), the API's TLS credentials (their certificate replaced on SIGHUP,
+certs.py), and graceful shutdown.
 Must never: implement an RPC (service.py does) or touch the Raft library (coordinator.raft does).
 
 Health (grpc.health.v1), overall ("") and per service: SERVING only while this member is
@@ -31,6 +32,7 @@ from coordinator.core import limits
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.server.auth import Authenticator
+from coordinator.server.certs import ApiCertificates, TlsMaterial
 from coordinator.server.config import ServerConfig
 from coordinator.server.errors import ServiceError
 from coordinator.server.metrics import Metrics
@@ -140,6 +142,27 @@ def stream_gate(config: ServerConfig) -> StreamGate:
     )
 
 
+def _certificate_configuration(material: TlsMaterial) -> grpc.ServerCertificateConfiguration:
+    return grpc.ssl_server_certificate_configuration(
+        [(material.private_key, material.cert_chain)], root_certificates=material.client_ca
+    )
+
+
+def api_credentials(certificates: ApiCertificates) -> grpc.ServerCredentials:
+    """TLS credentials whose certificate a SIGHUP can replace: gRPC asks ``fetch`` at every new
+    handshake, and running connections keep the certificate they were made with."""
+
+    def fetch() -> grpc.ServerCertificateConfiguration | None:
+        pending = certificates.take_pending()
+        return None if pending is None else _certificate_configuration(pending)
+
+    return grpc.dynamic_ssl_server_credentials(
+        _certificate_configuration(certificates.current),
+        fetch,
+        require_client_authentication=certificates.requires_client_certificate,
+    )
+
+
 def audit_logger(config: ServerConfig) -> logging.Logger:
     logger = logging.getLogger(AUDIT_LOGGER)
     logger.setLevel(logging.INFO)
@@ -221,17 +244,15 @@ class FencingServer:
         reflection.enable_server_reflection(
             (*FENCING_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc_server
         )
-        tls = config.tls_files()
-        if tls is None:
+        # config checked the files (both or neither of cert and key): read them once more here
+        self.certificates = (
+            ApiCertificates(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
+            if config.tls_cert_file else None
+        )
+        if self.certificates is None:
             self.port = self.grpc_server.add_insecure_port(config.bind_address)
         else:
-            cert, key, client_ca = tls
-            self.port = self.grpc_server.add_secure_port(
-                config.bind_address,
-                grpc.ssl_server_credentials(
-                    [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
-                ),
-            )
+            self.port = self.grpc_server.add_secure_port(config.bind_address, api_credentials(self.certificates))
         if self.port == 0:
             raise OSError(f"cannot listen on {config.bind_address}")
         self.updater = HealthUpdater(self.node, self.proposer, self.health, config.health_check_interval_s)
@@ -246,6 +267,13 @@ class FencingServer:
         status["serving"] = bool(self.updater.serving)
         status["epoch"] = self.node.read(lambda sm: sm.epoch)
         return status
+
+    def reload_certificates(self) -> None:
+        """SIGHUP: read the API's TLS files again (the Raft secret is not reloaded: SECURITY.md)."""
+        if self.certificates is None:
+            log.info("SIGHUP: the API serves plaintext (no tls_cert_file): no certificate to reload")
+            return
+        self.certificates.reload()
 
     def start(self) -> None:
         if self.metrics is not None:

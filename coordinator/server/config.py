@@ -28,8 +28,7 @@ import os
 from typing import Any
 
 from coordinator.raft import limits as raft_limits
-from coordinator.server import cpu_pin
-from coordinator.client import pemfile
+from coordinator.server import certs, cpu_pin
 from coordinator.server import tomlfile
 from coordinator.server.auth import PrincipalsError, load_principals
 from coordinator.client.proof import ProofError, ProofSigner
@@ -293,19 +292,16 @@ class ServerConfig:
             return ""
         return _secret_from_file("raft_secret_file", self.raft_secret_file, chars_min=RAFT_SECRET_CHARS_MIN)
 
-    def tls_files(self) -> tuple[bytes, bytes, bytes | None] | None:
-        """(certificate chain, private key, client CA or None) as PEM bytes; None: plaintext."""
+    def tls_files(self) -> certs.TlsMaterial | None:
+        """The API's TLS files, read and checked (certs.py); None: plaintext."""
         if not (self.tls_cert_file or self.tls_key_file or self.tls_client_ca_file):
             return None
         if not (self.tls_cert_file and self.tls_key_file):
             raise ConfigError("tls_cert_file and tls_key_file: give both (or neither, for plaintext)")
-
-        ca = pemfile.read(self.tls_client_ca_file, "tls_client_ca_file", ConfigError) if self.tls_client_ca_file else None
-        return (
-            pemfile.read(self.tls_cert_file, "tls_cert_file", ConfigError),
-            pemfile.read(self.tls_key_file, "tls_key_file", ConfigError),
-            ca,
-        )
+        try:
+            return certs.read(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
+        except certs.CertificateError as exc:
+            raise ConfigError(str(exc)) from None
 
     def proof_signer(self):
         """The ProofSigner of ``token_signing_key_file``; None without one."""

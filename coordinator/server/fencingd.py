@@ -6,8 +6,9 @@
     fencingd keygen --private-key F --public-key G           a token signing key pair (DESIGN §6)
     fencingd gen-secret FILE                                 a peer credential (raft_secret_file), mode 0600
 
-Owns: argument parsing, logging setup, signal handling, and the ``dev`` supervisor that
-runs three ``fencingd serve`` children on loopback.
+Owns: argument parsing, logging setup, signal handling (SIGTERM/SIGINT stop a member, SIGHUP
+re-reads its API certificate: SECURITY.md), and the ``dev`` supervisor that runs three
+``fencingd serve`` children on loopback.
 Must never: serve RPCs itself (server.py does) or leave a child running when it exits.
 """
 
@@ -36,6 +37,9 @@ DEV_START_TIMEOUT_S = 60.0
 # grace period is 5 s, plus closing the Raft node).
 DEV_STOP_TIMEOUT_S = 15.0
 DEV_MEMBERS = 3
+# serve: how often the main thread looks for a SIGHUP it must act on; a certificate swap a
+# fraction of a second late is fine, and the wait costs nothing between looks.
+SIGNAL_POLL_S = 0.2
 # dev: API ports are base, base+1, base+2; Raft ports are base+100, +101, +102; metrics
 # (Prometheus, HTTP) base+200, +201, +202.
 DEV_RAFT_PORT_OFFSET = 100
@@ -103,6 +107,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    # SIGHUP re-reads the API's TLS files; the handler only flags it, the loop below does the
+    # reading (and logging), outside the interrupted frame. Before, SIGHUP killed the member.
+    reload = threading.Event()
+    signal.signal(signal.SIGHUP, lambda *_: reload.set())
     server = None
     try:
         server = FencingServer(cfg, on_leadership=placement.on_leadership)
@@ -113,8 +121,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             server.node.close()
         return 1
     print(f"READY member={cfg.raft_address} api={cfg.bind_address} pid={os.getpid()}", flush=True)
-    while not stop.wait(1.0):
-        pass
+    while not stop.wait(SIGNAL_POLL_S):
+        if reload.is_set():
+            reload.clear()  # before reading: a SIGHUP during the read gets a read of its own
+            server.reload_certificates()
     log.info("signal received: stopping (grace %.1f s)", cfg.shutdown_grace_s)
     server.stop()
     return 0
