@@ -79,6 +79,7 @@ PATCHED = sorted(
         "pysyncobj.tcp_connection.TcpConnection._frames_scanned_to",
         "pysyncobj.tcp_connection.TcpConnection.on_refused_frame",
         "pysyncobj.tcp_connection.TcpConnection.accepted_at",
+        "pysyncobj.tcp_connection.TcpConnection.unnamed_connections",
     ]
 )
 

@@ -6,7 +6,8 @@ Owns: the pinned version (``PYSYNCOBJ_VERSION_REQUIRED``, ``check_pysyncobj_vers
   - ``pickle`` as syncobj.py and tcp_connection.py see it: refuses everything (nothing of
     ours goes through it any more);
   - TcpConnection's frame reader and writer (``transport.py``: the typed wire, bounded heads,
-    bytearray buffers) and its per-connection defaults.
+    bytearray buffers) and its per-connection defaults (including the set of unnamed
+    connections that the pre-authentication byte budget reads).
 Why each one is needed: RAFT.md ("A typed wire", "Bounded frames").
 Must never: patch anything at import (importing any coordinator.raft module leaves pysyncobj
 stock; a test checks it), or patch a pysyncobj other than the pinned one: every replacement
