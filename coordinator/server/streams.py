@@ -1,16 +1,26 @@
-"""Admission and idle timeout of long-lived streams (KeepAliveStream), so streams cannot
-take the threads every other call needs (issue 14: idle streams starved health checks).
+"""Admission of calls that hold a gRPC worker thread for long (KeepAliveStreams and Acquires
+waiting with ``wait_ms``), and the idle timeout of streams, so neither can take the threads
+every other call needs (issue 14: idle streams starved health checks; waiting Acquires could
+do the same).
 
-Owns: the count of open streams, in total and per caller, the refusal of a stream past either
-cap, and reading a stream's requests with an idle timeout. Must never: implement an RPC
-(service.py does), read or propose anything, or hold a gRPC worker thread beyond the idle
-timeout waiting for a request that does not come.
+Owns: one admission mechanism (``SlotGate``: a count of held slots, in total and per caller,
+and the refusal of a slot past either cap), its two uses (``StreamGate`` for streams, with
+reading a stream's requests under an idle timeout; ``waiter_gate`` for waiting Acquires), and
+who a slot counts against (``caller_key``). Must never: implement an RPC (service.py does),
+read or propose anything, or hold a gRPC worker thread beyond the idle timeout waiting for a
+request that does not come.
 
-A gRPC worker thread serves a stream for as long as it is open. ``streams_max`` is below the
-worker count (config.py checks it), so however many streams are open, threads remain for
-health, Admin and unary calls. A stream's requests are read by a helper thread into a
-one-item queue; the worker waits for each item at most ``idle_timeout_s`` and then ends the
-stream with RESOURCE_EXHAUSTED / LIMIT_EXCEEDED, limit ``stream_idle_timeout_s``.
+A gRPC worker thread serves a stream for as long as it is open, and a waiting Acquire for as
+long as it waits. ``streams_max`` + ``acquire_waiters_max`` is below the worker count
+(config.py checks it), so however many streams are open and Acquires wait, threads remain for
+health, Admin and unary calls. A stream past a cap is refused with RESOURCE_EXHAUSTED /
+LIMIT_EXCEEDED naming the cap. An Acquire past a waiter cap is answered at once as if its
+``wait_ms`` were 0 (service.py): its one try still runs, so a free lease is granted, and a held
+one is answered LEASE_HELD, an answer every client already handles and one that is true; a
+LIMIT_EXCEEDED would refuse a caller whose only fault is that others wait, and waiting is a
+convenience that only saves the client its own retries. A stream's requests are read by a helper
+thread into a one-item queue; the worker waits for each item at most ``idle_timeout_s`` and then
+ends the stream with RESOURCE_EXHAUSTED / LIMIT_EXCEEDED, limit ``stream_idle_timeout_s``.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from typing import Any, Iterable, Iterator
 from coordinator.core.state_machine import Reason
 from coordinator.server.errors import ServiceError
 
-__all__ = ["StreamGate", "caller_key"]
+__all__ = ["SlotGate", "StreamGate", "caller_key", "waiter_gate"]
 
 _END = object()  # the client closed its side (or the call ended): no more requests
 
@@ -38,45 +48,80 @@ def caller_key(principal_name: str | None, peer: str) -> str:
     return f"host {host or peer}"
 
 
-class StreamGate:
-    """Counts open streams and refuses one past ``streams_max`` or ``per_caller_max``."""
+class SlotGate:
+    """Counts held slots and refuses one past ``total_max`` or ``per_caller_max``; a refusal
+    is RESOURCE_EXHAUSTED / LIMIT_EXCEEDED naming the setting (``total_limit`` or
+    ``per_caller_limit``) it met."""
 
-    def __init__(self, *, streams_max: int, per_caller_max: int, idle_timeout_s: float) -> None:
-        self.streams_max = streams_max
+    def __init__(self, *, what: str, total_max: int, total_limit: str, per_caller_max: int,
+                 per_caller_limit: str, retry_hint: str) -> None:
+        self.what = what  # plural noun for messages, e.g. "streams"
+        self.total_max = total_max
+        self.total_limit = total_limit
         self.per_caller_max = per_caller_max
-        self.idle_timeout_s = idle_timeout_s
+        self.per_caller_limit = per_caller_limit
+        self.retry_hint = retry_hint
         self._lock = threading.Lock()
-        self._open: dict[str, int] = {}
+        self._held: dict[str, int] = {}
         self._total = 0
 
     def open_count(self) -> int:
         with self._lock:
             return self._total
 
+    def take(self, who: str) -> None:
+        """Take one slot for ``who``; raise ServiceError when a cap is reached, taking nothing.
+        Every successful ``take`` must be followed by one ``give_back``."""
+        with self._lock:
+            if self._total >= self.total_max:
+                raise _limit(self.total_limit, self.total_max,
+                             f"{self.total_max} {self.what} on this member already; {self.retry_hint}")
+            mine = self._held.get(who, 0)
+            if mine >= self.per_caller_max:
+                raise _limit(self.per_caller_limit, self.per_caller_max,
+                             f"{who} already has {mine} {self.what} on this member")
+            self._held[who] = mine + 1
+            self._total += 1
+
+    def give_back(self, who: str) -> None:
+        with self._lock:
+            self._total -= 1
+            left = self._held[who] - 1
+            if left:
+                self._held[who] = left
+            else:
+                del self._held[who]
+
     @contextlib.contextmanager
     def admit(self, who: str) -> Iterator[None]:
-        """Hold one stream slot for ``who`` while the block runs; raise ServiceError
-        (RESOURCE_EXHAUSTED, LIMIT_EXCEEDED) when a cap is reached, taking nothing."""
-        with self._lock:
-            if self._total >= self.streams_max:
-                raise _limit("streams_max", self.streams_max,
-                             f"{self.streams_max} streams are open on this member; retry later or use KeepAliveMany")
-            mine = self._open.get(who, 0)
-            if mine >= self.per_caller_max:
-                raise _limit("streams_per_principal_max", self.per_caller_max,
-                             f"{who} already has {mine} streams open on this member")
-            self._open[who] = mine + 1
-            self._total += 1
+        """Hold one slot for ``who`` while the block runs (``take`` ... ``give_back``)."""
+        self.take(who)
         try:
             yield
         finally:
-            with self._lock:
-                self._total -= 1
-                left = self._open[who] - 1
-                if left:
-                    self._open[who] = left
-                else:
-                    del self._open[who]
+            self.give_back(who)
+
+
+def waiter_gate(*, waiters_max: int, per_caller_max: int) -> SlotGate:
+    """The gate of Acquires that wait server-side (``wait_ms`` > 0 on a held lease)."""
+    return SlotGate(
+        what="Acquires waiting", total_max=waiters_max, total_limit="acquire_waiters_max",
+        per_caller_max=per_caller_max, per_caller_limit="acquire_waiters_per_principal_max",
+        retry_hint="not waiting",
+    )
+
+
+class StreamGate(SlotGate):
+    """Caps open streams (``streams_max``, ``streams_per_principal_max``) and ends idle ones."""
+
+    def __init__(self, *, streams_max: int, per_caller_max: int, idle_timeout_s: float) -> None:
+        super().__init__(
+            what="streams open", total_max=streams_max, total_limit="streams_max",
+            per_caller_max=per_caller_max, per_caller_limit="streams_per_principal_max",
+            retry_hint="retry later or use KeepAliveMany",
+        )
+        self.streams_max = streams_max
+        self.idle_timeout_s = idle_timeout_s
 
     def requests(self, request_iterator: Iterable[Any]) -> Iterator[Any]:
         """The items of ``request_iterator``; raises ServiceError when none comes for
