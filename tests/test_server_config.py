@@ -58,6 +58,8 @@ def test_flags_alone(tmp_path):
     ("raft_min_timeout_s = 3.0\n", "raft_min_timeout_s: must be below raft_max_timeout_s"),
     ("grpc_threads = 100\ngrpc_max_concurrent_rpcs = 10\n", "grpc_max_concurrent_rpcs: must be >= grpc_threads"),
     ("grpc_threads = 16\n", "streams_max: 16 must be below grpc_threads (16)"),
+    ("grpc_threads = 24\n", "acquire_waiters_max: 8 plus streams_max (16) must be below grpc_threads (24)"),
+    ("acquire_waiters_per_principal_max = 0\n", "acquire_waiters_per_principal_max: must be > 0"),
     ("streams_per_principal_max = 0\n", "streams_per_principal_max: must be > 0"),
     ("stream_idle_timeout_s = -1\n", "stream_idle_timeout_s: must be > 0"),
     ("log_level = 'LOUD'\n", "log_level: must be one of"),

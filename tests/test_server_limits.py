@@ -1,8 +1,10 @@
-"""Issue 14 on real processes: a poisoned restore, idle streams, and the audit log's names.
+"""Issue 14 on real processes: a poisoned restore, idle streams, waiting Acquires, and the
+audit log's names.
 
 One three-member cluster with a principals file, an audit log per member, and small stream
-caps (4 streams per member, 2 per principal, 3 s idle timeout) on a small thread pool (8), so
-the caps are reached with a handful of streams and "past the worker count" is 9 streams.
+caps (4 streams per member, 2 per principal, 3 s idle timeout) and waiter caps (2 waiting
+Acquires per member, 1 per principal) on a small thread pool (8), so the caps are reached with
+a handful of calls and "past the worker count" is 9 of them.
 Every wait is a poll with a deadline or an RPC deadline.
 """
 
@@ -25,12 +27,13 @@ from coordinator.core.names import ErrorMeta as M
 from coordinator.core.names import ErrorReason as R
 from coordinator.server.auth import token_digest
 from coordinator.server.errors import ServiceError
-from coordinator.server.streams import StreamGate, caller_key
+from coordinator.server.streams import StreamGate, caller_key, waiter_gate
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, SERVING, running_cluster
 from testsupport.supervisor import wait_until
 
 T = RPC_TIMEOUT_S
 THREADS, STREAMS_MAX, PER_PRINCIPAL, IDLE_S = 8, 4, 2, 3.0
+WAITERS_MAX, WAITERS_PER_PRINCIPAL = 2, 1
 # An idle stream's own deadline: far past the idle timeout, so only the server's timeout (or
 # on a server without one, this) ends it.
 STREAM_DEADLINE_S = 30.0
@@ -62,6 +65,8 @@ def cluster(tmp_path_factory, request):
         "streams_max": STREAMS_MAX,
         "streams_per_principal_max": PER_PRINCIPAL,
         "stream_idle_timeout_s": IDLE_S,
+        "acquire_waiters_max": WAITERS_MAX,
+        "acquire_waiters_per_principal_max": WAITERS_PER_PRINCIPAL,
     }
     node_settings = {i: {"audit_log_path": os.path.join(base, f"audit{i}.log")} for i in range(3)}
     yield from running_cluster(base, request, settings=settings, node_settings=node_settings)
@@ -240,6 +245,82 @@ def test_a_busy_stream_is_not_closed_as_idle(cluster):
     assert len(answers) >= 6 and all(a.token == lease.token for a in answers)
 
 
+# -- waiting Acquires -----------------------------------------------------------------------------
+
+WAIT_MS = 20_000  # far past every check below: only a release (or the cap) ends a wait early
+
+
+def test_waiting_acquires_cannot_take_every_worker_thread(cluster):
+    """The finding: Acquires waiting with wait_ms on held leases each held a worker thread, so
+    a few past the worker count starved health and every other caller. Now at most
+    WAITERS_MAX wait (WAITERS_PER_PRINCIPAL per principal); the rest are answered at once."""
+    node, other, _ = cluster.nodes
+    waiters = ("alice", "bob", "carol")
+    per_waiter = 4  # 12 waiting Acquires on 8 worker threads
+    held = {name: acquire(node, name, f"{name}/waited-for") for name in waiters}
+    def applied() -> int:
+        return other.cluster.Status(pb.StatusRequest(), timeout=T, metadata=auth("dave")).applied_index
+
+    base = applied()
+    outcomes: dict[tuple[str, int], object] = {}
+    took_s: dict[tuple[str, int], float] = {}
+
+    def wait_for(name: str, i: int) -> None:
+        started = time.monotonic()
+        try:
+            outcomes[(name, i)] = node.lease.Acquire(
+                pb.AcquireRequest(resource=f"{name}/waited-for", holder=f"waiter-{i}", ttl_ms=60_000,
+                                  op_id=os.urandom(16), wait_ms=WAIT_MS),
+                timeout=WAIT_MS / 1000 + 5, metadata=auth(name))
+        except grpc.RpcError as err:
+            outcomes[(name, i)] = err
+        took_s[(name, i)] = time.monotonic() - started
+
+    threads = [threading.Thread(target=wait_for, args=(name, i), daemon=True)
+               for name in waiters for i in range(per_waiter)]
+    for thread in threads:
+        thread.start()
+    try:
+        # Every Acquire's first try is a log entry: once another member has applied as many,
+        # the Acquires are on this member's threads (on a member without the caps, all of them).
+        wait_until(lambda: applied() >= base + len(threads), 10,
+                   what="the waiting Acquires' first tries")
+        assert node.health_status(timeout_s=2.0) == SERVING
+        got = acquire(node, "dave", "dave/while-acquires-wait")
+        assert got.token > 0
+        snap = node.admin.Snapshot(pb.SnapshotRequest(local=True), timeout=T, metadata=auth(ADMIN_NAME))
+        assert snap.epoch >= got.token
+
+        # The excess was answered at once, as if wait_ms were 0: LEASE_HELD, saying why.
+        excess = len(threads) - WAITERS_MAX
+        wait_until(lambda: len(outcomes) >= excess, 10, what="the Acquires past the caps to be answered")
+        assert len(outcomes) == excess  # the others still wait
+        for key, outcome in list(outcomes.items()):
+            assert isinstance(outcome, grpc.RpcError), key
+            code, reason, meta = error_info(outcome)
+            assert (code, reason, meta[M.HOLDER]) == (grpc.StatusCode.FAILED_PRECONDITION, R.LEASE_HELD, key[0])
+            assert "not waiting" in outcome.details() and "acquire_waiters" in outcome.details()
+            assert took_s[key] < WAIT_MS / 1000 / 4
+        answered = {name for name, _ in outcomes}
+        waiting = [name for name in waiters if sum(1 for n, _ in outcomes if n == name) < per_waiter]
+        assert len(waiting) == WAITERS_MAX and answered == set(waiters)  # one per principal at most
+
+        # A release ends a wait early: each principal's one waiter gets the lease.
+        for name in waiting:
+            node.lease.Release(pb.ReleaseRequest(resource=f"{name}/waited-for", token=held[name].token,
+                                                 op_id=os.urandom(16)), timeout=T, metadata=auth(name))
+        for thread in threads:
+            thread.join(WAIT_MS / 1000 + 10)
+        granted = [key for key, outcome in outcomes.items() if isinstance(outcome, pb.AcquireResponse)]
+        assert sorted(name for name, _ in granted) == sorted(waiting)
+        assert all(took_s[key] < WAIT_MS / 1000 for key in granted)
+    finally:
+        for name in waiters:
+            with contextlib.suppress(grpc.RpcError):
+                node.admin.ForceRelease(pb.ForceReleaseRequest(resource=f"{name}/waited-for"), timeout=T,
+                                        metadata=auth(ADMIN_NAME))
+
+
 # -- audit ---------------------------------------------------------------------------------------
 
 
@@ -301,6 +382,23 @@ def test_a_slot_is_given_back_however_the_stream_ends():
                 pass
         assert caught.value.metadata == {"limit": "streams_max", "max": "2"}
     assert gate.open_count() == 0
+
+
+def test_a_waiter_slot_is_given_back_and_names_its_cap():
+    gate = waiter_gate(waiters_max=2, per_caller_max=1)
+    gate.take("a")
+    with pytest.raises(ServiceError) as caught:
+        gate.take("a")
+    assert caught.value.metadata == {"limit": "acquire_waiters_per_principal_max", "max": "1"}
+    gate.take("b")
+    with pytest.raises(ServiceError) as caught:
+        gate.take("c")
+    assert caught.value.metadata == {"limit": "acquire_waiters_max", "max": "2"}
+    gate.give_back("a")
+    gate.give_back("b")
+    assert gate.open_count() == 0
+    gate.take("c")  # the slots are free again
+    gate.give_back("c")
 
 
 def reader_alive() -> bool:

@@ -36,7 +36,7 @@ from coordinator.server.certs import ApiCertificates, TlsMaterial
 from coordinator.server.config import ServerConfig
 from coordinator.server.errors import ServiceError
 from coordinator.server.metrics import Metrics
-from coordinator.server.streams import StreamGate
+from coordinator.server.streams import SlotGate, StreamGate, waiter_gate
 from coordinator.raft.node import RaftConfig, RaftNode
 from coordinator.server.service import (
     AdminServicer,
@@ -102,7 +102,8 @@ def add_services(
         node, proposer, members=members, authenticator=authenticator,
         proof_signer=config.proof_signer(),
     )
-    lease = LeaseServicer(core, acquire_wait_poll_s=config.acquire_wait_poll_ms / 1000, streams=stream_gate(config))
+    lease = LeaseServicer(core, acquire_wait_poll_s=config.acquire_wait_poll_ms / 1000, streams=stream_gate(config),
+                          waiters=acquire_waiter_gate(config))
     pb_grpc.add_LeaseServicer_to_server(lease, server)
     pb_grpc.add_FencedStoreServicer_to_server(FencedStoreServicer(core), server)
     pb_grpc.add_ClusterServicer_to_server(ClusterServicer(core), server)
@@ -140,6 +141,11 @@ def stream_gate(config: ServerConfig) -> StreamGate:
         per_caller_max=config.streams_per_principal_max,
         idle_timeout_s=config.stream_idle_timeout_s,
     )
+
+
+def acquire_waiter_gate(config: ServerConfig) -> SlotGate:
+    return waiter_gate(waiters_max=config.acquire_waiters_max,
+                       per_caller_max=config.acquire_waiters_per_principal_max)
 
 
 def _certificate_configuration(material: TlsMaterial) -> grpc.ServerCertificateConfiguration:

@@ -173,6 +173,27 @@ class ServerConfig:
             " RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (limit stream_idle_timeout_s)"
         ),
     )
+    # -- waiting Acquires (issue 14: like streams, each holds a worker thread while it waits) --
+    acquire_waiters_max: int = dataclasses.field(
+        # An eighth of the default grpc_threads: with streams_max, 32 of 64 threads stay for
+        # health, Admin and unary calls; a waiter polls every acquire_wait_poll_ms, so 8 is plenty
+        # for the handful of resources that see contention at once.
+        default=8,
+        metadata=_doc(
+            "Acquires waiting server-side (wait_ms on a held lease) at once on this member;"
+            " streams_max + acquire_waiters_max must be below grpc_threads; beyond it the Acquire"
+            " is answered at once as if wait_ms were 0 (LEASE_HELD if the lease is held)"
+        ),
+    )
+    acquire_waiters_per_principal_max: int = dataclasses.field(
+        # A quarter of acquire_waiters_max: no principal (or client host) keeps the others from
+        # waiting, and a client waits on a few resources at once.
+        default=2,
+        metadata=_doc(
+            "Acquires one principal (on an open data plane: one client host) may have waiting"
+            " at once on this member; beyond it answered as if wait_ms were 0"
+        ),
+    )
     shutdown_grace_s: float = dataclasses.field(
         default=5.0,
         metadata=_doc("seconds running RPCs get to finish after SIGTERM before they are cancelled"),
@@ -440,6 +461,8 @@ def validate(config: ServerConfig) -> ServerConfig:
         "streams_max": config.streams_max,
         "streams_per_principal_max": config.streams_per_principal_max,
         "stream_idle_timeout_s": config.stream_idle_timeout_s,
+        "acquire_waiters_max": config.acquire_waiters_max,
+        "acquire_waiters_per_principal_max": config.acquire_waiters_per_principal_max,
         "health_check_interval_s": config.health_check_interval_s,
         "raft_min_timeout_s": config.raft_min_timeout_s,
         "raft_max_timeout_s": config.raft_max_timeout_s,
@@ -465,6 +488,12 @@ def validate(config: ServerConfig) -> ServerConfig:
         raise ConfigError(
             f"streams_max: {config.streams_max} must be below grpc_threads ({config.grpc_threads}),"
             " or streams could hold every thread health and Admin need"
+        )
+    if config.streams_max + config.acquire_waiters_max >= config.grpc_threads:
+        raise ConfigError(
+            f"acquire_waiters_max: {config.acquire_waiters_max} plus streams_max ({config.streams_max})"
+            f" must be below grpc_threads ({config.grpc_threads}), or streams and waiting Acquires"
+            " could hold every thread health and Admin need"
         )
     if config.log_level.upper() not in _LOG_LEVELS:
         raise ConfigError(f"log_level: must be one of {', '.join(_LOG_LEVELS)}")

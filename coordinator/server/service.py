@@ -3,7 +3,8 @@
 Owns: request validation (each RPC's row of ``validation.REQUESTS``), the ``Proposer`` (stamps commands, bounds
 proposals in flight, derives each proposal's deadline from the RPC's), response headers,
 Admin authorization and its audit log, charging each ACQUIRE and WRITE to its caller's
-quotas (checked in the state machine), the per-principal count of open KeepAliveStreams, and
+quotas (checked in the state machine), the per-principal count of open KeepAliveStreams, when
+an Acquire may wait server-side (a slot of streams.py's waiter gate, else it answers at once), and
 the translation of every outcome through ``errors.STATUS_TABLE``.
 Must never: decide a domain rule (the state machine does), touch the Raft library (the Raft node
 does), queue proposals without bound, or report an unknown outcome as a failure.
@@ -38,7 +39,7 @@ from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.server.errors import Failure, ServiceError
 from coordinator.server.metrics import Metrics
-from coordinator.server.streams import StreamGate, caller_key
+from coordinator.server.streams import SlotGate, StreamGate, caller_key
 from coordinator.client.proof import ProofSigner
 from coordinator.core.names import ErrorMeta, Trailer
 from coordinator.raft.interface import ProposeOutcome, ProposeResult
@@ -277,10 +278,11 @@ def _unary(method):
 
 
 class LeaseServicer(pb_grpc.LeaseServicer):
-    def __init__(self, core: Core, *, acquire_wait_poll_s: float, streams: StreamGate) -> None:
+    def __init__(self, core: Core, *, acquire_wait_poll_s: float, streams: StreamGate, waiters: SlotGate) -> None:
         self.core = core
         self.acquire_wait_poll_s = acquire_wait_poll_s
         self.streams = streams  # caps open KeepAliveStreams and closes idle ones
+        self.waiters = waiters  # caps Acquires waiting at once (each holds a worker thread)
         self._batch_pool = concurrent.futures.ThreadPoolExecutor(
             KEEP_ALIVE_MANY_WORKERS, thread_name_prefix="keepalive-many"
         )
@@ -294,18 +296,27 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         # Bounded server-side wait: retry LEASE_HELD until min(wait_ms, ACQUIRE_WAIT_MS_MAX)
         # or the RPC deadline. Every try is a new entry with the same op_id; refusals are
         # not recorded, so only a successful try enters the dedup table.
+        # The first try needs no slot; waiting does (acquire_waiters_max and its per-principal
+        # cap), and past either cap the answer is the first try's, as if wait_ms were 0.
         wait_until = time.monotonic() + min(request.wait_ms, limits.ACQUIRE_WAIT_MS_MAX) / 1000
-        while True:
-            try:
-                result, index = self.core.run(command, context, caller)
-                break
-            except ServiceError as error:
-                if error.key is not Reason.LEASE_HELD:
-                    raise
-                pause = self._wait_pause(error, wait_until, context)
-                if pause is None:
-                    raise
-                time.sleep(pause)
+        with contextlib.ExitStack() as slot:
+            waiting = False
+            while True:
+                try:
+                    result, index = self.core.run(command, context, caller)
+                    break
+                except ServiceError as error:
+                    if error.key is not Reason.LEASE_HELD:
+                        raise
+                    pause = self._wait_pause(error, wait_until, context)
+                    if pause is None:
+                        raise
+                    if not waiting:
+                        who = caller_key(None if caller is None else caller.name, context.peer())
+                        self._take_waiter_slot(error, who)
+                        slot.callback(self.waiters.give_back, who)
+                        waiting = True
+                    time.sleep(pause)
         return pb.AcquireResponse(
             header=self.core.header(index),
             token=result["token"],
@@ -313,6 +324,16 @@ class LeaseServicer(pb_grpc.LeaseServicer):
             expires_at_ms=result["expires_at_ms"],
             token_proof=self._proof(command.resource, result["token"]),
         )
+
+    def _take_waiter_slot(self, held: ServiceError, who: str) -> None:
+        """Take a waiter slot for ``who``, or raise ``held`` (LEASE_HELD, as with wait_ms 0)
+        saying which cap kept this Acquire from waiting."""
+        try:
+            self.waiters.take(who)
+        except ServiceError as full:
+            limit = full.metadata.get(ErrorMeta.LIMIT, "")
+            raise ServiceError(held.key, f"{held.message} (not waiting: {full.message}, limit {limit})",
+                               held.metadata, index=held.index) from None
 
     def _proof(self, resource: str, token: int) -> bytes:
         # Signed after the grant applied: only a token the log issued for this resource
