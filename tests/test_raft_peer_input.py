@@ -438,3 +438,46 @@ def test_a_connection_that_names_no_member_in_time_is_dropped(lone_node, monkeyp
         member.sendall(typed(PEERS[0]))
         wait_until(lambda: hung_up_on(silent, 0.05), 10, what="the silent connection to be dropped")
         assert not hung_up_on(member, 0.5)  # a named one has no deadline
+
+
+# -- per-connection warnings are rate limited ---------------------------------------------------
+
+
+class _FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_per_connection_warnings_are_one_line_per_interval_counting_the_rest():
+    """A stranger can make connections (and so warnings) as fast as it likes; the log gets one
+    line per interval, which says how many it did not print."""
+    import logging
+
+    from coordinator.raft.transport import PeerWarnings
+
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("test.peer_warnings")
+    logger.propagate = False
+    logger.addHandler(Collect())
+    clock = _FakeClock()
+    warnings = PeerWarnings(logger, 1_000, clock=clock)
+    for i in range(1000):  # a thousand drops within one interval
+        warnings.warning("raft: dropped an incoming connection: %s", i)
+    assert lines == ["raft: dropped an incoming connection: 0"]
+    clock.now += 0.999
+    warnings.warning("raft: dropped a connection: %s", "still inside the interval")
+    assert len(lines) == 1
+    clock.now += 0.001  # the interval is over: the next line counts what was not printed
+    warnings.warning("raft: dropped a connection: %s", "x")
+    assert lines[1] == "raft: dropped a connection: x (and 1000 more since the last line)"
+    clock.now += 5.0  # a quiet spell: the next one is logged at once, with nothing suppressed
+    warnings.warning("raft: dropped a connection: %s", "y")
+    assert lines[2] == "raft: dropped a connection: y"

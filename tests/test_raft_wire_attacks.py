@@ -17,6 +17,10 @@ without it is dropped too.
 
 from __future__ import annotations
 
+import re
+import socket
+import time
+
 import msgpack
 import pytest
 
@@ -25,6 +29,7 @@ from coordinator.raft import limits as raft_limits
 from coordinator.raft import wire as raft_wire
 from testsupport.grpc_cluster import running_cluster
 from testsupport.raft_peer import RaftPeer, stock_frame
+from testsupport.supervisor import wait_until
 
 SECRET = "0123456789abcdef0123456789abcdef-wire-test"
 # The member hangs up on a refused frame within a tick; generous for a loaded 2-core machine.
@@ -174,3 +179,53 @@ def test_an_apply_command_that_is_not_a_typed_entry_is_dropped_without_memory_gr
     # (applied indexes move on regardless: health checks read through the log)
     assert {s.epoch for s in statuses.values()} == {epoch_before}
     serves(cluster, f"wire/command-{cluster.secret is not None}")
+
+
+# Connections in the flood: each is one refusal the member used to log as one line.
+FLOOD_CONNECTIONS = 200
+
+
+def raft_warning_lines(node) -> int:
+    with open(node.log_path, encoding="utf-8", errors="replace") as f:
+        return sum(1 for line in f if "raft: dropped" in line)
+
+
+def test_a_flood_of_refused_connections_writes_a_handful_of_log_lines(cluster):
+    """The finding: every refused Raft connection was one warning, so a stranger could write
+    thousands of log lines a second. Each one now goes through one rate limiter: at most a
+    line per RAFT_PEER_WARNING_LOG_INTERVAL_MS, counting the rest."""
+    target = cluster.nodes[0]
+    host, port = target.raft_address.rsplit(":", 1)
+    before = raft_warning_lines(target)
+    started = time.monotonic()
+    # A frame head declaring more than any frame may: refused before naming, with or without
+    # the secret (the key exchange is a frame too).
+    oversized = raft_wire.FRAME_HEAD.pack(raft_limits.RAFT_MESSAGE_BYTES_MAX + 1)
+
+    def refused(count: int) -> None:
+        socks = [socket.create_connection((host, int(port)), timeout=HANG_UP_WITHIN_S) for _ in range(count)]
+        for sock in socks:
+            sock.sendall(oversized)
+        for sock in socks:
+            with sock:
+                try:
+                    assert sock.recv(1) == b"", f"{target} answered an oversized frame"
+                except ConnectionResetError:
+                    pass  # hung up with our bytes unread: refused all the same
+
+    for _ in range(FLOOD_CONNECTIONS // 20):
+        refused(20)  # 20 at a time: the unnamed-connection cap is not what is tested here
+    elapsed_s = time.monotonic() - started
+    logged = raft_warning_lines(target) - before
+    interval_s = raft_limits.RAFT_PEER_WARNING_LOG_INTERVAL_MS / 1000
+    assert logged <= elapsed_s / interval_s + 2, f"{logged} warning lines for {FLOOD_CONNECTIONS} connections"
+
+    # The flood is not hidden: once the interval is over, the next line counts it.
+    def suppressed_counted():
+        refused(1)
+        with open(target.log_path, encoding="utf-8", errors="replace") as f:
+            counts = [int(n) for n in re.findall(r"\(and (\d+) more since the last line\)", f.read())]
+        return bool(counts) and counts[-1] >= FLOOD_CONNECTIONS - logged
+    wait_until(suppressed_counted, 10 * interval_s, what="a line counting the suppressed warnings")
+    target.check_running()
+    serves(cluster, "wire/after-the-flood")

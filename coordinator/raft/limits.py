@@ -81,6 +81,10 @@ RAFT_NAMING_DEADLINE_MS = 5_000
 # reconnect wait on SYN retransmits (1 s, then 3 s). Accepted, they meet the bounds above.
 # (The kernel caps it at net.core.somaxconn, 4096 by default.)
 RAFT_LISTEN_BACKLOG = 128
+# Per-connection warnings (a refused frame, a dropped connection) are logged at most once per
+# this many ms, saying how many were not: anyone who reaches the port makes connections, and
+# one line a second still shows an attack without letting it write the log.
+RAFT_PEER_WARNING_LOG_INTERVAL_MS = 1_000
 # -- the journal ---------------------------------------------------------------------
 # Snapshot and compact once the journal has grown by this many bytes since its last compaction
 # (as well as by entry count or age). Every member keeps its uncompacted entries in memory and

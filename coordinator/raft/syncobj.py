@@ -43,6 +43,7 @@ from coordinator.raft.fatal import EXIT_APPLY_FAILED, EXIT_DISK_FAILED, FatalHan
 from coordinator.raft.journal import fsync_directory
 from coordinator.raft.leader_sync import LeaderSync
 from coordinator.raft.replica import Replica
+from coordinator.raft.transport import peer_warnings
 
 if TYPE_CHECKING:
     from coordinator.raft.node import RaftConfig
@@ -410,7 +411,7 @@ class HardenedSyncObj(SyncObj):
             # An entry split over several messages, unpickled whole (syncobj.py:977). Ours never
             # split (appendEntriesBatchSizeBytes is above any entry we make, see __init__).
             self.refused_peer_messages += 1
-            log.warning("raft: dropped a split append from %s; members of ours never send one", node)
+            peer_warnings.warning("raft: dropped a split append from %s; members of ours never send one", node)
             return
         if kind == "append_entries":
             message = self._sanitize_append(message)

@@ -5,14 +5,17 @@ connections must name a member, in time, at most ``RAFT_UNNAMED_CONNECTIONS_MAX`
 never take the place of a working connection unless they passed the secret; a listen backlog
 of ``RAFT_LISTEN_BACKLOG``) and the frame reader that replaces pysyncobj's
 (``process_read_bounded``, ``parse_message_bounded``: heads checked as bytes arrive, a
-bytearray grown in place, frames decoded by the typed wire) and ``send_typed``, the writer.
+bytearray grown in place, frames decoded by the typed wire), ``send_typed``, the writer, and
+``PeerWarnings``, the one rate limiter every per-connection warning goes through.
 RAFT.md "A typed wire", "Bounded frames", "Connections that name no member" and "Peer
 authentication".
 Must never: patch pysyncobj itself (``patches.install()`` puts the reader and ``send_typed``
 in place), decode a frame any other way than ``wire.decode_frame`` (no peer byte reaches
 pickle), keep a connection that declared a frame over ``raft_limits.RAFT_MESSAGE_BYTES_MAX``
-or sent one that failed, take anything but a connection key as the key exchange, or buffer
-more than ``raft_limits.RAFT_PREAUTH_BYTES_MAX`` for one that has not named a member.
+or sent one that failed, take anything but a connection key as the key exchange, buffer
+more than ``raft_limits.RAFT_PREAUTH_BYTES_MAX`` for one that has not named a member, or log
+a line per connection (anyone who reaches the port makes connections: ``peer_warnings`` lets
+one line per ``raft_limits.RAFT_PEER_WARNING_LOG_INTERVAL_MS`` through).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import threading
 import time
 from typing import Callable
 
@@ -31,6 +35,31 @@ from coordinator.raft import limits as raft_limits
 from coordinator.raft import wire as raft_wire
 
 log = logging.getLogger(__name__)
+
+class PeerWarnings:
+    """One rate limiter for every per-connection warning: the first in an interval is
+    logged (saying how many were suppressed since the last line), the rest only counted."""
+
+    def __init__(self, logger: logging.Logger, interval_ms: int, clock: Callable[[], float] = time.monotonic):
+        self._logger = logger
+        self._interval_s = interval_ms / 1000
+        self._clock = clock
+        self._lock = threading.Lock()  # the Raft thread logs; a lock keeps any other caller exact
+        self._suppressed = 0
+        self._next_at: float | None = None
+
+    def warning(self, message: str, *args: object) -> None:
+        with self._lock:
+            now = self._clock()
+            if self._next_at is not None and now < self._next_at:
+                self._suppressed += 1
+                return
+            suppressed, self._suppressed, self._next_at = self._suppressed, 0, now + self._interval_s
+        more = f" (and {suppressed} more since the last line)" if suppressed else ""
+        self._logger.warning(message + "%s", *args, more)
+
+
+peer_warnings = PeerWarnings(log, raft_limits.RAFT_PEER_WARNING_LOG_INTERVAL_MS)
 
 # Our per-connection state, as class defaults on pysyncobj's TcpConnection (patches.py sets
 # them) that a connection overrides for itself. ``_frames_scanned_to`` is where the first
@@ -103,7 +132,7 @@ def process_read_bounded(conn) -> bool:
             )
     except raft_wire.FrameTooLarge as exc:
         before = " before naming a member" if unnamed else ""
-        log.warning("raft: dropped a connection%s: %s", before, exc)
+        peer_warnings.warning("raft: dropped a connection%s: %s", before, exc)
         if conn.on_refused_frame is not None:
             conn.on_refused_frame()
         conn.disconnect()
@@ -167,27 +196,16 @@ _LEGACY_WIRE_LINE = (
     "member, then start them all on this version (RAFT.md \"A typed wire\")"
 )
 _legacy_logged = False
-# Refused frames are logged at most once per this many ms (with how many were not): a
-# stranger sending bad frames as fast as it can must not turn the log into its channel.
-REFUSED_FRAME_LOG_INTERVAL_MS = 1_000
-_refusals_unlogged = 0
-_refusal_log_at = 0.0
 
 
 def _refuse_frame(conn, line: str, *, legacy: bool = False) -> None:
-    global _legacy_logged, _refusals_unlogged, _refusal_log_at
+    global _legacy_logged
     if legacy:
         if not _legacy_logged:
             _legacy_logged = True
             log.error(line)
     else:
-        now = time.monotonic()
-        if now >= _refusal_log_at:
-            more = f" (and {_refusals_unlogged} more since the last line)" if _refusals_unlogged else ""
-            log.warning("%s%s", line, more)
-            _refusals_unlogged, _refusal_log_at = 0, now + REFUSED_FRAME_LOG_INTERVAL_MS / 1000
-        else:
-            _refusals_unlogged += 1
+        peer_warnings.warning("%s", line)
     if conn.on_refused_frame is not None:
         conn.on_refused_frame()
     conn.disconnect()
@@ -276,7 +294,7 @@ class BoundTCPTransport(TCPTransport):
                 self._drop_unnamed(conn, f"it named no member within {raft_limits.RAFT_NAMING_DEADLINE_MS} ms")
 
     def _drop_unnamed(self, conn, why: str) -> None:
-        log.warning("raft: dropped an incoming connection: %s", why)
+        peer_warnings.warning("raft: dropped an incoming connection: %s", why)
         self._count_refused()
         self._unknownConnections.discard(conn)
         conn.disconnect()
@@ -353,8 +371,10 @@ class BoundTCPTransport(TCPTransport):
         speaking the exchange. Dropping it lets pysyncobj dial again after connectionRetryTime.
         """
         if not conn.sendRandKey and not raft_wire.is_connection_key(message):
-            log.warning("raft: dropped an outgoing connection: its key exchange answered no connection key (%s)",
-                        type(message).__name__)
+            peer_warnings.warning(
+                "raft: dropped an outgoing connection: its key exchange answered no connection key (%s)",
+                type(message).__name__,
+            )
             self._count_refused()
             conn.disconnect()
             return
