@@ -26,8 +26,8 @@ from coordinator.core.state_machine import (
     FencingStateMachine,
     Reason,
     Rejected,
-    _Usage,
 )
+from coordinator.core.state import Usage
 
 TTL = 1_000
 _op_ids = (n.to_bytes(16, "big") for n in itertools.count(1))
@@ -351,7 +351,7 @@ class QuotaMachine(RuleBasedStateMachine):
     def quotas_and_limits_hold_and_usage_is_exact(self):
         sm = self.sm
         assert sm.resources_count <= RESOURCES_MAX
-        derived = _Usage.of(sm._resources)
+        derived = Usage.of(sm._resources)
         assert (derived.owned, derived.leased, derived.stored_bytes) == (
             sm._usage.owned, sm._usage.leased, sm._usage.stored_bytes
         )

@@ -2,7 +2,8 @@
 
 Owns: the epoch counter, every resource's high-water mark, lease and fenced key/value data,
 the dedup table of op_ids, the log clock, and the rules that change them one log entry at a
-time (DESIGN §3 I2-I7, I11); plus the canonical snapshot of all of it.
+time (DESIGN §3 I2-I7, I11); plus writing the canonical snapshot of all of it. The state's
+shapes are in ``state``, outcomes in ``outcomes``, snapshot reading in ``snapshot_format``.
 Must never: read a clock, draw randomness, touch files, sockets or threads, or import grpc or
 the Raft library (time arrives inside each command); raise on bad input (refusals are ``Rejected``
 values); change anything, not even the log clock, when it refuses. The same entries in the
@@ -14,7 +15,7 @@ ACQUIRE or WRITE carries the caller's principal and quota in its body (``command
 so every replica checks the same numbers against the same state at the same log index, and a
 principals file edited on one member first cannot make replicas disagree. A resource is owned
 by the principal of its last ACQUIRE; its lease and its keys + values count against that owner
-(``_Usage``, derived from the resources on restore, so it needs no snapshot field of its own
+(``state.Usage``, derived from the resources on restore, so it needs no snapshot field of its own
 beyond the owner's name). A resource with no lease (released, force-released or expired) and
 no data is forgotten: it holds nothing worth a slot, and the global epoch already fences every
 token it ever had (a re-acquire issues a token above all of them; a write carrying one finds
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import enum
 import hashlib
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +34,23 @@ import msgpack
 
 from coordinator.core import limits
 from coordinator.core import validation
+from coordinator.core.outcomes import (
+    Applied,
+    Outcome,
+    Reason,
+    Rejected,
+    is_int,
+    outcome_from_wire,
+    outcome_to_wire,
+)
+from coordinator.core.snapshot_format import (
+    SNAPSHOT_FORMAT_VERSION,
+    SNAPSHOT_MAGIC,
+    Counts,
+    parse_snapshot,
+)
+from coordinator.core.state import DedupEntry, Lease, ResourceState, Usage, entry_bytes
+from coordinator.core.validation import InvalidField
 from coordinator.core.commands import (
     Command,
     MalformedCommand,
@@ -53,128 +70,6 @@ __all__ = [
     "outcome_to_wire",
 ]
 
-# Version of the snapshot layout written by snapshot(); restore() refuses any other.
-SNAPSHOT_FORMAT_VERSION = 1
-_SNAPSHOT_MAGIC = "fencing-coordinator/state"
-
-
-class Reason(enum.IntEnum):
-    """Why a command was refused. The numbers are stored in snapshots: never renumber."""
-
-    MALFORMED = 1
-    STALE_TOKEN = 2
-    UNKNOWN_TOKEN = 3
-    LEASE_HELD = 4
-    LEASE_EXPIRED = 5
-    VERSION_MISMATCH = 6
-    LIMIT_EXCEEDED = 7
-    EPOCH_EXHAUSTED = 8
-    OP_ID_CONFLICT = 9
-    EPOCH_FLOOR_TOO_LOW = 10
-    QUOTA_EXCEEDED = 11
-
-
-@dataclasses.dataclass(frozen=True)
-class Applied:
-    """The command took effect; ``result`` holds what the caller is told."""
-
-    op: Op
-    result: dict[str, Any]
-    # On a retry answered from the dedup table: the log index at which the op_id first
-    # applied (0 otherwise). Replies must report that index, not the retry's own entry,
-    # or a history would order the effect after writes it preceded.
-    first_applied_index: int = dataclasses.field(default=0, compare=False)
-
-
-@dataclasses.dataclass(frozen=True)
-class Rejected:
-    """The command was refused and changed nothing. ``op`` is None if it could not be decoded."""
-
-    op: Op | None
-    reason: Reason
-    message: str
-    details: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-Outcome = Applied | Rejected
-
-_WIRE_APPLIED = 1
-_WIRE_REJECTED = 2
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-_CONTAINERS = (dict, list, tuple)
-
-
-def _flat(mapping: dict) -> bool:
-    return not any(isinstance(v, _CONTAINERS) for v in mapping.values())
-
-
-def _sorted_map(value: Any) -> Any:
-    """``value`` with every dict's keys in sorted order, so its msgpack bytes are canonical."""
-    if isinstance(value, dict):
-        if _flat(value):  # results and details are flat maps: one sort, no recursion
-            return dict(sorted(value.items()))
-        return {k: _sorted_map(value[k]) for k in sorted(value)}
-    if isinstance(value, (list, tuple)):
-        return [_sorted_map(v) for v in value]
-    return value
-
-
-def outcome_to_wire(outcome: Outcome) -> list:
-    """A msgpack-encodable, canonical list for ``outcome`` (dedup table, snapshots, replies)."""
-    if isinstance(outcome, Applied):
-        return [_WIRE_APPLIED, int(outcome.op), _sorted_map(outcome.result)]
-    if isinstance(outcome, Rejected):
-        op = None if outcome.op is None else int(outcome.op)
-        return [
-            _WIRE_REJECTED,
-            op,
-            int(outcome.reason),
-            outcome.message,
-            _sorted_map(outcome.details),
-        ]
-    raise TypeError(f"not an outcome: {type(outcome).__name__}")
-
-
-def outcome_from_wire(wire: list) -> Outcome:
-    """Inverse of ``outcome_to_wire``; raises ValueError on anything else."""
-    if not isinstance(wire, (list, tuple)) or not wire:
-        raise ValueError("outcome must be a non-empty list")
-    tag = wire[0]
-    if tag == _WIRE_APPLIED and _is_int(tag):
-        if len(wire) != 3:
-            raise ValueError("applied outcome must be [1, op, result]")
-        _, op, result = wire
-        if not isinstance(result, dict) or not all(isinstance(k, str) for k in result):
-            raise ValueError("applied outcome result must be a map with string keys")
-        return Applied(op=_op_from_wire(op), result=dict(result))
-    if tag == _WIRE_REJECTED and _is_int(tag):
-        if len(wire) != 5:
-            raise ValueError("rejected outcome must be [2, op, reason, message, details]")
-        _, op, reason, message, details = wire
-        if not _is_int(reason) or reason not in Reason._value2member_map_:
-            raise ValueError(f"unknown rejection reason {reason!r}")
-        if not isinstance(message, str):
-            raise ValueError("rejected outcome message must be a string")
-        if not isinstance(details, dict) or not all(isinstance(k, str) for k in details):
-            raise ValueError("rejected outcome details must be a map with string keys")
-        return Rejected(
-            op=None if op is None else _op_from_wire(op),
-            reason=Reason(reason),
-            message=message,
-            details=dict(details),
-        )
-    raise ValueError(f"unknown outcome tag {tag!r}")
-
-
-def _op_from_wire(op: object) -> Op:
-    if not _is_int(op) or op not in Op._value2member_map_:
-        raise ValueError(f"unknown op {op!r}")
-    return Op(op)
 
 
 # ---------------------------------------------------------------------------------------
@@ -183,7 +78,6 @@ def _op_from_wire(op: object) -> Op:
 
 # The rules themselves live in coordinator/core/validation.py, shared with the gRPC layer so that
 # both refuse exactly the same inputs.
-_InvalidField = validation.InvalidField
 
 
 # Checked in this order, so the message for a body with several bad fields is deterministic.
@@ -247,110 +141,27 @@ def _parse_body(op: Op, body: dict[str, Any]) -> dict[str, Any]:
     allowed, plan = _PLANS[op]
     if not body.keys() <= allowed:
         unknown = sorted(name for name in body if name not in allowed)
-        raise _InvalidField(unknown[0], f"is not a field of {op.name}")
+        raise InvalidField(unknown[0], f"is not a field of {op.name}")
     args: dict[str, Any] = {}
     for name, check, required in plan:
         if required:
             if name not in body:
-                raise _InvalidField(name, f"is required by {op.name}")
+                raise InvalidField(name, f"is required by {op.name}")
             args[name] = check(body[name])
         else:
             value = body.get(name)
             args[name] = None if value is None else check(value)
     if op is Op.READ_BARRIER and args["key"] is not None and args["resource"] is None:
-        raise _InvalidField("key", "needs a resource")
+        raise InvalidField("key", "needs a resource")
     if op is Op.ACQUIRE and args["quota"] is not None and args["principal"] is None:
-        raise _InvalidField("quota", "needs a principal")
+        raise InvalidField("quota", "needs a principal")
     return args
 
 
-# ---------------------------------------------------------------------------------------
-# State.
-
-
-@dataclasses.dataclass(frozen=True)
-class _Lease:
-    holder: str
-    token: int
-    ttl_ms: int
-    expires_at_ms: int
-
-
-@dataclasses.dataclass
-class _Resource:
-    high_water_mark: int = 0
-    lease: _Lease | None = None
-    # Incremented by every applied write and delete; a key's version is the revision
-    # of its last write, so versions never repeat for a key, even across deletes.
-    revision: int = 0
-    data: dict[str, tuple[bytes, int]] = dataclasses.field(default_factory=dict)
-    # The principal of the last ACQUIRE ("" when it carried none: no principals file, or an
-    # entry written before quotas); its lease and stored bytes count against this name.
-    owner: str = ""
-    # Keys + values of ``data``: derived (never in a snapshot), kept so a quota check is O(1).
-    stored_bytes: int = 0
-
-
-def _entry_bytes(key: str, value: bytes) -> int:
-    """What one key counts against a stored-bytes quota (keys are ASCII: chars are bytes)."""
-    return len(key) + len(value)
-
-
-def _remove_from(table: dict[str, set[str]], owner: str, name: str) -> None:
-    names = table.get(owner)
-    if names is not None:
-        names.discard(name)
-        if not names:
-            del table[owner]
-
-
-class _Usage:
-    """What each principal owns: resources, resources with a stored lease, stored bytes.
-
-    Derived from the resources alone (``of``), so it is the same on every replica and after
-    any restore. Callers ``remove`` a resource before changing its owner, lease or data and
-    ``add`` it back after, which keeps every count exact without recounting. Resources
-    without an owner are not counted (nothing limits them but the cluster-wide limits).
-    """
-
-    def __init__(self) -> None:
-        self.owned: dict[str, set[str]] = {}
-        self.leased: dict[str, set[str]] = {}
-        self.stored_bytes: dict[str, int] = {}
-
-    @classmethod
-    def of(cls, resources: dict[str, _Resource]) -> _Usage:
-        usage = cls()
-        for name, res in resources.items():
-            usage.add(name, res)
-        return usage
-
-    def add(self, name: str, res: _Resource) -> None:
-        if not res.owner:
-            return
-        self.owned.setdefault(res.owner, set()).add(name)
-        if res.lease is not None:
-            self.leased.setdefault(res.owner, set()).add(name)
-        if res.stored_bytes:
-            self.stored_bytes[res.owner] = self.stored_bytes.get(res.owner, 0) + res.stored_bytes
-
-    def remove(self, name: str, res: _Resource) -> None:
-        if not res.owner:
-            return
-        _remove_from(self.owned, res.owner, name)
-        _remove_from(self.leased, res.owner, name)
-        if res.stored_bytes:
-            left = self.stored_bytes[res.owner] - res.stored_bytes
-            if left:
-                self.stored_bytes[res.owner] = left
-            else:
-                del self.stored_bytes[res.owner]
-
-
-def _revision_refusal(op: Op, resource: str, res: _Resource) -> Rejected | None:
+def _revision_refusal(op: Op, resource: str, res: ResourceState) -> Rejected | None:
     """Why ``res`` cannot take one more write or delete, or None. Only a restored backup can
     bring a revision this high; refusing here keeps live state within the bounds its own
-    snapshot is read back with (``_read_snapshot``)."""
+    snapshot is read back with (``snapshot_format.read_snapshot``)."""
     if res.revision < limits.REVISION_MAX:
         return None
     return Rejected(
@@ -361,42 +172,9 @@ def _revision_refusal(op: Op, resource: str, res: _Resource) -> Rejected | None:
     )
 
 
-class _DedupEntry:
-    """The first outcome of one op_id, kept as the bytes it has in a snapshot's dedup array.
-
-    Every applied command with an op_id makes one, on every replica, so it holds only what
-    eviction and a retry's check need; the outcome itself is read back from ``packed`` when a
-    retry asks for it. Packing once when stored also keeps snapshots cheap: they run on the
-    Raft tick thread, and packing up to DEDUP_ENTRIES_MAX entries each time stalled it ~100 ms.
-    """
-
-    __slots__ = ("op", "resource", "applied_at_ms", "index", "packed")
-
-    def __init__(
-        self, op_id: bytes, op: Op, resource: str, wire: list, applied_at_ms: int, index: int
-    ) -> None:
-        self.op = op
-        self.resource = resource
-        # The log clock after the entry applied. Non-decreasing in apply order, which is what
-        # lets eviction by age look only at the oldest entries.
-        self.applied_at_ms = applied_at_ms
-        # The Raft log index of the entry that first applied this op_id (0 if unknown).
-        self.index = index
-        # ``wire`` is outcome_to_wire(outcome): canonical, so equal states pack equal bytes.
-        self.packed = msgpack.packb(
-            [op_id, int(op), resource, wire, applied_at_ms, index], use_bin_type=True
-        )
-
-    def outcome(self) -> Applied:
-        """A fresh copy of the stored outcome (callers may edit it)."""
-        outcome = outcome_from_wire(msgpack.unpackb(self.packed, raw=False)[3])
-        assert isinstance(outcome, Applied), "only applied outcomes are stored"
-        return outcome
-
-
 def _positive_config(name: str, value: int | None, default: int) -> int:
     chosen = default if value is None else value
-    if not _is_int(chosen) or chosen < 1:
+    if not is_int(chosen) or chosen < 1:
         raise ValueError(f"{name} must be a positive integer, got {chosen!r}")
     return chosen
 
@@ -427,16 +205,16 @@ class FencingStateMachine:
             "keys_per_resource_max", keys_per_resource_max, limits.KEYS_PER_RESOURCE_MAX
         )
         # What a backup restored through the log may hold: no more than live state may.
-        self._bounds = _Counts(
+        self._bounds = Counts(
             resources_max=self._resources_max,
             keys_per_resource_max=self._keys_per_resource_max,
             dedup_entries_max=self._dedup_entries_max,
         )
         self._epoch = 0
         self._log_clock_ms = 0
-        self._resources: dict[str, _Resource] = {}
-        self._usage = _Usage()
-        self._dedup: collections.OrderedDict[bytes, _DedupEntry] = collections.OrderedDict()
+        self._resources: dict[str, ResourceState] = {}
+        self._usage = Usage()
+        self._dedup: collections.OrderedDict[bytes, DedupEntry] = collections.OrderedDict()
         self._handlers: dict[Op, Callable[[int, dict[str, Any]], Outcome]] = {
             Op.ACQUIRE: self._acquire,
             Op.KEEP_ALIVE: self._keep_alive,
@@ -537,7 +315,7 @@ class FencingStateMachine:
         """``cmd`` with its envelope checked (``op`` is its Op): check the body, then run."""
         try:
             args = _parse_body(op, cmd.body)
-        except _InvalidField as exc:
+        except InvalidField as exc:
             return Rejected(
                 op=op, reason=Reason.MALFORMED, message=str(exc), details={"field": exc.field}
             )
@@ -566,7 +344,7 @@ class FencingStateMachine:
                 dedup_entry = (
                     None
                     if op_id is None
-                    else _DedupEntry(op_id, op, args["resource"], outcome_to_wire(outcome), now, index)
+                    else DedupEntry(op_id, op, args["resource"], outcome_to_wire(outcome), now, index)
                 )
                 self._log_clock_ms = now
                 if dedup_entry is not None:
@@ -616,7 +394,7 @@ class FencingStateMachine:
             )
         return None
 
-    def _settle(self, name: str, res: _Resource) -> None:
+    def _settle(self, name: str, res: ResourceState) -> None:
         """After ``res`` changed (its usage removed first): forget it if it holds nothing --
         no lease, no data -- else count it for its owner again."""
         if res.lease is None and not res.data:
@@ -642,7 +420,7 @@ class FencingStateMachine:
         return live_resources, live_leases, sorted(idle)
 
     def _quota_refusal(
-        self, resource: str, res: _Resource | None, now: int, principal: str, quota: dict[str, int]
+        self, resource: str, res: ResourceState | None, now: int, principal: str, quota: dict[str, int]
     ) -> tuple[Rejected | None, list[str]]:
         """Whether ``principal`` may own ``resource`` and its lease under ``quota``:
         (the refusal or None, the principal's idle resources to forget if it applies).
@@ -737,13 +515,13 @@ class FencingStateMachine:
         for name in idle:
             self._usage.remove(name, self._resources.pop(name))
         if res is None:
-            res = self._resources[resource] = _Resource()
+            res = self._resources[resource] = ResourceState()
         else:
             self._usage.remove(resource, res)
         res.owner = principal or ""
         self._epoch += 1
         res.high_water_mark = self._epoch  # fence on acquire (I2)
-        res.lease = _Lease(
+        res.lease = Lease(
             holder=args["holder"],
             token=self._epoch,
             ttl_ms=args["ttl_ms"],
@@ -818,7 +596,7 @@ class FencingStateMachine:
                 details={"limit": "keys_per_resource", "max": self._keys_per_resource_max},
             )
         value = args["value"]
-        grows_by = _entry_bytes(key, value) - (0 if current is None else _entry_bytes(key, current[0]))
+        grows_by = entry_bytes(key, value) - (0 if current is None else entry_bytes(key, current[0]))
         stored_bytes_max = None if args["quota"] is None else args["quota"].get("stored_bytes")
         if stored_bytes_max is not None and res.owner and grows_by > 0:
             # The bytes are the owner's (the principal of the last acquire): a writer is
@@ -846,7 +624,7 @@ class FencingStateMachine:
             return refusal
         self._usage.remove(resource, res)
         res.revision += 1
-        res.stored_bytes -= _entry_bytes(key, res.data.pop(key)[0])
+        res.stored_bytes -= entry_bytes(key, res.data.pop(key)[0])
         self._settle(resource, res)  # the last key of a released resource: forgotten
         return Applied(op=Op.DELETE, result={"version": res.revision, "deleted": True})
 
@@ -880,7 +658,7 @@ class FencingStateMachine:
             return refusal
         res = self._resources.get(resource)
         if res is None:
-            res = self._resources[resource] = _Resource()
+            res = self._resources[resource] = ResourceState()
         self._usage.remove(resource, res)
         self._epoch += 1
         res.high_water_mark = self._epoch  # the old holder's token is now stale (I7)
@@ -908,7 +686,7 @@ class FencingStateMachine:
             for res in self._resources.values():
                 res.high_water_mark = new_epoch  # every token issued before is stale (I11)
                 res.lease = None
-            self._usage = _Usage.of(self._resources)  # no leases left
+            self._usage = Usage.of(self._resources)  # no leases left
         return Applied(op=Op.SET_EPOCH_FLOOR, result={"epoch": new_epoch})
 
     def _tick(self, now: int, args: dict[str, Any]) -> Outcome:
@@ -940,7 +718,7 @@ class FencingStateMachine:
                 details={"epoch": self._epoch},
             )
         try:
-            backup_epoch, _clock, resources, _dedup = _parse_snapshot(args["data"], self._bounds)
+            backup_epoch, _clock, resources, _dedup = parse_snapshot(args["data"], self._bounds)
         except ValueError as exc:
             return Rejected(
                 op=Op.RESTORE,
@@ -960,7 +738,7 @@ class FencingStateMachine:
             res.lease = None
         self._epoch = new_epoch
         self._resources = resources
-        self._usage = _Usage.of(resources)
+        self._usage = Usage.of(resources)
         self._dedup = collections.OrderedDict()
         return Applied(op=Op.RESTORE, result={"epoch": new_epoch, "resources": len(resources)})
 
@@ -996,7 +774,7 @@ class FencingStateMachine:
         # dedup entries' stored bytes are joined as they are (the same bytes as packing
         # the whole document at once; a test holds both forms equal).
         packer = msgpack.Packer(use_bin_type=True)
-        head = [_SNAPSHOT_MAGIC, SNAPSHOT_FORMAT_VERSION, self._epoch, self._log_clock_ms, resources]
+        head = [SNAPSHOT_MAGIC, SNAPSHOT_FORMAT_VERSION, self._epoch, self._log_clock_ms, resources]
         return b"".join(
             [
                 packer.pack_array_header(len(head) + 1),
@@ -1011,195 +789,19 @@ class FencingStateMachine:
         checks of the backup itself (not of the epoch floor, which depends on state), for
         the gRPC layer to run before it proposes anything. Reads only configuration, so it
         needs no lock."""
-        _parse_snapshot(data, self._bounds)
+        parse_snapshot(data, self._bounds)
 
     def restore(self, data: bytes) -> None:
         """Replace all state with a ``snapshot()``. Raises ValueError on bad data, leaving
         the current state untouched. Counts are not held to this machine's configured
         limits: a member's own snapshot, written under other limits, must still load."""
-        epoch, log_clock_ms, resources, dedup = _parse_snapshot(data, None)
+        epoch, log_clock_ms, resources, dedup = parse_snapshot(data, None)
         self._epoch = epoch
         self._log_clock_ms = log_clock_ms
         self._resources = resources
-        self._usage = _Usage.of(resources)
+        self._usage = Usage.of(resources)
         self._dedup = dedup
 
     def digest(self) -> str:
         """sha256 hex of ``snapshot()``: equal digests mean equal state."""
         return hashlib.sha256(self.snapshot()).hexdigest()
-
-
-# ---------------------------------------------------------------------------------------
-# Snapshot reading. Every field is held to the bounds live state keeps (the same field rules
-# as commands, the ranges the handlers can reach), so nothing restored can later make a
-# handler, a snapshot or a reply fail. Counts are held to the configured limits only for a
-# backup restored through the log (``_Counts``); a member's own snapshot, written under
-# other limits, must still load.
-
-
-@dataclasses.dataclass(frozen=True)
-class _Counts:
-    """How many resources, keys per resource and dedup entries a restored backup may hold."""
-
-    resources_max: int
-    keys_per_resource_max: int
-    dedup_entries_max: int
-
-
-def _parse_snapshot(
-    data: object, counts: _Counts | None
-) -> tuple[int, int, dict[str, _Resource], collections.OrderedDict[bytes, _DedupEntry]]:
-    """The parts of a ``snapshot()``; raises ValueError on anything else."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise ValueError(f"snapshot must be bytes, got {type(data).__name__}")
-    try:
-        doc = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True, use_list=True)
-    # Any parser failure means the file is not one of our snapshots.
-    except Exception as exc:
-        raise ValueError(f"snapshot is not valid msgpack: {type(exc).__name__}: {exc}") from exc
-    return _read_snapshot(doc, counts)
-
-
-# The checks below run for every key and dedup entry of a snapshot (restore stalls the Raft
-# thread): their messages are formatted only when a check fails.
-
-
-def _need(condition: bool, message: str, *args: object) -> None:
-    if not condition:
-        raise ValueError("bad snapshot: " + (message % args if args else message))
-
-
-def _need_int(value: object, low: int, high: int, what: str, *args: object) -> int:
-    """``value``, if an int in [low, high]; ``what % args`` names it."""
-    if not (_is_int(value) and low <= value <= high):
-        name = what % args if args else what
-        _need(_is_int(value), "%s must be an integer", name)
-        _need(False, "%s %s is outside [%s, %s]", name, value, low, high)
-    return value
-
-
-def _need_field(check: Callable[[object], Any], value: object, what: str, *args: object) -> Any:
-    """``check(value)`` (a field rule of validation.py); its refusal names ``what % args``."""
-    try:
-        return check(value)
-    except _InvalidField as exc:
-        raise ValueError(f"bad snapshot: {what % args if args else what}: {exc}") from None
-
-
-def _need_count(items: list, high: int | None, what: str, *args: object) -> None:
-    if high is not None and len(items) > high:
-        _need(False, "%s: %d, more than %d", what % args if args else what, len(items), high)
-
-
-def _read_snapshot(
-    doc: object, counts: _Counts | None
-) -> tuple[int, int, dict[str, _Resource], collections.OrderedDict[bytes, _DedupEntry]]:
-    _need(isinstance(doc, list) and len(doc) == 6, "top level must be a 6-item array")
-    magic, version, epoch, log_clock_ms, raw_resources, raw_dedup = doc
-    _need(magic == _SNAPSHOT_MAGIC, "not a fencing-coordinator state snapshot")
-    _need(
-        _is_int(version) and version == SNAPSHOT_FORMAT_VERSION,
-        "unknown snapshot format version %r (this build reads %d)", version, SNAPSHOT_FORMAT_VERSION,
-    )
-    epoch = _need_int(epoch, 0, limits.TOKEN_MAX, "epoch")
-    # The log clock is the greatest stamp applied, and stamps are at most STAMP_MS_MAX.
-    log_clock_ms = _need_int(log_clock_ms, 0, limits.STAMP_MS_MAX, "log_clock_ms")
-
-    _need(isinstance(raw_resources, list), "resources must be an array")
-    _need_count(raw_resources, counts and counts.resources_max, "resources")
-    resources: dict[str, _Resource] = {}
-    previous_name: str | None = None
-    for item in raw_resources:
-        # 5 items: no owner (written before quotas, or never acquired by a principal).
-        _need(isinstance(item, list) and len(item) in (5, 6), "a resource must be 5 or 6 items")
-        name, hwm, revision, raw_lease, raw_data, owner = item if len(item) == 6 else (*item, "")
-        name = _need_field(validation.check_resource, name, "resource name")
-        _need(previous_name is None or name > previous_name, "resources must be sorted, unique")
-        previous_name = name
-        hwm = _need_int(hwm, 1, epoch, "hwm of %r", name)
-        revision = _need_int(revision, 0, limits.REVISION_MAX, "revision of %r", name)
-        lease = None
-        if raw_lease is not None:
-            _need(isinstance(raw_lease, list) and len(raw_lease) == 4, "lease must be 4 items")
-            holder, token, ttl_ms, expires_at_ms = raw_lease
-            holder = _need_field(validation.check_holder, holder, "lease holder of %r", name)
-            _need(token == hwm and _is_int(token), "lease token of %r must equal its hwm", name)
-            ttl_ms = _need_field(validation.check_ttl_ms, ttl_ms, "lease ttl_ms of %r", name)
-            lease = _Lease(
-                holder=holder,
-                token=token,
-                ttl_ms=ttl_ms,
-                # Set to now + ttl_ms at a now no later than the log clock.
-                expires_at_ms=_need_int(
-                    expires_at_ms, ttl_ms, log_clock_ms + ttl_ms, "lease expiry of %r", name
-                ),
-            )
-        _need(isinstance(raw_data, list), "data of %r must be an array", name)
-        _need_count(raw_data, counts and counts.keys_per_resource_max, "keys of %r", name)
-        data: dict[str, tuple[bytes, int]] = {}
-        previous_key: str | None = None
-        versions: set[int] = set()
-        for entry in raw_data:
-            _need(isinstance(entry, list) and len(entry) == 3, "a key entry must be 3 items")
-            key, value, key_version = entry
-            key = _need_field(validation.check_key, key, "a key of %r", name)
-            _need(previous_key is None or key > previous_key, "keys of %r must be sorted", name)
-            previous_key = key
-            value = _need_field(validation.check_value, value, "value of %r/%r", name, key)
-            key_version = _need_int(key_version, 1, revision, "version of %r/%r", name, key)
-            _need(key_version not in versions, "two keys of %r share a version", name)
-            versions.add(key_version)
-            data[key] = (value, key_version)
-        if len(item) == 6:
-            try:
-                validation.check_principal(owner)
-            except _InvalidField as exc:
-                raise ValueError(f"bad snapshot: owner of {name!r}: {exc}") from None
-        resources[name] = _Resource(
-            high_water_mark=hwm,
-            lease=lease,
-            revision=revision,
-            data=data,
-            owner=owner,
-            stored_bytes=sum(_entry_bytes(key, value) for key, (value, _) in data.items()),
-        )
-
-    _need(isinstance(raw_dedup, list), "dedup must be an array")
-    _need_count(raw_dedup, counts and counts.dedup_entries_max, "dedup entries")
-    dedup: collections.OrderedDict[bytes, _DedupEntry] = collections.OrderedDict()
-    checked_names = set(resources)
-    previous_at = 0
-    for item in raw_dedup:
-        # 5 items: written before first-applied indexes were kept (index unknown: 0).
-        _need(isinstance(item, list) and len(item) in (5, 6), "a dedup entry must be 5 or 6 items")
-        op_id, op, resource, wire, applied_at_ms, first_index = item if len(item) == 6 else (*item, 0)
-        op_id = _need_field(validation.check_op_id, op_id, "a dedup op_id")
-        _need(op_id not in dedup, "dedup op_ids must be unique")
-        _need(_is_int(op) and op in Op._value2member_map_, "unknown dedup op %r", op)
-        # Every op that carries an op_id acts on one resource. Most name a resource already
-        # checked above (or in an earlier entry): checked once, as restore stalls the Raft thread.
-        if not (isinstance(resource, str) and resource in checked_names):
-            resource = _need_field(validation.check_resource, resource, "dedup resource")
-            checked_names.add(resource)
-        try:
-            outcome = outcome_from_wire(wire)
-        except ValueError as exc:
-            raise ValueError(f"bad snapshot: dedup outcome: {exc}") from exc
-        _need(isinstance(outcome, Applied) and outcome.op == op, "dedup outcome must be Applied")
-        result = wire[2]
-        # A result is a flat map (the handlers make no nested ones): packable as stored.
-        _need(_flat(result), "dedup result must be a flat map")
-        if list(result) != sorted(result):
-            wire = None  # not canonical (a hand-made backup): re-encoded from the outcome
-        applied_at_ms = _need_int(applied_at_ms, previous_at, log_clock_ms, "dedup applied_at_ms")
-        previous_at = applied_at_ms
-        dedup[op_id] = _DedupEntry(
-            op_id,
-            outcome.op,
-            resource,
-            # Canonical as read: not converted again (restore time is a stall too).
-            outcome_to_wire(outcome) if wire is None else wire,
-            applied_at_ms,
-            _need_int(first_index, 0, limits.RAFT_INDEX_MAX, "dedup index"),
-        )
-    return epoch, log_clock_ms, resources, dedup

@@ -1,0 +1,133 @@
+"""What applying a command answers: ``Applied`` or ``Rejected`` with a ``Reason``, and their
+canonical wire form (kept in the dedup table and in snapshots).
+
+Owns: the refusal reasons (numbers stored in snapshots: never renumber), the two outcome
+values and their msgpack form. Must never: change state, read a clock, or do I/O; a wire
+form that does not decode is a ValueError, never a guess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+from coordinator.core.commands import Op
+
+class Reason(enum.IntEnum):
+    """Why a command was refused. The numbers are stored in snapshots: never renumber."""
+
+    MALFORMED = 1
+    STALE_TOKEN = 2
+    UNKNOWN_TOKEN = 3
+    LEASE_HELD = 4
+    LEASE_EXPIRED = 5
+    VERSION_MISMATCH = 6
+    LIMIT_EXCEEDED = 7
+    EPOCH_EXHAUSTED = 8
+    OP_ID_CONFLICT = 9
+    EPOCH_FLOOR_TOO_LOW = 10
+    QUOTA_EXCEEDED = 11
+
+
+@dataclasses.dataclass(frozen=True)
+class Applied:
+    """The command took effect; ``result`` holds what the caller is told."""
+
+    op: Op
+    result: dict[str, Any]
+    # On a retry answered from the dedup table: the log index at which the op_id first
+    # applied (0 otherwise). Replies must report that index, not the retry's own entry,
+    # or a history would order the effect after writes it preceded.
+    first_applied_index: int = dataclasses.field(default=0, compare=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+    """The command was refused and changed nothing. ``op`` is None if it could not be decoded."""
+
+    op: Op | None
+    reason: Reason
+    message: str
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+Outcome = Applied | Rejected
+
+_WIRE_APPLIED = 1
+_WIRE_REJECTED = 2
+
+
+def is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_CONTAINERS = (dict, list, tuple)
+
+
+def is_flat_map(mapping: dict) -> bool:
+    return not any(isinstance(v, _CONTAINERS) for v in mapping.values())
+
+
+def _sorted_map(value: Any) -> Any:
+    """``value`` with every dict's keys in sorted order, so its msgpack bytes are canonical."""
+    if isinstance(value, dict):
+        if is_flat_map(value):  # results and details are flat maps: one sort, no recursion
+            return dict(sorted(value.items()))
+        return {k: _sorted_map(value[k]) for k in sorted(value)}
+    if isinstance(value, (list, tuple)):
+        return [_sorted_map(v) for v in value]
+    return value
+
+
+def outcome_to_wire(outcome: Outcome) -> list:
+    """A msgpack-encodable, canonical list for ``outcome`` (dedup table, snapshots, replies)."""
+    if isinstance(outcome, Applied):
+        return [_WIRE_APPLIED, int(outcome.op), _sorted_map(outcome.result)]
+    if isinstance(outcome, Rejected):
+        op = None if outcome.op is None else int(outcome.op)
+        return [
+            _WIRE_REJECTED,
+            op,
+            int(outcome.reason),
+            outcome.message,
+            _sorted_map(outcome.details),
+        ]
+    raise TypeError(f"not an outcome: {type(outcome).__name__}")
+
+
+def outcome_from_wire(wire: list) -> Outcome:
+    """Inverse of ``outcome_to_wire``; raises ValueError on anything else."""
+    if not isinstance(wire, (list, tuple)) or not wire:
+        raise ValueError("outcome must be a non-empty list")
+    tag = wire[0]
+    if tag == _WIRE_APPLIED and is_int(tag):
+        if len(wire) != 3:
+            raise ValueError("applied outcome must be [1, op, result]")
+        _, op, result = wire
+        if not isinstance(result, dict) or not all(isinstance(k, str) for k in result):
+            raise ValueError("applied outcome result must be a map with string keys")
+        return Applied(op=_op_from_wire(op), result=dict(result))
+    if tag == _WIRE_REJECTED and is_int(tag):
+        if len(wire) != 5:
+            raise ValueError("rejected outcome must be [2, op, reason, message, details]")
+        _, op, reason, message, details = wire
+        if not is_int(reason) or reason not in Reason._value2member_map_:
+            raise ValueError(f"unknown rejection reason {reason!r}")
+        if not isinstance(message, str):
+            raise ValueError("rejected outcome message must be a string")
+        if not isinstance(details, dict) or not all(isinstance(k, str) for k in details):
+            raise ValueError("rejected outcome details must be a map with string keys")
+        return Rejected(
+            op=None if op is None else _op_from_wire(op),
+            reason=Reason(reason),
+            message=message,
+            details=dict(details),
+        )
+    raise ValueError(f"unknown outcome tag {tag!r}")
+
+
+def _op_from_wire(op: object) -> Op:
+    if not is_int(op) or op not in Op._value2member_map_:
+        raise ValueError(f"unknown op {op!r}")
+    return Op(op)

@@ -1,0 +1,127 @@
+"""The state the fencing state machine keeps, as data: leases, resources, the per-principal
+usage derived from them, and dedup entries.
+
+Owns: the shapes of that state and the bookkeeping that keeps derived figures (stored bytes,
+per-principal usage) equal to what the resources hold. Must never: decide a rule (the state
+machine does: who may acquire, what a write needs), read a clock, or do I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgpack
+
+from coordinator.core.commands import Op
+from coordinator.core.outcomes import Applied, outcome_from_wire
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    holder: str
+    token: int
+    ttl_ms: int
+    expires_at_ms: int
+
+
+@dataclasses.dataclass
+class ResourceState:
+    high_water_mark: int = 0
+    lease: Lease | None = None
+    # Incremented by every applied write and delete; a key's version is the revision
+    # of its last write, so versions never repeat for a key, even across deletes.
+    revision: int = 0
+    data: dict[str, tuple[bytes, int]] = dataclasses.field(default_factory=dict)
+    # The principal of the last ACQUIRE ("" when it carried none: no principals file, or an
+    # entry written before quotas); its lease and stored bytes count against this name.
+    owner: str = ""
+    # Keys + values of ``data``: derived (never in a snapshot), kept so a quota check is O(1).
+    stored_bytes: int = 0
+
+
+def entry_bytes(key: str, value: bytes) -> int:
+    """What one key counts against a stored-bytes quota (keys are ASCII: chars are bytes)."""
+    return len(key) + len(value)
+
+
+def _remove_from(table: dict[str, set[str]], owner: str, name: str) -> None:
+    names = table.get(owner)
+    if names is not None:
+        names.discard(name)
+        if not names:
+            del table[owner]
+
+
+class Usage:
+    """What each principal owns: resources, resources with a stored lease, stored bytes.
+
+    Derived from the resources alone (``of``), so it is the same on every replica and after
+    any restore. Callers ``remove`` a resource before changing its owner, lease or data and
+    ``add`` it back after, which keeps every count exact without recounting. Resources
+    without an owner are not counted (nothing limits them but the cluster-wide limits).
+    """
+
+    def __init__(self) -> None:
+        self.owned: dict[str, set[str]] = {}
+        self.leased: dict[str, set[str]] = {}
+        self.stored_bytes: dict[str, int] = {}
+
+    @classmethod
+    def of(cls, resources: dict[str, ResourceState]) -> Usage:
+        usage = cls()
+        for name, res in resources.items():
+            usage.add(name, res)
+        return usage
+
+    def add(self, name: str, res: ResourceState) -> None:
+        if not res.owner:
+            return
+        self.owned.setdefault(res.owner, set()).add(name)
+        if res.lease is not None:
+            self.leased.setdefault(res.owner, set()).add(name)
+        if res.stored_bytes:
+            self.stored_bytes[res.owner] = self.stored_bytes.get(res.owner, 0) + res.stored_bytes
+
+    def remove(self, name: str, res: ResourceState) -> None:
+        if not res.owner:
+            return
+        _remove_from(self.owned, res.owner, name)
+        _remove_from(self.leased, res.owner, name)
+        if res.stored_bytes:
+            left = self.stored_bytes[res.owner] - res.stored_bytes
+            if left:
+                self.stored_bytes[res.owner] = left
+            else:
+                del self.stored_bytes[res.owner]
+
+
+class DedupEntry:
+    """The first outcome of one op_id, kept as the bytes it has in a snapshot's dedup array.
+
+    Every applied command with an op_id makes one, on every replica, so it holds only what
+    eviction and a retry's check need; the outcome itself is read back from ``packed`` when a
+    retry asks for it. Packing once when stored also keeps snapshots cheap: they run on the
+    Raft tick thread, and packing up to DEDUP_ENTRIES_MAX entries each time stalled it ~100 ms.
+    """
+
+    __slots__ = ("op", "resource", "applied_at_ms", "index", "packed")
+
+    def __init__(
+        self, op_id: bytes, op: Op, resource: str, wire: list, applied_at_ms: int, index: int
+    ) -> None:
+        self.op = op
+        self.resource = resource
+        # The log clock after the entry applied. Non-decreasing in apply order, which is what
+        # lets eviction by age look only at the oldest entries.
+        self.applied_at_ms = applied_at_ms
+        # The Raft log index of the entry that first applied this op_id (0 if unknown).
+        self.index = index
+        # ``wire`` is outcome_to_wire(outcome): canonical, so equal states pack equal bytes.
+        self.packed = msgpack.packb(
+            [op_id, int(op), resource, wire, applied_at_ms, index], use_bin_type=True
+        )
+
+    def outcome(self) -> Applied:
+        """A fresh copy of the stored outcome (callers may edit it)."""
+        outcome = outcome_from_wire(msgpack.unpackb(self.packed, raw=False)[3])
+        assert isinstance(outcome, Applied), "only applied outcomes are stored"
+        return outcome
