@@ -131,6 +131,18 @@ def test_only_raft_imports_pysyncobj_and_it_does():
     assert importers and all(m.startswith("coordinator.raft.") for m in importers)
 
 
+def test_only_the_raft_package_names_the_raft_library():
+    """Outside ``coordinator/raft/`` the library is "the Raft library": a module that needs its
+    name (in code or in a comment about its internals) belongs in the Raft package."""
+    naming = sorted(
+        str(p.relative_to(PACKAGE_DIR.parent))
+        for p in PACKAGE_DIR.rglob("*")
+        if p.suffix in (".py", ".md") and "raft" not in p.relative_to(PACKAGE_DIR).parts[:1]
+        and "pysyncobj" in p.read_text().lower()
+    )
+    assert naming == []
+
+
 # -- the checker's own tests: each rule, broken once ----------------------------------------
 
 

@@ -49,7 +49,7 @@ DEV_SIGNING_KEY = "token-signing.pem"
 DEV_VERIFY_KEY = "token-signing.pub"
 # dev: the peer credential all three members share (made on first start, kept in the data dir).
 DEV_RAFT_SECRET = "raft-secret"
-# gen-secret: 32 random bytes as 64 hex characters. pysyncobj stretches the secret under a
+# gen-secret: 32 random bytes as 64 hex characters. The Raft library stretches the secret under a
 # fixed salt, so its own entropy is all that protects it: 256 bits, twice the key it becomes.
 RAFT_SECRET_RANDOM_BYTES = 32
 
