@@ -62,18 +62,30 @@ def _checked_request(rpc: str, request: Any) -> dict[str, Any]:
     unset is ``not HasField`` for a field with presence and the zero value for the rest (an
     empty op_id, a ttl_ms of 0), except a bool, whose False is a choice, not an absence."""
     fields: dict[str, Any] = {}
-    for name, spec in validation.REQUESTS[rpc].items():
+    for name, required, has_presence, zero in _presence_plan(rpc, request.DESCRIPTOR):
         value = getattr(request, name)
-        descriptor = request.DESCRIPTOR.fields_by_name[name]
-        if descriptor.has_presence:
-            unset = not request.HasField(name)
-        else:
-            unset = descriptor.type != descriptor.TYPE_BOOL and value == descriptor.default_value
-        fields[name] = None if unset and not spec.required else value
+        unset = (not request.HasField(name)) if has_presence else (zero is not _NEVER_UNSET and value == zero)
+        fields[name] = None if unset and not required else value
     try:
         return validation.check_request(rpc, fields)
     except validation.InvalidField as exc:
         raise errors.invalid(exc.field, str(exc)) from None
+
+
+_NEVER_UNSET = object()  # a bool's False is a value the caller chose
+
+
+@functools.cache
+def _presence_plan(rpc: str, descriptor: Any) -> tuple[tuple[str, bool, bool, Any], ...]:
+    """Per RPC, once (not per request on the hot path): each field of its table row with
+    whether it is required, whether the wire tracks its presence, and the zero value that
+    means "unset" where it does not."""
+    plan = []
+    for name, spec in validation.REQUESTS[rpc].items():
+        field = descriptor.fields_by_name[name]
+        zero = _NEVER_UNSET if field.type == field.TYPE_BOOL else field.default_value
+        plan.append((name, spec.required, field.has_presence, zero))
+    return tuple(plan)
 
 
 class Proposer:
