@@ -16,18 +16,23 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import secrets
+import subprocess
 import threading
 import time
 
 import pytest
+from pysyncobj.tcp_connection import CONNECTION_STATE
 
 from chaos.check import check_file, format_report
 from chaos.history import HistoryWriter, read_history
 from chaos.workload import KEYS, make_client, run_client
+from coordinator.core.state_machine import FencingStateMachine
+from coordinator.raft import limits as raft_limits
+from coordinator.raft.node import RaftConfig, RaftNode
 from coordinator.server.fencingd import port_free
 from testsupport.grpc_cluster import SERVING, TEST_SETTINGS, GrpcCluster, GrpcNode
 from testsupport.hosts_file import HOSTS_PATH, HostNames
-from testsupport.supervisor import wait_until
+from testsupport.supervisor import pick_ports, wait_until
 
 NAME_IPS = ("127.0.0.51", "127.0.0.52", "127.0.0.53")
 MOVED_IP = "127.0.0.61"
@@ -192,3 +197,46 @@ def test_member_restarted_under_a_new_address_rejoins_under_load(tmp_path, names
     assert rejoin_s < REJOIN_BOUND_S
     # The clients fail over to the other members: service is never out for long.
     assert gap_s < REJOIN_BOUND_S
+
+
+# -- a connect nobody answers ------------------------------------------------------------------
+
+SILENT_IP = "127.0.0.62"  # packets to it are dropped by an nft table of the test's own
+SELF_IP = "127.0.0.63"
+
+
+@pytest.fixture
+def silent_address():
+    """An address:port whose SYNs vanish, as an old pod IP's do once the pod is gone."""
+    port, _ = pick_ports((SILENT_IP, SELF_IP))
+    table = f"fencing_addr_{os.getpid()}"
+    rule = f"add rule inet {table} out ip daddr {SILENT_IP} tcp dport {port} drop"
+    for cmd in (f"add table inet {table}",
+                f"add chain inet {table} out {{ type filter hook output priority 0; policy accept; }}", rule):
+        subprocess.run(["nft", *cmd.split()], check=True, capture_output=True, timeout=10)
+    try:
+        yield f"{SILENT_IP}:{port}"
+    finally:
+        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, timeout=10)
+
+
+def test_a_connect_nobody_answers_is_abandoned_and_retried(tmp_path, silent_address):
+    """pysyncobj checks a connection's timeout only when its socket reports an event: a connect
+    whose SYNs are dropped sat in CONNECTING for the kernel's SYN retries (about two minutes),
+    never trying the name again. Now it is abandoned after RAFT_CONNECT_TIMEOUT_MS."""
+    port = int(silent_address.rsplit(":", 1)[1])
+    config = RaftConfig(f"{SELF_IP}:{port}", (silent_address, f"127.0.0.64:{port}"), str(tmp_path / "n"))
+    node = RaftNode(config, FencingStateMachine())
+    try:
+        transport = node.syncobj._SyncObj__transport
+        peer = next(n for n in transport._connections if n.address == silent_address)
+        conn = transport._connections[peer]
+        first = wait_until(lambda: conn.state == CONNECTION_STATE.CONNECTING and transport._lastConnectAttempt[peer],
+                           10.0, what="a connect attempt waiting for an answer")
+        started = time.monotonic()
+        wait_until(lambda: transport._lastConnectAttempt.get(peer) != first,
+                   raft_limits.RAFT_CONNECT_TIMEOUT_MS / 1000 + config.connection_retry_s + 2.0,
+                   what="the unanswered connect to be abandoned and tried again")
+        print(f"tried again after {time.monotonic() - started:.2f} s")
+    finally:
+        node.close()
