@@ -1,6 +1,9 @@
 """Who may talk to a member over Raft, and how much: connection admission and bounded frames.
 
-Owns: ``BoundTCPTransport`` (outgoing sockets leave from the node's own address; incoming
+Owns: ``BoundTCPTransport`` (outgoing sockets leave from the node's own address, looked up
+when it binds; peers' names looked up on every connection attempt through ``addresses.Resolver``
+and a connect nobody answers abandoned after ``RAFT_CONNECT_TIMEOUT_MS``; connects and losses
+told to ``peer_log.PeerLog``, RAFT.md "Addresses that move"; incoming
 connections must name a member, in time, at most ``RAFT_UNNAMED_CONNECTIONS_MAX`` waiting, and
 never take the place of a working connection unless they passed the secret; a listen backlog
 of ``RAFT_LISTEN_BACKLOG``) and the frame reader that replaces pysyncobj's
@@ -340,7 +343,7 @@ class BoundTCPTransport(TCPTransport):
     def _make_server(self) -> bool:
         conf = self._syncObj.conf
         ip = self._addresses.resolve(
-            self._selfNode.host, "own address",
+            self._selfNode.host, "own address (raft_address)",
             f"every {conf.bindRetryTime:g} s; this member stays out of the cluster until it resolves",
         )
         if ip is None:
