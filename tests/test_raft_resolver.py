@@ -39,9 +39,8 @@ class Answers:
 
 @pytest.fixture
 def warnings():
-    lines = []
-    yield lambda message, *args: lines.append(message % args)
-    lines.clear()
+    """A warn callable for resolvers whose failure lines a test does not read."""
+    return lambda message, *args: None
 
 
 def test_every_call_looks_the_name_up_again(warnings):
@@ -86,7 +85,7 @@ def test_a_slow_lookup_stalls_the_caller_at_most_the_bound_and_only_once(warning
         resolver.close()
 
 
-def test_failures_are_logged_once_per_change_and_keep_the_last_address(warnings, caplog):
+def test_failures_are_logged_once_per_change_and_keep_the_last_address(caplog):
     lines = []
     answers = Answers(peer="10.0.0.1")
     resolver = Resolver(lambda m, *a: lines.append(m % a), lookup=answers)
