@@ -128,6 +128,22 @@ def test_compose_members_form_one_cluster_on_the_published_ports(tmp_path):
 # -- Kubernetes -------------------------------------------------------------------------------
 
 
+def downward_args(container: dict, pod: str, namespace: str) -> list[str]:
+    """The container's args as Kubernetes expands them in pod ``pod`` of ``namespace``; every
+    $(VAR) they use must come from the downward API (no hard-coded namespace or domain)."""
+    fields = {"metadata.name": pod, "metadata.namespace": namespace}
+    env = {e["name"]: fields[e["valueFrom"]["fieldRef"]["fieldPath"]] for e in container["env"]
+           if "fieldRef" in e.get("valueFrom", {})}
+    args = []
+    for arg in container["args"]:
+        for name in re.findall(r"\$\((\w+)\)", arg):
+            assert name in env, f"{arg}: ${name} is not set from the downward API"
+            arg = arg.replace(f"$({name})", env[name])
+        assert "cluster.local" not in arg, f"{arg}: the cluster domain is the pod's DNS search list's"
+        args.append(arg)
+    return args
+
+
 def test_kubernetes_members_get_valid_configs_and_probes_match_the_ports(tmp_path):
     with open(os.path.join(DEPLOY, "kubernetes", "fencing.yaml"), encoding="utf-8") as f:
         docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(f)}
@@ -142,11 +158,13 @@ def test_kubernetes_members_get_valid_configs_and_probes_match_the_ports(tmp_pat
     configs = []
     for i in range(replicas):
         pod = f"{sts['metadata']['name']}-{i}"
-        args = [a.replace("$(POD_NAME)", pod) for a in container["args"]]
+        args = downward_args(container, pod, "ns-under-test")
         parsed = build_parser().parse_args(["serve", *args])
         values = {k: v for k, v in vars(parsed).items() if k in config_mod._FIELDS and v is not None}
         config = load_member(values, tmp_path)
-        assert config.raft_address.startswith(f"{pod}.{peers['metadata']['name']}.")
+        # The namespace the pod runs in, and no cluster domain: the pod's DNS search list has it.
+        assert config.raft_address == f"{pod}.{peers['metadata']['name']}.ns-under-test.svc:{RAFT_PORT}"
+        assert all(".ns-under-test.svc:" in m for m in config.members)
         configs.append(config)
     check_cluster(configs)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -234,7 +252,7 @@ def deployed_member_values() -> dict[str, dict]:
             out[path] = tomllib.load(f)
     with open(os.path.join(DEPLOY, "kubernetes", "fencing.yaml"), encoding="utf-8") as f:
         sts = next(d for d in yaml.safe_load_all(f) if d["kind"] == "StatefulSet")
-    args = [a.replace("$(POD_NAME)", "fencing-0") for a in sts["spec"]["template"]["spec"]["containers"][0]["args"]]
+    args = downward_args(sts["spec"]["template"]["spec"]["containers"][0], "fencing-0", "fencing")
     parsed = build_parser().parse_args(["serve", *args])
     out["kubernetes/fencing.yaml"] = {k: v for k, v in vars(parsed).items() if k in config_mod._FIELDS and v is not None}
     return out

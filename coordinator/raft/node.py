@@ -10,6 +10,7 @@ it is durable on a majority.
 The package's modules, one concern each (RAFT.md says what each fix does and why):
   patches.py       version pin + every patch of pysyncobj's modules, by install()
   transport.py     connection admission and bounded frame reading
+  addresses.py     members' names looked up on every connection attempt; peer_log.py: connect/quorum log
   syncobj.py       HardenedSyncObj: every override of SyncObj internals, the fix names
   replica.py       the state machine as pysyncobj's consumer; snapshot hooks
   snapshot_file.py the dump file format

@@ -1,6 +1,9 @@
 """Who may talk to a member over Raft, and how much: connection admission and bounded frames.
 
-Owns: ``BoundTCPTransport`` (outgoing sockets leave from the node's own address; incoming
+Owns: ``BoundTCPTransport`` (outgoing sockets leave from the node's own address, looked up
+when it binds; peers' names looked up on every connection attempt through ``addresses.Resolver``
+and a connect nobody answers abandoned after ``RAFT_CONNECT_TIMEOUT_MS``; connects and losses
+told to ``peer_log.PeerLog``, RAFT.md "Addresses that move"; incoming
 connections must name a member, in time, at most ``RAFT_UNNAMED_CONNECTIONS_MAX`` waiting, and
 never take the place of a working connection unless they passed the secret; a listen backlog
 of ``RAFT_LISTEN_BACKLOG``) and the frame reader that replaces pysyncobj's
@@ -29,10 +32,13 @@ from typing import Callable
 
 from pysyncobj.monotonic import monotonic as _monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE
+from pysyncobj.tcp_server import TcpServer
 from pysyncobj.transport import TCPTransport
 
+from coordinator.raft import addresses
 from coordinator.raft import limits as raft_limits
 from coordinator.raft import wire as raft_wire
+from coordinator.raft.peer_log import PeerLog
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,9 @@ class PeerWarnings:
 
 
 peer_warnings = PeerWarnings(log, raft_limits.RAFT_PEER_WARNING_LOG_INTERVAL_MS)
+# Names that do not resolve: a limiter of their own, so a stranger's refused connections never
+# hide the one line that says why a member stays out.
+address_warnings = PeerWarnings(addresses.log, raft_limits.RAFT_PEER_WARNING_LOG_INTERVAL_MS)
 
 # Our per-connection state, as class defaults on pysyncobj's TcpConnection (patches.py sets
 # them) that a connection overrides for itself. ``_frames_scanned_to`` is where the first
@@ -239,6 +248,15 @@ def restarting_frame_scan(method: Callable) -> Callable:
     return wrapped
 
 
+def _peer_of(conn) -> str:
+    """Where a connection's other end is, for the log ("127.0.0.3:7000")."""
+    try:
+        host, port = conn._TcpConnection__socket.getpeername()[:2]
+    except (AttributeError, OSError):  # no socket any more, or already reset
+        return "address unknown"
+    return f"{host}:{port}"
+
+
 def still_open(conn) -> bool:
     """The connection is up as far as this process can tell: pysyncobj says connected and the
     kernel holds neither an end of stream nor an error for it (either may not have been read
@@ -263,17 +281,128 @@ class BoundTCPTransport(TCPTransport):
     connect() (tcp_connection.py:123): binding there is the smallest hook.
     """
 
+    def __init__(self, syncObj, selfNode, otherNodes):
+        # Before pysyncobj's constructor: it adds the peers and creates the server.
+        self._addresses = addresses.Resolver(address_warnings.warning)
+        self.own_ip: str | None = None  # this member's address as last bound; outgoing sockets leave from it
+        self._bind_failing = False
+        self.peer_log = PeerLog(len(otherNodes), self._role)
+        super().__init__(syncObj, selfNode, otherNodes)
+
     def _count_refused(self) -> None:
         self._syncObj.refused_peer_messages += 1
+
+    def _role(self) -> str:
+        so = self._syncObj
+        term = so.raftCurrentTerm
+        if so._isLeader():
+            return f"leader, term {term}"
+        leader = so._getLeader()
+        return f"follower of {leader.address}, term {term}" if leader is not None else f"no leader, term {term}"
+
+    # -- this member's own address --------------------------------------------------------
+
+    def _createServer(self):
+        """Deferred to ``_maybeBind``: pysyncobj looks its own name up once, here, inside SyncObj's
+        constructor (transport.py:277-279), and a name that did not resolve yet (a pod whose DNS
+        record is not published) died with ``TypeError: inet_aton() argument 1 must be str``."""
+        self._server = None
 
     def _maybeBind(self):
         if self._ready:  # bound already; pysyncobj checks this first too, every tick
             return
+        conf = self._syncObj.conf
+        if self._server is None:
+            now = _monotonic()
+            if now < self._lastBindAttemptTime + conf.bindRetryTime:
+                return
+            self._lastBindAttemptTime = now
+            if not self._make_server():
+                return
+            self._lastBindAttemptTime = 0  # pysyncobj's bind below, at once
+        attempts = self._bindAttempts
         super()._maybeBind()
         if self._ready:
             # listen() again on a listening socket only resizes its queue (transport.py:285-299
             # binds; tcp_server.py:42 listened with a backlog of 5).
             self._server._TcpServer__socket.listen(raft_limits.RAFT_LISTEN_BACKLOG)
+            log.info("raft: listening on %s (%s)", self._selfNode.address, self.own_ip)
+            self._bind_failing = False
+        elif self._bindAttempts > attempts:
+            # The name may point at an address not on this machine yet (a stale DNS record):
+            # look it up again before the next attempt.
+            if not self._bind_failing:
+                address_warnings.warning(
+                    "raft: cannot listen on %s (%s) yet; retrying every %g s",
+                    self._selfNode.address, self.own_ip, conf.bindRetryTime,
+                )
+                self._bind_failing = True
+            self._server.unbind()
+            self._server = None
+
+    def _make_server(self) -> bool:
+        conf = self._syncObj.conf
+        ip = self._addresses.resolve(
+            self._selfNode.host, "own address (raft_address)",
+            f"every {conf.bindRetryTime:g} s; this member stays out of the cluster until it resolves",
+        )
+        if ip is None:
+            return False
+        self.own_ip = ip
+        self._server = TcpServer(
+            self._syncObj._poller, ip, self._selfNode.port, onNewConnection=self._onNewIncomingConnection,
+            sendBufferSize=conf.sendBufferSize, recvBufferSize=conf.recvBufferSize,
+            connectionTimeout=conf.connectionTimeout,
+        )
+        return True
+
+    # -- peers' addresses -----------------------------------------------------------------
+
+    def _connectIfNecessarySingle(self, node):
+        """pysyncobj's (transport.py:411-427), the peer's name looked up again on every attempt.
+
+        pysyncobj's ``node.ip`` kept an answer for 10 minutes (dnsCacheTime): a member restarted
+        under a new IP stayed out of the cluster that long. No attempt before this member's own
+        address is known: outgoing sockets leave from it.
+        """
+        conn = self._connections.get(node)
+        if conn is not None and conn.state != CONNECTION_STATE.DISCONNECTED:
+            return True
+        if not self._shouldConnect(node) or self.own_ip is None:
+            return False
+        now = _monotonic()
+        last = self._lastConnectAttempt.get(node)
+        if last is not None and now - last < self._syncObj.conf.connectionRetryTime:
+            return False
+        self._lastConnectAttempt[node] = now
+        ip = self._addresses.resolve(node.host)
+        if ip is None:
+            return False
+        if (":" in ip) != (":" in self.own_ip):
+            address_warnings.warning("raft: peer %s resolves to %s, which %s cannot reach from %s",
+                                     node.address, ip, self._selfNode.address, self.own_ip)
+            return False
+        return conn.connect(ip, node.port)
+
+    def _abandon_slow_connects(self) -> None:
+        # pysyncobj checks a connection's timeout only when its socket reports an event: a
+        # connect to an address that drops SYNs waited out the kernel's retries (~2 min).
+        cutoff = _monotonic() - raft_limits.RAFT_CONNECT_TIMEOUT_MS / 1000
+        for node, conn in list(self._connections.items()):
+            if conn.state == CONNECTION_STATE.CONNECTING and self._lastConnectAttempt.get(node, cutoff) < cutoff:
+                conn.disconnect()
+
+    def _onNodeConnected(self, node):
+        self.peer_log.on_connected(node.address, _peer_of(self._connections.get(node)))
+        super()._onNodeConnected(node)
+
+    def _onNodeDisconnected(self, node):
+        self.peer_log.on_disconnected(node.address)
+        super()._onNodeDisconnected(node)
+
+    def destroy(self):
+        super().destroy()
+        self._addresses.close()
 
     def _onNewIncomingConnection(self, conn):
         conn.on_refused_frame = self._count_refused
@@ -288,6 +417,7 @@ class BoundTCPTransport(TCPTransport):
 
     def _onTick(self):
         super()._onTick()
+        self._abandon_slow_connects()
         if self._unknownConnections:  # usually empty: members name themselves at once
             cutoff = time.monotonic() - raft_limits.RAFT_NAMING_DEADLINE_MS / 1000
             for conn in [c for c in self._unknownConnections if c.accepted_at < cutoff]:
@@ -306,13 +436,14 @@ class BoundTCPTransport(TCPTransport):
             conn.on_refused_frame = self._count_refused
         if conn is None or self._selfNode is None:
             return
-        host = self._selfNode.host
         keepalive = conn.setSockoptKeepalive
 
         def bind_then_keepalive():
             sock = conn._TcpConnection__socket
             if sock is not None:
-                sock.bind((host, 0))
+                # The address this member listens on, as last looked up (never the name: bind()
+                # would look it up again on the Raft thread, unbounded).
+                sock.bind((self.own_ip, 0))
             keepalive()
 
         conn.setSockoptKeepalive = bind_then_keepalive
