@@ -85,32 +85,22 @@ STATE_STORED_BYTES_MAX = 64 * 1024 * 1024
 STATE_KEYS_MAX = 250_000
 
 # -- the largest snapshot (derived: tests/test_backup_size.py builds the fullest state) ---------
-# msgpack framing maxima: an array, str or bin head is at most 5 bytes, an integer at most 9.
-_HEAD_BYTES_MAX = 5
-_INT_BYTES_MAX = 9
+# msgpack framing maxima, written out below: an array, str or bin head is at most 5 bytes,
+# an integer at most 9.
 # One resource without its keys: [name, hwm, revision, [holder, token, ttl_ms, expires_at_ms],
 # [keys...], owner].
 SNAPSHOT_RESOURCE_BYTES_MAX = (
-    _HEAD_BYTES_MAX
-    + (_HEAD_BYTES_MAX + RESOURCE_NAME_BYTES_MAX)
-    + 2 * _INT_BYTES_MAX
-    + (_HEAD_BYTES_MAX + (_HEAD_BYTES_MAX + HOLDER_BYTES_MAX) + 3 * _INT_BYTES_MAX)
-    + _HEAD_BYTES_MAX
-    + (_HEAD_BYTES_MAX + PRINCIPAL_NAME_BYTES_MAX)
+    5 + (5 + RESOURCE_NAME_BYTES_MAX) + 2 * 9 + (5 + (5 + HOLDER_BYTES_MAX) + 3 * 9) + 5
+    + (5 + PRINCIPAL_NAME_BYTES_MAX)
 )
 # One key's framing, [key, value, version]: its key and value bytes count in STATE_STORED_BYTES_MAX.
-SNAPSHOT_KEY_FRAMING_BYTES_MAX = 3 * _HEAD_BYTES_MAX + _INT_BYTES_MAX
+SNAPSHOT_KEY_FRAMING_BYTES_MAX = 3 * 5 + 9
 # A dedup entry's stored outcome, [1, op, result]: results are flat maps of at most three short
 # names to integers or booleans (~60 B measured); the test holds every op's largest under it.
 SNAPSHOT_DEDUP_OUTCOME_BYTES_MAX = 128
 # One dedup entry: [op_id, op, resource, outcome, applied_at_ms, first_index].
 SNAPSHOT_DEDUP_ENTRY_BYTES_MAX = (
-    _HEAD_BYTES_MAX
-    + (_HEAD_BYTES_MAX + OP_ID_BYTES_MAX)
-    + _INT_BYTES_MAX
-    + (_HEAD_BYTES_MAX + RESOURCE_NAME_BYTES_MAX)
-    + SNAPSHOT_DEDUP_OUTCOME_BYTES_MAX
-    + 2 * _INT_BYTES_MAX
+    5 + (5 + OP_ID_BYTES_MAX) + 9 + (5 + RESOURCE_NAME_BYTES_MAX) + SNAPSHOT_DEDUP_OUTCOME_BYTES_MAX + 2 * 9
 )
 # The document around them: magic, format version, epoch, log clock, array heads, no staging.
 SNAPSHOT_FRAME_BYTES_MAX = 1024
