@@ -30,7 +30,7 @@ from coordinator.server.errors import Failure, ServiceError
 
 log = logging.getLogger(__name__)
 
-# The COMMIT re-checks the whole backup on every member's Raft thread (~2 s at the largest
+# The COMMIT re-checks the whole backup on every member's Raft thread (~5 s at the largest
 # backup, measured in tests/test_backup_size.py) before it answers: its proposal may wait this
 # long when the RPC's own deadline allows, where an ordinary one waits propose_timeout_max_s.
 RESTORE_COMMIT_TIMEOUT_S_MAX = 120.0
