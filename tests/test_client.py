@@ -364,10 +364,10 @@ def test_overloaded_until_the_attempts_run_out_raises_overloaded(cluster):
 
 def test_restore_is_not_resent_after_an_unknown_outcome(cluster, client):
     snapshot = client.snapshot()
-    cluster.inject("Restore", unknown_before_apply())
+    cluster.inject("RestoreStream", unknown_before_apply())
     with pytest.raises(E.OutcomeUnknown):
         client.restore(snapshot.data, epoch_floor=10)
-    assert len(cluster.calls_to("Restore")) == 1
+    assert len(cluster.calls_to("RestoreStream")) == 1
 
 
 def test_a_stopped_node_is_skipped(cluster, client):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 
 import msgpack
@@ -108,6 +109,10 @@ def test_op_numbers_never_change():
         "SET_EPOCH_FLOOR": 8,
         "TICK": 9,
         "RESTORE": 10,
+        "RESTORE_BEGIN": 11,
+        "RESTORE_CHUNK": 12,
+        "RESTORE_COMMIT": 13,
+        "RESTORE_ABORT": 14,
     }
     assert [r.value for r in Reason] == list(range(1, 12))
     assert Reason.OP_ID_CONFLICT == 9 and Reason.MALFORMED == 1
@@ -194,7 +199,7 @@ def packed(obj) -> bytes:
         (packed([True, 9, 0, {}]), "format version"),
         (packed(["1", 9, 0, {}]), "format version"),
         (packed([1, 0, 0, {}]), "unknown op"),
-        (packed([1, 11, 0, {}]), "unknown op"),
+        (packed([1, 99, 0, {}]), "unknown op"),
         (packed([1, True, 0, {}]), "op must be an integer"),
         (packed([1, 9, -1, {}]), "stamp_ms"),
         (packed([1, 9, 1.5, {}]), "stamp_ms"),
@@ -1227,7 +1232,7 @@ BAD_SNAPSHOTS = {
     "truncated": lambda s: s[:-3],
     "not an array": lambda s: msgpack.packb({"epoch": 1}),
     "wrong magic": lambda s: corrupt(s, _set([0], "other")),
-    "newer version": lambda s: corrupt(s, _set([1], 2)),
+    "newer version": lambda s: corrupt(s, _set([1], 3)),
     "negative epoch": lambda s: corrupt(s, _set([2], -1)),
     "bool epoch": lambda s: corrupt(s, _set([2], True)),
     "hwm above epoch": lambda s: corrupt(s, _set([4, 0, 1], 99)),
@@ -1340,6 +1345,10 @@ OP_FIELDS = {
     Op.SET_EPOCH_FLOOR: ["floor", "fence_all"],
     Op.TICK: [],
     Op.RESTORE: ["data", "epoch_floor"],
+    Op.RESTORE_BEGIN: ["restore_id", "size", "digest", "epoch_floor"],
+    Op.RESTORE_CHUNK: ["restore_id", "seq", "chunk"],
+    Op.RESTORE_COMMIT: ["restore_id"],
+    Op.RESTORE_ABORT: ["restore_id"],
 }
 GOOD_FIELD_VALUES = {
     "resource": st.sampled_from([R, R2]),
@@ -1354,6 +1363,11 @@ GOOD_FIELD_VALUES = {
     "fence_all": st.booleans(),
     "data": st.sampled_from([FencingStateMachine().snapshot(), b"not a snapshot"]),
     "epoch_floor": st.integers(min_value=1, max_value=5),
+    "restore_id": st.sampled_from([b"a" * 16, b"b" * 16]),
+    "size": st.integers(min_value=1, max_value=64),
+    "digest": st.sampled_from([bytes(32), hashlib.sha256(FencingStateMachine().snapshot()).digest()]),
+    "seq": st.integers(min_value=0, max_value=2),
+    "chunk": st.sampled_from([FencingStateMachine().snapshot(), b"x"]),
 }
 
 
@@ -1431,7 +1445,7 @@ def test_snapshot_with_five_item_dedup_entries_still_restores():
     acq = cmds.acquire(resource="r", holder="h", ttl_ms=10_000, op_id=b"p" * 16, stamp_ms=1).encode()
     first = sm.apply(acq, 3)
     parts = msgpack.unpackb(sm.snapshot(), raw=False)
-    parts[-1] = [item[:5] for item in parts[-1]]  # the layout before indexes were kept
+    parts[5] = [item[:5] for item in parts[5]]  # the layout before indexes were kept
     older = FencingStateMachine()
     older.restore(msgpack.packb(parts, use_bin_type=True))
     retry = older.apply(acq, 9)

@@ -54,12 +54,25 @@ class _EdgeInterceptor(grpc.ServerInterceptor):
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         method = handler_call_details.method.rsplit("/", 1)[-1]
+        member = self.member
+        faults = member.cluster.faults
+        if handler is not None and handler.stream_unary is not None:
+            inner_stream = handler.stream_unary
+
+            def serve_stream(request_iterator, context):
+                # A request stream (RestoreStream): counted, and its proposals take faults.
+                member.cluster._record(Call(member.index, method, None))
+                faults.serving(method)
+                try:
+                    return inner_stream(request_iterator, context)
+                finally:
+                    faults.serving(None)
+
+            return handler._replace(stream_unary=serve_stream)
         if handler is None or handler.unary_unary is None:
             self.member.cluster._record(Call(self.member.index, method, None))  # a stream: counted only
             return handler
         inner = handler.unary_unary
-        member = self.member
-        faults = member.cluster.faults
 
         def serve(request, context):
             call = Call(member.index, method, request)

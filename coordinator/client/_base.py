@@ -82,7 +82,11 @@ DISCOVERY_INTERVAL_S = 0.5
 # leader for this long, even if the others still name it: a killed or paused leader is
 # named by its followers until they elect another one (1-2 s).
 SUSPECT_S = 2.0
-# Channel options. Message size: a snapshot or restore is the largest message. Reconnect
+# A backup (snapshot or restore, up to limits.BACKUP_BYTES_MAX, ~181 MB) in one attempt: the
+# transfer, the check of the whole backup and ~175 chunk entries through the log take tens of
+# seconds at the largest; five minutes leaves room on a slow disk yet ends a stuck transfer.
+BACKUP_TIMEOUT_S_DEFAULT = 300.0
+# Channel options. Message size: a unary snapshot or restore is the largest message. Reconnect
 # backoff: a restarted node is used again within 1 s (gRPC's default backoff grows to 120 s).
 CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_send_message_length", limits.GRPC_MESSAGE_BYTES_MAX),
@@ -177,6 +181,14 @@ class Stubs:
         self.admin = pb_grpc.AdminStub(channel)
 
 
+class Shape(enum.Enum):
+    """How a call's messages travel (Call.shape)."""
+
+    UNARY = "unary"
+    STREAM_OUT = "stream_out"
+    STREAM_IN = "stream_in"
+
+
 @dataclasses.dataclass(frozen=True)
 class Call:
     """One logical call: what to send, how it may be retried, and how to read the answer."""
@@ -190,6 +202,17 @@ class Call:
     timeout_s: float | None = None  # whole-call override
     extra_attempt_s: float = 0.0  # e.g. an Acquire's server-side wait
     endpoint: str | None = None  # pin to one endpoint, one attempt
+    # UNARY: ``request`` is one message. STREAM_OUT: the responses are read to the end (in the
+    # attempt) and ``convert`` gets their list. STREAM_IN: ``request`` makes each attempt's
+    # message iterator (an attempt may be resent, and an iterator is read once).
+    shape: Shape = Shape.UNARY
+
+
+def send(call: Call, rpc: Callable[..., Any], timeout_s: float, metadata: Any) -> Any:
+    """Start one attempt of ``call`` on ``rpc`` (a stub method): its response (a unary reply,
+    a stream of replies, or an awaitable of either on an asyncio channel)."""
+    request = call.request() if call.shape is Shape.STREAM_IN else call.request
+    return rpc(request, timeout=timeout_s, metadata=metadata)
 
 
 class Attempts:
@@ -638,24 +661,44 @@ class _ClientBase:
             timeout_s=timeout_s,
         ))
 
-    def snapshot(self, *, timeout_s: float | None = None) -> Snapshot:
-        """Admin: a consistent backup of the whole state (read through the log)."""
+    def snapshot(self, *, local: bool = False, timeout_s: float | None = None) -> Snapshot:
+        """Admin: a consistent backup of the whole state (read through the log; ``local``:
+        the answering member's state as applied, without a barrier), of any size the limits
+        allow: it arrives in chunks (Admin.SnapshotStream) and is checked against the size
+        and sha256 the first chunk declares. ``timeout_s``: one attempt may take all of it
+        (default BACKUP_TIMEOUT_S_DEFAULT)."""
+        timeout_s = BACKUP_TIMEOUT_S_DEFAULT if timeout_s is None else timeout_s
         return self._execute(Call(
-            "admin", "Snapshot", pb.SnapshotRequest(), Kind.READ, {"rpc": "snapshot"},
-            results.snapshot, timeout_s=timeout_s,
+            "admin", "SnapshotStream", pb.SnapshotRequest(local=local), Kind.READ, {"rpc": "snapshot"},
+            results.snapshot_from_chunks, timeout_s=timeout_s, extra_attempt_s=timeout_s,
+            shape=Shape.STREAM_OUT,
         ))
 
     def restore(
         self, data: bytes, *, epoch_floor: int, timeout_s: float | None = None
     ) -> EpochResult:
         """Admin: replace the state by a backup, with an epoch floor above every token ever
-        issued (I11). Not resent after an attempt that may have applied: that raises
-        OutcomeUnknown, and the operator checks ``status()`` before trying again."""
+        issued (I11). Any size the limits allow: it is sent in chunks (Admin.RestoreStream)
+        and enters the log in chunks. Not resent after an attempt that may have applied: that
+        raises OutcomeUnknown, and the operator checks ``status()`` before trying again.
+        ``timeout_s``: one attempt may take all of it (default BACKUP_TIMEOUT_S_DEFAULT)."""
         ctx = {"rpc": "restore", "epoch_floor": epoch_floor}
-        req = _request(pb.RestoreRequest, ctx, data=_as_bytes(data), epoch_floor=epoch_floor)
+        data = _as_bytes(data)
+        _check(validation.check_backup_data, data, ctx)
+        _request(pb.RestoreStreamRequest, ctx, epoch_floor=epoch_floor)  # checks the floor
+        timeout_s = BACKUP_TIMEOUT_S_DEFAULT if timeout_s is None else timeout_s
         return self._execute(Call(
-            "admin", "Restore", req, Kind.ONCE, ctx, results.epoch_result, timeout_s=timeout_s,
+            "admin", "RestoreStream", lambda: _restore_messages(data, epoch_floor), Kind.ONCE, ctx,
+            results.epoch_result, timeout_s=timeout_s, extra_attempt_s=timeout_s, shape=Shape.STREAM_IN,
         ))
+
+
+def _restore_messages(data: bytes, epoch_floor: int) -> Iterable[pb.RestoreStreamRequest]:
+    """A RestoreStream's messages: chunks of ``data``, the first carrying the floor."""
+    view = memoryview(data)
+    for offset in range(0, len(data), limits.BACKUP_CHUNK_BYTES):
+        piece = bytes(view[offset : offset + limits.BACKUP_CHUNK_BYTES])
+        yield pb.RestoreStreamRequest(epoch_floor=epoch_floor if offset == 0 else 0, data=piece)
 
 
 class LeaseBase:

@@ -34,9 +34,11 @@ from coordinator.client._base import (
     KeepAliveAction,
     LeaseBase,
     Renewal,
+    Shape,
     Stubs,
     _ClientBase,
     keepalive_step,
+    send,
 )
 from coordinator.client.results import AcquireResult, KeepAliveResult, ReleaseResult
 from coordinator.api.v1 import fencing_pb2 as pb
@@ -89,7 +91,11 @@ class AsyncFencingClient(_ClientBase):
                 raise attempts.exhausted()
             rpc = getattr(getattr(self._stubs[endpoint], call.service), call.method)
             try:
-                response = await rpc(call.request, timeout=attempt_s, metadata=self._metadata)
+                stream = send(call, rpc, attempt_s, self._metadata)
+                if call.shape is Shape.STREAM_OUT:
+                    response = [message async for message in stream]  # errors belong to this attempt
+                else:
+                    response = await stream
             except grpc.RpcError as err:
                 pause_s = attempts.failed(err, endpoint)  # raises when it is final
                 if pause_s > 0:

@@ -25,6 +25,12 @@ Usage::
     admin snapshot        --out FILE
     admin restore         --in FILE --epoch-floor N
 
+Backups: ``admin snapshot`` writes a consistent backup (read through the log) to FILE, and
+``admin restore`` replaces the state by one, fencing every restored resource above
+--epoch-floor (which must exceed every token ever issued). Both stream the backup in 1 MiB
+chunks, so any state the limits allow fits (at most limits.BACKUP_BYTES_MAX, ~181 MB); each
+may take up to five minutes at that size.
+
 Every command except status and snapshot also takes the request as one JSON object,
 ``--json '{"resource": "orders/7", "key": "k", "value": "v", "token": 3}'`` (``--json -``
 reads stdin), instead of arguments; a binary value goes as ``"value_base64"``. The field
@@ -223,7 +229,7 @@ _RPC_OF: dict[str, str] = {
     "delete": "Delete",
     "force-release": "ForceRelease",
     "set-epoch-floor": "SetEpochFloor",
-    "restore": "Restore",
+    "restore": "RestoreStream",
 }
 # Fields a command takes besides its RPC's: acquire's wait_ms (checked by the client; the
 # server only clamps it), and write's value given as base64.
@@ -391,9 +397,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("floor", nargs="?")
     p.add_argument("--no-fence-all", dest="fence_all", action="store_false", default=None,
                    help="do not fence every resource at the new epoch")
-    p = command("snapshot", "write a consistent backup to FILE", json_form=False, parent=admin_sub)
+    p = command("snapshot", "write a consistent backup to FILE (streamed; any size the limits allow)",
+                json_form=False, parent=admin_sub)
     p.add_argument("--out", required=True, metavar="FILE")
-    p = command("restore", "replace the state by the backup in FILE", parent=admin_sub)
+    p = command("restore", "replace the state by the backup in FILE (streamed; fences above --epoch-floor)",
+                parent=admin_sub)
     p.add_argument("--in", dest="in_path", required=True, metavar="FILE")
     p.add_argument("--epoch-floor", dest="epoch_floor", metavar="N")
     return parser
@@ -633,7 +641,8 @@ def main(argv: list[str] | None = None) -> int:
                     request = _build_request(name, raw_args, from_json=False)
                 try:
                     with open(args.in_path, "rb") as f:
-                        request["data"] = f.read(limits.RESTORE_SNAPSHOT_BYTES_MAX + 1)
+                        # One byte past the limit, so a file too large is refused, not cut short.
+                        request["data"] = f.read(limits.BACKUP_BYTES_MAX + 1)
                 except OSError as error:
                     raise UsageError(f"cannot read --in: {error}") from None
             else:

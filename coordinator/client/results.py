@@ -7,6 +7,7 @@ I/O or retry; the client (``coordinator.client.sync``) re-exports these names.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any
 
 from coordinator.api.v1 import fencing_pb2 as pb
@@ -283,3 +284,21 @@ def epoch_result(r: pb.SetEpochFloorResponse | pb.RestoreResponse):
 
 def snapshot(r: pb.SnapshotResponse):
     return Snapshot(data=r.data, epoch=r.epoch, index=r.index, header=header_from_pb(r.header))
+
+
+class IncompleteSnapshot(ValueError):
+    """A SnapshotStream ended without the bytes its first message declared."""
+
+
+def snapshot_from_chunks(chunks: list[pb.SnapshotChunk]) -> Snapshot:
+    """The backup a SnapshotStream sent, checked against the size and sha256 of its first chunk."""
+    if not chunks:
+        raise IncompleteSnapshot("the snapshot stream ended without a message")
+    first = chunks[0]
+    data = b"".join(chunk.data for chunk in chunks)
+    if len(data) != first.size or hashlib.sha256(data).digest() != first.sha256:
+        raise IncompleteSnapshot(
+            f"the snapshot stream sent {len(data)} bytes that do not match the declared"
+            f" {first.size} bytes and sha256 {first.sha256.hex()}"
+        )
+    return Snapshot(data=data, epoch=first.epoch, index=first.index, header=header_from_pb(first.header))

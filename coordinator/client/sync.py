@@ -62,9 +62,11 @@ from coordinator.client._base import (
     KeepAliveAction,
     LeaseBase,
     Renewal,
+    Shape,
     _ClientBase,
     keepalive_step,
     new_op_id,
+    send,
 )
 from coordinator.client.results import (
     AcquireResult,
@@ -201,7 +203,9 @@ class FencingClient(_ClientBase):
                 raise attempts.exhausted()
             rpc = getattr(getattr(self._stubs[endpoint], call.service), call.method)
             try:
-                response = rpc(call.request, timeout=attempt_s, metadata=self._metadata)
+                response = send(call, rpc, attempt_s, self._metadata)
+                if call.shape is Shape.STREAM_OUT:
+                    response = list(response)  # errors of the stream belong to this attempt
             except grpc.RpcError as err:
                 pause_s = attempts.failed(err, endpoint)  # raises when it is final
                 if pause_s > 0:

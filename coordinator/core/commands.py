@@ -46,7 +46,13 @@ class Op(enum.IntEnum):
     FORCE_RELEASE = 7
     SET_EPOCH_FLOOR = 8
     TICK = 9
-    RESTORE = 10
+    RESTORE = 10  # a whole backup in one entry: written by older members, still applied
+    # A backup restored in chunks (DESIGN I11): BEGIN declares it, CHUNKs stage it in order,
+    # COMMIT checks and swaps it in; ABORT drops what is staged.
+    RESTORE_BEGIN = 11
+    RESTORE_CHUNK = 12
+    RESTORE_COMMIT = 13
+    RESTORE_ABORT = 14
 
 
 class MalformedCommand(ValueError):
@@ -115,22 +121,25 @@ def validate_envelope(op: object, stamp_ms: object, body: object) -> Op:
     return checked_op
 
 
-# How a RESTORE command starts: a fixarray of 4, FORMAT_VERSION, op 10 (positive fixints).
-_RESTORE_PREFIX = bytes([0x94, FORMAT_VERSION, 10])
+# How a RESTORE and a RESTORE_CHUNK command start: a fixarray of 4, FORMAT_VERSION, the op
+# (positive fixints); both may be larger than any other command.
+_LARGE_PREFIXES = {
+    bytes([0x94, FORMAT_VERSION, Op.RESTORE]): limits.RESTORE_COMMAND_BYTES_MAX,
+    bytes([0x94, FORMAT_VERSION, Op.RESTORE_CHUNK]): limits.RESTORE_CHUNK_COMMAND_BYTES_MAX,
+}
 
 
 def _bytes_max(data: bytes) -> int:
-    """The size cap for ``data``: larger for a RESTORE, known from its first three bytes."""
-    if data[:3] == _RESTORE_PREFIX:
-        return limits.RESTORE_COMMAND_BYTES_MAX
-    return limits.COMMAND_BYTES_MAX
+    """The size cap for ``data``: larger for a RESTORE or a RESTORE_CHUNK, known from its
+    first three bytes."""
+    return _LARGE_PREFIXES.get(data[:3], limits.COMMAND_BYTES_MAX)
 
 
 def decode(data: bytes) -> Command:
     """Decode one command from a Raft entry, refusing anything malformed.
 
     Raises ``MalformedCommand`` if ``data`` is not bytes, is longer than
-    ``limits.COMMAND_BYTES_MAX`` (``RESTORE_COMMAND_BYTES_MAX`` for a RESTORE), is not
+    ``limits.COMMAND_BYTES_MAX`` (more for a RESTORE or RESTORE_CHUNK: ``_bytes_max``), is not
     msgpack, has the wrong shape, an unknown format version, an unknown op or a bad stamp.
     The body's fields are not validated.
     """
@@ -267,3 +276,27 @@ def restore(*, data: bytes, epoch_floor: int, stamp_ms: int) -> Command:
     """Admin (I11): replace the state by the backup ``data`` (a snapshot), fenced at an
     epoch above ``epoch_floor``, which must exceed the current epoch."""
     return Command(Op.RESTORE, stamp_ms, {"data": data, "epoch_floor": epoch_floor})
+
+
+def restore_begin(
+    *, restore_id: bytes, size: int, digest: bytes, epoch_floor: int, stamp_ms: int
+) -> Command:
+    """Admin (I11): start staging a backup of ``size`` bytes whose sha256 is ``digest``; its
+    COMMIT fences at an epoch above ``epoch_floor``. Replaces a stale staged restore."""
+    body = {"restore_id": restore_id, "size": size, "digest": digest, "epoch_floor": epoch_floor}
+    return Command(Op.RESTORE_BEGIN, stamp_ms, body)
+
+
+def restore_chunk(*, restore_id: bytes, seq: int, chunk: bytes, stamp_ms: int) -> Command:
+    """Admin: stage the ``seq``-th chunk (from 0, in order) of restore ``restore_id``."""
+    return Command(Op.RESTORE_CHUNK, stamp_ms, {"restore_id": restore_id, "seq": seq, "chunk": chunk})
+
+
+def restore_commit(*, restore_id: bytes, stamp_ms: int) -> Command:
+    """Admin: check the staged backup's size and digest, re-check its content, swap it in."""
+    return Command(Op.RESTORE_COMMIT, stamp_ms, {"restore_id": restore_id})
+
+
+def restore_abort(*, restore_id: bytes, stamp_ms: int) -> Command:
+    """Admin: drop the staged backup of restore ``restore_id`` (nothing else changes)."""
+    return Command(Op.RESTORE_ABORT, stamp_ms, {"restore_id": restore_id})

@@ -72,18 +72,79 @@ REVISION_MAX = 2**63 - 1
 # [0, 2^63), the range the Raft wire accepts, so nothing live is ever larger.
 RAFT_INDEX_MAX = 2**63 - 1
 
-# -- admin restore (DESIGN I11) --------------------------------------------------
-# A backup restored through Admin.Restore travels as one Raft entry. 4 MiB holds tens of
-# thousands of resources with small values; bigger states need a bigger limit *and* a
-# matching Raft batch size (coordinator/raft/limits.py keeps RAFT_BATCH_BYTES above
-# RESTORE_COMMAND_BYTES_MAX so an entry is never split).
+# Cluster-wide bounds on fenced data, so "the largest state the limits allow" is a size, not
+# RESOURCES_MAX * KEYS_PER_RESOURCE_MAX * VALUE_BYTES_MAX (6.7 TB): keys + values of every
+# resource together (what PRINCIPAL_STORED_BYTES_MAX counts for one principal). 64 MiB is four
+# default tenants at their quota and keeps a member's memory and its snapshot within a few
+# hundred MiB; a write past it is refused LIMIT_EXCEEDED (limit "state_stored_bytes").
+STATE_STORED_BYTES_MAX = 64 * 1024 * 1024
+# Keys across all resources: an empty value costs its key's bytes only, so without a count 64 MiB
+# of one-byte keys would be 67M keys (~200 B of a member's memory and up to 24 B of snapshot
+# framing each). 250,000 keys average 268 B each at the byte limit; past it a write of a new key
+# is refused LIMIT_EXCEEDED (limit "state_keys").
+STATE_KEYS_MAX = 250_000
+
+# -- the largest snapshot (derived: tests/test_backup_size.py builds the fullest state) ---------
+# msgpack framing maxima, written out below: an array, str or bin head is at most 5 bytes,
+# an integer at most 9.
+# One resource without its keys: [name, hwm, revision, [holder, token, ttl_ms, expires_at_ms],
+# [keys...], owner].
+SNAPSHOT_RESOURCE_BYTES_MAX = (
+    5 + (5 + RESOURCE_NAME_BYTES_MAX) + 2 * 9 + (5 + (5 + HOLDER_BYTES_MAX) + 3 * 9) + 5
+    + (5 + PRINCIPAL_NAME_BYTES_MAX)
+)
+# One key's framing, [key, value, version]: its key and value bytes count in STATE_STORED_BYTES_MAX.
+SNAPSHOT_KEY_FRAMING_BYTES_MAX = 3 * 5 + 9
+# A dedup entry's stored outcome, [1, op, result]: results are flat maps of at most three short
+# names to integers or booleans (~60 B measured); the test holds every op's largest under it.
+SNAPSHOT_DEDUP_OUTCOME_BYTES_MAX = 128
+# One dedup entry: [op_id, op, resource, outcome, applied_at_ms, first_index].
+SNAPSHOT_DEDUP_ENTRY_BYTES_MAX = (
+    5 + (5 + OP_ID_BYTES_MAX) + 9 + (5 + RESOURCE_NAME_BYTES_MAX) + SNAPSHOT_DEDUP_OUTCOME_BYTES_MAX + 2 * 9
+)
+# The document around them: magic, format version, epoch, log clock, array heads, no staging.
+SNAPSHOT_FRAME_BYTES_MAX = 1024
+# The largest backup (a snapshot without a restore in progress) the limits allow, ~181 MB. A
+# restore may be no larger; a member's own snapshot may be up to twice it while a restore is
+# staged (the staged backup is part of it).
+BACKUP_BYTES_MAX = (
+    SNAPSHOT_FRAME_BYTES_MAX
+    + RESOURCES_MAX * SNAPSHOT_RESOURCE_BYTES_MAX
+    + STATE_KEYS_MAX * SNAPSHOT_KEY_FRAMING_BYTES_MAX
+    + STATE_STORED_BYTES_MAX
+    + DEDUP_ENTRIES_MAX * SNAPSHOT_DEDUP_ENTRY_BYTES_MAX
+)
+
+# -- admin snapshot and restore (DESIGN I11) --------------------------------------------------
+# Snapshots and restores travel in chunks of at most this many bytes: each SnapshotStream and
+# RestoreStream message, and each RESTORE_CHUNK entry of the log. 1 MiB keeps a gRPC message far
+# under GRPC_MESSAGE_BYTES_MAX and an entry far under the Raft batch size (never split), while
+# the largest backup is only ~175 entries.
+BACKUP_CHUNK_BYTES = 1024 * 1024
+# A RESTORE_CHUNK command: the chunk plus its envelope and fields.
+RESTORE_CHUNK_COMMAND_BYTES_MAX = BACKUP_CHUNK_BYTES + 4 * 1024
+# Chunks of one restore: BACKUP_BYTES_MAX in BACKUP_CHUNK_BYTES pieces (a chunk's seq is below it).
+RESTORE_CHUNKS_MAX = -(-BACKUP_BYTES_MAX // BACKUP_CHUNK_BYTES)
+# A restore's id: 16 random bytes chosen by the member that runs it (like an op_id).
+RESTORE_ID_BYTES = 16
+# A staged restore untouched for this long on the log clock is stale: a new RESTORE_BEGIN replaces
+# it and a TICK drops it. Chunks arrive milliseconds apart; a minute outlasts any election, while
+# a member that died mid-restore blocks the next one no longer than that.
+RESTORE_STAGING_IDLE_MS = 60_000
+# Backup transfers (snapshots and restores, streamed or unary) one member runs at once: each holds
+# up to BACKUP_BYTES_MAX in memory, so two bound that to ~360 MB; a third is refused OVERLOADED.
+BACKUP_TRANSFERS_MAX = 2
+# The unary Admin.Snapshot and Admin.Restore carry a backup in one gRPC message, and a RESTORE
+# entry written by an older member carries one in one Raft entry (still applied from old logs):
+# 4 MiB. Larger backups go through SnapshotStream and RestoreStream.
 RESTORE_SNAPSHOT_BYTES_MAX = 4 * 1024 * 1024
 # The RESTORE command: the snapshot plus its envelope and fields.
 RESTORE_COMMAND_BYTES_MAX = RESTORE_SNAPSHOT_BYTES_MAX + 4 * 1024
+assert RESTORE_CHUNK_COMMAND_BYTES_MAX <= RESTORE_COMMAND_BYTES_MAX, "a chunk entry fits the Raft bounds"
 
 # -- gRPC service -----------------------------------------------------------------
-# Largest gRPC message in either direction: a restore request or a snapshot reply, plus
-# framing. Everything else is far smaller (a value is at most VALUE_BYTES_MAX).
+# Largest gRPC message in either direction: a unary restore request or snapshot reply, plus
+# framing. Everything else is far smaller (a value is VALUE_BYTES_MAX, a chunk BACKUP_CHUNK_BYTES).
 GRPC_MESSAGE_BYTES_MAX = RESTORE_SNAPSHOT_BYTES_MAX + 64 * 1024
 # Acquire.wait_ms is clamped to this: a server-side wait holds a thread, so it stays
 # short; clients that need longer waits loop.

@@ -23,11 +23,13 @@ from coordinator.core import limits
 from coordinator.core import validation
 from coordinator.core.commands import Op
 from coordinator.core.outcomes import Applied, is_flat_map, is_int, outcome_from_wire, outcome_to_wire
-from coordinator.core.state import DedupEntry, Lease, ResourceState, entry_bytes
+from coordinator.core.state import DedupEntry, Lease, ResourceState, StagedRestore, entry_bytes
 from coordinator.core.validation import InvalidField
 
-# Version of the snapshot layout written by snapshot(); restore() refuses any other.
-SNAPSHOT_FORMAT_VERSION = 1
+# Version of the snapshot layout written by snapshot(); 2 added the staged restore (a 7th item).
+# Version 1 (6 items, nothing staged) is still read; any other is refused.
+SNAPSHOT_FORMAT_VERSION = 2
+SNAPSHOT_FORMAT_VERSIONS_READ = (1, 2)
 SNAPSHOT_MAGIC = "fencing-coordinator/state"
 
 
@@ -45,11 +47,22 @@ class Counts:
     resources_max: int
     keys_per_resource_max: int
     dedup_entries_max: int
+    keys_max: int = limits.STATE_KEYS_MAX
+    stored_bytes_max: int = limits.STATE_STORED_BYTES_MAX
 
 
-def parse_snapshot(
-    data: object, counts: Counts | None
-) -> tuple[int, int, dict[str, ResourceState], collections.OrderedDict[bytes, DedupEntry]]:
+@dataclasses.dataclass
+class Parts:
+    """What a snapshot holds, checked."""
+
+    epoch: int
+    log_clock_ms: int
+    resources: dict[str, ResourceState]
+    dedup: collections.OrderedDict[bytes, DedupEntry]
+    staged: StagedRestore | None
+
+
+def parse_snapshot(data: object, counts: Counts | None) -> Parts:
     """The parts of a ``snapshot()``; raises ValueError on anything else."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ValueError(f"snapshot must be bytes, got {type(data).__name__}")
@@ -92,16 +105,15 @@ def _need_count(items: list, high: int | None, what: str, *args: object) -> None
         _need(False, "%s: %d, more than %d", what % args if args else what, len(items), high)
 
 
-def read_snapshot(
-    doc: object, counts: Counts | None
-) -> tuple[int, int, dict[str, ResourceState], collections.OrderedDict[bytes, DedupEntry]]:
-    _need(isinstance(doc, list) and len(doc) == 6, "top level must be a 6-item array")
-    magic, version, epoch, log_clock_ms, raw_resources, raw_dedup = doc
+def read_snapshot(doc: object, counts: Counts | None) -> Parts:
+    _need(isinstance(doc, list) and len(doc) in (6, 7), "top level must be a 6- or 7-item array")
+    magic, version, epoch, log_clock_ms, raw_resources, raw_dedup, *rest = doc
     _need(magic == SNAPSHOT_MAGIC, "not a fencing-coordinator state snapshot")
     _need(
-        is_int(version) and version == SNAPSHOT_FORMAT_VERSION,
-        "unknown snapshot format version %r (this build reads %d)", version, SNAPSHOT_FORMAT_VERSION,
+        is_int(version) and version in SNAPSHOT_FORMAT_VERSIONS_READ,
+        "unknown snapshot format version %r (this build reads %s)", version, SNAPSHOT_FORMAT_VERSIONS_READ,
     )
+    _need(len(doc) == (6 if version == 1 else 7), "a version %d snapshot has %d items", version, 6 + (version > 1))
     epoch = _need_int(epoch, 0, limits.TOKEN_MAX, "epoch")
     # The log clock is the greatest stamp applied, and stamps are at most STAMP_MS_MAX.
     log_clock_ms = _need_int(log_clock_ms, 0, limits.STAMP_MS_MAX, "log_clock_ms")
@@ -110,6 +122,7 @@ def read_snapshot(
     _need_count(raw_resources, counts and counts.resources_max, "resources")
     resources: dict[str, ResourceState] = {}
     previous_name: str | None = None
+    keys_total = stored_bytes_total = 0
     for item in raw_resources:
         # 5 items: no owner (written before quotas, or never acquired by a principal).
         _need(isinstance(item, list) and len(item) in (5, 6), "a resource must be 5 or 6 items")
@@ -156,13 +169,23 @@ def read_snapshot(
                 validation.check_principal(owner)
             except InvalidField as exc:
                 raise ValueError(f"bad snapshot: owner of {name!r}: {exc}") from None
+        stored_bytes = sum(entry_bytes(key, value) for key, (value, _) in data.items())
+        keys_total += len(data)
+        stored_bytes_total += stored_bytes
         resources[name] = ResourceState(
             high_water_mark=hwm,
             lease=lease,
             revision=revision,
             data=data,
             owner=owner,
-            stored_bytes=sum(entry_bytes(key, value) for key, (value, _) in data.items()),
+            stored_bytes=stored_bytes,
+        )
+    if counts is not None:
+        # The cluster-wide bounds a live write is held to (state_machine._write).
+        _need(keys_total <= counts.keys_max, "keys: %d, more than %d", keys_total, counts.keys_max)
+        _need(
+            stored_bytes_total <= counts.stored_bytes_max,
+            "stored bytes (keys + values): %d, more than %d", stored_bytes_total, counts.stored_bytes_max,
         )
 
     _need(isinstance(raw_dedup, list), "dedup must be an array")
@@ -203,4 +226,27 @@ def read_snapshot(
             applied_at_ms,
             _need_int(first_index, 0, limits.RAFT_INDEX_MAX, "dedup index"),
         )
-    return epoch, log_clock_ms, resources, dedup
+    staged = _read_staged(rest[0] if rest else None, log_clock_ms)
+    return Parts(epoch, log_clock_ms, resources, dedup, staged)
+
+
+def _read_staged(raw: object, log_clock_ms: int) -> StagedRestore | None:
+    """A staged restore as RESTORE_BEGIN and RESTORE_CHUNK leave it (nil: none)."""
+    if raw is None:
+        return None
+    _need(isinstance(raw, list) and len(raw) == 6, "a staged restore must be 6 items")
+    restore_id, size, digest, epoch_floor, touched_at_ms, chunks = raw
+    staged = StagedRestore(
+        restore_id=_need_field(validation.check_restore_id, restore_id, "staged restore id"),
+        size=_need_field(validation.check_backup_size, size, "staged restore size"),
+        digest=_need_field(validation.check_digest, digest, "staged restore digest"),
+        epoch_floor=_need_field(validation.check_epoch_floor, epoch_floor, "staged restore floor"),
+        touched_at_ms=_need_int(touched_at_ms, 0, log_clock_ms, "staged restore touched_at_ms"),
+    )
+    _need(isinstance(chunks, list), "staged chunks must be an array")
+    _need_count(chunks, limits.RESTORE_CHUNKS_MAX, "staged chunks")
+    for chunk in chunks:
+        staged.chunks.append(_need_field(validation.check_chunk, chunk, "a staged chunk"))
+        staged.staged_bytes += len(chunk)
+    _need(staged.staged_bytes <= staged.size, "staged chunks hold more than the declared size")
+    return staged

@@ -94,6 +94,24 @@ class Usage:
                 del self.stored_bytes[res.owner]
 
 
+@dataclasses.dataclass
+class StagedRestore:
+    """A backup being restored in chunks (RESTORE_BEGIN, then RESTORE_CHUNKs in order): what
+    its BEGIN declared and the chunks staged so far. Part of the snapshot, so a member that
+    restarts or installs a snapshot mid-restore stages the same bytes as the others."""
+
+    restore_id: bytes
+    size: int  # the backup's bytes, as declared
+    digest: bytes  # sha256 of the backup, as declared
+    epoch_floor: int  # the COMMIT fences above it
+    touched_at_ms: int  # log clock of its BEGIN or last CHUNK: stale RESTORE_STAGING_IDLE_MS after
+    chunks: list[bytes] = dataclasses.field(default_factory=list)
+    staged_bytes: int = 0
+
+    def to_wire(self) -> list:
+        return [self.restore_id, self.size, self.digest, self.epoch_floor, self.touched_at_ms, self.chunks]
+
+
 class DedupEntry:
     """The first outcome of one op_id, kept as the bytes it has in a snapshot's dedup array.
 

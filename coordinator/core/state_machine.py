@@ -47,9 +47,10 @@ from coordinator.core.snapshot_format import (
     SNAPSHOT_FORMAT_VERSION,
     SNAPSHOT_MAGIC,
     Counts,
+    Parts,
     parse_snapshot,
 )
-from coordinator.core.state import DedupEntry, Lease, ResourceState, Usage, entry_bytes
+from coordinator.core.state import DedupEntry, Lease, ResourceState, StagedRestore, Usage, entry_bytes
 from coordinator.core.validation import InvalidField
 from coordinator.core.commands import (
     Command,
@@ -96,6 +97,11 @@ _FIELD_CHECKS: dict[str, Callable[[object], Any]] = {
     "epoch_floor": validation.check_epoch_floor,
     "principal": validation.check_principal,
     "quota": validation.check_quota,
+    "restore_id": validation.check_restore_id,
+    "size": validation.check_backup_size,
+    "digest": validation.check_digest,
+    "seq": validation.check_seq,
+    "chunk": validation.check_chunk,
 }
 
 # op -> (required fields, optional fields). An optional field that is nil counts as absent.
@@ -116,6 +122,10 @@ _SCHEMAS: dict[Op, tuple[frozenset[str], frozenset[str]]] = {
     Op.SET_EPOCH_FLOOR: (frozenset({"floor"}), frozenset({"fence_all"})),
     Op.TICK: (frozenset(), frozenset()),
     Op.RESTORE: (frozenset({"data", "epoch_floor"}), frozenset()),
+    Op.RESTORE_BEGIN: (frozenset({"restore_id", "size", "digest", "epoch_floor"}), frozenset()),
+    Op.RESTORE_CHUNK: (frozenset({"restore_id", "seq", "chunk"}), frozenset()),
+    Op.RESTORE_COMMIT: (frozenset({"restore_id"}), frozenset()),
+    Op.RESTORE_ABORT: (frozenset({"restore_id"}), frozenset()),
 }
 assert set(_SCHEMAS) == set(Op), "every op needs a schema"
 assert all(f in _FIELD_CHECKS for req, opt in _SCHEMAS.values() for f in req | opt)
@@ -193,6 +203,8 @@ class FencingStateMachine:
         dedup_retention_ms: int | None = None,
         resources_max: int | None = None,
         keys_per_resource_max: int | None = None,
+        state_keys_max: int | None = None,
+        state_stored_bytes_max: int | None = None,
     ) -> None:
         self._dedup_entries_max = _positive_config(
             "dedup_entries_max", dedup_entries_max, limits.DEDUP_ENTRIES_MAX
@@ -204,17 +216,28 @@ class FencingStateMachine:
         self._keys_per_resource_max = _positive_config(
             "keys_per_resource_max", keys_per_resource_max, limits.KEYS_PER_RESOURCE_MAX
         )
+        self._state_keys_max = _positive_config("state_keys_max", state_keys_max, limits.STATE_KEYS_MAX)
+        self._state_stored_bytes_max = _positive_config(
+            "state_stored_bytes_max", state_stored_bytes_max, limits.STATE_STORED_BYTES_MAX
+        )
         # What a backup restored through the log may hold: no more than live state may.
         self._bounds = Counts(
             resources_max=self._resources_max,
             keys_per_resource_max=self._keys_per_resource_max,
             dedup_entries_max=self._dedup_entries_max,
+            keys_max=self._state_keys_max,
+            stored_bytes_max=self._state_stored_bytes_max,
         )
         self._epoch = 0
         self._log_clock_ms = 0
         self._resources: dict[str, ResourceState] = {}
         self._usage = Usage()
         self._dedup: collections.OrderedDict[bytes, DedupEntry] = collections.OrderedDict()
+        # Keys and their bytes across all resources (derived, like usage), against the
+        # cluster-wide bounds; and the backup being restored in chunks, if any.
+        self._keys_total = 0
+        self._stored_bytes_total = 0
+        self._staged: StagedRestore | None = None
         self._handlers: dict[Op, Callable[[int, dict[str, Any]], Outcome]] = {
             Op.ACQUIRE: self._acquire,
             Op.KEEP_ALIVE: self._keep_alive,
@@ -226,6 +249,10 @@ class FencingStateMachine:
             Op.SET_EPOCH_FLOOR: self._set_epoch_floor,
             Op.TICK: self._tick,
             Op.RESTORE: self._restore,
+            Op.RESTORE_BEGIN: self._restore_begin,
+            Op.RESTORE_CHUNK: self._restore_chunk,
+            Op.RESTORE_COMMIT: self._restore_commit,
+            Op.RESTORE_ABORT: self._restore_abort,
         }
         assert set(self._handlers) == set(Op), "every op needs a handler"
 
@@ -245,6 +272,21 @@ class FencingStateMachine:
     def dedup_size(self) -> int:
         """How many op_ids the dedup table holds now."""
         return len(self._dedup)
+
+    @property
+    def stored_bytes(self) -> int:
+        """Keys + values of every resource (what STATE_STORED_BYTES_MAX counts)."""
+        return self._stored_bytes_total
+
+    @property
+    def keys_count(self) -> int:
+        """Keys of every resource (what STATE_KEYS_MAX counts)."""
+        return self._keys_total
+
+    @property
+    def staged_restore_bytes(self) -> int | None:
+        """Bytes staged by the restore in progress, or None when none is."""
+        return None if self._staged is None else self._staged.staged_bytes
 
     @property
     def resources_count(self) -> int:
@@ -468,6 +510,29 @@ class FencingStateMachine:
             details={"quota": quota, "max": maximum, "principal": principal},
         )
 
+    def _state_size_refusal(self, resource: str, new_key: bool, grows_by: int) -> Rejected | None:
+        """Why a write adding ``grows_by`` bytes (and a key, if ``new_key``) would take the
+        cluster past STATE_KEYS_MAX or STATE_STORED_BYTES_MAX, or None. These bound the
+        largest state, and so the largest snapshot (limits.BACKUP_BYTES_MAX)."""
+        if new_key and self._keys_total >= self._state_keys_max:
+            return Rejected(
+                op=Op.WRITE,
+                reason=Reason.LIMIT_EXCEEDED,
+                message=f"the cluster already stores {self._state_keys_max} keys; {resource!r} cannot add one",
+                details={"limit": "state_keys", "max": self._state_keys_max},
+            )
+        if grows_by > 0 and self._stored_bytes_total + grows_by > self._state_stored_bytes_max:
+            return Rejected(
+                op=Op.WRITE,
+                reason=Reason.LIMIT_EXCEEDED,
+                message=(
+                    f"the cluster stores {self._stored_bytes_total} bytes of keys and values; this"
+                    f" write would take it past {self._state_stored_bytes_max}"
+                ),
+                details={"limit": "state_stored_bytes", "max": self._state_stored_bytes_max},
+            )
+        return None
+
     def _new_epoch_refusal(self, op: Op, resource: str, freed: int = 0) -> Rejected | None:
         """Why a new epoch for ``resource`` cannot be issued now, or None (``freed``: how
         many resources this command forgets first)."""
@@ -597,6 +662,9 @@ class FencingStateMachine:
             )
         value = args["value"]
         grows_by = entry_bytes(key, value) - (0 if current is None else entry_bytes(key, current[0]))
+        refusal = self._state_size_refusal(resource, current is None, grows_by)
+        if refusal is not None:
+            return refusal
         stored_bytes_max = None if args["quota"] is None else args["quota"].get("stored_bytes")
         if stored_bytes_max is not None and res.owner and grows_by > 0:
             # The bytes are the owner's (the principal of the last acquire): a writer is
@@ -608,6 +676,8 @@ class FencingStateMachine:
         res.revision += 1
         res.data[key] = (value, res.revision)
         res.stored_bytes += grows_by
+        self._keys_total += current is None
+        self._stored_bytes_total += grows_by
         self._usage.add(resource, res)
         return Applied(op=Op.WRITE, result={"version": res.revision, "hwm": res.high_water_mark})
 
@@ -624,7 +694,10 @@ class FencingStateMachine:
             return refusal
         self._usage.remove(resource, res)
         res.revision += 1
-        res.stored_bytes -= entry_bytes(key, res.data.pop(key)[0])
+        freed = entry_bytes(key, res.data.pop(key)[0])
+        res.stored_bytes -= freed
+        self._keys_total -= 1
+        self._stored_bytes_total -= freed
         self._settle(resource, res)  # the last key of a released resource: forgotten
         return Applied(op=Op.DELETE, result={"version": res.revision, "deleted": True})
 
@@ -697,63 +770,191 @@ class FencingStateMachine:
                 res.lease = None
                 self._settle(name, res)  # an expired lease on no data: forgotten
                 expired += 1
+        if self._staged_is_stale(now):
+            self._staged = None  # an abandoned restore's chunks: memory back
         return Applied(op=Op.TICK, result={"expired": expired})
 
     def _restore(self, now: int, args: dict[str, Any]) -> Outcome:
-        """Admin restore from a backup (I11): the backup's data, fenced above every token.
+        """Admin restore from a backup in one entry (written by older members; the API now
+        proposes the chunked ops below). See ``_swap_in``."""
+        return self._swap_in(Op.RESTORE, args["data"], args["epoch_floor"])
+
+    def _floor_refusal(self, op: Op, floor: int) -> Rejected | None:
+        if floor > self._epoch:
+            return None
+        return Rejected(
+            op=op,
+            reason=Reason.EPOCH_FLOOR_TOO_LOW,
+            message=f"epoch_floor {floor} must exceed the current epoch {self._epoch}",
+            details={"epoch": self._epoch},
+        )
+
+    def _swap_in(self, op: Op, data: bytes, floor: int) -> Outcome:
+        """Replace the state by the backup ``data``, fenced above every token (I11).
 
         The floor must exceed the current epoch, so no token issued before the restore, by
         this cluster or the backup's, is ever issued again. Every restored resource gets
         hwm = the new epoch and no lease; resources absent from the backup are gone (their
         old tokens are then refused as UNKNOWN_TOKEN). The dedup table is emptied: its
         outcomes describe a history the restore replaced, and every token in them is now
-        fenced. The log clock keeps going forward from ``now``.
+        fenced. The log clock keeps going forward. A staged restore is dropped with the rest.
+        The backup is held to the bounds live state keeps; anything else is a refusal.
         """
-        floor = args["epoch_floor"]
-        if floor <= self._epoch:
-            return Rejected(
-                op=Op.RESTORE,
-                reason=Reason.EPOCH_FLOOR_TOO_LOW,
-                message=f"epoch_floor {floor} must exceed the current epoch {self._epoch}",
-                details={"epoch": self._epoch},
-            )
+        refusal = self._floor_refusal(op, floor)
+        if refusal is not None:
+            return refusal
         try:
-            backup_epoch, _clock, resources, _dedup = parse_snapshot(args["data"], self._bounds)
+            parts = parse_snapshot(data, self._bounds)
         except ValueError as exc:
             return Rejected(
-                op=Op.RESTORE,
-                reason=Reason.MALFORMED,
-                message=f"field 'data': {exc}",
-                details={"field": "data"},
+                op=op, reason=Reason.MALFORMED, message=f"field 'data': {exc}", details={"field": "data"}
             )
-        new_epoch = max(floor, backup_epoch + 1)
+        new_epoch = max(floor, parts.epoch + 1)
         if new_epoch > limits.TOKEN_MAX:
             return Rejected(
-                op=Op.RESTORE,
+                op=op,
                 reason=Reason.EPOCH_EXHAUSTED,
-                message=f"the backup's epoch {backup_epoch} leaves no token to fence it with",
+                message=f"the backup's epoch {parts.epoch} leaves no token to fence it with",
             )
-        for res in resources.values():
+        for res in parts.resources.values():
             res.high_water_mark = new_epoch  # every token issued before is stale (I11)
             res.lease = None
-        self._epoch = new_epoch
-        self._resources = resources
-        self._usage = Usage.of(resources)
-        self._dedup = collections.OrderedDict()
-        return Applied(op=Op.RESTORE, result={"epoch": new_epoch, "resources": len(resources)})
+        parts.epoch, parts.log_clock_ms = new_epoch, self._log_clock_ms
+        parts.dedup, parts.staged = collections.OrderedDict(), None
+        self._install(parts)
+        return Applied(op=op, result={"epoch": new_epoch, "resources": len(parts.resources)})
+
+    def _install(self, parts: Parts) -> None:
+        """Make ``parts`` the whole state, with everything derived from it recounted."""
+        self._epoch = parts.epoch
+        self._log_clock_ms = parts.log_clock_ms
+        self._resources = parts.resources
+        self._usage = Usage.of(parts.resources)
+        self._dedup = parts.dedup
+        self._staged = parts.staged
+        self._keys_total = sum(len(res.data) for res in parts.resources.values())
+        self._stored_bytes_total = sum(res.stored_bytes for res in parts.resources.values())
+
+    # -- a backup restored in chunks ---------------------------------------------------------
+    # BEGIN, CHUNK..., COMMIT are separate entries, each within the Raft entry bounds. Only one
+    # restore is staged at a time; a refusal at any step changes nothing (the proposer then
+    # ABORTs). Every check depends on the entries alone, so every replica stages and decides alike.
+
+    def _staged_is_stale(self, now: int) -> bool:
+        staged = self._staged
+        return staged is not None and now - staged.touched_at_ms >= limits.RESTORE_STAGING_IDLE_MS
+
+    def _staged_refusal(self, op: Op, restore_id: bytes) -> Rejected | None:
+        if self._staged is not None and self._staged.restore_id == restore_id:
+            return None
+        return Rejected(
+            op=op,
+            reason=Reason.MALFORMED,
+            message=f"field 'restore_id': restore {restore_id.hex()} is not the one staged (no RESTORE_BEGIN, or replaced)",
+            details={"field": "restore_id"},
+        )
+
+    def _restore_begin(self, now: int, args: dict[str, Any]) -> Outcome:
+        if self._staged is not None and not self._staged_is_stale(now):
+            return Rejected(
+                op=Op.RESTORE_BEGIN,
+                reason=Reason.LIMIT_EXCEEDED,
+                message=(
+                    f"restore {self._staged.restore_id.hex()} is being staged; one restore at a time"
+                    f" (an abandoned one is replaced {limits.RESTORE_STAGING_IDLE_MS} ms after its last chunk)"
+                ),
+                details={"limit": "restores_staged", "max": 1},
+            )
+        refusal = self._floor_refusal(Op.RESTORE_BEGIN, args["epoch_floor"])
+        if refusal is not None:
+            return refusal
+        self._staged = StagedRestore(
+            restore_id=args["restore_id"],
+            size=args["size"],
+            digest=args["digest"],
+            epoch_floor=args["epoch_floor"],
+            touched_at_ms=now,
+        )
+        return Applied(op=Op.RESTORE_BEGIN, result={"size": args["size"]})
+
+    def _restore_chunk(self, now: int, args: dict[str, Any]) -> Outcome:
+        refusal = self._staged_refusal(Op.RESTORE_CHUNK, args["restore_id"])
+        if refusal is not None:
+            return refusal
+        staged, seq, chunk = self._staged, args["seq"], args["chunk"]
+        if seq != len(staged.chunks):
+            return Rejected(
+                op=Op.RESTORE_CHUNK,
+                reason=Reason.MALFORMED,
+                message=f"field 'seq': chunk {seq} is out of order (chunk {len(staged.chunks)} is next)",
+                details={"field": "seq"},
+            )
+        if staged.staged_bytes + len(chunk) > staged.size:
+            return Rejected(
+                op=Op.RESTORE_CHUNK,
+                reason=Reason.MALFORMED,
+                message=(
+                    f"field 'chunk': {staged.staged_bytes} + {len(chunk)} bytes staged would exceed"
+                    f" the declared size {staged.size}"
+                ),
+                details={"field": "chunk"},
+            )
+        staged.chunks.append(chunk)
+        staged.staged_bytes += len(chunk)
+        staged.touched_at_ms = now
+        return Applied(op=Op.RESTORE_CHUNK, result={"staged_bytes": staged.staged_bytes})
+
+    def _restore_commit(self, now: int, args: dict[str, Any]) -> Outcome:
+        refusal = self._staged_refusal(Op.RESTORE_COMMIT, args["restore_id"])
+        if refusal is not None:
+            return refusal
+        staged = self._staged
+        if staged.staged_bytes != staged.size:
+            return Rejected(
+                op=Op.RESTORE_COMMIT,
+                reason=Reason.MALFORMED,
+                message=f"field 'size': {staged.staged_bytes} bytes staged, {staged.size} declared",
+                details={"field": "size"},
+            )
+        data = b"".join(staged.chunks)
+        if hashlib.sha256(data).digest() != staged.digest:
+            return Rejected(
+                op=Op.RESTORE_COMMIT,
+                reason=Reason.MALFORMED,
+                message="field 'digest': the staged bytes do not have the declared sha256",
+                details={"field": "digest"},
+            )
+        return self._swap_in(Op.RESTORE_COMMIT, data, staged.epoch_floor)  # drops the staging
+
+    def _restore_abort(self, now: int, args: dict[str, Any]) -> Outcome:
+        # Never refused: a proposer aborts after any failure, not knowing how far it got.
+        aborted = self._staged is not None and self._staged.restore_id == args["restore_id"]
+        if aborted:
+            self._staged = None
+        return Applied(op=Op.RESTORE_ABORT, result={"aborted": aborted})
 
     # -- snapshots ------------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
-        """All state as canonical msgpack: resources and keys sorted, dedup in apply order.
+        """All state as canonical msgpack: resources and keys sorted, dedup in apply order,
+        then the staged restore (what a member's snapshot and ``digest`` hold).
 
-        Layout: ``[magic, SNAPSHOT_FORMAT_VERSION, epoch, log_clock_ms, resources, dedup]``;
+        Layout: ``[magic, SNAPSHOT_FORMAT_VERSION, epoch, log_clock_ms, resources, dedup, staged]``;
         resources ``[[name, hwm, revision, lease|nil, [[key, value, version], ...], owner?], ...]``
         (``owner`` only when the resource has one, so states without principals keep the
         bytes they had before quotas),
         lease ``[holder, token, ttl_ms, expires_at_ms]``, dedup
-        ``[[op_id, op, resource, outcome_wire, applied_at_ms, first_index], ...]``.
+        ``[[op_id, op, resource, outcome_wire, applied_at_ms, first_index], ...]``, staged
+        nil or ``[restore_id, size, digest, epoch_floor, touched_at_ms, [chunk, ...]]``.
         """
+        return self._document(self._staged)
+
+    def backup(self) -> bytes:
+        """``snapshot()`` without the staged restore (nil): what Admin snapshots hand out, so
+        a backup is never larger than limits.BACKUP_BYTES_MAX, restore in progress or not."""
+        return self._document(None)
+
+    def _document(self, staged: StagedRestore | None) -> bytes:
         resources = []
         for name in sorted(self._resources):
             res = self._resources[name]
@@ -777,15 +978,16 @@ class FencingStateMachine:
         head = [SNAPSHOT_MAGIC, SNAPSHOT_FORMAT_VERSION, self._epoch, self._log_clock_ms, resources]
         return b"".join(
             [
-                packer.pack_array_header(len(head) + 1),
+                packer.pack_array_header(len(head) + 2),
                 *(packer.pack(part) for part in head),
                 packer.pack_array_header(len(self._dedup)),
                 *(e.packed for e in self._dedup.values()),
+                packer.pack(None if staged is None else staged.to_wire()),
             ]
         )
 
     def check_backup(self, data: object) -> None:
-        """Raise ValueError unless ``data`` is a backup the RESTORE handler would read: its
+        """Raise ValueError unless ``data`` is a backup the restore handlers would read: their
         checks of the backup itself (not of the epoch floor, which depends on state), for
         the gRPC layer to run before it proposes anything. Reads only configuration, so it
         needs no lock."""
@@ -795,12 +997,7 @@ class FencingStateMachine:
         """Replace all state with a ``snapshot()``. Raises ValueError on bad data, leaving
         the current state untouched. Counts are not held to this machine's configured
         limits: a member's own snapshot, written under other limits, must still load."""
-        epoch, log_clock_ms, resources, dedup = parse_snapshot(data, None)
-        self._epoch = epoch
-        self._log_clock_ms = log_clock_ms
-        self._resources = resources
-        self._usage = Usage.of(resources)
-        self._dedup = dedup
+        self._install(parse_snapshot(data, None))
 
     def digest(self) -> str:
         """sha256 hex of ``snapshot()``: equal digests mean equal state."""

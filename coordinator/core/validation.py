@@ -23,6 +23,10 @@ __all__ = [
     "Field",
     "InvalidField",
     "QUOTA_NAMES",
+    "check_backup_data",
+    "check_backup_size",
+    "check_chunk",
+    "check_digest",
     "check_epoch_floor",
     "check_expected_version",
     "check_fence_all",
@@ -34,6 +38,8 @@ __all__ = [
     "check_quota",
     "check_request",
     "check_resource",
+    "check_restore_id",
+    "check_seq",
     "check_snapshot_data",
     "check_token",
     "check_ttl_ms",
@@ -193,6 +199,47 @@ def check_snapshot_data(value: object) -> bytes:
     return bytes(value)
 
 
+def check_restore_id(value: object) -> bytes:
+    if not isinstance(value, bytes) or len(value) != limits.RESTORE_ID_BYTES:
+        raise InvalidField("restore_id", f"must be {limits.RESTORE_ID_BYTES} bytes")
+    return value
+
+
+def check_backup_size(value: object) -> int:
+    return _check_int("size", value, 1, limits.BACKUP_BYTES_MAX)
+
+
+def check_digest(value: object) -> bytes:
+    """A sha256 digest: 32 bytes."""
+    if not isinstance(value, bytes) or len(value) != 32:
+        raise InvalidField("digest", "must be the 32 bytes of a sha256 digest")
+    return value
+
+
+def check_seq(value: object) -> int:
+    return _check_int("seq", value, 0, limits.RESTORE_CHUNKS_MAX - 1)
+
+
+def check_chunk(value: object) -> bytes:
+    """One chunk of a backup: 1 to BACKUP_CHUNK_BYTES bytes."""
+    if not isinstance(value, bytes):
+        raise InvalidField("chunk", f"must be bytes, got {type(value).__name__}")
+    if not 1 <= len(value) <= limits.BACKUP_CHUNK_BYTES:
+        raise InvalidField("chunk", f"is {len(value)} bytes, not in [1, {limits.BACKUP_CHUNK_BYTES}]")
+    return value
+
+
+def check_backup_data(value: object) -> bytes:
+    """A whole backup for a streamed restore: non-empty, at most BACKUP_BYTES_MAX."""
+    if not isinstance(value, bytes):
+        raise InvalidField("data", f"must be bytes, got {type(value).__name__}")
+    if not value:
+        raise InvalidField("data", "must not be empty")
+    if len(value) > limits.BACKUP_BYTES_MAX:
+        raise InvalidField("data", f"is {len(value)} bytes, more than {limits.BACKUP_BYTES_MAX}")
+    return value
+
+
 # -- the fields of each RPC's request ---------------------------------------------------
 
 
@@ -252,6 +299,8 @@ REQUESTS: dict[str, dict[str, Field]] = {
         "fence_all": Field(check_fence_all, required=False),  # absent: fence every resource
     },
     "Restore": {"data": Field(check_snapshot_data), "epoch_floor": Field(check_epoch_floor)},
+    # RestoreStream: its first message's floor (the data is the stream's chunks, checked whole).
+    "RestoreStream": {"epoch_floor": Field(check_epoch_floor)},
 }
 
 

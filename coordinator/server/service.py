@@ -31,6 +31,7 @@ from typing import Any
 import grpc
 
 from coordinator.core import commands
+from coordinator.server import backups
 from coordinator.server import errors
 from coordinator.core import limits
 from coordinator.core import validation
@@ -255,14 +256,21 @@ class Core:
         errors.abort(context, error, self.trailing(error.index))
 
     def run(
-        self, command: commands.Command, context, caller: Principal | None, *, max_bytes: int | None = None
+        self,
+        command: commands.Command,
+        context,
+        caller: Principal | None,
+        *,
+        max_bytes: int | None = None,
+        timeout_s: float | None = None,
     ) -> tuple[dict, int]:
-        """Authorize, charge to the caller's quotas, then propose with the RPC's deadline;
-        (result dict, Raft index) or ServiceError."""
+        """Authorize, charge to the caller's quotas, then propose with the RPC's deadline
+        (or ``timeout_s``); (result dict, Raft index) or ServiceError."""
         self.authorize(caller, command.resource)
         if caller is not None:
             command = commands.charged(command, principal=caller.name, quota=caller.quota.replicated())
-        result = self.proposer.propose(command, self.proposer.timeout_s(context), max_bytes=max_bytes)
+        wait_s = self.proposer.timeout_s(context) if timeout_s is None else timeout_s
+        result = self.proposer.propose(command, wait_s, max_bytes=max_bytes)
         return result.value.result, result.index
 
     def barrier(
@@ -536,6 +544,8 @@ class ClusterServicer(pb_grpc.ClusterServicer):
 
 def _audit_args(request) -> dict[str, Any]:
     """What an audit line records of a request: fields, with bytes shown by size only."""
+    if isinstance(request, backups.ReceivedBackup):
+        return request.audit_args()
     out: dict[str, Any] = {}
     for descriptor, value in request.ListFields():
         if isinstance(value, bytes):
@@ -548,6 +558,10 @@ def _audit_args(request) -> dict[str, Any]:
 def _admin(method):
     """Authorize, run, and write exactly one audit line, whatever happens."""
 
+    # The RPC's name: a private helper (``_snapshot_stream``) audits as its RPC (SnapshotStream).
+    name = method.__name__
+    rpc = "".join(part.capitalize() for part in name.split("_")) if name.startswith("_") else name
+
     @functools.wraps(method)
     def handler(self, request, context):
         started = time.monotonic()
@@ -555,6 +569,9 @@ def _admin(method):
         # only until a credential is recognised, so a refused caller is named too.
         who = {"principal": "unauthenticated"}
         outcome, index = "OK", 0
+        if not hasattr(request, "ListFields"):
+            # A request stream (RestoreStream): read whole by the handler, summed for this line.
+            request = backups.ReceivedBackup(request)
         try:
             caller = self._authorize(context, who)
             response = method(self, request, context, caller)
@@ -569,7 +586,7 @@ def _admin(method):
         finally:
             self._audit(
                 {
-                    "rpc": method.__name__,
+                    "rpc": rpc,
                     "principal": who["principal"],
                     "peer": context.peer(),
                     "member": self.core.member_id,
@@ -590,6 +607,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         self.core = core
         self._token = admin_token
         self._audit_log = audit
+        self._transfers = backups.Transfers()
 
     def _authorize(self, context, who: dict[str, str]) -> Principal | None:
         """The caller the RPC passes on, or ServiceError; ``who["principal"]`` is set to the
@@ -633,25 +651,67 @@ class AdminServicer(pb_grpc.AdminServicer):
         result, index = self.core.run(command, context, caller)
         return pb.SetEpochFloorResponse(header=self.core.header(index), epoch=result["epoch"])
 
-    @_admin
-    def Snapshot(self, request: pb.SnapshotRequest, context, caller: Principal | None) -> pb.SnapshotResponse:
-        # The barrier makes the copy at least as new as every acknowledged write (I9); the
-        # copy itself is taken under the apply lock, so it is one consistent state.
+    def _copy(self, request: pb.SnapshotRequest, context, caller: Principal | None) -> tuple[bytes, int, int]:
+        """(backup, epoch, applied index) of one consistent copy. The barrier makes it at least
+        as new as every acknowledged write (I9); the copy itself is taken under the apply lock,
+        so it is one consistent state."""
         if not request.local:
             self.core.barrier(context, caller)
         node = self.core.node
-        data, epoch, index = node.read(lambda sm: (sm.snapshot(), sm.epoch, node.term_and_applied()[1]))
+        return node.read(lambda sm: (sm.backup(), sm.epoch, node.term_and_applied()[1]))
+
+    @_admin
+    def Snapshot(self, request: pb.SnapshotRequest, context, caller: Principal | None) -> pb.SnapshotResponse:
+        self._transfers.enter()
+        try:
+            data, epoch, index = self._copy(request, context, caller)
+        finally:
+            self._transfers.leave()
+        refusal = backups.unary_snapshot_refusal(len(data))
+        if refusal is not None:
+            raise refusal
         return pb.SnapshotResponse(header=self.core.header(index), data=data, epoch=epoch, index=index)
+
+    def SnapshotStream(self, request: pb.SnapshotRequest, context):
+        # The chunks are sliced from one copy as they are sent; the transfer slot is held
+        # until the stream ends, however it ends (the copy is in memory until then).
+        yield from self._snapshot_stream(request, context)
+
+    @_admin
+    def _snapshot_stream(
+        self, request: pb.SnapshotRequest, context, caller: Principal | None
+    ) -> backups.SnapshotChunks:
+        self._transfers.enter()
+        if not context.add_callback(self._transfers.leave):
+            self._transfers.leave()  # the RPC has ended already
+        data, epoch, index = self._copy(request, context, caller)
+        return backups.SnapshotChunks(self.core.header(index), data, epoch, index)
 
     @_admin
     def Restore(self, request: pb.RestoreRequest, context, caller: Principal | None) -> pb.RestoreResponse:
         fields = _checked_request("Restore", request)
+        return self._restore(fields["data"], fields["epoch_floor"], context, caller)
+
+    @_admin
+    def RestoreStream(
+        self, request: backups.ReceivedBackup, context, caller: Principal | None
+    ) -> pb.RestoreResponse:
+        self._transfers.enter()
         try:
-            # The state machine's own checks, before anything is proposed: a backup that would
-            # be refused never enters the log (DESIGN §8).
-            self.core.node.state_machine.check_backup(fields["data"])
-        except ValueError as exc:
-            raise errors.invalid("data", f"field 'data': {exc}") from None
-        command = commands.restore(**fields, stamp_ms=0)
-        result, index = self.core.run(command, context, caller, max_bytes=limits.RESTORE_COMMAND_BYTES_MAX)
+            data, epoch_floor = request.read()
+            return self._restore(data, epoch_floor, context, caller)
+        finally:
+            self._transfers.leave()
+
+    def _restore(self, data: bytes, epoch_floor: int, context, caller: Principal | None) -> pb.RestoreResponse:
+        """Restore ``data`` through the log in chunks (backups.restore)."""
+        remaining = context.time_remaining()
+        commit_timeout_s = backups.RESTORE_COMMIT_TIMEOUT_S_MAX if remaining is None else max(
+            self.core.proposer.timeout_s(context),
+            min(backups.RESTORE_COMMIT_TIMEOUT_S_MAX, remaining - self.core.proposer.deadline_margin_s),
+        )
+        run = functools.partial(self.core.run, context=context, caller=caller)
+        result, index = backups.restore(
+            run, self.core.node.state_machine.check_backup, data, epoch_floor, commit_timeout_s
+        )
         return pb.RestoreResponse(header=self.core.header(index), epoch=result["epoch"])

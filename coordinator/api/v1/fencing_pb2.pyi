@@ -300,6 +300,30 @@ class SnapshotResponse(_message.Message):
     index: int
     def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., epoch: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
 
+class SnapshotChunk(_message.Message):
+    __slots__ = ("header", "data", "epoch", "index", "size", "sha256")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    data: bytes
+    epoch: int
+    index: int
+    size: int
+    sha256: bytes
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., data: _Optional[bytes] = ..., epoch: _Optional[int] = ..., index: _Optional[int] = ..., size: _Optional[int] = ..., sha256: _Optional[bytes] = ...) -> None: ...
+
+class RestoreStreamRequest(_message.Message):
+    __slots__ = ("epoch_floor", "data")
+    EPOCH_FLOOR_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    epoch_floor: int
+    data: bytes
+    def __init__(self, epoch_floor: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class RestoreRequest(_message.Message):
     __slots__ = ("data", "epoch_floor")
     DATA_FIELD_NUMBER: _ClassVar[int]

@@ -597,6 +597,16 @@ class AdminStub:
                 request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreRequest.SerializeToString,
                 response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreResponse.FromString,
                 _registered_method=True)
+        self.SnapshotStream = channel.unary_stream(
+                '/fencing.v1.Admin/SnapshotStream',
+                request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.SnapshotRequest.SerializeToString,
+                response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.SnapshotChunk.FromString,
+                _registered_method=True)
+        self.RestoreStream = channel.stream_unary(
+                '/fencing.v1.Admin/RestoreStream',
+                request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreStreamRequest.SerializeToString,
+                response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -620,15 +630,33 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Snapshot(self, request, context):
-        """A consistent backup of the whole state (read through the log).
+        """A consistent backup of the whole state (read through the log), in one message: at
+        most 4 MiB; a larger one is RESOURCE_EXHAUSTED (LIMIT_EXCEEDED) naming SnapshotStream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Restore(self, request, context):
-        """Replaces the state by a backup; requires an epoch floor above every token ever
-        issued, and fences every restored resource (I11).
+        """Replaces the state by a backup of at most 4 MiB sent in one message; requires an epoch
+        floor above every token ever issued, and fences every restored resource (I11).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SnapshotStream(self, request, context):
+        """Snapshot of any size the limits allow, in chunks of at most 1 MiB taken from one
+        consistent copy; the first message carries the header, epoch, index, size and sha256.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestoreStream(self, request_iterator, context):
+        """Restore of any size the limits allow, sent in chunks; the first message carries the
+        epoch floor. The whole backup is checked before anything is proposed, then it enters
+        the log as RESTORE_BEGIN, RESTORE_CHUNK..., RESTORE_COMMIT entries.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -655,6 +683,16 @@ def add_AdminServicer_to_server(servicer, server):
             'Restore': grpc.unary_unary_rpc_method_handler(
                     servicer.Restore,
                     request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreRequest.FromString,
+                    response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreResponse.SerializeToString,
+            ),
+            'SnapshotStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.SnapshotStream,
+                    request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.SnapshotRequest.FromString,
+                    response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.SnapshotChunk.SerializeToString,
+            ),
+            'RestoreStream': grpc.stream_unary_rpc_method_handler(
+                    servicer.RestoreStream,
+                    request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreStreamRequest.FromString,
                     response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreResponse.SerializeToString,
             ),
     }
@@ -767,6 +805,60 @@ class Admin:
             target,
             '/fencing.v1.Admin/Restore',
             coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreRequest.SerializeToString,
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnapshotStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/fencing.v1.Admin/SnapshotStream',
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.SnapshotRequest.SerializeToString,
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.SnapshotChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/fencing.v1.Admin/RestoreStream',
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreStreamRequest.SerializeToString,
             coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreResponse.FromString,
             options,
             channel_credentials,

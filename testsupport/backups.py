@@ -1,0 +1,80 @@
+"""Backups for tests, built directly as snapshot documents: the fullest state the limits allow,
+and a state of a given size.
+
+Owns: building those documents (msgpack, the state machine's snapshot layout) quickly, without
+applying hundreds of thousands of commands. Must never: be shipped (testsupport/ is outside the
+wheel), or build a document the state machine would not accept as a backup: every builder's
+result goes through ``FencingStateMachine.restore`` and ``check_backup`` in the tests.
+"""
+
+from __future__ import annotations
+
+import msgpack
+
+from coordinator.core import limits
+from coordinator.core.commands import Op
+from coordinator.core.outcomes import Applied, outcome_to_wire
+from coordinator.core.snapshot_format import SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC
+
+# Version 2 added the staged restore (nil in a backup); version 1 had none. Written per the
+# build's version, so the same builders run against a build before chunked restores too.
+_STAGED = [None] if SNAPSHOT_FORMAT_VERSION >= 2 else []
+
+# Integers at or above 2^32 take msgpack's largest integer form (9 bytes): the fullest state
+# uses them for every epoch, revision, version, stamp and index.
+BIG = 2**40
+
+
+def _name(prefix: str, i: int, length: int) -> str:
+    head = f"{prefix}{i:07d}"
+    return head + "x" * (length - len(head))
+
+
+def fullest_backup() -> bytes:
+    """A backup at every limit at once: RESOURCES_MAX resources with the longest names,
+    holders and owners, each leased; STATE_KEYS_MAX keys of the longest names holding
+    STATE_STORED_BYTES_MAX bytes of keys and values together; DEDUP_ENTRIES_MAX dedup entries
+    with the longest op_ids and resource names; every number in its largest encoding."""
+    epoch = clock = BIG
+    ttl = limits.LEASE_TTL_MS_MAX
+    keys_per = -(-limits.STATE_KEYS_MAX // limits.RESOURCES_MAX)
+    key_bytes = limits.STATE_KEYS_MAX * limits.KEY_BYTES_MAX
+    value_bytes = limits.STATE_STORED_BYTES_MAX - key_bytes
+    assert value_bytes >= 0, "the keys alone exceed the stored-bytes limit"
+    value_each, value_extra = divmod(value_bytes, limits.STATE_KEYS_MAX)
+    resources = []
+    keys_left = limits.STATE_KEYS_MAX
+    for i in range(limits.RESOURCES_MAX):
+        data = []
+        for k in range(min(keys_per, keys_left)):
+            size = value_each + (1 if keys_left <= value_extra else 0)
+            data.append([_name("k", k, limits.KEY_BYTES_MAX), b"v" * size, BIG + k])
+            keys_left -= 1
+        resources.append([
+            _name("r", i, limits.RESOURCE_NAME_BYTES_MAX), epoch, BIG + keys_per,
+            ["h" * limits.HOLDER_BYTES_MAX, epoch, ttl, clock + ttl], data,
+            "p" * limits.PRINCIPAL_NAME_BYTES_MAX,
+        ])
+    dedup = []
+    result = {"expires_at_ms": BIG, "hwm": BIG, "token": BIG}
+    wire = outcome_to_wire(Applied(op=Op.ACQUIRE, result=result))
+    for i in range(limits.DEDUP_ENTRIES_MAX):
+        op_id = i.to_bytes(8, "big") * (limits.OP_ID_BYTES_MAX // 8)
+        dedup.append([op_id, int(Op.ACQUIRE), resources[i % len(resources)][0], wire, clock, BIG + i])
+    doc = [SNAPSHOT_MAGIC, SNAPSHOT_FORMAT_VERSION, epoch, clock, resources, dedup, *_STAGED]
+    return msgpack.packb(doc, use_bin_type=True)
+
+
+def backup_of_size(total_bytes: int, *, value_bytes: int = limits.VALUE_BYTES_MAX) -> bytes:
+    """A backup of about ``total_bytes`` (a little over): resources of up to 64 keys, each
+    holding ``value_bytes`` of distinct bytes, no leases, no dedup entries."""
+    resources = []
+    keys = -(-total_bytes // value_bytes)
+    for i in range(-(-keys // 64)):
+        data = []
+        for k in range(min(64, keys - 64 * i)):
+            seed = (64 * i + k).to_bytes(4, "big")
+            data.append([f"k{k:03d}", (seed * (value_bytes // 4 + 1))[:value_bytes], k + 1])
+        resources.append([f"big/{i:06d}", 7, 64, None, data])
+    doc = [SNAPSHOT_MAGIC, SNAPSHOT_FORMAT_VERSION, 7, 1_000, resources, [], *_STAGED]
+    return msgpack.packb(doc, use_bin_type=True)
