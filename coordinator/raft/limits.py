@@ -93,3 +93,13 @@ RAFT_PEER_WARNING_LOG_INTERVAL_MS = 1_000
 # memory and file stay near this whatever the write size (server config
 # log_compaction_min_bytes).
 RAFT_COMPACTION_BYTES_DEFAULT = 64 * 1024 * 1024
+
+# Membership (membership.py): members in one configuration (Raft needs a majority of them; a
+# bound keeps every quorum count and configuration entry small), a member id's characters,
+# and a cluster id's (ours are 32 hex characters; a peer's longer one is refused on the wire).
+RAFT_MEMBERS_MAX = 9
+RAFT_MEMBER_ID_CHARS_MAX = 64
+RAFT_CLUSTER_ID_CHARS_MAX = 64
+# A member left out of the configuration says so (and what an operator must do) at most
+# once per this many milliseconds.
+RAFT_NOT_A_MEMBER_LOG_INTERVAL_MS = 5_000
