@@ -23,6 +23,9 @@ _FORMAT = 1
 # Incarnations are drawn from [1, 2^63): they travel as wire ints (RAFT_WIRE_INT_END), and
 # 0 never occurs, so it can mean "unknown" nowhere by accident.
 _INCARNATION_END = 2**63
+# The operating system's randomness; the Raft simulation (tests/sim) swaps in its seeded one
+# so that a seed replays identically.
+_rng = secrets.SystemRandom()
 
 
 class IdentityError(RuntimeError):
@@ -34,6 +37,11 @@ class Identity:
     member_id: str
     incarnation: int
     cluster_id: str | None = None  # None until this member learns its cluster's configuration
+
+
+def new_cluster_id() -> str:
+    """A new cluster's id: 128 random bits in hex (written once, by its bootstrap leader)."""
+    return f"{_rng.getrandbits(128):032x}"
 
 
 def _path(data_dir: str) -> str:
@@ -51,7 +59,7 @@ def load_or_create(data_dir: str, member_id: str) -> tuple[Identity, bool]:
         with open(path, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
-        identity = Identity(member_id=member_id, incarnation=1 + secrets.randbelow(_INCARNATION_END - 1))
+        identity = Identity(member_id=member_id, incarnation=_rng.randrange(1, _INCARNATION_END))
         write(data_dir, identity)
         return identity, True
     identity = _parse(path, raw)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 
 import pysyncobj.syncobj as _ps
 
@@ -185,7 +184,7 @@ class MemberGate:
         members = [Member(self._member_ids[self._self_address()], self._self_address(), self._identity.incarnation)]
         for node in self._SyncObj__otherNodes:
             members.append(Member(self._member_ids[node.address], node.address, self._bootstrap_votes[node.address]))
-        config = Configuration(uuid.uuid4().hex, tuple(sorted(members, key=lambda m: m.member_id)))
+        config = Configuration(member_identity.new_cluster_id(), tuple(sorted(members, key=lambda m: m.member_id)))
         index = self._SyncObj__getCurrentLogIndex() + 1
         self._SyncObj__raftLog.add(config.encode_entry(), index, self.raftCurrentTerm)
         log.warning(
