@@ -97,7 +97,28 @@ def make_node(tmp_path, fixes=ALL_FIXES, machine=None, name="n", **config_fields
     node = RaftNode(config, machine or ListMachine(), on_fatal=on_fatal,
                     transport_class=RecordingTransport, auto_tick=False)
     node.fatal = fatal
+    as_peers_send_it(node.syncobj)
     return node
+
+
+# The incarnation each fake peer votes and acknowledges with (member_gate.py counts a vote or
+# an ack only from the incarnation the configuration names).
+PEER_INCARNATIONS = {LEADER: 11, OTHER: 12}
+
+
+def as_peers_send_it(so):
+    """Messages a test hands to the node carry what a member of ours stamps on votes and acks
+    (wire.py _SENDER): the node's cluster id and the peer's incarnation, unless the test set them."""
+    receive = so._SyncObj__onMessageReceived
+
+    def stamped(node, message):
+        if message.get("type") in ("request_vote", "response_vote", "next_node_idx"):
+            config = so._configs.current()
+            message = {"cluster": config.cluster_id if config else None,
+                       "incarnation": PEER_INCARNATIONS.get(node.address), **message}
+        return receive(node, message)
+
+    so._SyncObj__onMessageReceived = stamped
 
 
 def entry(node, payload: bytes, idx: int, term: int):
@@ -209,7 +230,10 @@ def become_leader(node):
     so._SyncObj__raftElectionDeadline = 0
     node.tick(0)
     term = so.raftCurrentTerm
+    # A new cluster: its first leader needs every initial member's vote (unanimous bootstrap).
     so._SyncObj__onMessageReceived(TCPNode(LEADER), {"type": "response_vote", "term": term})
+    assert not node.is_leader()
+    so._SyncObj__onMessageReceived(TCPNode(OTHER), {"type": "response_vote", "term": term})
     assert node.is_leader()
 
 

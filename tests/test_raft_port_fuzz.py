@@ -111,20 +111,24 @@ def real_message(rng: random.Random, addresses: list[str], dicts_only: bool = Fa
     term = rng.randrange(1, 2**20)
     idx = rng.randrange(1, 2**20)
 
+    def sender():
+        # Votes and acks name their sender's cluster (nil before it has one) and incarnation.
+        return {"cluster": rng.choice([None, rng.randbytes(16).hex()]), "incarnation": rng.randrange(1, 2**63)}
+
     def entries():
         return tuple((raft_wire.encode_entry(rng.randbytes(rng.randrange(0, 64))), idx + 1 + i, term)
                      for i in range(rng.randrange(0, 4)))
 
     kinds = [
-        lambda: {"type": "request_vote", "term": term, "last_log_index": idx, "last_log_term": term},
-        lambda: {"type": "response_vote", "term": term},
+        lambda: {"type": "request_vote", "term": term, "last_log_index": idx, "last_log_term": term, **sender()},
+        lambda: {"type": "response_vote", "term": term, **sender()},
         lambda: {"type": "append_entries", "term": term, "commit_index": idx, "prevLogIdx": idx,
                  "prevLogTerm": term, "entries": entries()},
         lambda: {"type": "append_entries", "term": term, "commit_index": idx, "prevLogIdx": None,
                  "prevLogTerm": None, "entries": ()},
         lambda: {"type": "append_entries", "term": term, "commit_index": idx, "serialized": rng.choice(
             [None, (rng.randbytes(rng.randrange(0, 256)), rng.random() < 0.5, True)])},
-        lambda: {"type": "next_node_idx", "next_node_idx": idx, "reset": False, "success": True},
+        lambda: {"type": "next_node_idx", "next_node_idx": idx, "reset": False, "success": True, **sender()},
         lambda: {"type": "apply_command", "command": raft_wire.encode_entry(rng.randbytes(16)), "request_id": idx},
         lambda: {"type": "apply_command", "command": raft_wire.NO_OP_ENTRY},
         lambda: {"type": "apply_command_response", "request_id": idx, "log_idx": idx, "log_term": term},
@@ -438,12 +442,13 @@ BAD_INTS = [1e300, 1.0, -0.0, math.nan, math.inf, -1, -(2**63), 2**63, 2**64 - 1
 BAD_BOOLS = [0, 1, None, "true", 1.0, b"", []]
 BAD_COMMANDS = [300_000_000, 1e300, "text", None, [b"x"], b"", b"\x93\x01\x02\x03", b"\x02\x80",
                 b"\x00\x02abc", True]
-BAD_VERSIONS = [0, 2, 255, -1, 1.0, True, "1", None]
+BAD_VERSIONS = [0, raft_wire.WIRE_VERSION - 1, raft_wire.WIRE_VERSION + 1, 255, -1, 1.0, True, "1", None]
 BAD_KINDS = [0, 12, 255, -1, 2**63, 3.0, True, "3", None]
 # Message fields that must be an int in [0, 2^63), a bool, or a typed entry, per message.
 MUST_BE = {
-    "request_vote": {"term": BAD_INTS, "last_log_index": BAD_INTS, "last_log_term": BAD_INTS},
-    "response_vote": {"term": BAD_INTS},
+    "request_vote": {"term": BAD_INTS, "last_log_index": BAD_INTS, "last_log_term": BAD_INTS,
+                     "incarnation": BAD_INTS},
+    "response_vote": {"term": BAD_INTS, "incarnation": BAD_INTS},
     "append_entries": {"term": BAD_INTS, "commit_index": BAD_INTS},
     "next_node_idx": {"next_node_idx": BAD_INTS, "reset": BAD_BOOLS, "success": BAD_BOOLS},
     "apply_command": {"command": BAD_COMMANDS},

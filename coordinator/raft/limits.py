@@ -106,3 +106,13 @@ RAFT_RESOLVE_WAIT_MS = 50
 # IP drops SYNs) waited out the kernel's SYN retries, about two minutes. 2 s covers one lost SYN
 # (retransmitted after 1 s).
 RAFT_CONNECT_TIMEOUT_MS = 2_000
+
+# Membership (membership.py): members in one configuration (Raft needs a majority of them; a
+# bound keeps every quorum count and configuration entry small), a member id's characters,
+# and a cluster id's (ours are 32 hex characters; a peer's longer one is refused on the wire).
+RAFT_MEMBERS_MAX = 9
+RAFT_MEMBER_ID_CHARS_MAX = 64
+RAFT_CLUSTER_ID_CHARS_MAX = 64
+# A member left out of the configuration says so (and what an operator must do) at most
+# once per this many milliseconds.
+RAFT_NOT_A_MEMBER_LOG_INTERVAL_MS = 5_000

@@ -22,6 +22,7 @@ The package's modules, one concern each (RAFT.md says what each fix does and why
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -33,13 +34,17 @@ from pysyncobj.journal import FileJournal
 
 from coordinator.core import limits
 from coordinator.raft import limits as raft_limits
+from coordinator.raft import identity
 from coordinator.raft import patches
+from coordinator.raft.membership import initial_member_id
 from coordinator.raft.fatal import FatalHandler, default_fatal
 from coordinator.raft.interface import ProposeFailure, ProposeOutcome, ProposeResult, StateMachine
 from coordinator.raft.journal import JOURNAL_NAME, DurableJournal
 from coordinator.raft.replica import Replica
 from coordinator.raft.syncobj import ALL_FIXES, HardenedSyncObj
 from coordinator.raft.transport import BoundTCPTransport
+
+log = logging.getLogger(__name__)
 
 # pysyncobj's fail codes (config.py) as our typed failures. Whether each is definite
 # (PYSYNCOBJ.md "Call semantics") is ProposeFailure's to say; codes not listed here are
@@ -108,6 +113,13 @@ class RaftConfig:
     # encryptor.py), so a peer without it is disconnected before anything it sent is
     # unpickled. None: plaintext, and whoever reaches the Raft port can pose as a member.
     secret: str | None = dataclasses.field(default=None, repr=False)
+    # This member's stable id (membership.py); None: derived from its place among the initial
+    # members (self_address and peer_addresses), the same on every member.
+    member_id: str | None = None
+    # A member with no configuration may vote for, and become, the leader that writes a new
+    # cluster's first configuration, which needs every initial member's vote (RAFT.md "Member
+    # identity"). False: it waits to be added to an existing cluster.
+    bootstrap: bool = True
 
     def __post_init__(self):
         unknown = set(self.fixes) - ALL_FIXES
@@ -156,10 +168,23 @@ class RaftNode:
             journal = FileJournal(os.path.join(config.data_dir, JOURNAL_NAME + ".stock"))
         self.journal = journal
         self._replica = Replica(state_machine, on_fatal)
+        initial = (config.self_address, *config.peer_addresses)
+        member_ids = {address: initial_member_id(address, initial) for address in initial}
+        # Created and fsynced before anything can vote or acknowledge (identity.py).
+        self.identity, created = identity.load_or_create(
+            config.data_dir, config.member_id or member_ids[config.self_address]
+        )
+        if created:
+            log.warning(
+                "raft: new identity for member %s: incarnation %d", self.identity.member_id, self.identity.incarnation
+            )
         kwargs = {"transportClass": transport_class or BoundTCPTransport}
         if not auto_tick:
             kwargs["autoTick"] = False
-        self._syncobj = HardenedSyncObj(config, self._replica, journal, on_fatal, on_leadership, **kwargs)
+        self._syncobj = HardenedSyncObj(
+            config, self._replica, journal, on_fatal, on_leadership,
+            identity=self.identity, member_ids=member_ids, **kwargs,
+        )
 
     # -- proposing -----------------------------------------------------------
 
@@ -262,6 +287,7 @@ class RaftNode:
             "refused_old_snapshots": so.refused_old_snapshots,
             "refused_peer_messages": so.refused_peer_messages,
             "refused_entries": so.refused_entries,
+            **so.membership_status(),
         }
 
     def _caught_up(self) -> bool:

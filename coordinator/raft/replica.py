@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
+from typing import Any, Callable
 
 from pysyncobj import SyncObjConsumer
 
@@ -44,6 +45,10 @@ class Replica(SyncObjConsumer):
         self._on_fatal = on_fatal
         self.lock = threading.Lock()  # apply (tick thread) vs readers (other threads)
         self.last_applied_index = 0
+        # Set by HardenedSyncObj: the configuration at a log index (for a snapshot being
+        # written), and where a loaded snapshot's configuration goes.
+        self.config_at: Callable[[int], Any] = lambda index: None
+        self.on_snapshot_config: Callable[[int, int, Any], None] = lambda index, term, config: None
         super().__init__()
 
     # Called by HardenedSyncObj for each committed typed entry (wire.py "log entries"):
@@ -71,15 +76,16 @@ class Replica(SyncObjConsumer):
         last, prev, _cluster = data
         with self.lock, _gc_paused():
             state = self._sm.snapshot()
-        snapshot_file.write(path, last, prev, state)
+        snapshot_file.write(path, last, prev, state, self.config_at(last[1]))
 
     def deserialize(self, path: str):
         body = snapshot_file.read_body(path)
         try:
             with self.lock, _gc_paused():
-                last, prev, state = snapshot_file.decode(body)
+                last, prev, state, config = snapshot_file.decode(body)
                 self._sm.restore(state)
                 self.last_applied_index = last[1]
+            self.on_snapshot_config(last[1], last[2], config)
         except BaseException as exc:  # noqa: BLE001
             # pysyncobj swallows loader errors (syncobj.py:1510); a half-restored
             # state machine must never serve.

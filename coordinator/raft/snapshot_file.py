@@ -24,9 +24,12 @@ _VERSION = 1
 Entry = tuple[bytes, int, int]  # pysyncobj's (command, index, term)
 
 
-def write(path: str, last: Entry, prev: Entry, state: Any) -> None:
-    """Write the snapshot whose last entries are ``last`` and ``prev``, and fsync it."""
-    body = msgpack.packb([list(last), list(prev), state], use_bin_type=True)
+def write(path: str, last: Entry, prev: Entry, state: Any, config: Any = None) -> None:
+    """Write the snapshot whose last entries are ``last`` and ``prev``, and fsync it.
+
+    ``config``: the cluster configuration in effect at ``last`` (membership.py's plain form),
+    or None; the CONFIG entry that set it is compacted away with the journal."""
+    body = msgpack.packb([list(last), list(prev), state, config], use_bin_type=True)
     head = _HEAD.pack(_MAGIC, _VERSION, last[1], last[2], zlib.crc32(body))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -63,10 +66,14 @@ def _read_checked(path: str) -> tuple[int, int, bytes]:
     return index, term, body
 
 
-def decode(body: bytes) -> tuple[Entry, Entry, Any]:
-    """(last entry, previous entry, state) of a checked body."""
-    last, prev, state = msgpack.unpackb(body, raw=False)
-    return _entry_tuple(last), _entry_tuple(prev), state
+def decode(body: bytes) -> tuple[Entry, Entry, Any, Any]:
+    """(last entry, previous entry, state, configuration or None) of a checked body.
+
+    Snapshots written before configurations were recorded have three parts: no configuration."""
+    parts = msgpack.unpackb(body, raw=False)
+    last, prev, state = parts[:3]
+    config = parts[3] if len(parts) > 3 else None
+    return _entry_tuple(last), _entry_tuple(prev), state, config
 
 
 def _entry_tuple(entry) -> Entry:

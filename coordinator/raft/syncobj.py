@@ -42,6 +42,7 @@ from coordinator.raft import wire as raft_wire
 from coordinator.raft.fatal import EXIT_APPLY_FAILED, EXIT_DISK_FAILED, FatalHandler
 from coordinator.raft.journal import fsync_directory
 from coordinator.raft.leader_sync import LeaderSync
+from coordinator.raft.member_gate import STAMPED_TYPES, MemberGate, stamping_transport
 from coordinator.raft.replica import Replica
 from coordinator.raft.transport import peer_warnings
 
@@ -68,7 +69,7 @@ assert raft_wire.ENTRY_TYPE_REGULAR == _ps._COMMAND_TYPE.REGULAR
 assert raft_wire.NO_OP_ENTRY == _ps._bchr(_ps._COMMAND_TYPE.NO_OP)
 
 
-class HardenedSyncObj(SyncObj):
+class HardenedSyncObj(MemberGate, SyncObj):
     """pysyncobj with the durability and safety holes of PYSYNCOBJ.md closed."""
 
     def __init__(
@@ -78,6 +79,9 @@ class HardenedSyncObj(SyncObj):
         journal,
         on_fatal: FatalHandler,
         on_leadership: Callable[[bool], None] | None = None,
+        *,
+        identity,
+        member_ids: dict[str, str],
         **kwargs,
     ):
         # Set before SyncObj.__init__: the tick thread starts inside it.
@@ -112,6 +116,10 @@ class HardenedSyncObj(SyncObj):
         self._match_capped = False  # some follower's matchIndex is shown below its ack
         self._conflict_hint = None  # where to resume, for the append being handled
         self._compaction_bytes = config.log_compaction_min_bytes
+        self._init_gate(identity, config.data_dir, config.bootstrap, member_ids)
+        replica.config_at = self.config_plain_at
+        replica.on_snapshot_config = self.snapshot_config_loaded
+        kwargs["transportClass"] = stamping_transport(kwargs["transportClass"], self)
         conf = SyncObjConf(
             autoTick=kwargs.pop("autoTick", True),
             # Send one append per new entry (not every 100 ms) and coalesce them
@@ -391,6 +399,8 @@ class HardenedSyncObj(SyncObj):
         self._match_capped = capped
 
     def _onTick(self, timeToWait=0.0):
+        self.hold_election_if_not_voter()
+        self.show_counted_acks()
         self._cap_commit_votes()
         # A held-back commit notice bounds the poll wait, so it goes out on time.
         due = self._commit_notify_at
@@ -412,6 +422,8 @@ class HardenedSyncObj(SyncObj):
             # split (appendEntriesBatchSizeBytes is above any entry we make, see __init__).
             self.refused_peer_messages += 1
             peer_warnings.warning("raft: dropped a split append from %s; members of ours never send one", node)
+            return
+        if kind in STAMPED_TYPES and not self.admit_member_message(node, message):
             return
         if kind == "append_entries":
             message = self._sanitize_append(message)

@@ -139,6 +139,9 @@ ENTRY_TYPE_NO_OP = 1
 ENTRY_VERSION = 1
 NO_OP_ENTRY = bytes((ENTRY_TYPE_NO_OP,))
 _ENTRY_HEAD = bytes((ENTRY_TYPE_REGULAR, ENTRY_VERSION))
+# A CONFIG entry (membership.py): the cluster's configuration, never handed to the state
+# machine. Its second byte is no ENTRY_VERSION, so no command entry can be taken for one.
+CONFIG_ENTRY_HEAD = bytes((ENTRY_TYPE_REGULAR, 0x43))
 # A pickled call's first byte (PROTO, protocol >= 2): what a pre-typed journal holds after the type.
 _PICKLE_PROTO = 0x80
 # The one replicated method pysyncobj numbered before the typed format: Replica.apply, id 0
@@ -155,14 +158,15 @@ def entry_command(entry: bytes) -> bytes | None:
     """The command an entry carries; None for a NO_OP; raises ValueError for anything else."""
     if entry[:2] == _ENTRY_HEAD:
         return entry[2:]
-    if entry == NO_OP_ENTRY:
-        return None
+    if entry == NO_OP_ENTRY or entry[:2] == CONFIG_ENTRY_HEAD:
+        return None  # nothing for the state machine (a CONFIG took effect when appended)
     raise ValueError(f"not an entry of format {ENTRY_VERSION} (starts {bytes(entry[:2]).hex()})")
 
 
 def _is_entry(value) -> bool:
     return type(value) is bytes and (
-        value == NO_OP_ENTRY or (value[:2] == _ENTRY_HEAD and len(value) <= raft_limits.RAFT_LOG_ENTRY_BYTES_MAX)
+        value == NO_OP_ENTRY
+        or (value[:2] in (_ENTRY_HEAD, CONFIG_ENTRY_HEAD) and len(value) <= raft_limits.RAFT_LOG_ENTRY_BYTES_MAX)
     )
 
 
@@ -204,7 +208,8 @@ def upgrade_own_entry(entry: bytes) -> tuple[bytes, str | None]:
 # extra or of the wrong type, or a value out of range is refused whole (PeerMessageRefused) and
 # its connection dropped: nothing in it reaches pysyncobj. msgpack maps and extension types
 # never occur, so they are refused by the parser itself.
-WIRE_VERSION = 1
+# 2: votes and append acknowledgements carry the sender's cluster id and incarnation.
+WIRE_VERSION = 2
 
 
 class PeerMessageRefused(ValueError):
@@ -225,6 +230,14 @@ def _int(value) -> bool:
 
 def _opt_int(value) -> bool:
     return value is None or _int(value)
+
+
+def _cluster_id(value) -> bool:
+    return value is None or (type(value) is str and 0 < len(value) <= raft_limits.RAFT_CLUSTER_ID_CHARS_MAX)
+
+
+def _incarnation(value) -> bool:
+    return type(value) is int and 0 < value < _INT_END
 
 
 def _bool(value) -> bool:
@@ -267,13 +280,17 @@ def _entries(value) -> bool:
 # members) and utility commands and their answers (not accepted on a member's port).
 KIND_KEY = 1  # the secret's key exchange: the sender's random key, bytes
 KIND_NAME = 2  # an outgoing connection names its member: the address, str
+# Who sends a vote or an acknowledgement (membership.py counts it only if the configuration
+# names that incarnation at that address): the sender's cluster id (nil until it knows one)
+# and incarnation (identity.py).
+_SENDER = (("cluster", _cluster_id, False), ("incarnation", _incarnation, False))
 _SCHEMAS: dict[int, tuple[str, tuple[tuple[str, Callable, bool], ...]]] = {
-    3: ("request_vote", (("term", _int, False), ("last_log_index", _int, False), ("last_log_term", _int, False))),
-    4: ("response_vote", (("term", _int, False),)),
+    3: ("request_vote", (("term", _int, False), ("last_log_index", _int, False), ("last_log_term", _int, False), *_SENDER)),
+    4: ("response_vote", (("term", _int, False), *_SENDER)),
     5: ("append_entries", (("term", _int, False), ("commit_index", _int, False), ("prevLogIdx", _opt_int, False),
                            ("prevLogTerm", _opt_int, False), ("entries", _entries, False))),
     6: ("append_entries", (("term", _int, False), ("commit_index", _int, False), ("serialized", _chunk, False))),
-    7: ("next_node_idx", (("next_node_idx", _int, False), ("reset", _bool, False), ("success", _bool, False))),
+    7: ("next_node_idx", (("next_node_idx", _int, False), ("reset", _bool, False), ("success", _bool, False), *_SENDER)),
     8: ("apply_command", (("command", _is_entry, False), ("request_id", _opt_int, True))),
     9: ("apply_command_response", (("request_id", _int, False), ("log_idx", _int, False), ("log_term", _int, False))),
     10: ("apply_command_response", (("request_id", _int, False), ("error", _fail_code, False))),

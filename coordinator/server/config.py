@@ -230,6 +230,16 @@ class ServerConfig:
             " snapshotted and compacted (as well as by entries and seconds)"
         ),
     )
+    bootstrap: bool = dataclasses.field(
+        # Safe to leave on (the deploy manifests do): a new cluster's first leader needs the
+        # vote of every initial member with an empty log, and a member that holds the
+        # configuration never gives one (coordinator/raft/RAFT.md "Member identity").
+        default=True,
+        metadata=_doc(
+            "a member with no cluster configuration may help bootstrap a new one (which needs every"
+            " initial member, all empty); false: it only waits to be added to an existing cluster"
+        ),
+    )
     # -- tests ------------------------------------------------------------------------
     track_synced_for_tests: bool = dataclasses.field(
         default=False,

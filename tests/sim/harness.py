@@ -64,6 +64,7 @@ import pysyncobj.transport as _ps_transport
 from pysyncobj.config import FAIL_REASON
 from pysyncobj.transport import Transport
 
+from coordinator.raft import identity as _raft_identity
 from coordinator.raft import wire as raft_wire
 from coordinator.raft.journal import JOURNAL_NAME, DurableJournal
 from coordinator.raft.interface import ProposeOutcome
@@ -224,6 +225,8 @@ def virtual_pysyncobj(clock: VirtualClock, rng: random.Random):
         (_ps_dns, "monotonicTime", clock.monotonic),
         (_ps_dns, "random", rng),
         (_ps_node.Node, "__hash__", _stable_node_hash),
+        # Member incarnations and a new cluster's id (coordinator/raft/identity.py).
+        (_raft_identity, "_rng", rng),
     ]
     saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
     _patched = True
