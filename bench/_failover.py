@@ -126,10 +126,9 @@ def trial(system: str, cluster, kind: str, run_id: str) -> dict:
     return {"seconds": seconds, "leader": leader, "member": probe.result.get("member")}
 
 
-def run(sides: dict, trials: int, log) -> list[dict]:
+def run(sides: dict, trials: int, log, rows: list[dict]) -> None:
     """``trials`` failovers of each kind for each side ({"ours": cluster, "etcd": cluster}),
-    alternating sides trial by trial. One row per trial."""
-    rows = []
+    alternating sides trial by trial; one row per trial appended to ``rows``."""
     for kind in KINDS:
         for n in range(trials):
             order = list(sides) if n % 2 == 0 else list(reversed(list(sides)))
@@ -139,5 +138,4 @@ def run(sides: dict, trials: int, log) -> list[dict]:
                 rows.append(row)
                 log(f"  failover {system:4s} {kind:4s} #{n + 1}: {row['seconds'] * 1000:7.0f} ms "
                     f"(leader was node {row['leader']}; answered by {row['member']})")
-    return rows
 

@@ -21,11 +21,11 @@ A cell's ratio is the median over rounds of ours/etcd ops/s measured in the same
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -33,7 +33,17 @@ import time
 
 from . import _compare_report as report
 from . import _failover
-from ._harness import cpu_model, ensure_repo_on_path, fdatasync_cost, fs_type, git_state, host_cpu_s, percentile, proc_cpu_s
+from ._harness import (
+    cpu_model,
+    ensure_repo_on_path,
+    fdatasync_cost,
+    fs_type,
+    git_state,
+    host_cpu_s,
+    percentile,
+    proc_cpu_s,
+    sigterm_as_interrupt,
+)
 
 WORKLOADS = ("write", "acqrel", "cycle", "read")
 SYSTEMS = report.SYSTEMS
@@ -148,47 +158,22 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    ensure_repo_on_path()
-    from bench.etcd_cluster import EtcdCluster, etcd_binary, etcd_version
-
-    try:
-        etcd_binary()
-    except RuntimeError as exc:
-        print(f"bench compare: {exc}", file=sys.stderr)
-        return 2
+def run_side_by_side(args, base_dir: str, started: float, rows: list[dict], trials: list[dict]) -> None:
+    """Both clusters and the client processes up, every round, then the failovers; appends
+    to ``rows`` and ``trials`` as it goes (an interrupted run keeps what it measured) and
+    leaves no process behind."""
     from testsupport.grpc_cluster import GrpcCluster
 
+    from .etcd_cluster import EtcdCluster
     from .grpc_bench import CLUSTER_SETTINGS, Workers
 
     clients_list = [int(c) for c in args.clients.split(",") if c.strip()]
     workloads = [w for w in args.workloads.split(",") if w]
-    base_dir = tempfile.mkdtemp(prefix="bench-compare-", dir=args.data_dir)
-    started = time.monotonic()
-    import grpc
-
-    info = {"nproc": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
-            "grpcio": grpc.__version__, "etcd": etcd_version(), "git": git_state(), "loadavg_start": loadavg(),
-            "data_dir_fs": fs_type(base_dir), "fdatasync_p50_ms": round(fdatasync_cost(base_dir, n=100)["p50_ms"], 3),
-            "seconds": args.seconds, "warmup": args.warmup, "rounds": args.rounds, "procs": args.procs}
-    log(f"bench compare: nproc {info['nproc']}, load {info['loadavg_start']}, etcd {info['etcd']}, git {info['git']}")
-    rows: list[dict] = []
-    trials: list[dict] = []
-    clusters: list = []
-    workers = None
-    interrupted = False
-
-    def on_term(*_):
-        raise KeyboardInterrupt
-
-    old_term = signal.signal(signal.SIGTERM, on_term)
-    try:
+    with contextlib.ExitStack() as stack:
         workers = Workers(args.procs)
-        ours = GrpcCluster(os.path.join(base_dir, "ours"), settings=CLUSTER_SETTINGS)
-        clusters.append(ours)
-        etcd = EtcdCluster(os.path.join(base_dir, "etcd"))
-        clusters.append(etcd)
+        stack.callback(workers.close)
+        ours = stack.enter_context(GrpcCluster(os.path.join(base_dir, "ours"), settings=CLUSTER_SETTINGS))
+        etcd = stack.enter_context(EtcdCluster(os.path.join(base_dir, "etcd")))
         ours.start_all(timeout_s=STARTUP_TIMEOUT_S)
         etcd.start_all(timeout_s=STARTUP_TIMEOUT_S)
         sides = {"ours": Side("ours", ours), "etcd": Side("etcd", etcd)}
@@ -208,18 +193,40 @@ def main(argv=None) -> int:
                     cell_no += 1
         if args.trials:
             log(f"failover: {args.trials} trial(s) per kind and system")
-            trials = _failover.run({name: side.cluster for name, side in sides.items()}, args.trials, log)
-    except KeyboardInterrupt:
-        interrupted = True
-        log("interrupted: cleaning up")
-    finally:
-        signal.signal(signal.SIGTERM, old_term)
-        if workers is not None:
-            workers.close()
-        for cluster in clusters:
-            cluster.close()
-        if args.data_dir is None:
-            shutil.rmtree(base_dir, ignore_errors=True)
+            _failover.run({"ours": ours, "etcd": etcd}, args.trials, log, trials)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    ensure_repo_on_path()
+    from .etcd_cluster import etcd_binary, etcd_version
+
+    try:
+        etcd_binary()
+    except RuntimeError as exc:
+        print(f"bench compare: {exc}", file=sys.stderr)
+        return 2
+    import grpc
+
+    base_dir = tempfile.mkdtemp(prefix="bench-compare-", dir=args.data_dir)
+    started = time.monotonic()
+    info = {"nproc": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
+            "grpcio": grpc.__version__, "etcd": etcd_version(), "git": git_state(), "loadavg_start": loadavg(),
+            "data_dir_fs": fs_type(base_dir), "fdatasync_p50_ms": round(fdatasync_cost(base_dir, n=100)["p50_ms"], 3),
+            "seconds": args.seconds, "warmup": args.warmup, "rounds": args.rounds, "procs": args.procs}
+    log(f"bench compare: nproc {info['nproc']}, load {info['loadavg_start']}, etcd {info['etcd']}, git {info['git']}")
+    rows: list[dict] = []
+    trials: list[dict] = []
+    interrupted = False
+    with sigterm_as_interrupt():
+        try:
+            run_side_by_side(args, base_dir, started, rows, trials)
+        except KeyboardInterrupt:
+            interrupted = True
+            log("interrupted: what was measured so far follows")
+        finally:
+            if args.data_dir is None:
+                shutil.rmtree(base_dir, ignore_errors=True)
     info["loadavg_end"] = loadavg()
     info["elapsed_s"] = round(time.monotonic() - started, 1)
     cells = report.cells(rows)
