@@ -45,7 +45,7 @@ def cells(rows: list[dict]) -> list[dict]:
                 "p99_ms": _median(r["p99_ms"] for r in rs),
                 "server_cpu_ms_per_op": _median(r["server_cpu_ms_per_op"] for r in rs),
                 "client_cpu_ms_per_op": _median(r["client_cpu_ms_per_op"] for r in rs),
-                "errors": sum(sum(r["errors"].values()) for r in rs),
+                "errors": sum(sum(r["errors"].values()) + sum(r["setup_errors"].values()) for r in rs),
             }
         by_round = {}
         for r in mine:

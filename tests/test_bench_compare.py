@@ -80,7 +80,7 @@ def test_the_ratio_is_the_median_of_same_round_ratios():
     def row(system, rnd, ops):
         return {"system": system, "workload": "write", "clients": 1, "round": rnd, "ops_per_s": ops,
                 "p50_ms": 1.0, "p99_ms": 2.0, "server_cpu_ms_per_op": 1.0, "client_cpu_ms_per_op": 0.5,
-                "errors": {}}
+                "errors": {}, "setup_errors": {}}
 
     # Per round: 100/100, 300/100, 200/400 -> ratios 1, 3, 0.5 -> median 1. The ratio of the
     # medians (200/100 = 2) would hide that the systems swapped places in a slow round.
