@@ -148,7 +148,8 @@ def parse_args(argv=None):
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"subset of {','.join(WORKLOADS)}")
     p.add_argument("--trials", type=int, default=10, help="failover trials per kind and system (default 10; 0: none)")
     p.add_argument("--json", metavar="FILE", help="write every run, cell and trial to FILE")
-    p.add_argument("--chart", metavar="PNG", default="compare.png", help="chart file (default compare.png)")
+    p.add_argument("--chart", metavar="PNG", default=os.path.join("runs", "compare.png"),
+                   help="chart file (default runs/compare.png; runs/ is git-ignored)")
     p.add_argument("--data-dir", help="parent of both clusters' data (default: a temp dir, removed after)")
     args = p.parse_args(argv)
     bad = [w for w in args.workloads.split(",") if w not in WORKLOADS]
@@ -247,6 +248,8 @@ def main(argv=None) -> int:
     if fails:
         print("\nfailover: leader signalled -> next successful acquire + write (ms)")
         report.print_failover(fails)
+    if os.path.dirname(args.chart):
+        os.makedirs(os.path.dirname(args.chart), exist_ok=True)
     why_not = report.chart(cells, fails, args.chart, title) if cells else "no runs"
     print(f"\nchart: {args.chart}" if why_not is None else f"\nchart not drawn: {why_not}")
     if args.json:
