@@ -122,11 +122,12 @@ def measure(side: Side, sides: dict, workers, args, workload: str, clients: int,
         wall = b["t"] - a["t"]
         server_s = b["servers"][side.name] - a["servers"][side.name]
         client_s = b["clients"] - a["clients"]
-        ours_s = sum(b["servers"].values()) - sum(a["servers"].values()) + client_s + b["driver"] - a["driver"]
+        # Every process of this benchmark (both clusters, clients, this driver): the rest is "other".
+        bench_s = sum(b["servers"].values()) - sum(a["servers"].values()) + client_s + b["driver"] - a["driver"]
         row["server_cpu_ms_per_op"] = 1000 * server_s / ops
         row["client_cpu_ms_per_op"] = 1000 * client_s / ops
         row["cores"] = {"servers": server_s / wall, "clients": client_s / wall,
-                        **steal_and_other(b["host"][0] - a["host"][0], b["host"][1] - a["host"][1], ours_s, wall)}
+                        **steal_and_other(b["host"][0] - a["host"][0], b["host"][1] - a["host"][1], bench_s, wall)}
     if res["setup_errors"]:
         # Fewer clients ran than asked: the row stays, counted and printed as errors.
         log(f"  {side.name} {workload} x{clients}: client setup failed: {res['setup_errors']}")
