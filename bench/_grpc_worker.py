@@ -14,8 +14,8 @@ Every client thread has its own client: a ``FencingClient`` (mode ``lib``) or a 
 stub on its own ``grpc.Channel`` (mode ``raw``); with ``"system": "etcd"`` in the spec
 (bench.compare) a ``bench._etcd_client.EtcdClient``, which does the same workloads against
 etcd, so both systems run in the same processes, threads and timing loop. Only operations
-*completed* inside the measured window are counted; their latency is end minus start of that one operation
-(for a cycle: acquire + write + release). ``time.monotonic`` is CLOCK_MONOTONIC, shared
+*completed* inside the measured window are counted; their latency is end minus start of that
+one operation (for a cycle: acquire + write + release). ``time.monotonic`` is CLOCK_MONOTONIC, shared
 by all processes of the host, so the parent's ``t0`` means the same instant everywhere.
 """
 
