@@ -33,6 +33,7 @@ import time
 
 from . import _compare_report as report
 from . import _failover
+from .grpc_bench import loadavg, log
 from ._harness import (
     cpu_model,
     ensure_repo_on_path,
@@ -49,15 +50,6 @@ WORKLOADS = ("write", "acqrel", "cycle", "read")
 SYSTEMS = report.SYSTEMS
 STARTUP_TIMEOUT_S = 60.0
 LEADER_TIMEOUT_S = 30.0
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def loadavg() -> str:
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 class Side:
