@@ -11,9 +11,11 @@ run after another over its pipe:
     parent -> {"cmd": "exit"}
 
 Every client thread has its own client: a ``FencingClient`` (mode ``lib``) or a raw generated
-stub on its own ``grpc.Channel`` (mode ``raw``). Only operations *completed* inside the
-measured window are counted; their latency is end minus start of that one operation
-(for a cycle: acquire + write + release). ``time.monotonic`` is CLOCK_MONOTONIC, shared
+stub on its own ``grpc.Channel`` (mode ``raw``); with ``"system": "etcd"`` in the spec
+(bench.compare) a ``bench._etcd_client.EtcdClient``, which does the same workloads against
+etcd, so both systems run in the same processes, threads and timing loop. Only operations
+*completed* inside the measured window are counted; their latency is end minus start of that
+one operation (for a cycle: acquire + write + release). ``time.monotonic`` is CLOCK_MONOTONIC, shared
 by all processes of the host, so the parent's ``t0`` means the same instant everywhere.
 """
 
@@ -72,6 +74,8 @@ class _Client:
         self.resource = f"bench/{spec['run_id']}/{name}"
         self.holder = f"grpc-bench/{name}"
         self.token = spec.get("fixed_token") or 0
+        # Per call; a failover probe (bench._failover) sets a shorter one.
+        self.timeout_s = spec.get("rpc_timeout_s", RPC_TIMEOUT_S)
         target = spec["target"]
         if self.mode == "raw":
             import grpc
@@ -96,14 +100,17 @@ class _Client:
     # -- setup / teardown (not timed) ------------------------------------------------------
 
     def setup(self) -> None:
-        """Untimed: take the write workload's lease, retrying for a while (an election, a
-        busy machine); raw stubs have no retry loop of their own."""
-        if self.workload != "write" or self.token:
+        """Untimed: take the write workload's lease (a read's: and write the value it reads),
+        retrying for a while (an election, a busy machine); raw stubs have no retry loop of
+        their own."""
+        if self.workload not in ("write", "read") or self.token:
             return
         deadline = time.monotonic() + SETUP_RETRY_S
         while True:
             try:
                 self.token = self._acquire()
+                if self.workload == "read":
+                    self._write(self.token)
                 return
             except Exception as exc:  # noqa: BLE001
                 kind = self.error_kind(exc) or ""
@@ -113,7 +120,7 @@ class _Client:
 
     def teardown(self) -> None:
         try:
-            if self.workload == "write" and not self.spec.get("fixed_token") and self.token:
+            if self.workload in ("write", "read") and not self.spec.get("fixed_token") and self.token:
                 self._release(self.token)
         except Exception:  # noqa: BLE001 - best effort
             pass
@@ -130,15 +137,18 @@ class _Client:
             reply = self.lease.Acquire(
                 pb.AcquireRequest(
                     resource=self.resource, holder=self.holder, op_id=os.urandom(16),
-                    ttl_ms=WRITE_TTL_MS if self.workload == "write" else CYCLE_TTL_MS,
+                    ttl_ms=self.ttl_ms(),
                 ),
-                timeout=RPC_TIMEOUT_S,
+                timeout=self.timeout_s,
             )
             return reply.token
         return self.client.acquire(
             self.resource, holder=self.holder,
-            ttl_ms=WRITE_TTL_MS if self.workload == "write" else CYCLE_TTL_MS,
+            ttl_ms=self.ttl_ms(),
         ).token
+
+    def ttl_ms(self) -> int:
+        return WRITE_TTL_MS if self.workload in ("write", "read") else CYCLE_TTL_MS
 
     def _write(self, token: int) -> None:
         if self.mode == "raw":
@@ -146,7 +156,7 @@ class _Client:
                 self.pb.WriteRequest(
                     resource=self.resource, key=KEY, value=VALUE, token=token, op_id=os.urandom(16)
                 ),
-                timeout=RPC_TIMEOUT_S,
+                timeout=self.timeout_s,
             )
         else:
             self.client.write(self.resource, KEY, VALUE, token=token)
@@ -155,20 +165,49 @@ class _Client:
         if self.mode == "raw":
             self.lease.Release(
                 self.pb.ReleaseRequest(resource=self.resource, token=token, op_id=os.urandom(16)),
-                timeout=RPC_TIMEOUT_S,
+                timeout=self.timeout_s,
             )
         else:
             self.client.release(self.resource, token)
 
+    def _read(self) -> None:
+        if self.mode == "raw":
+            reply = self.store.Read(self.pb.ReadRequest(resource=self.resource, key=KEY), timeout=self.timeout_s)
+            found = reply.found
+        else:
+            found = self.client.read(self.resource, KEY).found
+        if not found:
+            raise RuntimeError("read did not find the value setup wrote")
+
     def op(self) -> None:
+        """One operation of the workload: ``write`` (fenced write with the held token),
+        ``read`` (linearizable read), ``cycle`` (acquire -> write -> release) or ``acqrel``
+        (acquire -> release)."""
         if self.workload == "write":
             self._write(self.token)
             return
+        if self.workload == "read":
+            self._read()
+            return
         token = self._acquire()
         try:
-            self._write(token)
+            if self.workload == "cycle":
+                self._write(token)
         finally:
             self._release(token)
+
+    def acquire_then_write(self) -> None:
+        """A failover probe's attempt: a lease on ``resource``, then a write with its token."""
+        self._write(self._acquire())
+
+    def recover(self, kind: str) -> None:
+        """After a failed op of kind ``kind``: the write workload whose lease is gone takes a
+        new token and goes on."""
+        if self.workload == "write" and any(reason in kind for reason in LEASE_GONE):
+            try:
+                self.token = self._acquire()
+            except Exception:  # noqa: BLE001
+                time.sleep(0.01)
 
     def error_kind(self, exc: BaseException) -> str | None:
         """The kind of an expected RPC failure, None for anything else (a bench bug)."""
@@ -182,13 +221,22 @@ class _Client:
         return None
 
 
+def make_client(spec: dict, name: str):
+    """The client of ``spec["system"]``: ours (default) or etcd."""
+    if spec.get("system") == "etcd":
+        from bench._etcd_client import EtcdClient
+
+        return EtcdClient(spec, name)
+    return _Client(spec, name)
+
+
 def _client_thread(spec: dict, name: str, ready: threading.Barrier, go: threading.Event,
                    box: dict, out: dict, lock: threading.Lock) -> None:
     lat = array.array("d")
     errors: collections.Counter = collections.Counter()
     client = None
     try:
-        client = _Client(spec, name)
+        client = make_client(spec, name)
         client.setup()
     except Exception as exc:  # noqa: BLE001 - reported as a setup error
         with lock:
@@ -220,11 +268,7 @@ def _client_thread(spec: dict, name: str, ready: threading.Barrier, go: threadin
                 errors[kind] += 1
             if kind.startswith("bench-bug") and errors[kind] == 1:
                 traceback.print_exc()
-            if client.workload == "write" and any(reason in kind for reason in LEASE_GONE):
-                try:  # our lease is gone: take a new token and go on
-                    client.token = client._acquire()
-                except Exception:  # noqa: BLE001
-                    time.sleep(0.01)
+            client.recover(kind)
             continue
         end = now()
         if t_meas <= end <= t_end:

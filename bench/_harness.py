@@ -7,8 +7,10 @@ through the same supervisor (lifecycle and cleanup) as the product node.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -234,3 +236,18 @@ def wait_for_idle_host(timeout_s: float, threshold_cores: float = 0.15, window_s
             return busy
         if log and rounds % 5 == 1:
             log(f"  (host busy: {busy:.2f} cores used by other processes; waiting)")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """While inside, SIGTERM raises KeyboardInterrupt, so a benchmark that is told to stop
+    runs its ``finally`` and leaves no cluster behind; the old handler is back afterwards."""
+
+    def on_term(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
