@@ -93,3 +93,10 @@ RAFT_PEER_WARNING_LOG_INTERVAL_MS = 1_000
 # memory and file stay near this whatever the write size (server config
 # log_compaction_min_bytes).
 RAFT_COMPACTION_BYTES_DEFAULT = 64 * 1024 * 1024
+# -- the lease clock -----------------------------------------------------------------
+# How far one leader stamp may move the log clock past the previous one (stamp_clock.py). A
+# monotonic clock that jumps (a VM resumed, a faked clock) shortens a lease by at most this;
+# the leader's lease_tick_interval_s TICKs stamp well within it, so an idle cluster's clock
+# still keeps time, and a leader stalled longer than it (GC, a starved CPU) only makes leases
+# run longer, never shorter. 2 s is a few ticks on a loaded 2-core machine.
+STAMP_ADVANCE_MS_MAX = 2_000
