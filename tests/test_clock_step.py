@@ -6,12 +6,14 @@ one member's clock moved the log clock for everyone. Now only the leader stamps,
 monotonic time and at most STAMP_ADVANCE_MS_MAX per stamp (coordinator/raft/stamp_clock.py).
 
 Every member runs under libfaketime (Debian's ``faketime`` package; ``.ci/run`` installs it)
-with an offset file of its own, re-read at every clock call, so the test steps one member's
-clock while it runs. libfaketime steps CLOCK_MONOTONIC with the wall clock: keeping monotonic
-real (FAKETIME_DONT_FAKE_MONOTONIC) makes ``time.sleep`` fail with EINVAL in the member
-(CHAOS.md, "Clock steps"). So each step here is wall + monotonic: +1 h looks to the member
-like a VM resumed after an hour, -1 h like a monotonic clock going back. A wall-only step
-cannot reach the stamp at all: it reads no wall clock (tests/test_stamp_clock.py).
+with a wall-clock offset file of its own, re-read at every clock call, so the test steps one
+member's wall clock while it runs. libfaketime cannot also jump a Python member's monotonic
+clock here: faked, every timed wait in the process hangs; so it keeps monotonic real
+(FAKETIME_DONT_FAKE_MONOTONIC) and ``testsupport/clock_step/sitecustomize.py`` adds the
+monotonic jump (and works around libfaketime breaking ``time.sleep`` in that mode).
+Cases: the leader's wall clock +1 h and -1 h (a wall step: moves no lease), and the
+leader's wall and monotonic clocks +1 h together (a VM resumed after an hour: shortens a
+lease by at most STAMP_ADVANCE_MS_MAX).
 """
 
 from __future__ import annotations
@@ -39,30 +41,42 @@ OBSERVE_S = 5.0  # B keeps trying this long after the step (the finding took 1.7
 SETTLE_S = 20.0
 
 
+CLOCK_STEP_SITE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "testsupport", "clock_step")
+
+
 class SteppableCluster(GrpcCluster):
-    """Each member under libfaketime, its clock offset in ``nodeN.faketime``."""
+    """Each member under libfaketime; its offsets in ``nodeN.wall`` and ``nodeN.monotonic``."""
 
     def __init__(self, base_dir: str, **kwargs) -> None:
         super().__init__(base_dir, **kwargs)
         for node in self.nodes:
-            self.step(node.index, "+0")
+            self.step(node.index, wall="+0", monotonic="0")
 
-    def offset_path(self, i: int) -> str:
-        return os.path.join(self.base_dir, f"node{i}.faketime")
+    def offset_path(self, i: int, clock: str) -> str:
+        return os.path.join(self.base_dir, f"node{i}.{clock}")
 
-    def step(self, i: int, offset: str) -> None:
-        """Member ``i``'s clocks (wall and monotonic) read ``offset`` seconds from real time."""
-        tmp = self.offset_path(i) + ".tmp"
-        with open(tmp, "w", encoding="ascii") as f:
-            f.write(offset + "\n")
-        os.replace(tmp, self.offset_path(i))  # a member never reads half a file
+    def step(self, i: int, *, wall: str | None = None, monotonic: str | None = None) -> None:
+        """Member ``i``'s wall clock reads ``wall`` seconds off real time ("+3600"); its
+        monotonic clock is ``monotonic`` seconds ahead ("3600")."""
+        for clock, offset in (("wall", wall), ("monotonic", monotonic)):
+            if offset is None:
+                continue
+            path = self.offset_path(i, clock)
+            with open(path + ".tmp", "w", encoding="ascii") as f:
+                f.write(offset + "\n")
+            os.replace(path + ".tmp", path)  # a member never reads half a file
 
     def env(self, node) -> dict:
-        return child_env({
+        env = child_env({
             "LD_PRELOAD": LIBFAKETIME,
-            "FAKETIME_TIMESTAMP_FILE": self.offset_path(node.index),
+            "FAKETIME_TIMESTAMP_FILE": self.offset_path(node.index, "wall"),
             "FAKETIME_NO_CACHE": "1",  # re-read the offset at every call: a step takes effect at once
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "FENCING_TEST_MONOTONIC_OFFSET_FILE": self.offset_path(node.index, "monotonic"),
         })
+        env["PYTHONPATH"] = CLOCK_STEP_SITE + os.pathsep + env["PYTHONPATH"]
+        return env
 
 
 @pytest.fixture
@@ -106,12 +120,19 @@ def acquire_as_a(cluster, resource: str, ttl_ms: int) -> pb.AcquireResponse:
     return wait_until(through_leader, SETTLE_S, interval_s=0.1, what=f"A's acquire of {resource}")[0]
 
 
-@pytest.mark.parametrize("offset", ["+3600", "-3600"])
-def test_a_step_of_the_leaders_clock_neither_hands_over_nor_stretches_a_lease(cluster, offset):
+STEPS = {
+    "wall+1h": {"wall": "+3600"},
+    "wall-1h": {"wall": "-3600"},
+    "resumed+1h": {"wall": "+3600", "monotonic": "3600"},
+}
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+def test_a_step_of_the_leaders_clock_neither_hands_over_nor_stretches_a_lease(cluster, step):
     leader = cluster.wait_ready()
     held = acquire_as_a(cluster, "held", HELD_TTL_MS)
     acquired_at = time.monotonic()
-    cluster.step(leader, offset)
+    cluster.step(leader, **STEPS[step])
     stepped_at = time.monotonic()
 
     # B asks through every member in turn (the stepped one too, leading or not) for
