@@ -170,20 +170,25 @@ def test_retried_acquire_is_one_acquisition():
     assert check(records).ok
 
 
-@pytest.mark.parametrize("f", ["write", "delete", "keepalive", "release"])
-def test_stale_write_accepted(f):
-    fields: dict[str, Any] = {"token": 1, "applied_index": 4}
+def stale_after_acquire(f: str, *, acquire_index: int, op_index: int) -> list[dict[str, Any]]:
+    """base(), then c2's acquisition of token 2 (answered at 50, reporting ``acquire_index``),
+    then c1's ok ``f`` with token 1 (invoked at 60, reporting ``op_index``), and the final state."""
+    fields: dict[str, Any] = {"token": 1, "applied_index": op_index}
     if f == "write":
         fields.update(value="b", version=2, hwm=1)
     if f == "delete":
         fields.update(version=2, deleted=True)
     records = base() + [
-        acquire(40, 50, 2, index=3, process="c2"),
+        acquire(40, 50, 2, index=acquire_index, process="c2"),
         op(f, 60, 70, process="c1", **fields),
     ]
     data = {"k": ("b", 2)} if f == "write" else {} if f == "delete" else {"k": ("a", 1)}
-    records.append(final_state(hwm=2, **data))
-    report = assert_only(records, chk.STALE_WRITE_ACCEPTED)
+    return records + [final_state(hwm=2, **data)]
+
+
+@pytest.mark.parametrize("f", ["write", "delete", "keepalive", "release"])
+def test_stale_write_accepted(f):
+    report = assert_only(stale_after_acquire(f, acquire_index=3, op_index=4), chk.STALE_WRITE_ACCEPTED)
     assert "token 1" in report.violations[0].detail and "token 2" in report.violations[0].detail
 
 
@@ -220,18 +225,7 @@ def test_stale_after_completed_acquire_with_lower_reported_index(f):
     # The newer acquisition (token 2, index 4) had answered at 50 before the fenced op was
     # invoked at 60; the op still reports index 3, as a deposed leader answering from a
     # divergent log would. Apply order says nothing is wrong; real time says it is stale.
-    fields: dict[str, Any] = {"token": 1, "applied_index": 3}
-    if f == "write":
-        fields.update(value="b", version=2, hwm=1)
-    if f == "delete":
-        fields.update(version=2, deleted=True)
-    records = base() + [
-        acquire(40, 50, 2, index=4, process="c2"),
-        op(f, 60, 70, process="c1", **fields),
-    ]
-    data = {"k": ("b", 2)} if f == "write" else {} if f == "delete" else {"k": ("a", 1)}
-    records.append(final_state(hwm=2, **data))
-    report = assert_only(records, chk.STALE_WRITE_ACCEPTED)
+    report = assert_only(stale_after_acquire(f, acquire_index=4, op_index=3), chk.STALE_WRITE_ACCEPTED)
     (violation,) = report.violations
     assert "token 1" in violation.detail and "token 2" in violation.detail
     assert [ref["f"] for ref in violation.ops] == [f, "acquire"]

@@ -29,69 +29,41 @@ class ManualClock:
         return self.now_ms
 
 
-def test_a_member_that_does_not_lead_stamps_zero():
-    clock = StampClock(ManualClock())
-    assert clock.stamp(term=3, leading=False, log_clock_ms=50_000) == 0
+def lead(clock: StampClock, log_clock_ms: int, term: int = 1) -> int:
+    """The stamp ``clock`` makes for a leader of ``term`` whose applied log clock reads so."""
+    return clock.stamp(term=term, leading=True, log_clock_ms=log_clock_ms)
 
 
-def test_a_new_leader_continues_from_the_applied_log_clock():
-    mono = ManualClock(now_ms=10**9)  # its own monotonic reading says nothing about the log
-    clock = StampClock(mono)
-    assert clock.stamp(term=1, leading=True, log_clock_ms=70_000) == 70_000
+# Scripts of (monotonic ms moved first, term, leads?, applied log clock, the stamp expected).
+SCRIPTS = {
+    # A new leader continues from the applied log clock, whatever its monotonic clock reads.
+    "new leader": [(10**9, 1, True, 70_000, 70_000)],
+    "elapsed time": [(0, 1, True, 5_000, 5_000), (250, 1, True, 5_000, 5_250),
+                     (0, 1, True, 5_250, 5_250), (1_000, 1, True, 5_250, 6_250)],
+    # A jump of any size moves one stamp by the bound; after it, time counts as before.
+    "jump just past the bound": [(0, 1, True, 5_000, 5_000), (STAMP_ADVANCE_MS_MAX + 1, 1, True, 5_000, 7_000),
+                                 (100, 1, True, 7_000, 7_100)],
+    "jump of ten years": [(0, 1, True, 5_000, 5_000), (10 * 365 * 24 * HOUR_MS, 1, True, 5_000, 7_000),
+                          (100, 1, True, 7_000, 7_100)],
+    "monotonic going back": [(0, 1, True, 5_000, 5_000), (-HOUR_MS // 2, 1, True, 5_000, 5_000),
+                             (40, 1, True, 5_000, 5_040)],
+    # An older leader's stamps applied since (or a restore) put the log clock ahead.
+    "log clock ahead": [(0, 1, True, 5_000, 5_000), (10, 1, True, 9_000, 9_000)],
+    # It led term 1 up to 5_000; another leader's slower clock ran the log to 5_300 while 3 s
+    # passed here. Leading term 3, it starts from 5_300, not 5_000 + 3_000: its own chain
+    # would run ahead of leases the other leader granted at 5_300.
+    "leading again": [(0, 1, True, 5_000, 5_000), (3_000, 2, False, 5_300, 0), (0, 3, True, 5_300, 5_300)],
+    "not leading": [(0, 3, False, 50_000, 0)],
+}
 
 
-def test_later_stamps_advance_by_monotonic_elapsed_time():
-    mono = ManualClock()
-    clock = StampClock(mono)
-    assert clock.stamp(term=1, leading=True, log_clock_ms=5_000) == 5_000
-    mono.now_ms += 250
-    assert clock.stamp(term=1, leading=True, log_clock_ms=5_000) == 5_250
-    assert clock.stamp(term=1, leading=True, log_clock_ms=5_250) == 5_250  # no time: no advance
-    mono.now_ms += 1_000
-    assert clock.stamp(term=1, leading=True, log_clock_ms=5_250) == 6_250
-
-
-@pytest.mark.parametrize("jump_ms", [STAMP_ADVANCE_MS_MAX + 1, HOUR_MS, 10 * 365 * 24 * HOUR_MS])
-def test_a_monotonic_jump_moves_one_stamp_by_at_most_the_bound(jump_ms):
-    mono = ManualClock()
-    clock = StampClock(mono)
-    first = clock.stamp(term=1, leading=True, log_clock_ms=5_000)
-    mono.now_ms += jump_ms
-    second = clock.stamp(term=1, leading=True, log_clock_ms=first)
-    assert second - first == STAMP_ADVANCE_MS_MAX
-    mono.now_ms += 100  # after the jump, time is counted as before
-    assert clock.stamp(term=1, leading=True, log_clock_ms=second) == second + 100
-
-
-def test_a_monotonic_clock_going_back_moves_nothing_back():
+@pytest.mark.parametrize("name", list(SCRIPTS))
+def test_the_stamping_rule(name):
     mono = ManualClock(now_ms=HOUR_MS)
     clock = StampClock(mono)
-    first = clock.stamp(term=1, leading=True, log_clock_ms=5_000)
-    mono.now_ms -= HOUR_MS // 2
-    assert clock.stamp(term=1, leading=True, log_clock_ms=first) == first
-    mono.now_ms += 40
-    assert clock.stamp(term=1, leading=True, log_clock_ms=first) == first + 40
-
-
-def test_a_stamp_is_never_below_the_applied_log_clock():
-    mono = ManualClock()
-    clock = StampClock(mono)
-    clock.stamp(term=1, leading=True, log_clock_ms=5_000)
-    mono.now_ms += 10
-    # An older leader's stamps applied since (or a restore) put the log clock ahead.
-    assert clock.stamp(term=1, leading=True, log_clock_ms=9_000) == 9_000
-
-
-def test_a_member_leading_again_does_not_continue_its_old_chain():
-    # It led term 1 up to stamp 5_000, then another leader's (slower) clock ran the log to
-    # 5_300 while 3 s passed here. Leading term 3, it starts from 5_300, not 5_000 + 3_000:
-    # its own chain would run ahead of leases the other leader granted at 5_300.
-    mono = ManualClock()
-    clock = StampClock(mono)
-    assert clock.stamp(term=1, leading=True, log_clock_ms=5_000) == 5_000
-    mono.now_ms += 3_000
-    assert clock.stamp(term=2, leading=False, log_clock_ms=5_300) == 0
-    assert clock.stamp(term=3, leading=True, log_clock_ms=5_300) == 5_300
+    for step, (moved_ms, term, leading, log_clock_ms, expected) in enumerate(SCRIPTS[name]):
+        mono.now_ms += moved_ms
+        assert clock.stamp(term=term, leading=leading, log_clock_ms=log_clock_ms) == expected, (name, step)
 
 
 def test_no_wall_clock_is_read(monkeypatch):
@@ -101,8 +73,8 @@ def test_no_wall_clock_is_read(monkeypatch):
     monkeypatch.setattr(time, "time", stepped)
     monkeypatch.setattr(time, "time_ns", stepped)
     clock = StampClock()  # the real monotonic clock
-    first = clock.stamp(term=1, leading=True, log_clock_ms=5_000)
-    assert 5_000 <= clock.stamp(term=1, leading=True, log_clock_ms=first) <= 5_000 + STAMP_ADVANCE_MS_MAX
+    first = lead(clock, 5_000)
+    assert 5_000 <= lead(clock, first) <= 5_000 + STAMP_ADVANCE_MS_MAX
 
 
 def test_the_bound_must_be_positive():
@@ -119,12 +91,12 @@ def _run_ticks(machine, clock, mono, ms: int, every_ms: int = 500) -> None:
         step = min(ms, every_ms)
         mono.now_ms += step
         ms -= step
-        stamp = clock.stamp(term=1, leading=True, log_clock_ms=machine.log_clock_ms)
+        stamp = lead(clock, machine.log_clock_ms)
         assert isinstance(machine.apply(commands.tick(stamp_ms=stamp).encode()), Applied)
 
 
 def _acquire(machine, clock, holder: str, ttl_ms: int = 60_000):
-    stamp = clock.stamp(term=1, leading=True, log_clock_ms=machine.log_clock_ms)
+    stamp = lead(clock, machine.log_clock_ms)
     command = commands.acquire(resource="r", holder=holder, ttl_ms=ttl_ms, op_id=os.urandom(16),
                                stamp_ms=stamp)
     return machine.apply(command.encode())
