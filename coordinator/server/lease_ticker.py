@@ -30,7 +30,7 @@ class LeaseTicker(threading.Thread):
         self.proposer = proposer
         self.interval_s = interval_s
         self.timeout_s = timeout_s  # one TICK's wait for its fate; the next one waits for it
-        self._stop = threading.Event()
+        self._stopping = threading.Event()  # not _stop: Thread.join calls its own _stop()
         self.ticks_applied = 0
 
     def tick_once(self) -> int | None:
@@ -50,12 +50,12 @@ class LeaseTicker(threading.Thread):
         return expired
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             try:
                 self.tick_once()
             except Exception:  # noqa: BLE001 - the clock job must outlive any one failure
                 log.exception("lease ticker: TICK failed")
-            self._stop.wait(self.interval_s)
+            self._stopping.wait(self.interval_s)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
