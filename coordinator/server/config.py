@@ -204,7 +204,8 @@ class ServerConfig:
     # The leader's clock job (server/lease_ticker.py). 1 s: the log clock lags the leader's
     # time by at most this while nobody writes (commands sent to a follower are judged at it,
     # so their leases run up to this much longer), and expired resources are forgotten within
-    # it; one TICK a second costs the leader one entry and one scan of the resources.
+    # it; one TICK a second costs one log entry, and applying it costs what it expires
+    # (core/expiry.py), not a pass over the resources.
     lease_tick_interval_s: float = dataclasses.field(
         default=1.0,
         metadata=_doc(
