@@ -27,6 +27,14 @@ Checks, each reporting its own violation kind (the constants below):
    which the op itself was applied: a retry answered from the dedup table must report the
    first application's index, not its own entry's, or an op applied before an epoch change
    would look applied after it.
+   The stale check also holds in real time, whatever index the server reports (a deposed
+   leader answering from a divergent log reports whatever its log says): an ok fenced op is
+   ``STALE_WRITE_ACCEPTED`` when its token is below one that an ok op on the resource had
+   established (issued, or carried by an accepted fenced op) and answered before the fenced op
+   was first invoked. An op is reported once, by the apply-order sweep if both see it.
+   ``MISSING_APPLIED_INDEX``: an ok acquire / force_release / fenced op reported no
+   ``applied_index``, so its apply order cannot be checked; that is a fault of the server
+   or the recorder, never a pass.
 3. Durability (I8), against the ``final_state`` records. ``LOST_WRITE``: the final data of a key
    does not reflect its latest acknowledged write / delete in apply order — the final version is
    below that op's version, or the value differs (or the key is absent / present) and no
@@ -52,8 +60,8 @@ Checks, each reporting its own violation kind (the constants below):
    ``REPLICAS_DIVERGED``: ``final`` records (the last one per node) disagree — different digests
    at the same applied index, or different applied indexes after convergence.
 
-Things the checker cannot judge (ok ops without applied_index, unordered mutations, a search
-over its state budget) are listed as warnings, never silently passed as checked.
+Things the checker cannot judge (unordered mutations, a search over its state budget) are
+listed as warnings, never silently passed as checked.
 """
 
 from __future__ import annotations
@@ -83,6 +91,7 @@ TOKEN_DUPLICATE = "TOKEN_DUPLICATE"
 TOKEN_NOT_MONOTONIC = "TOKEN_NOT_MONOTONIC"
 STALE_WRITE_ACCEPTED = "STALE_WRITE_ACCEPTED"
 UNISSUED_TOKEN_ACCEPTED = "UNISSUED_TOKEN_ACCEPTED"
+MISSING_APPLIED_INDEX = "MISSING_APPLIED_INDEX"
 LOST_WRITE = "LOST_WRITE"
 FAILED_WRITE_VISIBLE = "FAILED_WRITE_VISIBLE"
 NOT_LINEARIZABLE = "NOT_LINEARIZABLE"
@@ -95,6 +104,7 @@ VIOLATION_KINDS = (
     TOKEN_NOT_MONOTONIC,
     STALE_WRITE_ACCEPTED,
     UNISSUED_TOKEN_ACCEPTED,
+    MISSING_APPLIED_INDEX,
     LOST_WRITE,
     FAILED_WRITE_VISIBLE,
     NOT_LINEARIZABLE,
@@ -310,19 +320,25 @@ def _check_tokens(
 # -- 2. fencing -------------------------------------------------------------------------------
 
 
-def _check_fencing(
-    logical: list[_Logical], refs: _Refs, warnings: list[str]
-) -> list[Violation]:
+def _check_fencing(logical: list[_Logical], refs: _Refs) -> list[Violation]:
     violations: list[Violation] = []
     # resource -> token -> issuing ops
     issued: dict[str, dict[int, list[_Logical]]] = collections.defaultdict(dict)
     # resource -> [(applied_index, token, op)] of every op that established a token
     established: dict[str, list[tuple[int, int, _Logical]]] = collections.defaultdict(list)
     fenced: list[_Logical] = []
-    unordered = 0
     for op in logical:
         if op.outcome != "ok":
             continue
+        if op.applied_index is None and op.f in ISSUING_FUNCTIONS | FENCED_FUNCTIONS:
+            violations.append(
+                Violation(
+                    MISSING_APPLIED_INDEX,
+                    f"ok {op.f} on {op.resource} by {op.rep.process} reported no applied_index:"
+                    " its apply order cannot be checked",
+                    [refs(op.rep)],
+                )
+            )
         if op.f in ISSUING_FUNCTIONS:
             token = op.rep.issued_token()
             if token is None:
@@ -375,10 +391,9 @@ def _check_fencing(
                 )
             )
             continue
-        if index is None:
-            unordered += 1
 
     # Stale: sweep each resource in apply order.
+    stale: set[int] = set()  # id() of the ops found stale, so the real-time sweep skips them
     for resource, events in established.items():
         events.sort(key=lambda e: e[0])
         best: tuple[int, _Logical] | None = None
@@ -390,6 +405,7 @@ def _check_fencing(
             for index, token, op in events[i:j]:
                 if op.f in FENCED_FUNCTIONS and best is not None and token < best[0]:
                     prior = best[1]
+                    stale.add(id(op))
                     violations.append(
                         Violation(
                             STALE_WRITE_ACCEPTED,
@@ -405,10 +421,61 @@ def _check_fencing(
                 if best is None or token > best[0]:
                     best = (token, op)
             i = j
-    if unordered:
-        warnings.append(
-            f"{unordered} ok fenced ops have no applied_index: not checked for staleness"
-        )
+    return violations + _check_stale_in_real_time(logical, refs, stale)
+
+
+def _check_stale_in_real_time(
+    logical: list[_Logical], refs: _Refs, already: set[int]
+) -> list[Violation]:
+    """STALE_WRITE_ACCEPTED by real time alone: an ok fenced op whose token is below one that
+    an ok op on the same resource had established (issued it, or was accepted carrying it)
+    and answered before the fenced op was first invoked. No index is trusted here: a deposed
+    leader answering from a divergent log reports indexes below the newer acquisition's.
+    Ops in ``already`` (found stale in apply order) are not reported again."""
+    # resource -> [(complete_ns, token, op)] of every ok op that established a token
+    established: dict[str, list[tuple[int, int, _Logical]]] = collections.defaultdict(list)
+    # resource -> [(invoke_ns, token, op)] of every ok fenced op
+    fenced: dict[str, list[tuple[int, int, _Logical]]] = collections.defaultdict(list)
+    for op in logical:
+        if op.outcome != "ok":
+            continue
+        if op.f in ISSUING_FUNCTIONS:
+            token = op.rep.issued_token()
+        elif op.f in FENCED_FUNCTIONS:
+            token = op.rep.token
+            if token is not None:
+                fenced[op.resource].append((op.invoke_ns, token, op))
+        else:
+            continue
+        if token is not None:
+            established[op.resource].append((op.complete_ns, token, op))
+
+    violations: list[Violation] = []
+    for resource, ops in fenced.items():
+        # The token-order check's sweep: the greatest token answered before each invoke.
+        by_complete = sorted(established[resource], key=lambda e: e[0])
+        pos = 0
+        best: tuple[int, _Logical] | None = None
+        for invoke, token, op in sorted(ops, key=lambda e: e[0]):
+            while pos < len(by_complete) and by_complete[pos][0] < invoke:
+                if best is None or by_complete[pos][1] > best[0]:
+                    best = (by_complete[pos][1], by_complete[pos][2])
+                pos += 1
+            if best is None or token >= best[0] or id(op) in already:
+                continue
+            prior = best[1]
+            violations.append(
+                Violation(
+                    STALE_WRITE_ACCEPTED,
+                    f"ok {op.f} on {resource}"
+                    + (f"/{op.key}" if op.key else "")
+                    + f" by {op.rep.process} carried token {token} (reported applied index "
+                    f"{op.applied_index}), but {prior.f} by {prior.rep.process} had answered "
+                    f"with token {best[0]} (reported applied index {prior.applied_index}) "
+                    "before it was invoked",
+                    refs.many([op.rep, prior.rep]),
+                )
+            )
     return violations
 
 
@@ -850,7 +917,7 @@ def check_history(
 
     violations: list[Violation] = []
     violations += _check_tokens(logical, refs, warnings)
-    violations += _check_fencing(logical, refs, warnings)
+    violations += _check_fencing(logical, refs)
     durability, visible_reads = _check_durability(history, logical, refused, refs, warnings)
     violations += durability
     lin_violations, lin_stats = _check_linearizability(

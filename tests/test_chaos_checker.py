@@ -117,7 +117,7 @@ def acquire(invoke: int, complete: int, token: int, *, index: int, process: str 
 
 
 def test_violation_kinds_are_distinct_strings():
-    assert len(set(chk.VIOLATION_KINDS)) == len(chk.VIOLATION_KINDS) == 10
+    assert len(set(chk.VIOLATION_KINDS)) == len(chk.VIOLATION_KINDS) == 11
     assert all(isinstance(k, str) and k for k in chk.VIOLATION_KINDS)
 
 
@@ -170,20 +170,25 @@ def test_retried_acquire_is_one_acquisition():
     assert check(records).ok
 
 
-@pytest.mark.parametrize("f", ["write", "delete", "keepalive", "release"])
-def test_stale_write_accepted(f):
-    fields: dict[str, Any] = {"token": 1, "applied_index": 4}
+def stale_after_acquire(f: str, *, acquire_index: int, op_index: int) -> list[dict[str, Any]]:
+    """base(), then c2's acquisition of token 2 (answered at 50, reporting ``acquire_index``),
+    then c1's ok ``f`` with token 1 (invoked at 60, reporting ``op_index``), and the final state."""
+    fields: dict[str, Any] = {"token": 1, "applied_index": op_index}
     if f == "write":
         fields.update(value="b", version=2, hwm=1)
     if f == "delete":
         fields.update(version=2, deleted=True)
     records = base() + [
-        acquire(40, 50, 2, index=3, process="c2"),
+        acquire(40, 50, 2, index=acquire_index, process="c2"),
         op(f, 60, 70, process="c1", **fields),
     ]
     data = {"k": ("b", 2)} if f == "write" else {} if f == "delete" else {"k": ("a", 1)}
-    records.append(final_state(hwm=2, **data))
-    report = assert_only(records, chk.STALE_WRITE_ACCEPTED)
+    return records + [final_state(hwm=2, **data)]
+
+
+@pytest.mark.parametrize("f", ["write", "delete", "keepalive", "release"])
+def test_stale_write_accepted(f):
+    report = assert_only(stale_after_acquire(f, acquire_index=3, op_index=4), chk.STALE_WRITE_ACCEPTED)
     assert "token 1" in report.violations[0].detail and "token 2" in report.violations[0].detail
 
 
@@ -210,6 +215,103 @@ def test_stale_after_accepted_higher_token():
         final_state(hwm=2, k=("c", 3)),
     ]
     assert_only(records, chk.STALE_WRITE_ACCEPTED)
+
+
+# -- stale in real time, whatever index the server reports ---------------------------------------
+
+
+@pytest.mark.parametrize("f", ["write", "delete", "keepalive", "release"])
+def test_stale_after_completed_acquire_with_lower_reported_index(f):
+    # The newer acquisition (token 2, index 4) had answered at 50 before the fenced op was
+    # invoked at 60; the op still reports index 3, as a deposed leader answering from a
+    # divergent log would. Apply order says nothing is wrong; real time says it is stale.
+    report = assert_only(stale_after_acquire(f, acquire_index=4, op_index=3), chk.STALE_WRITE_ACCEPTED)
+    (violation,) = report.violations
+    assert "token 1" in violation.detail and "token 2" in violation.detail
+    assert [ref["f"] for ref in violation.ops] == [f, "acquire"]
+
+
+def test_stale_after_completed_higher_write_with_lower_reported_index():
+    # Token 2 was established by an accepted write that answered before the stale write began;
+    # the acquisition of token 2 itself reports no order against it (index 9, above both).
+    records = base() + [
+        acquire(40, 50, 2, index=9, process="c2"),
+        op("write", 60, 70, process="c2", value="b", token=2, version=3, hwm=2, applied_index=10),
+        op("write", 80, 90, process="c1", value="c", token=1, version=2, hwm=1, applied_index=3),
+        final_state(hwm=2, k=("b", 3)),
+    ]
+    report = assert_only(records, chk.STALE_WRITE_ACCEPTED)
+    assert len(report.violations) == 1
+
+
+def test_stale_after_completed_force_release_with_lower_reported_index():
+    records = base() + [
+        op("force_release", 40, 50, process="admin", hwm=2, applied_index=5),
+        op("write", 60, 70, process="c1", value="b", token=1, version=2, hwm=1, applied_index=3),
+        final_state(hwm=2, k=("b", 2)),
+    ]
+    assert_only(records, chk.STALE_WRITE_ACCEPTED)
+
+
+def test_concurrent_write_with_lower_index_is_not_stale_in_real_time():
+    # Invoked (45) before the acquisition answered (50): it may have been applied first.
+    records = base() + [
+        acquire(40, 50, 2, index=4, process="c2"),
+        op("write", 45, 70, process="c1", value="b", token=1, version=2, hwm=1, applied_index=3),
+        final_state(hwm=2, k=("b", 2)),
+    ]
+    report = check(records)
+    assert report.ok, report.to_dict()
+
+
+def test_stale_in_both_orders_is_reported_once():
+    # Stale by apply order (index 4 > 3) and by real time: one violation, not two.
+    records = base() + [
+        acquire(40, 50, 2, index=3, process="c2"),
+        op("write", 60, 70, process="c1", value="b", token=1, version=2, hwm=1, applied_index=4),
+        final_state(hwm=2, k=("b", 2)),
+    ]
+    report = assert_only(records, chk.STALE_WRITE_ACCEPTED)
+    assert len(report.violations) == 1
+
+
+def test_retried_stale_write_counts_from_its_first_invoke():
+    # The write's first attempt (35) began before the acquisition answered (50): its ok retry
+    # may be the dedup answer of that first attempt, applied before the acquisition.
+    oid = "cd" * 16
+    records = base() + [
+        acquire(40, 50, 2, index=4, process="c2"),
+        op("write", 35, 38, process="c1", value="b", token=1, op_id=oid, outcome="unknown",
+           reason="DEADLINE_EXCEEDED"),
+        op("write", 60, 70, process="c1", value="b", token=1, op_id=oid, version=2, hwm=1,
+           applied_index=3),
+        final_state(hwm=2, k=("b", 2)),
+    ]
+    report = check(records)
+    assert report.ok, report.to_dict()
+
+
+# -- a missing applied index is a violation ------------------------------------------------------
+
+
+@pytest.mark.parametrize("f", ["acquire", "force_release", "write", "delete", "keepalive",
+                               "release"])
+def test_missing_applied_index(f):
+    if f == "acquire":
+        records = [acquire(0, 10, 1, index=1)]
+        del records[0]["result"]["applied_index"]
+    elif f == "force_release":
+        records = [acquire(0, 10, 1, index=1),
+                   op("force_release", 20, 30, process="admin", hwm=2)]
+    else:
+        fields: dict[str, Any] = {"token": 1}
+        if f == "write":
+            fields.update(value="b", version=2, hwm=1)
+        if f == "delete":
+            fields.update(version=2, deleted=True)
+        records = base() + [op(f, 40, 50, **fields)]
+    report = assert_only(records, chk.MISSING_APPLIED_INDEX)
+    assert f in report.violations[0].detail and "applied_index" in report.violations[0].detail
 
 
 @pytest.mark.parametrize("case", ["never_issued", "other_resource", "issued_later", "keepalive",

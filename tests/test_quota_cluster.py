@@ -34,6 +34,7 @@ TENANTS = {
     "beta": ("beta-secret", 'prefixes = ["beta/"]'),  # the defaults
     "bulk": ("bulk-secret", f'prefixes = ["bulk/"]\nstored_bytes_max = {2 * VALUE_BYTES + 100}'),
     "churn": ("churn-secret", 'prefixes = ["churn/"]\nresources_max = 2'),
+    "lapse": ("lapse-secret", 'prefixes = ["lapse/"]\nresources_max = 2'),
     "streamer": ("streamer-secret", 'prefixes = ["s/"]\nstreams_max = 2'),
 }
 
@@ -125,6 +126,29 @@ def test_released_resources_with_no_data_are_forgotten_and_no_longer_count(clust
                 churn.write(resource, "k", b"v", token=token)
             assert getattr(caught.value, "reason", "") in (ErrorReason.STALE_TOKEN, ErrorReason.UNKNOWN_TOKEN)
             assert not churn.read(resource, "k").found
+
+
+def test_expired_resources_are_forgotten_by_the_leaders_tick_without_a_release(cluster):
+    # lapse fills its resources quota with short leases whose holders never come back. The
+    # leader's TICK (every lease_tick_interval_s, 1 s by default) forgets them once they have
+    # expired: before the leader proposed TICKs, each stayed stored (Describe: hwm 1) and kept
+    # counting against RESOURCES_MAX until lapse itself reached its quota again.
+    with client(cluster, "lapse") as lapse:
+        first = [lapse.acquire(f"lapse/old-{n}", holder="h", ttl_ms=2_000) for n in range(2)]
+        with pytest.raises(QuotaExceeded):
+            lapse.acquire("lapse/while-held", holder="h", ttl_ms=TTL_MS)
+
+        def all_forgotten():
+            hwms = [lapse.describe(f"lapse/old-{n}").hwm for n in range(2)]
+            return hwms if hwms == [0, 0] else None
+
+        wait_until(all_forgotten, 15.0, interval_s=0.2, what="the TICK to forget expired resources")
+        fresh = [lapse.acquire(f"lapse/new-{n}", holder="h", ttl_ms=TTL_MS) for n in range(2)]
+        assert min(f.token for f in fresh) > max(f.token for f in first)
+        # The forgotten holders stay fenced: a write with their token is refused.
+        with pytest.raises(Exception) as caught:
+            lapse.write("lapse/old-0", "k", b"v", token=first[0].token)
+        assert getattr(caught.value, "reason", "") == ErrorReason.UNKNOWN_TOKEN
 
 
 class _Stream:

@@ -62,6 +62,8 @@ def test_flags_alone(tmp_path):
     ("acquire_waiters_per_principal_max = 0\n", "acquire_waiters_per_principal_max: must be > 0"),
     ("streams_per_principal_max = 0\n", "streams_per_principal_max: must be > 0"),
     ("stream_idle_timeout_s = -1\n", "stream_idle_timeout_s: must be > 0"),
+    ("lease_tick_interval_s = 0\n", "lease_tick_interval_s: must be > 0"),
+    ("lease_tick_interval_s = 1.5\n", "lease_tick_interval_s: 1.5 is above 1 (half the most one stamp"),
     ("log_level = 'LOUD'\n", "log_level: must be one of"),
     ("admin_token = 'a'\nadmin_token_file = '/nonexistent'\n", "give one, not both"),
     ("admin_token_file = '/nonexistent/token'\n", "admin_token_file: cannot read"),

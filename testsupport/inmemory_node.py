@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from coordinator.core import limits
 from coordinator.core.state_machine import FencingStateMachine, Rejected
 from coordinator.raft.interface import ProposeFailure, ProposeOutcome, ProposeResult
+from coordinator.raft.stamp_clock import StampClock
 
 if TYPE_CHECKING:
     from testsupport.inmemory_faults import ProposeFault
@@ -62,17 +63,14 @@ class SharedLog:
         self.lock = threading.RLock()  # apply vs readers; re-entered by read(fn) callbacks
         self.applied_index = 0
         self.leader: str | None = None
-        self._last_stamp_ms = 0
+        self._stamp_clock = StampClock()
         self._timers: list[threading.Timer] = []
         self._closed = False
 
     def next_stamp_ms(self) -> int:
-        """DESIGN I6, as RaftNode stamps: max(last + 1, wall clock, log clock)."""
+        """DESIGN I6, as RaftNode's leader stamps (one log: one term, always led)."""
         with self.lock:
-            self._last_stamp_ms = max(
-                self._last_stamp_ms + 1, time.time_ns() // 1_000_000, self.state_machine.log_clock_ms
-            )
-            return self._last_stamp_ms
+            return self._stamp_clock.stamp(term=0, leading=True, log_clock_ms=self.state_machine.log_clock_ms)
 
     def append(self, command: bytes) -> ProposeResult:
         """Commit and apply ``command`` as the next entry."""

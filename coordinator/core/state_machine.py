@@ -34,6 +34,7 @@ import msgpack
 
 from coordinator.core import limits
 from coordinator.core import validation
+from coordinator.core.expiry import ExpiryIndex
 from coordinator.core.outcomes import (
     Applied,
     Outcome,
@@ -231,6 +232,7 @@ class FencingStateMachine:
         self._epoch = 0
         self._log_clock_ms = 0
         self._resources: dict[str, ResourceState] = {}
+        self._expiry = ExpiryIndex()  # derived from _resources: what a TICK expires, found fast
         self._usage = Usage()
         self._dedup: collections.OrderedDict[bytes, DedupEntry] = collections.OrderedDict()
         # Keys and their bytes across all resources (derived, like usage), against the
@@ -592,6 +594,7 @@ class FencingStateMachine:
             ttl_ms=args["ttl_ms"],
             expires_at_ms=now + args["ttl_ms"],
         )
+        self._expiry.add(res.lease.expires_at_ms, resource)
         self._usage.add(resource, res)
         return Applied(
             op=Op.ACQUIRE,
@@ -617,6 +620,7 @@ class FencingStateMachine:
             )
         ttl_ms = lease.ttl_ms if args["ttl_ms"] is None else args["ttl_ms"]
         res.lease = dataclasses.replace(lease, ttl_ms=ttl_ms, expires_at_ms=now + ttl_ms)
+        self._expiry.add(now + ttl_ms, resource)
         return Applied(op=Op.KEEP_ALIVE, result={"token": token, "expires_at_ms": now + ttl_ms})
 
     def _release(self, now: int, args: dict[str, Any]) -> Outcome:
@@ -763,16 +767,17 @@ class FencingStateMachine:
         return Applied(op=Op.SET_EPOCH_FLOOR, result={"epoch": new_epoch})
 
     def _tick(self, now: int, args: dict[str, Any]) -> Outcome:
-        expired = 0
-        for name, res in list(self._resources.items()):
-            if res.lease is not None and res.lease.expires_at_ms <= now:
-                self._usage.remove(name, res)
-                res.lease = None
-                self._settle(name, res)  # an expired lease on no data: forgotten
-                expired += 1
+        # The index, not a scan: the leader TICKs every second, and a pass over 100,000
+        # resources held the Raft thread for ~100 ms each time.
+        expired = self._expiry.expired(self._resources, now)
+        for name in expired:
+            res = self._resources[name]
+            self._usage.remove(name, res)
+            res.lease = None
+            self._settle(name, res)  # an expired lease on no data: forgotten
         if self._staged_is_stale(now):
             self._staged = None  # an abandoned restore's chunks: memory back
-        return Applied(op=Op.TICK, result={"expired": expired})
+        return Applied(op=Op.TICK, result={"expired": len(expired)})
 
     def _restore(self, now: int, args: dict[str, Any]) -> Outcome:
         """Admin restore from a backup in one entry (written by older members; the API now

@@ -116,3 +116,11 @@ RAFT_CLUSTER_ID_CHARS_MAX = 64
 # A member left out of the configuration says so (and what an operator must do) at most
 # once per this many milliseconds.
 RAFT_NOT_A_MEMBER_LOG_INTERVAL_MS = 5_000
+
+# -- the lease clock -----------------------------------------------------------------
+# How far one leader stamp may move the log clock past the previous one (stamp_clock.py). A
+# monotonic clock that jumps (a VM resumed, a faked clock) shortens a lease by at most this;
+# the leader's lease_tick_interval_s TICKs stamp well within it, so an idle cluster's clock
+# still keeps time, and a leader stalled longer than it (GC, a starved CPU) only makes leases
+# run longer, never shorter. 2 s is a few ticks on a loaded 2-core machine.
+STAMP_ADVANCE_MS_MAX = 2_000

@@ -16,6 +16,7 @@ The package's modules, one concern each (RAFT.md says what each fix does and why
   snapshot_file.py the dump file format
   journal.py, leader_sync.py, wire.py   the durable journal, the leader's sync thread, byte formats
   interface.py     StateMachine protocol, ProposeOutcome / ProposeFailure / ProposeResult
+  stamp_clock.py   the stamp of each command: the log clock by the leader's monotonic time
   fatal.py         exit codes and the default fatal handler
 """
 
@@ -25,7 +26,6 @@ import dataclasses
 import logging
 import os
 import threading
-import time
 from typing import Any, Callable
 
 from pysyncobj import SyncObj
@@ -41,6 +41,7 @@ from coordinator.raft.fatal import FatalHandler, default_fatal
 from coordinator.raft.interface import ProposeFailure, ProposeOutcome, ProposeResult, StateMachine
 from coordinator.raft.journal import JOURNAL_NAME, DurableJournal
 from coordinator.raft.replica import Replica
+from coordinator.raft.stamp_clock import StampClock, monotonic_ms
 from coordinator.raft.syncobj import ALL_FIXES, HardenedSyncObj
 from coordinator.raft.transport import BoundTCPTransport
 
@@ -146,17 +147,16 @@ class RaftNode:
         transport_class=None,
         auto_tick: bool = True,
         journal_fsync: Callable[[int], None] | None = None,
-        wall_ms: Callable[[], int] | None = None,
+        monotonic_ms: Callable[[], int] = monotonic_ms,
         on_leadership: Callable[[bool], None] | None = None,
     ) -> None:
         """``on_leadership(is_leader)`` runs on the Raft thread whenever this node becomes or
-        stops being the leader; it must be quick and must not propose or wait."""
+        stops being the leader; it must be quick and must not propose or wait.
+        ``monotonic_ms``: the clock command stamps advance by (DESIGN I6); never a wall clock."""
         patches.install()  # refuses any pysyncobj but the pinned one, before anything is built
         self.config = config
         self.state_machine = state_machine
-        self._wall_ms = wall_ms or (lambda: time.time_ns() // 1_000_000)
-        self._stamp_lock = threading.Lock()
-        self._last_stamp_ms = 0
+        self._stamp_clock = StampClock(monotonic_ms)
         self._ready_latched = False
         os.makedirs(config.data_dir, exist_ok=True)
         if "durable_journal" in config.fixes:
@@ -189,11 +189,14 @@ class RaftNode:
     # -- proposing -----------------------------------------------------------
 
     def next_stamp_ms(self) -> int:
-        """DESIGN I6: stamp = max(last_stamp + 1, wall_ms), and never below the log clock."""
-        with self._stamp_lock:
-            stamp = max(self._last_stamp_ms + 1, self._wall_ms(), self.state_machine.log_clock_ms)
-            self._last_stamp_ms = stamp
-            return stamp
+        """DESIGN I6: the stamp of a command proposed here now (``stamp_clock.py`` has the rule:
+        0 unless this member leads; the leader's monotonic time, bounded per stamp)."""
+        so = self._syncobj
+        # Leadership first, then the term: a term read before an election could pair a
+        # leadership of the new term with the stamp chain of the old one.
+        leading = so._isLeader()
+        term = so.raftCurrentTerm
+        return self._stamp_clock.stamp(term=term, leading=leading, log_clock_ms=self.state_machine.log_clock_ms)
 
     def propose(
         self,

@@ -3,7 +3,7 @@
 Owns: building the grpc.server (bounded thread pool, ``maximum_concurrent_rpcs``, message
 size limits), wiring and registering the fencing services (``add_services``, which the
 in-memory test cluster uses too), the standard health service and server
-reflection, the health updater thread, the audit log, the metrics endpoint (when
+reflection, the health updater and lease ticker threads, the audit log, the metrics endpoint (when
 ``metrics_address`` is set), the API's TLS credentials (their certificate replaced on SIGHUP,
 certs.py), and graceful shutdown.
 Must never: implement an RPC (service.py does) or touch the Raft library (coordinator.raft does).
@@ -35,6 +35,7 @@ from coordinator.server.auth import Authenticator
 from coordinator.server.certs import ApiCertificates, TlsMaterial
 from coordinator.server.config import ServerConfig
 from coordinator.server.errors import ServiceError
+from coordinator.server.lease_ticker import LeaseTicker
 from coordinator.server.metrics import Metrics
 from coordinator.server.streams import SlotGate, StreamGate, waiter_gate
 from coordinator.raft.node import RaftConfig, RaftNode
@@ -263,6 +264,9 @@ class FencingServer:
         if self.port == 0:
             raise OSError(f"cannot listen on {config.bind_address}")
         self.updater = HealthUpdater(self.node, self.proposer, self.health, config.health_check_interval_s)
+        self.ticker = LeaseTicker(
+            self.node, self.proposer, interval_s=config.lease_tick_interval_s, timeout_s=config.propose_timeout_max_s
+        )
         if self.metrics is not None:
             self.metrics.watch(self.member_status)
 
@@ -287,6 +291,7 @@ class FencingServer:
             self.metrics.serve(self.config.metrics_address)  # fails here, before serving RPCs
         self.grpc_server.start()
         self.updater.start()
+        self.ticker.start()
         log.info(
             "serving member %s: gRPC on %s, pid %d", self.config.raft_address, self.config.bind_address, os.getpid()
         )
@@ -294,6 +299,7 @@ class FencingServer:
     def stop(self) -> None:
         """Stop accepting, let running RPCs finish within the grace period, close the node."""
         self.updater.stop()
+        self.ticker.stop()
         self.health.enter_graceful_shutdown()  # probes see NOT_SERVING while we drain
         self.grpc_server.stop(self.config.shutdown_grace_s).wait(self.config.shutdown_grace_s + 1)
         self.lease.close()

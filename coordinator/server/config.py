@@ -201,6 +201,18 @@ class ServerConfig:
     health_check_interval_s: float = dataclasses.field(
         default=1.0, metadata=_doc("seconds between health re-checks (quorum, read barrier)")
     )
+    # The leader's clock job (server/lease_ticker.py). 1 s: the log clock lags the leader's
+    # time by at most this while nobody writes (commands sent to a follower are judged at it,
+    # so their leases run up to this much longer), and expired resources are forgotten within
+    # it; one TICK a second costs one log entry, and applying it costs what it expires
+    # (core/expiry.py), not a pass over the resources.
+    lease_tick_interval_s: float = dataclasses.field(
+        default=1.0,
+        metadata=_doc(
+            "seconds between the leader's TICKs (advance the log clock, forget expired resources);"
+            f" at most half of {raft_limits.STAMP_ADVANCE_MS_MAX / 1000:g} s, the most one stamp may advance it"
+        ),
+    )
     # -- Raft (see coordinator.raft.node.RaftConfig) ------------------------------------------
     raft_min_timeout_s: float = dataclasses.field(
         default=1.0, metadata=_doc("seconds: election timeout, lower bound")
@@ -474,6 +486,7 @@ def validate(config: ServerConfig) -> ServerConfig:
         "acquire_waiters_max": config.acquire_waiters_max,
         "acquire_waiters_per_principal_max": config.acquire_waiters_per_principal_max,
         "health_check_interval_s": config.health_check_interval_s,
+        "lease_tick_interval_s": config.lease_tick_interval_s,
         "raft_min_timeout_s": config.raft_min_timeout_s,
         "raft_max_timeout_s": config.raft_max_timeout_s,
         "leader_fallback_timeout_s": config.leader_fallback_timeout_s,
@@ -488,6 +501,13 @@ def validate(config: ServerConfig) -> ServerConfig:
             raise ConfigError(f"{key}: must be > 0, got {value}")
     if config.propose_deadline_margin_s < 0 or config.shutdown_grace_s < 0:
         raise ConfigError("propose_deadline_margin_s and shutdown_grace_s: must be >= 0")
+    if config.lease_tick_interval_s * 1000 * 2 > raft_limits.STAMP_ADVANCE_MS_MAX:
+        # A TICK late by up to one more interval still stamps within the bound, or the log
+        # clock would lose the excess and an idle cluster's leases would run long.
+        raise ConfigError(
+            f"lease_tick_interval_s: {config.lease_tick_interval_s} is above"
+            f" {raft_limits.STAMP_ADVANCE_MS_MAX / 2000:g} (half the most one stamp may advance the log clock)"
+        )
     if config.raft_min_timeout_s >= config.raft_max_timeout_s:
         raise ConfigError("raft_min_timeout_s: must be below raft_max_timeout_s")
     if config.raft_min_timeout_s <= 3 * config.heartbeat_s:

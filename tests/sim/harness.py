@@ -933,7 +933,7 @@ class Simulation:
                 transport_class=self.transport_class,
                 auto_tick=False,
                 journal_fsync=_noop_fsync,
-                wall_ms=self.clock.now_ms,
+                monotonic_ms=self.clock.now_ms,
             )
         except Exception as exc:  # noqa: BLE001 - e.g. JournalCorrupt: a finding
             self._violate("start_failed", f"{m.label} failed to start: {exc!r}")

@@ -1,0 +1,54 @@
+"""Loaded at start-up into a member of the clock-step test (tests/test_clock_step.py puts this
+directory first on the member's PYTHONPATH); never part of the product.
+
+Owns: what libfaketime cannot do for a Python member on this machine (CHAOS.md, "Clock steps"):
+- ``time.sleep`` under libfaketime with FAKETIME_DONT_FAKE_MONOTONIC=1 (a wall-only step)
+  fails with EINVAL (libfaketime shifts clock_nanosleep's absolute monotonic deadline as if
+  monotonic were faked); pysyncobj sleeps on its Raft thread, so it would die. Replaced by a
+  wait on an Event that is never set (a semaphore wait libfaketime leaves alone).
+- a monotonic jump: with monotonic faked by libfaketime, every timed wait of the process
+  (sem_clockwait) hangs. So the jump is made here: ``time.monotonic`` and
+  ``time.monotonic_ns`` add the seconds in FENCING_TEST_MONOTONIC_OFFSET_FILE (re-read
+  whenever the file changes), as a VM resumed after that long would look from inside.
+Must never: be imported by anything but a member started by that test.
+"""
+
+import os
+import threading
+import time
+
+_offset_path = os.environ.get("FENCING_TEST_MONOTONIC_OFFSET_FILE")
+
+if os.environ.get("FAKETIME_DONT_FAKE_MONOTONIC") == "1":
+    _never = threading.Event()
+
+    def _sleep(seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("sleep length must be non-negative")
+        _never.wait(seconds)
+
+    time.sleep = _sleep
+
+if _offset_path:
+    _real_monotonic_ns = time.monotonic_ns
+    _cache = {"mtime_ns": None, "offset_ns": 0}
+
+    def _offset_ns() -> int:
+        try:
+            mtime_ns = os.stat(_offset_path).st_mtime_ns
+        except OSError:
+            return _cache["offset_ns"]
+        if mtime_ns != _cache["mtime_ns"]:
+            with open(_offset_path, encoding="ascii") as f:
+                _cache["offset_ns"] = int(float(f.read().strip() or 0) * 1_000_000_000)
+            _cache["mtime_ns"] = mtime_ns
+        return _cache["offset_ns"]
+
+    def _monotonic_ns() -> int:
+        return _real_monotonic_ns() + _offset_ns()
+
+    def _monotonic() -> float:
+        return _monotonic_ns() / 1_000_000_000
+
+    time.monotonic_ns = _monotonic_ns
+    time.monotonic = _monotonic
