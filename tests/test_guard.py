@@ -115,6 +115,20 @@ def test_the_guards_stale_token_is_the_clients_so_one_except_catches_both(guard)
     assert refusal.category == "refused"
 
 
+def test_an_invalid_proof_is_in_the_clients_exception_tree_too(guard):
+    # One tree for the client and the guards: ``except FencingError`` catches a guard's refusal
+    # of a forged proof as well; ValueError still catches it, as it did before.
+    forged = ProofSigner(Ed25519PrivateKey.generate()).sign(RESOURCE, 5)
+    with pytest.raises(exceptions.FencingError) as info:
+        _write(guard, 5, proof=forged)
+    refusal = info.value
+    assert type(refusal) is InvalidProof is exceptions.InvalidProof
+    assert isinstance(refusal, exceptions.Refused) and isinstance(refusal, ValueError)
+    assert (refusal.reason, refusal.category, refusal.code) == ("unknown_key", "refused", None)
+    assert "does not trust" in str(refusal)
+    assert guard.hwm(RESOURCE) is None
+
+
 def test_resources_are_fenced_independently(conn, guard):
     _write(guard, 9, resource="a")
     _write(guard, 2, resource="b")
