@@ -297,32 +297,59 @@ def test_an_old_holder_paused_between_check_and_statement_never_commits_after_th
     assert (tokens, hwm) == ([5, 5, 6], 6)
 
 
-def test_two_first_writers_of_a_resource_race_to_create_its_mark(dsn):
-    """Both find no mark; the second's insert waits for the first, which commits token 6: the
-    second must then be judged against 6 (StaleToken), not fail on the duplicate key."""
+def _second_writer_behind_the_first(dsn, token_a, token_b, prepare_b=lambda conn: None):
+    """Holder A writes ``token_a`` and, before it commits, holder B (another connection, in a
+    thread) tries ``token_b`` and must wait on A's lock. Returns B's outcome: "committed" or
+    the exception it raised, once A has committed."""
     with (psycopg.connect(dsn) as a, psycopg.connect(dsn + " application_name=second_writer") as b,
           psycopg.connect(dsn, autocommit=True) as admin):
         guard_a, guard_b = _setup(a), PostgresGuard(b, VERIFIER)
+        prepare_b(b)
         outcome = {}
 
         def second():
             try:
-                _write(guard_b, 5)
+                _write(guard_b, token_b)
                 outcome["b"] = "committed"
             except BaseException as exc:  # reported to the test thread below
                 outcome["b"] = exc
 
-        with guard_a.fenced(RESOURCE, SIGNER.sign(RESOURCE, 6)) as cur:  # creates the row, uncommitted
-            cur.execute("INSERT INTO writes (resource, token) VALUES (%s, 6)", (RESOURCE,))
+        with guard_a.fenced(RESOURCE, SIGNER.sign(RESOURCE, token_a)) as cur:
+            cur.execute("INSERT INTO writes (resource, token) VALUES (%s, %s)", (RESOURCE, token_a))
             racer = threading.Thread(target=second)
             racer.start()
             wait_until(lambda: _backend_waits_for_a_lock(admin, "second_writer"), CUE_TIMEOUT_S,
-                       what="the second writer to wait on the first one's new row")
+                       what="the second writer to wait on the first one's lock")
         racer.join(CUE_TIMEOUT_S)
         assert not racer.is_alive()
-        assert isinstance(outcome["b"], StaleToken), outcome["b"]
-        assert outcome["b"].hwm == 6
-        assert _written(a) == [6]
+        return outcome["b"]
+
+
+def test_two_first_writers_of_a_resource_race_to_create_its_mark(dsn):
+    """Both find no mark; the second's insert waits for the first, which commits token 6: the
+    second must then be judged against 6 (StaleToken), not fail on the duplicate key."""
+    refused = _second_writer_behind_the_first(dsn, 6, 5)
+    assert isinstance(refused, StaleToken) and refused.hwm == 6, refused
+    with psycopg.connect(dsn) as conn:
+        assert _written(conn) == [6]
+
+
+def test_under_repeatable_read_a_waiting_guard_fails_to_serialize_and_writes_nothing(dsn):
+    """The docstring's promise for stricter isolation: the guard behind a raised mark gets
+    SerializationFailure, its write is not applied, and a retry is judged against the new mark."""
+    with psycopg.connect(dsn) as conn:
+        _write(_setup(conn), 5)
+
+    def repeatable_read(conn):
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+
+    failed = _second_writer_behind_the_first(dsn, 6, 7, prepare_b=repeatable_read)
+    assert isinstance(failed, psycopg.errors.SerializationFailure), failed
+    with psycopg.connect(dsn) as conn:
+        guard = PostgresGuard(conn, VERIFIER)
+        assert (_written(conn), guard.hwm(RESOURCE)) == ([5, 6], 6)
+        _write(guard, 7)  # the retry
+        assert (_written(conn), guard.hwm(RESOURCE)) == ([5, 6, 7], 7)
 
 
 # -- argument errors --------------------------------------------------------------------------

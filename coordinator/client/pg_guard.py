@@ -11,8 +11,8 @@ Why the row lock and not just a read: under READ COMMITTED (PostgreSQL's default
 ``SELECT`` does not stop another transaction from raising the mark between this one's check
 and its commit, so an old holder paused there would commit after the new one. ``FOR UPDATE``
 makes the second guard wait for the first transaction to end and then read the mark it
-committed. Under REPEATABLE READ or SERIALIZABLE the waiting guard gets a serialization
-failure (``psycopg.errors.SerializationFailure``) instead: nothing is written, retry it.
+committed. Under REPEATABLE READ or SERIALIZABLE a guard that waited for a transaction which
+raised the mark gets ``psycopg.errors.SerializationFailure`` instead: nothing is written, retry.
 
     guard = PostgresGuard(conn, ProofVerifier.from_files("cluster.pub"))
     guard.ensure_schema()
