@@ -8,6 +8,8 @@ installed package that only works from the repository root, so the root goes on
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 if ROOT not in sys.path:
@@ -27,3 +29,24 @@ def pytest_sessionfinish(session, exitstatus):
         names = ", ".join(report.nodeid for report in skipped)
         print(f"\nCI=true: {len(skipped)} test(s) skipped, which CI does not allow: {names}", file=sys.stderr)
         session.exitstatus = 1
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A throwaway PostgreSQL server (testsupport.postgres) for the guard tests, started once.
+    Missing binaries or driver fail the test with how to install them, never skip it."""
+    from testsupport.postgres import PostgresMissing, PostgresServer
+
+    try:
+        import psycopg  # noqa: F401
+    except ImportError as exc:
+        pytest.fail(f"{exc}: install the test extra, pip install -e '.[server,test]' (it includes psycopg)")
+    try:
+        server = PostgresServer()
+    except PostgresMissing as exc:
+        pytest.fail(str(exc))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

@@ -1,10 +1,12 @@
-"""PostgresGuard against a real PostgreSQL server that these tests start (testsupport.postgres).
+"""PostgresGuard's own concerns on a real PostgreSQL server that the tests start (the
+postgres_server fixture, testsupport.postgres).
 
-The rule itself is shared with the SQLite guard (guard_rule.Guard, tested in test_guard.py);
-here: the PostgreSQL storage (uint64 in numeric, both autocommit modes, rollback of a failed
-statement, the caller's settings), and isolation under READ COMMITTED: two holders in two
-processes racing across a pause, where the old holder's statement must never commit after
-the new holder's, and two first writers racing to create a resource's mark.
+The contract every guard keeps (the rule, proofs, rollback, durability, both autocommit modes,
+two processes racing) runs on PostgreSQL too, in test_guard.py. Here: isolation under READ
+COMMITTED, two holders in two processes racing across a pause, where the old holder's
+statement must never commit after the new holder's; two first writers racing to create a
+resource's mark; what REPEATABLE READ does; the caller's settings; and a machine without
+PostgreSQL failing with how to install it.
 """
 
 import multiprocessing
@@ -12,23 +14,20 @@ import queue
 import threading
 import traceback
 
+# First: without psycopg this import fails with how to install it (the [postgres] extra).
+from coordinator.client.pg_guard import PostgresGuard, StaleToken
+
+import psycopg
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from psycopg.rows import dict_row
 
-from coordinator.client import exceptions
-from coordinator.client.proof import TOKEN_MAX, InvalidProof, ProofSigner, ProofVerifier
+from coordinator.client.proof import ProofSigner, ProofVerifier
+from testsupport import guard_stores
+from testsupport.guard_stores import PostgresStore
 from testsupport.postgres import PostgresMissing, PostgresServer
 from testsupport.supervisor import wait_until
-
-try:
-    import psycopg
-    from psycopg.rows import dict_row
-
-    from coordinator.client.pg_guard import PostgresGuard, StaleToken
-except ImportError as exc:  # fail every test with the fix, never skip (tests/conftest.py)
-    psycopg = None
-    _IMPORT_ERROR = f"{exc}: install the test extra, pip install -e '.[test]' (it includes psycopg)"
 
 KEY = Ed25519PrivateKey.generate()
 SIGNER = ProofSigner(KEY)
@@ -39,161 +38,25 @@ RESOURCE = "orders/7"
 CUE_TIMEOUT_S = 60
 
 
-@pytest.fixture(scope="module")
-def server():
-    if psycopg is None:
-        pytest.fail(_IMPORT_ERROR)
-    try:
-        pg = PostgresServer()
-    except PostgresMissing as exc:
-        pytest.fail(str(exc))
-    try:
-        pg.start()
-        yield pg
-    finally:
-        pg.stop()
-
-
 @pytest.fixture
-def dsn(server):
-    return server.new_database()
+def dsn(postgres_server):
+    return postgres_server.new_database()
 
 
-def _setup(conn, verifier=VERIFIER, **kwargs):
-    """The guard's table plus the caller's own data: one row per accepted write, in commit order."""
-    guard = PostgresGuard(conn, verifier, **kwargs)
-    guard.ensure_schema()
-    with conn.transaction():
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS writes (seq bigserial PRIMARY KEY, resource text NOT NULL,"
-            " token numeric(20,0) NOT NULL)"
-        )
-    return guard
+# The shared helpers need only the store's SQL dialect here: connections come from ``dsn``.
+PG = PostgresStore(conninfo="")
 
 
-def _write(guard, token, resource=RESOURCE, proof=None):
-    with guard.fenced(resource, SIGNER.sign(resource, token) if proof is None else proof) as cur:
-        cur.execute("INSERT INTO writes (resource, token) VALUES (%s, %s)", (resource, token))
+def _setup(conn, verifier=VERIFIER):
+    return guard_stores.setup(PG, conn, verifier)
 
 
-def _written(conn, resource=RESOURCE):
-    with conn.transaction():
-        rows = conn.execute("SELECT token FROM writes WHERE resource = %s ORDER BY seq", (resource,)).fetchall()
-    return [int(t) for (t,) in rows]
+def _write(guard, token, proof=None):
+    guard_stores.write(PG, guard, RESOURCE, token, SIGNER.sign(RESOURCE, token) if proof is None else proof)
 
 
-def _idle(conn):
-    return conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-
-
-@pytest.fixture(params=[False, True], ids=["transaction-mode", "autocommit-mode"])
-def conn(request, dsn):
-    with psycopg.connect(dsn, autocommit=request.param) as c:
-        yield c
-
-
-@pytest.fixture
-def guard(conn):
-    return _setup(conn)
-
-
-# -- the rule, stored in PostgreSQL ---------------------------------------------------------
-
-
-def test_first_equal_higher_then_stale_is_refused_before_the_body(conn, guard):
-    assert guard.hwm(RESOURCE) is None
-    _write(guard, 5)
-    _write(guard, 5)
-    _write(guard, 6)
-    assert guard.hwm(RESOURCE) == 6
-    body_ran = False
-    with pytest.raises(StaleToken) as info:
-        with guard.fenced(RESOURCE, SIGNER.sign(RESOURCE, 5)) as cur:
-            body_ran = True
-            cur.execute("INSERT INTO writes (resource, token) VALUES (%s, 5)", (RESOURCE,))
-    assert not body_ran
-    assert type(info.value) is exceptions.StaleToken  # the client's class: one except for every fence
-    assert (info.value.resource, info.value.token, info.value.hwm) == (RESOURCE, 5, 6)
-    assert _written(conn) == [5, 5, 6]
-    assert _idle(conn)  # committed / rolled back: the connection is free
-
-
-def test_tokens_above_2_63_up_to_uint64_max(conn, guard):
-    _write(guard, 2**63 - 1)
-    _write(guard, 2**63)  # above bigint
-    with pytest.raises(StaleToken):
-        _write(guard, 2**63 - 1)
-    _write(guard, TOKEN_MAX)
-    assert guard.hwm(RESOURCE) == TOKEN_MAX
-    with pytest.raises(StaleToken) as info:
-        _write(guard, 2**63)
-    assert info.value.hwm == TOKEN_MAX
-    assert _written(conn) == [2**63 - 1, 2**63, TOKEN_MAX]
-
-
-def test_forged_huge_token_changes_nothing(conn, guard):
-    _write(guard, 5)
-    forged = ProofSigner(Ed25519PrivateKey.generate()).sign(RESOURCE, TOKEN_MAX)
-    with pytest.raises(InvalidProof) as info:
-        _write(guard, TOKEN_MAX, proof=forged)
-    assert info.value.reason == "unknown_key"
-    assert guard.hwm(RESOURCE) == 5
-    _write(guard, 5)  # the real holder still writes
-    assert _written(conn) == [5, 5]
-
-
-def test_hwm_is_durable_across_connections(dsn):
-    with psycopg.connect(dsn) as first:
-        _write(_setup(first), 7)
-    with psycopg.connect(dsn) as second:
-        guard = _setup(second)  # ensure_schema on an existing table keeps it
-        assert guard.hwm(RESOURCE) == 7
-        with pytest.raises(StaleToken):
-            _write(guard, 6)
-        assert _written(second) == [7]
-
-
-# -- transactions ---------------------------------------------------------------------------
-
-
-class _Boom(Exception):
-    pass
-
-
-@pytest.mark.parametrize("failure", ["exception", "sql-error"])
-def test_failure_in_the_body_rolls_back_mutation_and_hwm(conn, guard, failure):
-    _write(guard, 5)
-    expected = {"exception": _Boom, "sql-error": psycopg.errors.NotNullViolation}[failure]
-    with pytest.raises(expected):
-        with guard.fenced(RESOURCE, SIGNER.sign(RESOURCE, 6)) as cur:
-            cur.execute("INSERT INTO writes (resource, token) VALUES (%s, 6)", (RESOURCE,))
-            if failure == "exception":
-                raise _Boom()
-            cur.execute("INSERT INTO writes (resource, token) VALUES (NULL, NULL)")  # the transaction fails
-    assert _idle(conn)
-    assert guard.hwm(RESOURCE) == 5  # raised inside the transaction, rolled back with the mutation
-    assert _written(conn) == [5]
-    _write(guard, 5)  # so the holder of 5 is not fenced off by a write that never happened
-    assert _written(conn) == [5, 5]
-
-
-def test_refuses_a_connection_already_in_a_transaction(dsn):
-    with psycopg.connect(dsn) as conn:
-        guard = _setup(conn)
-        conn.execute("INSERT INTO writes (resource, token) VALUES ('caller', 1)")  # opens one
-        with pytest.raises(RuntimeError, match="already in a transaction"):
-            _write(guard, 5)
-        assert not _idle(conn)  # the caller's transaction is left alone
-        conn.rollback()
-        assert guard.hwm(RESOURCE) is None
-        assert _written(conn, "caller") == []
-
-
-def test_refuses_a_body_that_ends_the_transaction_itself(conn, guard):
-    with pytest.raises(RuntimeError, match="ended the guard's transaction"):
-        with guard.fenced(RESOURCE, SIGNER.sign(RESOURCE, 5)):
-            conn.commit()
-    assert _idle(conn)
+def _written(conn):
+    return guard_stores.written(PG, conn, RESOURCE)
 
 
 def test_leaves_connection_settings_alone(dsn):
@@ -251,7 +114,7 @@ def _backend_waits_for_a_lock(admin, application_name):
     return row is not None and row[0] == "Lock"
 
 
-def test_an_old_holder_paused_between_check_and_statement_never_commits_after_the_new_one(server, dsn):
+def test_an_old_holder_paused_between_check_and_statement_never_commits_after_the_new_one(dsn):
     """Holder 5 passes the check, then pauses (GC, a stalled VM) before its statement; holder 6
     arrives meanwhile. Under READ COMMITTED a plain read of the mark would let 6 commit and then
     5 commit after it. The guard's row lock makes 6 wait for 5's transaction instead: 5's write
@@ -350,33 +213,6 @@ def test_under_repeatable_read_a_waiting_guard_fails_to_serialize_and_writes_not
         assert (_written(conn), guard.hwm(RESOURCE)) == ([5, 6], 6)
         _write(guard, 7)  # the retry
         assert (_written(conn), guard.hwm(RESOURCE)) == ([5, 6, 7], 7)
-
-
-# -- argument errors --------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("table", ["", "1abc", 'a"b', "a;DROP TABLE writes", "x" * 64, None])
-def test_bad_table_name_is_refused(conn, table):
-    with pytest.raises(ValueError, match="table name"):
-        PostgresGuard(conn, VERIFIER, table=table)
-
-
-def test_custom_table_name_even_a_keyword(conn):
-    guard = _setup(conn, table="order")
-    _write(guard, 2)
-    assert guard.hwm(RESOURCE) == 2
-    with conn.transaction():
-        assert conn.execute('SELECT resource, hwm FROM "order"').fetchall() == [(RESOURCE, 2)]
-
-
-def test_argument_types_are_checked(conn, guard):
-    with pytest.raises(TypeError, match="psycopg.Connection"):
-        PostgresGuard(object(), VERIFIER)
-    with pytest.raises(TypeError, match="ProofVerifier"):
-        PostgresGuard(conn, KEY.public_key())
-    with pytest.raises(ValueError, match="resource"):
-        _write(guard, 1, resource="")
-    assert _idle(conn)
 
 
 def test_a_machine_without_postgresql_fails_with_how_to_install_it(monkeypatch, tmp_path):

@@ -37,8 +37,7 @@ from __future__ import annotations
 import sqlite3
 
 from coordinator.client.exceptions import StaleToken
-from coordinator.client.guard_rule import Guard, check_table_name
-from coordinator.client.proof import ProofVerifier
+from coordinator.client.guard_rule import Guard
 
 # StaleToken is the client's own (coordinator.client.exceptions): one ``except StaleToken``
 # catches a refusal by the cluster's fenced store and one by a guard alike.
@@ -72,16 +71,14 @@ class SqliteGuard(Guard):
     open, so it is refused.)
     """
 
-    def __init__(
-        self, connection: sqlite3.Connection, verifier: ProofVerifier | None, *, table: str = "fencing_hwm"
-    ) -> None:
-        if not isinstance(connection, sqlite3.Connection):
-            raise TypeError(f"connection must be a sqlite3.Connection, not {type(connection).__name__}")
-        super().__init__(verifier)
-        if check_table_name(table).lower().startswith("sqlite_"):
-            raise ValueError(f"table name {table!r}: names starting with 'sqlite_' are reserved by SQLite")
-        self._conn = connection
-        self._table = f'"{table}"'  # quoted, so a keyword such as "order" is a name too
+    _connection_type = sqlite3.Connection
+    _connection_name = "sqlite3.Connection"
+    _reserved_table_prefix = "sqlite_"
+    _conn: sqlite3.Connection
+
+    @property
+    def _table(self) -> str:
+        return f'"{self._table_name}"'  # quoted, so a keyword such as "order" is a name too
 
     def ensure_schema(self) -> None:
         """Create the hwm table if it does not exist (committed at once if no transaction is open)."""

@@ -18,7 +18,7 @@ import abc
 import contextlib
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from coordinator.client.exceptions import StaleToken
 from coordinator.client.proof import ProofVerifier
@@ -41,17 +41,30 @@ def check_table_name(table: object) -> str:
 
 
 class Guard(abc.ABC):
-    """Fences writes to one database connection: one durable hwm per resource.
+    """Fences writes to one database connection: one durable hwm per resource in ``table``.
 
     ``verifier`` checks each token's proof. With ``verifier=None`` the guard takes plain
     int tokens and believes them: only for trusted callers, because one made-up huge token
     (``2**64-1``) then locks every real holder out of that resource for good.
     """
 
-    def __init__(self, verifier: ProofVerifier | None) -> None:
+    # The adapter's connection class, and its name as a user imports it (for the TypeError).
+    _connection_type: ClassVar[type]
+    _connection_name: ClassVar[str]
+    # Table names the database keeps for itself (SQLite: "sqlite_"), if any.
+    _reserved_table_prefix: ClassVar[str | None] = None
+
+    def __init__(self, connection: Any, verifier: ProofVerifier | None, *, table: str = "fencing_hwm") -> None:
+        if not isinstance(connection, self._connection_type):
+            raise TypeError(f"connection must be a {self._connection_name}, not {type(connection).__name__}")
         if verifier is not None and not isinstance(verifier, ProofVerifier):
             raise TypeError(f"verifier must be a ProofVerifier or None, not {type(verifier).__name__}")
+        prefix = self._reserved_table_prefix
+        if check_table_name(table) and prefix is not None and table.lower().startswith(prefix):
+            raise ValueError(f"table name {table!r}: names starting with {prefix!r} are reserved by the database")
+        self._conn = connection
         self._verifier = verifier
+        self._table_name = table  # the hwm table, a plain SQL name: adapters quote it
 
     # -- what every guard offers -------------------------------------------------------------
 

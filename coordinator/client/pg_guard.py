@@ -28,11 +28,11 @@ default): set one if a holder may stall inside its fenced body.
 
 from __future__ import annotations
 
+import functools
 from decimal import Decimal
 
 from coordinator.client.exceptions import StaleToken
-from coordinator.client.guard_rule import Guard, check_table_name
-from coordinator.client.proof import ProofVerifier
+from coordinator.client.guard_rule import Guard
 from coordinator.core.limits import TOKEN_MAX
 
 try:
@@ -47,6 +47,19 @@ except ImportError as exc:  # an optional extra: say which, not just the module'
 
 # StaleToken is the client's own: one ``except StaleToken`` catches every fence's refusal.
 __all__ = ["PostgresGuard", "StaleToken"]
+
+# Each statement with {} for the quoted table name.
+_STATEMENTS = {
+    "create_table": "CREATE TABLE IF NOT EXISTS {} (resource text PRIMARY KEY,"
+    f" hwm numeric(20,0) NOT NULL CHECK (hwm BETWEEN 1 AND {TOKEN_MAX}))",
+    "read": "SELECT hwm FROM {} WHERE resource = %s",
+    # FOR UPDATE: the row stays locked to this transaction's end (see the module's docstring).
+    "lock": "SELECT hwm FROM {} WHERE resource = %s FOR UPDATE",
+    # DO NOTHING, not an error: a concurrent first writer's insert makes this one wait for that
+    # transaction, and if it committed, the rule reads its mark (locked) instead.
+    "create": "INSERT INTO {} (resource, hwm) VALUES (%s, %s) ON CONFLICT (resource) DO NOTHING",
+    "raise": "UPDATE {} SET hwm = %s WHERE resource = %s",
+}
 
 
 def _decode(value: object, resource: str) -> int:
@@ -66,32 +79,20 @@ class PostgresGuard(Guard):
     commit at once (inside a caller's transaction they run in a savepoint of it).
     """
 
-    def __init__(
-        self, connection: psycopg.Connection, verifier: ProofVerifier | None, *, table: str = "fencing_hwm"
-    ) -> None:
-        if not isinstance(connection, psycopg.Connection):
-            raise TypeError(f"connection must be a psycopg.Connection, not {type(connection).__name__}")
-        super().__init__(verifier)
-        name = sql.Identifier(check_table_name(table))  # quoted, so a keyword such as "order" is a name too
-        self._conn = connection
-        self._sql_create = sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} (resource text PRIMARY KEY,"
-            " hwm numeric(20,0) NOT NULL CHECK (hwm BETWEEN 1 AND {}))"
-        ).format(name, sql.Literal(TOKEN_MAX))
-        self._sql_read = sql.SQL("SELECT hwm FROM {} WHERE resource = %s").format(name)
-        self._sql_lock = sql.SQL("SELECT hwm FROM {} WHERE resource = %s FOR UPDATE").format(name)
-        # DO NOTHING, not an error: a concurrent first writer's insert makes this one wait for
-        # that transaction, and if it committed, the rule reads its mark (locked) instead.
-        self._sql_create_hwm = sql.SQL(
-            "INSERT INTO {} (resource, hwm) VALUES (%s, %s) ON CONFLICT (resource) DO NOTHING"
-        ).format(name)
-        self._sql_raise_hwm = sql.SQL("UPDATE {} SET hwm = %s WHERE resource = %s").format(name)
+    _connection_type = psycopg.Connection
+    _connection_name = "psycopg.Connection"
+    _conn: psycopg.Connection
+
+    @functools.cached_property
+    def _sql(self) -> dict[str, sql.Composed]:
+        name = sql.Identifier(self._table_name)  # quoted, so a keyword such as "order" is a name too
+        return {key: sql.SQL(text).format(name) for key, text in _STATEMENTS.items()}
 
     def ensure_schema(self) -> None:
         """Create the hwm table if it does not exist. Two processes creating it at the same moment
         can fail with a unique violation on PostgreSQL's catalog: create it once, at deployment."""
         with self._conn.transaction():
-            self._conn.execute(self._sql_create)
+            self._conn.execute(self._sql["create_table"])
 
     # -- the storage adapter -----------------------------------------------------------------
 
@@ -107,10 +108,10 @@ class PostgresGuard(Guard):
 
     def _read_hwm(self, resource: str) -> int | None:
         with self._conn.transaction():  # ends here, so a plain read leaves no transaction open
-            return self._one_hwm(self._sql_read, resource)
+            return self._one_hwm(self._sql["read"], resource)
 
     def _lock_hwm(self, resource: str) -> int | None:
-        return self._one_hwm(self._sql_lock, resource)
+        return self._one_hwm(self._sql["lock"], resource)
 
     def _one_hwm(self, query: sql.Composed, resource: str) -> int | None:
         # Our own row factory: the caller's (dict_row, a class) stays the connection's.
@@ -119,10 +120,10 @@ class PostgresGuard(Guard):
         return None if row is None else _decode(row[0], resource)
 
     def _create_hwm(self, resource: str, token: int) -> bool:
-        return self._conn.execute(self._sql_create_hwm, (resource, Decimal(token))).rowcount == 1
+        return self._conn.execute(self._sql["create"], (resource, Decimal(token))).rowcount == 1
 
     def _raise_hwm(self, resource: str, token: int) -> None:
-        self._conn.execute(self._sql_raise_hwm, (Decimal(token), resource))
+        self._conn.execute(self._sql["raise"], (Decimal(token), resource))
 
     def _cursor(self) -> psycopg.Cursor:
         return self._conn.cursor()
