@@ -47,6 +47,16 @@ def find_bindir() -> str:
     return max(candidates, key=lambda d: int(d.split("/")[-2]) if d.split("/")[-2].isdigit() else 0)
 
 
+def _unprivileged_user() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(UNPRIVILEGED_USER)
+    except KeyError:
+        raise RuntimeError(
+            f"running as root, the test server needs the account {UNPRIVILEGED_USER!r} (PostgreSQL refuses root), "
+            f"and there is none: useradd --system {UNPRIVILEGED_USER}"
+        ) from None
+
+
 class PostgresServer:
     """One temporary cluster; ``start()`` then ``stop()`` (also after a failed start)."""
 
@@ -56,7 +66,7 @@ class PostgresServer:
         self.socket_dir = self.base
         self.data_dir = os.path.join(self.base, "data")
         self.log_path = os.path.join(self.base, "server.log")
-        self._user = pwd.getpwnam(UNPRIVILEGED_USER) if os.geteuid() == 0 else None
+        self._user = _unprivileged_user() if os.geteuid() == 0 else None
         self._started = False
         self._databases = 0
 
@@ -77,7 +87,8 @@ class PostgresServer:
 
     def stop(self) -> None:
         try:
-            if self._started:
+            # No pid file: the start failed (its error is the one to see) or the server is gone.
+            if self._started and os.path.exists(os.path.join(self.data_dir, "postmaster.pid")):
                 self._run("pg_ctl", "-D", self.data_dir, "-m", "fast", "-w", "-t", str(STOP_TIMEOUT_S),
                           "stop", timeout=STOP_TIMEOUT_S + 10)
         finally:
