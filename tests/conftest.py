@@ -5,6 +5,7 @@ installed package that only works from the repository root, so the root goes on
 ``sys.path`` and ``PYTHONPATH`` wherever pytest was started from.
 """
 
+import importlib.util
 import os
 import sys
 
@@ -37,10 +38,8 @@ def postgres_server():
     Missing binaries or driver fail the test with how to install them, never skip it."""
     from testsupport.postgres import PostgresMissing, PostgresServer
 
-    try:
-        import psycopg  # noqa: F401
-    except ImportError as exc:
-        pytest.fail(f"{exc}: install the test extra, pip install -e '.[server,test]' (it includes psycopg)")
+    if importlib.util.find_spec("psycopg") is None:
+        pytest.fail("psycopg is not installed: pip install -e '.[server,test]' (the test extra includes it)")
     try:
         server = PostgresServer()
     except PostgresMissing as exc:
