@@ -5,8 +5,11 @@ installed package that only works from the repository root, so the root goes on
 ``sys.path`` and ``PYTHONPATH`` wherever pytest was started from.
 """
 
+import importlib.util
 import os
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,3 +30,22 @@ def pytest_sessionfinish(session, exitstatus):
         names = ", ".join(report.nodeid for report in skipped)
         print(f"\nCI=true: {len(skipped)} test(s) skipped, which CI does not allow: {names}", file=sys.stderr)
         session.exitstatus = 1
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A throwaway PostgreSQL server (testsupport.postgres) for the guard tests, started once.
+    Missing binaries or driver fail the test with how to install them, never skip it."""
+    from testsupport.postgres import PostgresMissing, PostgresServer
+
+    if importlib.util.find_spec("psycopg") is None:
+        pytest.fail("psycopg is not installed: pip install -e '.[server,test]' (the test extra includes it)")
+    try:
+        server = PostgresServer()
+    except PostgresMissing as exc:
+        pytest.fail(str(exc))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

@@ -5,18 +5,29 @@ venv's setuptools) and lists its files: every module under coordinator/ — the 
 server and client layers and the generated API — and no test harness (testsupport/, tests/,
 chaos/, bench/). The copy leaves out build/ and *.egg-info: setuptools reuses a stale build/lib,
 which could put deleted modules into the wheel, and the checkout stays untouched.
+
+Then installs it as a user would, offline: into a fresh venv, with exactly the distributions
+its metadata asks for (copied from this interpreter's site-packages, markers evaluated,
+transitively). Without extras that is the client: it imports, ``fencingctl`` runs, and
+``fencingd`` says in one line which extra it needs; with ``[server]`` added, ``fencingd`` runs.
 """
 
 from __future__ import annotations
 
 import configparser
+import email.parser
+import importlib.metadata
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
 import zipfile
 
 import pytest
+# packaging comes with pytest: the requirement and marker grammar, not reimplemented here.
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYERS = ("core", "raft", "server", "client", "api")
@@ -77,3 +88,108 @@ def test_console_scripts_point_at_the_server_and_client_packages(wheel):
         module, func = target.split(":")
         source = wheel.read(module.replace(".", "/") + ".py").decode()
         assert f"\ndef {func}(" in source, target
+
+
+# -- installed as a user would --------------------------------------------------------------
+
+SERVER_ONLY = {"pysyncobj", "prometheus-client", "grpcio-health-checking", "grpcio-reflection"}
+SERVER_MODULES = ("pysyncobj", "prometheus_client", "grpc_health", "grpc_reflection")
+INSTALL_SERVER = "pip install 'fencing-coordinator[server]'"
+# The child must see the venv only: not this checkout (conftest puts it on PYTHONPATH).
+_CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")} | {"PYTHONNOUSERSITE": "1"}
+
+
+def _requires_dist(wheel: zipfile.ZipFile) -> list[Requirement]:
+    (metadata,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    return [Requirement(r) for r in email.parser.Parser().parsestr(wheel.read(metadata).decode()).get_all("Requires-Dist")]
+
+
+def _needed(requirements: list[Requirement], extras: set[str]) -> dict[str, importlib.metadata.Distribution]:
+    """Every installed distribution these requirements pull in, for the given extras, transitively."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    todo = [r for r in requirements if r.marker is None or any(r.marker.evaluate({"extra": e}) for e in extras)]
+    while todo:
+        req = todo.pop()
+        key = canonicalize_name(req.name)
+        if key in found:
+            continue
+        found[key] = dist = importlib.metadata.distribution(req.name)
+        for line in dist.requires or ():
+            sub = Requirement(line)
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in req.extras | {""}):
+                todo.append(sub)
+    return found
+
+
+def _copy_into(dists, site: pathlib.Path) -> None:
+    for dist in dists:
+        for rel in dist.files or ():
+            src = pathlib.Path(dist.locate_file(rel))
+            if rel.parts[0] != ".." and src.is_file():  # "..": console scripts, not needed here
+                (site / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, site / rel)
+
+
+def _run(venv: pathlib.Path, program: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(venv / "bin" / program), *args], capture_output=True, text=True,
+                          timeout=120, env=_CLEAN_ENV, cwd=venv)
+
+
+@pytest.fixture(scope="module")
+def client_venv(wheel, tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path]:
+    """A fresh venv holding the wheel and only its base dependencies; (venv, site-packages)."""
+    venv = tmp_path_factory.mktemp("client") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps", "--no-index",
+         "--disable-pip-version-check", "-q", wheel.filename],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    site = pathlib.Path(_run(venv, "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+                        .stdout.strip())
+    _copy_into(_needed(_requires_dist(wheel), {""}).values(), site)
+    return venv, site
+
+
+def test_the_client_needs_none_of_the_servers_dependencies(wheel):
+    client = set(_needed(_requires_dist(wheel), {""}))
+    assert not client & SERVER_ONLY, sorted(client & SERVER_ONLY)
+    assert {"grpcio", "msgpack", "cryptography", "protobuf"} <= client
+    assert SERVER_ONLY <= set(_needed(_requires_dist(wheel), {"", "server"}))
+    assert "coordinator/py.typed" in wheel.namelist()  # PEP 561: users' type checkers read the annotations
+
+
+def test_a_client_install_imports_the_client_and_runs_fencingctl(client_venv):
+    venv, _ = client_venv
+    probe = (
+        "import importlib.util, coordinator\n"
+        "from coordinator.client import FencingClient, exceptions\n"
+        "from coordinator.client.guard import SqliteGuard\n"
+        "from coordinator.client.proof import ProofVerifier\n"
+        "print(coordinator.__file__)\n"
+        f"print([m for m in {SERVER_MODULES!r} if importlib.util.find_spec(m)])\n"
+        "try:\n    import coordinator.client.pg_guard\nexcept ImportError as exc:\n    print(exc)\n"
+    )
+    proc = _run(venv, "python", "-c", probe)
+    assert proc.returncode == 0, proc.stderr
+    where, server_modules, pg_hint = proc.stdout.splitlines()
+    assert where.startswith(str(venv)) and server_modules == "[]", proc.stdout  # the venv's copy, alone
+    assert pg_hint.endswith("pip install 'fencing-coordinator[postgres]'"), pg_hint
+    assert len(list(venv.glob("lib/python*/site-packages/coordinator/py.typed"))) == 1
+    help_ = _run(venv, "fencingctl", "--help")
+    assert help_.returncode == 0 and help_.stdout.startswith("usage: fencingctl"), help_.stdout + help_.stderr
+
+
+def test_fencingd_without_the_server_extra_says_so_in_one_line(wheel, client_venv):
+    venv, site = client_venv
+    for argv in (["dev", "--help"], ["serve", "--config", "node1.toml"], ["--help"]):
+        proc = _run(venv, "fencingd", *argv)
+        assert proc.returncode != 0, argv
+        assert proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr  # one line, no traceback
+        assert proc.stderr.startswith("fencingd: ") and proc.stderr.rstrip().endswith(INSTALL_SERVER), proc.stderr
+        assert "pysyncobj" in proc.stderr and "prometheus-client" in proc.stderr
+    # ...and with the extra's distributions added, it gets past that line.
+    _copy_into(_needed(_requires_dist(wheel), {"", "server"}).values(), site)
+    help_ = _run(venv, "fencingd", "--help")
+    assert help_.returncode == 0 and help_.stdout.startswith("usage: fencingd"), help_.stdout + help_.stderr

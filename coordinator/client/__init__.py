@@ -2,8 +2,9 @@
 
 Owns: ``FencingClient`` and ``Lease`` (``sync``), ``AsyncFencingClient`` and ``AsyncLease``
 (``aio``), both on one base (``_base``) with one retry policy (``retry``); the result
-dataclasses (``results``); the exception tree (``exceptions``); token proofs and external
-guards (``proof``, ``guard``); and the ``fencingctl`` command.
+dataclasses (``results``); the exception tree (``exceptions``); token proofs (``proof``) and
+external guards (the rule in ``guard_rule``; SQLite in ``guard``, PostgreSQL in ``pg_guard``,
+which needs the ``[postgres]`` extra); and the ``fencingctl`` command.
 Must never: import ``coordinator.raft`` or ``coordinator.server`` (a client runs without
 them), or report an outcome it does not know: after an attempt that may have applied it
 says OutcomeUnknown.

@@ -18,6 +18,8 @@ The tree answers the first question a caller has after a failed mutation, "did i
     │   ├── Refused                  the state machine said no; retrying will not help
     │   │   ├── StaleToken           token < hwm: a newer owner exists       .hwm .token
     │   │   │                        (an external guard raises it too)
+    │   │   ├── InvalidProof         a guard: no valid proof that this token was issued
+    │   │   │                        for this resource (also a ValueError)   .reason
     │   │   ├── UnknownToken         token > hwm: never issued for resource  .hwm
     │   │   ├── LeaseHeld            another live lease holds the resource
     │   │   │                        .holder .expires_at_ms .token
@@ -71,6 +73,7 @@ __all__ = [
     "FencingError",
     "Header",
     "InvalidArgument",
+    "InvalidProof",
     "LeaseExpired",
     "LeaseHeld",
     "LeaseLost",
@@ -236,6 +239,19 @@ class StaleToken(Refused):
     def _describe(self) -> str:
         token = self.request.get("token", "?")
         return f"token {token} is stale for {self.resource or '?'} (high-water mark is {self.hwm})"
+
+
+class InvalidProof(Refused, ValueError):
+    """The proof does not show that the coordinator issued this token for this resource.
+
+    Raised by ``ProofVerifier.verify`` and so by every guard, before anything is changed.
+    ``reason`` is one of ``malformed``, ``unknown_key``, ``bad_signature``, ``wrong_resource``
+    (the verifier's, not ErrorInfo reasons: no server sends them). Also a ValueError, as it was
+    before it joined this tree.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message, reason=reason)
 
 
 class UnknownToken(Refused):

@@ -38,6 +38,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from coordinator.client import pemfile
+# InvalidProof lives in the client's one exception tree; imported here, where it is raised,
+# and still importable from here as before.
+from coordinator.client.exceptions import InvalidProof
 from coordinator.core.limits import RESOURCE_NAME_BYTES_MAX, TOKEN_MAX
 
 PROOF_VERSION = 1
@@ -50,17 +53,6 @@ PROOF_BYTES_MAX = 512  # room for the longest resource name plus the fixed field
 
 class ProofError(ValueError):
     """A key file that cannot serve: unreadable, not PEM, or not an Ed25519 key."""
-
-
-class InvalidProof(ValueError):
-    """The proof does not show that the coordinator issued this token for this resource.
-
-    ``reason`` is one of ``malformed``, ``unknown_key``, ``bad_signature``, ``wrong_resource``.
-    """
-
-    def __init__(self, reason: str, message: str) -> None:
-        self.reason = reason
-        super().__init__(message)
 
 
 @dataclasses.dataclass(frozen=True)

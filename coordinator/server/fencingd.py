@@ -26,7 +26,7 @@ import threading
 import time
 
 from coordinator.server import config as config_mod
-from coordinator.server import cpu_pin
+from coordinator.server import cpu_pin, server_extra
 
 log = logging.getLogger("fencingd")
 
@@ -398,6 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    server_extra.require("fencingd")  # a client-only install: one line naming the extra, no traceback
     args = build_parser().parse_args(argv)
     return args.func(args)
 
