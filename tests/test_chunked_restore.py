@@ -143,3 +143,19 @@ def test_a_version_1_snapshot_still_loads():
     assert copy.digest() == sm.digest()
     with pytest.raises(ValueError, match="version 1 snapshot has 6 items"):
         copy.restore(msgpack.packb([doc[0], 1, *doc[2:7]], use_bin_type=True))
+
+
+def test_snapshots_are_deferred_exactly_while_a_restore_is_staged():
+    sm = busy()
+    assert not sm.snapshot_deferred
+    run(sm, begin(BACKUP), chunks(BACKUP)[0])
+    assert sm.snapshot_deferred
+    run(sm, cmds.restore_abort(restore_id=ID, stamp_ms=22))
+    assert not sm.snapshot_deferred
+    run(sm, begin(BACKUP, stamp=23), *chunks(BACKUP, stamp=23))
+    assert sm.snapshot_deferred
+    assert isinstance(run(sm, cmds.restore_commit(restore_id=ID, stamp_ms=24))[0], Applied)
+    assert not sm.snapshot_deferred
+    run(sm, begin(BACKUP, rid=OTHER, stamp=25))
+    run(sm, cmds.tick(stamp_ms=25 + limits.RESTORE_STAGING_IDLE_MS))  # stale: dropped
+    assert not sm.snapshot_deferred

@@ -290,6 +290,15 @@ class FencingStateMachine:
         return None if self._staged is None else self._staged.staged_bytes
 
     @property
+    def snapshot_deferred(self) -> bool:
+        """True while a restore is staged: a snapshot would hold every staged chunk, the very
+        bytes of the log entries it replaces, so it frees nothing and rewrites them all (at
+        64 MiB journal growth: ~64, then ~128 MiB more of the largest backup, each on the
+        Raft thread). Read by the Raft layer (coordinator/raft/interface.py); ends with the
+        COMMIT, an ABORT, or a TICK after RESTORE_STAGING_IDLE_MS."""
+        return self._staged is not None
+
+    @property
     def resources_count(self) -> int:
         """How many resources the state holds now (what the resources limit counts)."""
         return len(self._resources)
