@@ -159,3 +159,30 @@ def test_snapshots_are_deferred_exactly_while_a_restore_is_staged():
     run(sm, begin(BACKUP, rid=OTHER, stamp=25))
     run(sm, cmds.tick(stamp_ms=25 + limits.RESTORE_STAGING_IDLE_MS))  # stale: dropped
     assert not sm.snapshot_deferred
+
+
+def test_an_item_the_reader_fails_on_is_a_refusal_at_the_commit_never_a_raise(monkeypatch):
+    """Should an item get past every check and still make reading fail, the chunks stage as
+    usual, a member's snapshot taken meanwhile still loads (it reads them again), and the
+    COMMIT refuses the backup: nothing raises on the Raft thread."""
+    from coordinator.core import snapshot_format
+
+    read_resource = snapshot_format._read_resource
+
+    def broken(item, *args):
+        if item[0].startswith("big/"):  # the backup's resources, not the member's own
+            raise TypeError("boom")
+        return read_resource(item, *args)
+
+    monkeypatch.setattr(snapshot_format, "_read_resource", broken)
+    sm = busy()
+    outcomes = run(sm, begin(BACKUP), *chunks(BACKUP))
+    assert all(isinstance(o, Applied) for o in outcomes), outcomes
+    copy = FencingStateMachine()
+    copy.restore(sm.snapshot())
+    for machine in (sm, copy):
+        before = machine.digest()
+        out = machine.apply(cmds.restore_commit(restore_id=ID, stamp_ms=22).encode())
+        assert isinstance(out, Rejected) and out.details == {"field": "data"}, out
+        assert "reading it failed (TypeError: boom)" in out.message
+        assert machine.digest() == before

@@ -112,7 +112,7 @@ _HEAD, _ITEM = "head", "item"
 class SnapshotReader:
     """A snapshot document read as its bytes arrive: each item is checked as soon as it is
     whole, so reading a backup staged in chunks costs each chunk its share, and nothing is
-    left for the commit but ``finish`` (a chunk's share of the largest backup: ~30 ms, where
+    left for the commit but ``finish`` (a chunk's share of the largest backup: ~20 ms, where
     reading it whole stalled the Raft thread ~5 s). The same bytes give the same parts or the
     same refusal however they are split, which is what lets every replica, and a member that
     re-reads a staged restore's chunks from a snapshot, reach the same verdict.
@@ -164,6 +164,12 @@ class SnapshotReader:
                 self._parts, self._wanted = done.value, None
             except ValueError as exc:
                 self._fail(exc)
+                return
+            # Unreachable past the checks above; should an item still make one fail, it is a
+            # refusal like any other: a staged chunk must never make apply, or a member loading
+            # a snapshot taken mid-restore (which reads the chunks again), raise.
+            except Exception as exc:  # noqa: BLE001
+                self._fail(ValueError(f"bad snapshot: reading it failed ({type(exc).__name__}: {exc})"))
                 return
 
     def _fail(self, error: ValueError) -> None:
