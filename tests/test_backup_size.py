@@ -8,6 +8,7 @@ change nothing. tests/test_backup_stream.py restores the same backup on real pro
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import msgpack
@@ -40,6 +41,26 @@ def test_the_fullest_state_the_limits_allow_writes_a_backup_under_backup_bytes_m
     assert len(written) <= limits.BACKUP_BYTES_MAX
     # The bound is close, not merely safe (its slack: every msgpack head counted at 5 bytes).
     assert len(written) >= 0.9 * limits.BACKUP_BYTES_MAX
+
+    # Through the log, as a member applies it: each entry is a Raft-thread pause (printed).
+    staged = FencingStateMachine()
+    rid = b"r" * limits.RESTORE_ID_BYTES
+    entries = [cmds.restore_begin(restore_id=rid, size=len(backup), digest=hashlib.sha256(backup).digest(),
+                                  epoch_floor=BIG + 10, stamp_ms=1)]
+    entries += [cmds.restore_chunk(restore_id=rid, seq=n, chunk=backup[o:o + limits.BACKUP_CHUNK_BYTES], stamp_ms=1)
+                for n, o in enumerate(range(0, len(backup), limits.BACKUP_CHUNK_BYTES))]
+    entries.append(cmds.restore_commit(restore_id=rid, stamp_ms=1))
+    pauses = []
+    for entry in (e.encode() for e in entries):
+        started = time.perf_counter()
+        out = staged.apply(entry)
+        pauses.append(time.perf_counter() - started)
+        assert isinstance(out, Applied), out
+    print(f"restored in {len(entries)} entries: {sum(pauses):.1f} s in all, slowest chunk"
+          f" {max(pauses[1:-1]) * 1000:.0f} ms, commit {pauses[-1] * 1000:.0f} ms")
+    assert (staged.resources_count, staged.keys_count, staged.dedup_size) == (
+        limits.RESOURCES_MAX, limits.STATE_KEYS_MAX, 0)
+    assert staged.stored_bytes == limits.STATE_STORED_BYTES_MAX
 
 
 @pytest.mark.parametrize("op, result", [

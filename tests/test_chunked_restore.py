@@ -143,3 +143,46 @@ def test_a_version_1_snapshot_still_loads():
     assert copy.digest() == sm.digest()
     with pytest.raises(ValueError, match="version 1 snapshot has 6 items"):
         copy.restore(msgpack.packb([doc[0], 1, *doc[2:7]], use_bin_type=True))
+
+
+def test_snapshots_are_deferred_exactly_while_a_restore_is_staged():
+    sm = busy()
+    assert not sm.snapshot_deferred
+    run(sm, begin(BACKUP), chunks(BACKUP)[0])
+    assert sm.snapshot_deferred
+    run(sm, cmds.restore_abort(restore_id=ID, stamp_ms=22))
+    assert not sm.snapshot_deferred
+    run(sm, begin(BACKUP, stamp=23), *chunks(BACKUP, stamp=23))
+    assert sm.snapshot_deferred
+    assert isinstance(run(sm, cmds.restore_commit(restore_id=ID, stamp_ms=24))[0], Applied)
+    assert not sm.snapshot_deferred
+    run(sm, begin(BACKUP, rid=OTHER, stamp=25))
+    run(sm, cmds.tick(stamp_ms=25 + limits.RESTORE_STAGING_IDLE_MS))  # stale: dropped
+    assert not sm.snapshot_deferred
+
+
+def test_an_item_the_reader_fails_on_is_a_refusal_at_the_commit_never_a_raise(monkeypatch):
+    """Should an item get past every check and still make reading fail, the chunks stage as
+    usual, a member's snapshot taken meanwhile still loads (it reads them again), and the
+    COMMIT refuses the backup: nothing raises on the Raft thread."""
+    from coordinator.core import snapshot_format
+
+    read_resource = snapshot_format._read_resource
+
+    def broken(item, *args):
+        if item[0].startswith("big/"):  # the backup's resources, not the member's own
+            raise TypeError("boom")
+        return read_resource(item, *args)
+
+    monkeypatch.setattr(snapshot_format, "_read_resource", broken)
+    sm = busy()
+    outcomes = run(sm, begin(BACKUP), *chunks(BACKUP))
+    assert all(isinstance(o, Applied) for o in outcomes), outcomes
+    copy = FencingStateMachine()
+    copy.restore(sm.snapshot())
+    for machine in (sm, copy):
+        before = machine.digest()
+        out = machine.apply(cmds.restore_commit(restore_id=ID, stamp_ms=22).encode())
+        assert isinstance(out, Rejected) and out.details == {"field": "data"}, out
+        assert "reading it failed (TypeError: boom)" in out.message
+        assert machine.digest() == before

@@ -661,3 +661,25 @@ def test_a_committed_entry_no_member_writes_is_skipped(tmp_path, forged):
     node.tick(0)
     assert node.status()["refused_entries"] == 1 and not node.fatal
     assert node._replica._sm.applied == [b"p2", b"p4"]
+
+
+def test_no_compaction_starts_while_the_state_machine_defers_snapshots(tmp_path):
+    """A restore staged in chunks: a snapshot would hold the staged chunks, the very bytes of
+    the entries it replaces, so the journal grows past its compaction bound until the
+    staging ends, then compacts."""
+
+    class Staging(ListMachine):
+        snapshot_deferred = True
+
+    machine = Staging()
+    node = make_node(tmp_path, machine=machine, log_compaction_min_bytes=1_000)
+    payloads = [b"x" * 600 for _ in range(6)]
+    append(node, 1, 0, [entry(node, p, i, 1) for i, p in enumerate(payloads, start=2)], commit=7)
+    for _ in range(3):
+        node.tick(0)
+    assert len(machine.applied) == 6
+    assert log_of(node)[0][0] == 1, "compacted while snapshots were deferred"
+    machine.snapshot_deferred = False
+    node.tick(0)
+    node.tick(0)  # the snapshot is collected (the journal head moves) at the next tick
+    assert log_of(node)[0][0] > 1, "never compacted once snapshots were allowed again"

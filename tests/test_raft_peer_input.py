@@ -367,6 +367,47 @@ def test_frames_of_any_size_in_any_chunks_arrive_whole_and_in_order():
     theirs.close()
 
 
+def test_a_frame_larger_than_the_socket_buffer_goes_out_whole_without_another_send():
+    """The write path: a 1 MiB frame (a restore chunk's append) is far more than the kernel
+    takes at once. The rest must go out on the poller's write events alone; pysyncobj sent it
+    only with the next message, so on an idle connection it waited for heartbeats."""
+    import pysyncobj.tcp_connection as ps_tcp
+    from pysyncobj.poller import createPoller
+
+    patches.install()  # what RaftNode does first: the writer under test
+    poller = createPoller("auto")
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    conn = ps_tcp.TcpConnection(poller, socket=ours, timeout=60, sendBufferSize=2**16)
+    message = {"type": "apply_command", "command": raft_wire.encode_entry(os.urandom(limits.BACKUP_CHUNK_BYTES))}
+    expected = typed(message)
+    received = bytearray()
+
+    def read() -> None:
+        while len(received) < len(expected):
+            piece = theirs.recv(1 << 16)
+            if not piece:
+                return
+            received.extend(piece)
+
+    # A connection in use: its first write event (an empty buffer) dropped the write
+    # interest, as on every Raft connection once it is up.
+    poller.poll(0.01)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        conn.send(message)  # the one send: nothing else is sent on this connection
+        assert conn.getSendBufferSize() > 0, "the kernel took the whole frame: the test shows nothing"
+        wait_until(lambda: poller.poll(0.01) or len(received) == len(expected), 10,
+                   what="the rest of the frame, on write events alone")
+        reader.join(10)
+        assert bytes(received) == expected
+        assert conn.getSendBufferSize() == 0
+    finally:
+        conn.disconnect()
+        theirs.close()
+
+
 def test_the_frame_offset_starts_over_when_a_connection_is_dropped_and_made_again():
     # pysyncobj reuses an outgoing connection object (connect() after disconnect()); frames
     # left in the buffer by a disconnect must not shift where the next connection's heads are read.

@@ -426,3 +426,70 @@ def test_the_unmutated_busy_backup_restores_and_is_exercised():
     applied(sm.apply(c.restore(data=msgpack.packb(busy_doc(), use_bin_type=True), epoch_floor=10,
                                stamp_ms=200).encode()))
     exercise(sm)
+
+
+def staged_in_pieces(sm: FencingStateMachine, data: bytes, cuts: list[int], snapshot_after: int | None):
+    """``data`` restored through BEGIN, a CHUNK per piece between ``cuts``, COMMIT; with
+    ``snapshot_after`` set, the machine is swapped for a copy loaded from its snapshot after
+    that many chunks (a member that restarts mid-restore). (outcome of the COMMIT, machine)."""
+    import hashlib
+
+    rid = b"r" * limits.RESTORE_ID_BYTES
+    bounds = sorted({0, len(data), *cuts})
+    pieces = [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    applied(sm.apply(c.restore_begin(restore_id=rid, size=max(1, len(data)), digest=hashlib.sha256(data).digest(),
+                                     epoch_floor=10, stamp_ms=200).encode()))
+    for seq, piece in enumerate(pieces):
+        if seq == snapshot_after:
+            copy = FencingStateMachine()
+            copy.restore(sm.snapshot())
+            assert copy.digest() == sm.digest()
+            sm = copy
+        applied(sm.apply(c.restore_chunk(restore_id=rid, seq=seq, chunk=piece, stamp_ms=200).encode()))
+    return sm.apply(c.restore_commit(restore_id=rid, stamp_ms=200).encode()), sm
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_backups(), st.lists(st.integers(0, 2_000), max_size=12), st.none() | st.integers(0, 12))
+def test_a_backup_staged_in_any_pieces_is_judged_as_the_one_entry_restore_judges_it(data, cuts, snapshot_after):
+    """The COMMIT decides on what was read as the chunks were staged: however the bytes are cut,
+    and across a member's snapshot taken between chunks, the verdict, its message and the
+    state reached are those of the one-entry RESTORE of the same bytes."""
+    if not data:
+        return  # a backup has at least one byte (RESTORE_BEGIN's size)
+    whole, _ = backed_up()
+    expected = whole.apply(c.restore(data=data, epoch_floor=10, stamp_ms=200).encode())
+    chunked, _ = backed_up()
+    outcome, chunked = staged_in_pieces(chunked, data, [cut % len(data) for cut in cuts], snapshot_after)
+    assert type(outcome) is type(expected)
+    if isinstance(expected, Rejected):
+        assert (outcome.reason, outcome.message, outcome.details) == (expected.reason, expected.message,
+                                                                      expected.details)
+        chunked.apply(c.restore_abort(restore_id=b"r" * limits.RESTORE_ID_BYTES, stamp_ms=200).encode())
+        whole.apply(c.tick(stamp_ms=200).encode())  # the log clock the chunked entries moved
+    else:
+        assert outcome.result == expected.result
+    assert chunked.digest() == whole.digest()
+
+
+def test_the_commit_reads_nothing_the_chunks_did_not(monkeypatch):
+    """The backup is read as its chunks are staged, so the COMMIT only checks the digest and
+    swaps: reading the whole backup there stalled every member's Raft thread (~5 s at the
+    largest backup). Here a whole-backup read at the COMMIT would fail it."""
+    sm, _ = backed_up()
+    data = msgpack.packb(busy_doc(), use_bin_type=True)
+    rid = b"r" * limits.RESTORE_ID_BYTES
+    import hashlib
+
+    applied(sm.apply(c.restore_begin(restore_id=rid, size=len(data), digest=hashlib.sha256(data).digest(),
+                                     epoch_floor=10, stamp_ms=200).encode()))
+    applied(sm.apply(c.restore_chunk(restore_id=rid, seq=0, chunk=data, stamp_ms=200).encode()))
+
+    def no_whole_read(*args, **kwargs):
+        raise AssertionError("the COMMIT read the whole backup again")
+
+    import coordinator.core.state_machine as state_machine_module
+
+    monkeypatch.setattr(state_machine_module, "parse_snapshot", no_whole_read)
+    result = applied(sm.apply(c.restore_commit(restore_id=rid, stamp_ms=200).encode()))
+    assert result == {"epoch": 10, "resources": 3}

@@ -66,12 +66,12 @@ def parse_snapshot(data: object, counts: Counts | None) -> Parts:
     """The parts of a ``snapshot()``; raises ValueError on anything else."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ValueError(f"snapshot must be bytes, got {type(data).__name__}")
-    try:
-        doc = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True, use_list=True)
-    # Any parser failure means the file is not one of our snapshots.
-    except Exception as exc:
-        raise ValueError(f"snapshot is not valid msgpack: {type(exc).__name__}: {exc}") from exc
-    return read_snapshot(doc, counts)
+    reader = SnapshotReader(len(data))
+    view = memoryview(data)
+    # Fed a chunk at a time, so the reader's buffer holds at most a chunk and an item.
+    for offset in range(0, len(view), limits.BACKUP_CHUNK_BYTES):
+        reader.feed(view[offset : offset + limits.BACKUP_CHUNK_BYTES])
+    return reader.finish(counts)
 
 
 # The checks below run for every key and dedup entry of a snapshot (restore stalls the Raft
@@ -100,134 +100,241 @@ def _need_field(check: Callable[[object], Any], value: object, what: str, *args:
         raise ValueError(f"bad snapshot: {what % args if args else what}: {exc}") from None
 
 
-def _need_count(items: list, high: int | None, what: str, *args: object) -> None:
-    if high is not None and len(items) > high:
-        _need(False, "%s: %d, more than %d", what % args if args else what, len(items), high)
+def _need_count(count: int, high: int | None, what: str, *args: object) -> None:
+    if high is not None and count > high:
+        _need(False, "%s: %d, more than %d", what % args if args else what, count, high)
 
 
-def read_snapshot(doc: object, counts: Counts | None) -> Parts:
-    _need(isinstance(doc, list) and len(doc) in (6, 7), "top level must be a 6- or 7-item array")
-    magic, version, epoch, log_clock_ms, raw_resources, raw_dedup, *rest = doc
+# What the reading steps ask the reader for next: an array's head (its length) or a whole item.
+_HEAD, _ITEM = "head", "item"
+
+
+class SnapshotReader:
+    """A snapshot document read as its bytes arrive: each item is checked as soon as it is
+    whole, so reading a backup staged in chunks costs each chunk its share, and nothing is
+    left for the commit but ``finish`` (a chunk's share of the largest backup: ~20 ms, where
+    reading it whole stalled the Raft thread ~5 s). The same bytes give the same parts or the
+    same refusal however they are split, which is what lets every replica, and a member that
+    re-reads a staged restore's chunks from a snapshot, reach the same verdict.
+
+    ``feed`` never raises: the first refusal is kept and raised by ``finish``. Counts against
+    the configured limits are checked by ``finish`` (a staging read from a member's snapshot
+    is re-read under this member's limits). ``keep_dedup=False`` checks dedup entries without
+    keeping them (a restore through the log drops them).
+    """
+
+    def __init__(self, size: int, *, keep_dedup: bool = True) -> None:
+        # As unpackb(data) bounds strings, arrays and maps by len(data): the declared size.
+        self._unpacker = msgpack.Unpacker(
+            raw=False, strict_map_key=True, use_list=True, max_buffer_size=max(1, size)
+        )
+        self._fed = 0
+        self._tallies: dict[str, Any] = {}
+        self._steps = _read_steps(self._tallies, keep_dedup)
+        self._wanted: tuple[str, str] | None = next(self._steps)
+        self._parts: Parts | None = None
+        self.error: ValueError | None = None
+
+    def feed(self, data: bytes | memoryview) -> None:
+        """Take the next bytes and check every item they complete."""
+        if self.error is not None:
+            return  # refused already: nothing more is buffered
+        self._fed += len(data)
+        try:
+            self._unpacker.feed(data)
+        except Exception as exc:  # noqa: BLE001 - past the bound given at construction
+            self._fail(ValueError(f"snapshot is not valid msgpack: {type(exc).__name__}: {exc}"))
+            return
+        while self._wanted is not None:
+            kind, need = self._wanted
+            try:
+                value = self._unpacker.read_array_header() if kind is _HEAD else self._unpacker.unpack()
+            except msgpack.OutOfData:
+                return
+            # Any parser failure means the bytes are not one of our snapshots.
+            except Exception as exc:  # noqa: BLE001
+                if kind is _HEAD:
+                    self._fail(ValueError(f"bad snapshot: {need}"))
+                else:
+                    self._fail(ValueError(f"snapshot is not valid msgpack: {type(exc).__name__}: {exc}"))
+                return
+            try:
+                self._wanted = self._steps.send(value)
+            except StopIteration as done:
+                self._parts, self._wanted = done.value, None
+            except ValueError as exc:
+                self._fail(exc)
+                return
+            # Unreachable past the checks above; should an item still make one fail, it is a
+            # refusal like any other: a staged chunk must never make apply, or a member loading
+            # a snapshot taken mid-restore (which reads the chunks again), raise.
+            except Exception as exc:  # noqa: BLE001
+                self._fail(ValueError(f"bad snapshot: reading it failed ({type(exc).__name__}: {exc})"))
+                return
+
+    def _fail(self, error: ValueError) -> None:
+        self.error = error
+        self._wanted = None
+        self._steps.close()
+        self._unpacker = None  # its buffer and half-read item: memory back
+
+    def finish(self, counts: Counts | None) -> Parts:
+        """The parts, once every byte is in; ValueError for anything else."""
+        if self.error is not None:
+            raise self.error
+        if self._parts is None:
+            raise ValueError("snapshot is not valid msgpack: the document is incomplete")
+        if self._unpacker.tell() != self._fed:
+            raise ValueError("snapshot is not valid msgpack: extra data after the document")
+        if counts is not None:
+            tally = self._tallies
+            _need_count(tally["resources"], counts.resources_max, "resources")
+            for name, keys in tally["keys_records"]:
+                _need_count(keys, counts.keys_per_resource_max, "keys of %r", name)
+            # The cluster-wide bounds a live write is held to (state_machine._write).
+            _need(tally["keys"] <= counts.keys_max, "keys: %d, more than %d", tally["keys"], counts.keys_max)
+            _need(
+                tally["stored_bytes"] <= counts.stored_bytes_max,
+                "stored bytes (keys + values): %d, more than %d", tally["stored_bytes"], counts.stored_bytes_max,
+            )
+            _need_count(tally["dedup"], counts.dedup_entries_max, "dedup entries")
+        return self._parts
+
+
+def _read_steps(tallies: dict[str, Any], keep_dedup: bool):
+    """The document, item by item: yields what it needs next, is sent it, returns the Parts.
+    ``tallies`` gets the counts ``SnapshotReader.finish`` holds to the configured limits."""
+    length = yield _HEAD, "top level must be a 6- or 7-item array"
+    _need(length in (6, 7), "top level must be a 6- or 7-item array")
+    magic = yield _ITEM, ""
     _need(magic == SNAPSHOT_MAGIC, "not a fencing-coordinator state snapshot")
+    version = yield _ITEM, ""
     _need(
         is_int(version) and version in SNAPSHOT_FORMAT_VERSIONS_READ,
         "unknown snapshot format version %r (this build reads %s)", version, SNAPSHOT_FORMAT_VERSIONS_READ,
     )
-    _need(len(doc) == (6 if version == 1 else 7), "a version %d snapshot has %d items", version, 6 + (version > 1))
-    epoch = _need_int(epoch, 0, limits.TOKEN_MAX, "epoch")
+    _need(length == (6 if version == 1 else 7), "a version %d snapshot has %d items", version, 6 + (version > 1))
+    epoch = _need_int((yield _ITEM, ""), 0, limits.TOKEN_MAX, "epoch")
     # The log clock is the greatest stamp applied, and stamps are at most STAMP_MS_MAX.
-    log_clock_ms = _need_int(log_clock_ms, 0, limits.STAMP_MS_MAX, "log_clock_ms")
+    log_clock_ms = _need_int((yield _ITEM, ""), 0, limits.STAMP_MS_MAX, "log_clock_ms")
 
-    _need(isinstance(raw_resources, list), "resources must be an array")
-    _need_count(raw_resources, counts and counts.resources_max, "resources")
+    count = yield _HEAD, "resources must be an array"
+    tallies["resources"] = count
+    # The resources whose key count beats every earlier one's: the first of them over a limit
+    # is the first resource over it, whatever the limit (finish checks them in order).
+    tallies["keys_records"] = keys_records = []
     resources: dict[str, ResourceState] = {}
     previous_name: str | None = None
     keys_total = stored_bytes_total = 0
-    for item in raw_resources:
-        # 5 items: no owner (written before quotas, or never acquired by a principal).
-        _need(isinstance(item, list) and len(item) in (5, 6), "a resource must be 5 or 6 items")
-        name, hwm, revision, raw_lease, raw_data, owner = item if len(item) == 6 else (*item, "")
-        name = _need_field(validation.check_resource, name, "resource name")
-        _need(previous_name is None or name > previous_name, "resources must be sorted, unique")
+    for _ in range(count):
+        res, name = _read_resource((yield _ITEM, ""), previous_name, epoch, log_clock_ms)
         previous_name = name
-        hwm = _need_int(hwm, 1, epoch, "hwm of %r", name)
-        revision = _need_int(revision, 0, limits.REVISION_MAX, "revision of %r", name)
-        lease = None
-        if raw_lease is not None:
-            _need(isinstance(raw_lease, list) and len(raw_lease) == 4, "lease must be 4 items")
-            holder, token, ttl_ms, expires_at_ms = raw_lease
-            holder = _need_field(validation.check_holder, holder, "lease holder of %r", name)
-            _need(token == hwm and is_int(token), "lease token of %r must equal its hwm", name)
-            ttl_ms = _need_field(validation.check_ttl_ms, ttl_ms, "lease ttl_ms of %r", name)
-            lease = Lease(
-                holder=holder,
-                token=token,
-                ttl_ms=ttl_ms,
-                # Set to now + ttl_ms at a now no later than the log clock.
-                expires_at_ms=_need_int(
-                    expires_at_ms, ttl_ms, log_clock_ms + ttl_ms, "lease expiry of %r", name
-                ),
-            )
-        _need(isinstance(raw_data, list), "data of %r must be an array", name)
-        _need_count(raw_data, counts and counts.keys_per_resource_max, "keys of %r", name)
-        data: dict[str, tuple[bytes, int]] = {}
-        previous_key: str | None = None
-        versions: set[int] = set()
-        for entry in raw_data:
-            _need(isinstance(entry, list) and len(entry) == 3, "a key entry must be 3 items")
-            key, value, key_version = entry
-            key = _need_field(validation.check_key, key, "a key of %r", name)
-            _need(previous_key is None or key > previous_key, "keys of %r must be sorted", name)
-            previous_key = key
-            value = _need_field(validation.check_value, value, "value of %r/%r", name, key)
-            key_version = _need_int(key_version, 1, revision, "version of %r/%r", name, key)
-            _need(key_version not in versions, "two keys of %r share a version", name)
-            versions.add(key_version)
-            data[key] = (value, key_version)
-        if len(item) == 6:
-            try:
-                validation.check_principal(owner)
-            except InvalidField as exc:
-                raise ValueError(f"bad snapshot: owner of {name!r}: {exc}") from None
-        stored_bytes = sum(entry_bytes(key, value) for key, (value, _) in data.items())
-        keys_total += len(data)
-        stored_bytes_total += stored_bytes
-        resources[name] = ResourceState(
-            high_water_mark=hwm,
-            lease=lease,
-            revision=revision,
-            data=data,
-            owner=owner,
-            stored_bytes=stored_bytes,
-        )
-    if counts is not None:
-        # The cluster-wide bounds a live write is held to (state_machine._write).
-        _need(keys_total <= counts.keys_max, "keys: %d, more than %d", keys_total, counts.keys_max)
-        _need(
-            stored_bytes_total <= counts.stored_bytes_max,
-            "stored bytes (keys + values): %d, more than %d", stored_bytes_total, counts.stored_bytes_max,
-        )
+        if not keys_records or len(res.data) > keys_records[-1][1]:
+            keys_records.append((name, len(res.data)))
+        keys_total += len(res.data)
+        stored_bytes_total += res.stored_bytes
+        resources[name] = res
+    tallies["keys"], tallies["stored_bytes"] = keys_total, stored_bytes_total
 
-    _need(isinstance(raw_dedup, list), "dedup must be an array")
-    _need_count(raw_dedup, counts and counts.dedup_entries_max, "dedup entries")
+    count = yield _HEAD, "dedup must be an array"
+    tallies["dedup"] = count
     dedup: collections.OrderedDict[bytes, DedupEntry] = collections.OrderedDict()
+    seen_op_ids: set[bytes] = set()
     checked_names = set(resources)
     previous_at = 0
-    for item in raw_dedup:
-        # 5 items: written before first-applied indexes were kept (index unknown: 0).
-        _need(isinstance(item, list) and len(item) in (5, 6), "a dedup entry must be 5 or 6 items")
-        op_id, op, resource, wire, applied_at_ms, first_index = item if len(item) == 6 else (*item, 0)
-        op_id = _need_field(validation.check_op_id, op_id, "a dedup op_id")
-        _need(op_id not in dedup, "dedup op_ids must be unique")
-        _need(is_int(op) and op in Op._value2member_map_, "unknown dedup op %r", op)
-        # Every op that carries an op_id acts on one resource. Most name a resource already
-        # checked above (or in an earlier entry): checked once, as restore stalls the Raft thread.
-        if not (isinstance(resource, str) and resource in checked_names):
-            resource = _need_field(validation.check_resource, resource, "dedup resource")
-            checked_names.add(resource)
-        try:
-            outcome = outcome_from_wire(wire)
-        except ValueError as exc:
-            raise ValueError(f"bad snapshot: dedup outcome: {exc}") from exc
-        _need(isinstance(outcome, Applied) and outcome.op == op, "dedup outcome must be Applied")
-        result = wire[2]
-        # A result is a flat map (the handlers make no nested ones): packable as stored.
-        _need(is_flat_map(result), "dedup result must be a flat map")
-        if list(result) != sorted(result):
-            wire = None  # not canonical (a hand-made backup): re-encoded from the outcome
-        applied_at_ms = _need_int(applied_at_ms, previous_at, log_clock_ms, "dedup applied_at_ms")
-        previous_at = applied_at_ms
-        dedup[op_id] = DedupEntry(
-            op_id,
-            outcome.op,
-            resource,
-            # Canonical as read: not converted again (restore time is a stall too).
-            outcome_to_wire(outcome) if wire is None else wire,
-            applied_at_ms,
-            _need_int(first_index, 0, limits.RAFT_INDEX_MAX, "dedup index"),
-        )
-    staged = _read_staged(rest[0] if rest else None, log_clock_ms)
+    for _ in range(count):
+        entry = _read_dedup((yield _ITEM, ""), seen_op_ids, checked_names, previous_at, log_clock_ms, keep_dedup)
+        previous_at = entry[4]
+        if keep_dedup:
+            dedup[entry[0]] = DedupEntry(*entry)
+    staged = _read_staged((yield _ITEM, "") if length == 7 else None, log_clock_ms)
     return Parts(epoch, log_clock_ms, resources, dedup, staged)
+
+
+def _read_resource(item: object, previous_name: str | None, epoch: int, log_clock_ms: int):
+    """(the resource, its name) of one resources item, every field checked."""
+    # 5 items: no owner (written before quotas, or never acquired by a principal).
+    _need(isinstance(item, list) and len(item) in (5, 6), "a resource must be 5 or 6 items")
+    name, hwm, revision, raw_lease, raw_data, owner = item if len(item) == 6 else (*item, "")
+    name = _need_field(validation.check_resource, name, "resource name")
+    _need(previous_name is None or name > previous_name, "resources must be sorted, unique")
+    hwm = _need_int(hwm, 1, epoch, "hwm of %r", name)
+    revision = _need_int(revision, 0, limits.REVISION_MAX, "revision of %r", name)
+    lease = None
+    if raw_lease is not None:
+        _need(isinstance(raw_lease, list) and len(raw_lease) == 4, "lease must be 4 items")
+        holder, token, ttl_ms, expires_at_ms = raw_lease
+        holder = _need_field(validation.check_holder, holder, "lease holder of %r", name)
+        _need(token == hwm and is_int(token), "lease token of %r must equal its hwm", name)
+        ttl_ms = _need_field(validation.check_ttl_ms, ttl_ms, "lease ttl_ms of %r", name)
+        lease = Lease(
+            holder=holder,
+            token=token,
+            ttl_ms=ttl_ms,
+            # Set to now + ttl_ms at a now no later than the log clock.
+            expires_at_ms=_need_int(
+                expires_at_ms, ttl_ms, log_clock_ms + ttl_ms, "lease expiry of %r", name
+            ),
+        )
+    _need(isinstance(raw_data, list), "data of %r must be an array", name)
+    data: dict[str, tuple[bytes, int]] = {}
+    previous_key: str | None = None
+    versions: set[int] = set()
+    for entry in raw_data:
+        _need(isinstance(entry, list) and len(entry) == 3, "a key entry must be 3 items")
+        key, value, key_version = entry
+        key = _need_field(validation.check_key, key, "a key of %r", name)
+        _need(previous_key is None or key > previous_key, "keys of %r must be sorted", name)
+        previous_key = key
+        value = _need_field(validation.check_value, value, "value of %r/%r", name, key)
+        key_version = _need_int(key_version, 1, revision, "version of %r/%r", name, key)
+        _need(key_version not in versions, "two keys of %r share a version", name)
+        versions.add(key_version)
+        data[key] = (value, key_version)
+    if len(item) == 6:
+        try:
+            validation.check_principal(owner)
+        except InvalidField as exc:
+            raise ValueError(f"bad snapshot: owner of {name!r}: {exc}") from None
+    stored_bytes = sum(entry_bytes(key, value) for key, (value, _) in data.items())
+    res = ResourceState(
+        high_water_mark=hwm, lease=lease, revision=revision, data=data, owner=owner, stored_bytes=stored_bytes,
+    )
+    return res, name
+
+
+def _read_dedup(
+    item: object, seen_op_ids: set[bytes], checked_names: set[str], previous_at: int, log_clock_ms: int,
+    keep: bool,
+) -> tuple:
+    """DedupEntry's arguments for one dedup item, every field checked (``seen_op_ids`` and
+    ``checked_names`` are updated). With ``keep`` False the stored outcome is not rebuilt."""
+    # 5 items: written before first-applied indexes were kept (index unknown: 0).
+    _need(isinstance(item, list) and len(item) in (5, 6), "a dedup entry must be 5 or 6 items")
+    op_id, op, resource, wire, applied_at_ms, first_index = item if len(item) == 6 else (*item, 0)
+    op_id = _need_field(validation.check_op_id, op_id, "a dedup op_id")
+    _need(op_id not in seen_op_ids, "dedup op_ids must be unique")
+    seen_op_ids.add(op_id)
+    _need(is_int(op) and op in Op._value2member_map_, "unknown dedup op %r", op)
+    # Every op that carries an op_id acts on one resource. Most name a resource already
+    # checked above (or in an earlier entry): checked once, as restore stalls the Raft thread.
+    if not (isinstance(resource, str) and resource in checked_names):
+        resource = _need_field(validation.check_resource, resource, "dedup resource")
+        checked_names.add(resource)
+    try:
+        outcome = outcome_from_wire(wire)
+    except ValueError as exc:
+        raise ValueError(f"bad snapshot: dedup outcome: {exc}") from exc
+    _need(isinstance(outcome, Applied) and outcome.op == op, "dedup outcome must be Applied")
+    result = wire[2]
+    # A result is a flat map (the handlers make no nested ones): packable as stored.
+    _need(is_flat_map(result), "dedup result must be a flat map")
+    if keep and list(result) != sorted(result):
+        wire = outcome_to_wire(outcome)  # not canonical (a hand-made backup): re-encoded
+    # (Canonical as read otherwise: not converted again, as restore time is a stall too.)
+    applied_at_ms = _need_int(applied_at_ms, previous_at, log_clock_ms, "dedup applied_at_ms")
+    first_index = _need_int(first_index, 0, limits.RAFT_INDEX_MAX, "dedup index")
+    return op_id, outcome.op, resource, wire, applied_at_ms, first_index
 
 
 def _read_staged(raw: object, log_clock_ms: int) -> StagedRestore | None:
@@ -244,9 +351,8 @@ def _read_staged(raw: object, log_clock_ms: int) -> StagedRestore | None:
         touched_at_ms=_need_int(touched_at_ms, 0, log_clock_ms, "staged restore touched_at_ms"),
     )
     _need(isinstance(chunks, list), "staged chunks must be an array")
-    _need_count(chunks, limits.RESTORE_CHUNKS_MAX, "staged chunks")
+    _need_count(len(chunks), limits.RESTORE_CHUNKS_MAX, "staged chunks")
     for chunk in chunks:
-        staged.chunks.append(_need_field(validation.check_chunk, chunk, "a staged chunk"))
-        staged.staged_bytes += len(chunk)
+        staged.stage(_need_field(validation.check_chunk, chunk, "a staged chunk"))
     _need(staged.staged_bytes <= staged.size, "staged chunks hold more than the declared size")
     return staged

@@ -9,6 +9,8 @@ machine does: who may acquire, what a write needs), read a clock, or do I/O.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+from typing import Any
 
 import msgpack
 
@@ -98,7 +100,12 @@ class Usage:
 class StagedRestore:
     """A backup being restored in chunks (RESTORE_BEGIN, then RESTORE_CHUNKs in order): what
     its BEGIN declared and the chunks staged so far. Part of the snapshot, so a member that
-    restarts or installs a snapshot mid-restore stages the same bytes as the others."""
+    restarts or installs a snapshot mid-restore stages the same bytes as the others.
+
+    ``reader`` and ``hasher`` are derived from the chunks (never in a snapshot): the backup read
+    and hashed as its chunks are staged, so the COMMIT need not do either; the state machine
+    sets them at BEGIN, or when it loads a snapshot, by feeding the chunks staged so far.
+    """
 
     restore_id: bytes
     size: int  # the backup's bytes, as declared
@@ -107,6 +114,25 @@ class StagedRestore:
     touched_at_ms: int  # log clock of its BEGIN or last CHUNK: stale RESTORE_STAGING_IDLE_MS after
     chunks: list[bytes] = dataclasses.field(default_factory=list)
     staged_bytes: int = 0
+    reader: Any = dataclasses.field(default=None, compare=False, repr=False)
+    hasher: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    def start_reading(self, reader: Any) -> None:
+        """Read and hash the chunks with ``reader`` (a snapshot_format.SnapshotReader), from
+        the first chunk staged so far on."""
+        self.reader, self.hasher = reader, hashlib.sha256()
+        for chunk in self.chunks:
+            self._read(chunk)
+
+    def stage(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+        self.staged_bytes += len(chunk)
+        if self.reader is not None:
+            self._read(chunk)
+
+    def _read(self, chunk: bytes) -> None:
+        self.hasher.update(chunk)
+        self.reader.feed(chunk)
 
     def to_wire(self) -> list:
         return [self.restore_id, self.size, self.digest, self.epoch_floor, self.touched_at_ms, self.chunks]

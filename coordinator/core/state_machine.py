@@ -49,6 +49,7 @@ from coordinator.core.snapshot_format import (
     SNAPSHOT_MAGIC,
     Counts,
     Parts,
+    SnapshotReader,
     parse_snapshot,
 )
 from coordinator.core.state import DedupEntry, Lease, ResourceState, StagedRestore, Usage, entry_bytes
@@ -172,7 +173,7 @@ def _parse_body(op: Op, body: dict[str, Any]) -> dict[str, Any]:
 def _revision_refusal(op: Op, resource: str, res: ResourceState) -> Rejected | None:
     """Why ``res`` cannot take one more write or delete, or None. Only a restored backup can
     bring a revision this high; refusing here keeps live state within the bounds its own
-    snapshot is read back with (``snapshot_format.read_snapshot``)."""
+    snapshot is read back with (``snapshot_format.parse_snapshot``)."""
     if res.revision < limits.REVISION_MAX:
         return None
     return Rejected(
@@ -289,6 +290,15 @@ class FencingStateMachine:
     def staged_restore_bytes(self) -> int | None:
         """Bytes staged by the restore in progress, or None when none is."""
         return None if self._staged is None else self._staged.staged_bytes
+
+    @property
+    def snapshot_deferred(self) -> bool:
+        """True while a restore is staged: a snapshot would hold every staged chunk, the very
+        bytes of the log entries it replaces, so it frees nothing and rewrites them all (at
+        64 MiB journal growth: ~64, then ~128 MiB more of the largest backup, each on the
+        Raft thread). Read by the Raft layer (coordinator/raft/interface.py); ends with the
+        COMMIT, an ABORT, or a TICK after RESTORE_STAGING_IDLE_MS."""
+        return self._staged is not None
 
     @property
     def resources_count(self) -> int:
@@ -782,7 +792,8 @@ class FencingStateMachine:
     def _restore(self, now: int, args: dict[str, Any]) -> Outcome:
         """Admin restore from a backup in one entry (written by older members; the API now
         proposes the chunked ops below). See ``_swap_in``."""
-        return self._swap_in(Op.RESTORE, args["data"], args["epoch_floor"])
+        data = args["data"]
+        return self._swap_in(Op.RESTORE, args["epoch_floor"], lambda: parse_snapshot(data, self._bounds))
 
     def _floor_refusal(self, op: Op, floor: int) -> Rejected | None:
         if floor > self._epoch:
@@ -794,8 +805,9 @@ class FencingStateMachine:
             details={"epoch": self._epoch},
         )
 
-    def _swap_in(self, op: Op, data: bytes, floor: int) -> Outcome:
-        """Replace the state by the backup ``data``, fenced above every token (I11).
+    def _swap_in(self, op: Op, floor: int, read: Callable[[], Parts]) -> Outcome:
+        """Replace the state by the backup ``read`` returns (or refuses with ValueError),
+        fenced above every token (I11).
 
         The floor must exceed the current epoch, so no token issued before the restore, by
         this cluster or the backup's, is ever issued again. Every restored resource gets
@@ -809,7 +821,7 @@ class FencingStateMachine:
         if refusal is not None:
             return refusal
         try:
-            parts = parse_snapshot(data, self._bounds)
+            parts = read()
         except ValueError as exc:
             return Rejected(
                 op=op, reason=Reason.MALFORMED, message=f"field 'data': {exc}", details={"field": "data"}
@@ -837,6 +849,9 @@ class FencingStateMachine:
         self._usage = Usage.of(parts.resources)
         self._dedup = parts.dedup
         self._staged = parts.staged
+        if parts.staged is not None:
+            # A member's snapshot taken mid-restore: its chunks are read again, as when staged.
+            parts.staged.start_reading(self._staged_reader(parts.staged.size))
         self._keys_total = sum(len(res.data) for res in parts.resources.values())
         self._stored_bytes_total = sum(res.stored_bytes for res in parts.resources.values())
 
@@ -844,6 +859,11 @@ class FencingStateMachine:
     # BEGIN, CHUNK..., COMMIT are separate entries, each within the Raft entry bounds. Only one
     # restore is staged at a time; a refusal at any step changes nothing (the proposer then
     # ABORTs). Every check depends on the entries alone, so every replica stages and decides alike.
+
+    @staticmethod
+    def _staged_reader(size: int) -> SnapshotReader:
+        # Dedup entries are checked, not kept: the COMMIT empties the dedup table (_swap_in).
+        return SnapshotReader(size, keep_dedup=False)
 
     def _staged_is_stale(self, now: int) -> bool:
         staged = self._staged
@@ -880,6 +900,7 @@ class FencingStateMachine:
             epoch_floor=args["epoch_floor"],
             touched_at_ms=now,
         )
+        self._staged.start_reading(self._staged_reader(args["size"]))
         return Applied(op=Op.RESTORE_BEGIN, result={"size": args["size"]})
 
     def _restore_chunk(self, now: int, args: dict[str, Any]) -> Outcome:
@@ -904,8 +925,7 @@ class FencingStateMachine:
                 ),
                 details={"field": "chunk"},
             )
-        staged.chunks.append(chunk)
-        staged.staged_bytes += len(chunk)
+        staged.stage(chunk)  # read and hashed as it is staged: the COMMIT does neither
         staged.touched_at_ms = now
         return Applied(op=Op.RESTORE_CHUNK, result={"staged_bytes": staged.staged_bytes})
 
@@ -921,15 +941,18 @@ class FencingStateMachine:
                 message=f"field 'size': {staged.staged_bytes} bytes staged, {staged.size} declared",
                 details={"field": "size"},
             )
-        data = b"".join(staged.chunks)
-        if hashlib.sha256(data).digest() != staged.digest:
+        if staged.hasher.digest() != staged.digest:
             return Rejected(
                 op=Op.RESTORE_COMMIT,
                 reason=Reason.MALFORMED,
                 message="field 'digest': the staged bytes do not have the declared sha256",
                 details={"field": "digest"},
             )
-        return self._swap_in(Op.RESTORE_COMMIT, data, staged.epoch_floor)  # drops the staging
+        # The backup was read as its chunks were staged: what is left is the verdict, the
+        # counts against this machine's limits, the fencing and the swap.
+        return self._swap_in(
+            Op.RESTORE_COMMIT, staged.epoch_floor, lambda: staged.reader.finish(self._bounds)
+        )  # drops the staging
 
     def _restore_abort(self, now: int, args: dict[str, Any]) -> Outcome:
         # Never refused: a proposer aborts after any failure, not knowing how far it got.

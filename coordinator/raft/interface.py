@@ -38,6 +38,9 @@ class StateMachine(Protocol):
     def log_clock_ms(self) -> int:
         """The newest command stamp applied; ``RaftNode.next_stamp_ms`` never goes below it."""
 
+    # Optional: a ``snapshot_deferred`` property, True while a snapshot would free nothing
+    # (it would hold what the journal entries it replaces hold): no compaction starts then.
+
 
 class ProposeOutcome(enum.Enum):
     APPLIED = "applied"  # committed and applied; the state machine accepted it

@@ -72,6 +72,11 @@ class Replica(SyncObjConsumer):
             self._on_fatal(f"state machine apply raised {exc!r}; stopping", EXIT_APPLY_FAILED)
             raise
 
+    def snapshot_deferred(self) -> bool:
+        """Whether the state machine asks that no snapshot be taken now (its optional
+        ``snapshot_deferred`` property): one would rewrite bytes that stay in memory anyway."""
+        return bool(getattr(self._sm, "snapshot_deferred", False))
+
     def serialize(self, path: str, data) -> None:
         last, prev, _cluster = data
         with self.lock, _gc_paused():

@@ -559,7 +559,13 @@ class HardenedSyncObj(MemberGate, SyncObj):
         entries or logCompactionMinTime seconds only (syncobj.py:1436-1439), so 64 KiB writes
         grew every member's journal, in memory and on disk, to 50,000 x 64 KiB. Once the
         journal has grown by ``log_compaction_min_bytes`` since its last compaction, the stock
-        method is told to compact now (its force flag; it resets it when it starts)."""
+        method is told to compact now (its force flag; it resets it when it starts).
+
+        No compaction starts while the state machine says a snapshot would free nothing
+        (``Replica.snapshot_deferred``: a restore staged in chunks, whose chunks a snapshot
+        holds as the journal does); one already written is still collected."""
+        if self._replica.snapshot_deferred() and self._SyncObj__serializer._Serializer__pid == 0:
+            return None
         grown = getattr(self._journal, "bytes_since_compaction", 0)  # the stock journal: count only
         if self._compaction_bytes and grown > self._compaction_bytes and not self._SyncObj__forceLogCompaction:
             self._SyncObj__forceLogCompaction = True

@@ -31,6 +31,7 @@ import time
 from typing import Callable
 
 from pysyncobj.monotonic import monotonic as _monotonic
+from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.tcp_server import TcpServer
 from pysyncobj.transport import TCPTransport
@@ -235,6 +236,18 @@ def send_typed(conn, message) -> None:
     buffer += raft_wire.FRAME_HEAD.pack(len(data))
     buffer += data
     conn._TcpConnection__trySendBuffer()
+    fileno = conn._TcpConnection__fileno
+    # (A partial send rebinds the buffer to what is left: read it again.)
+    if conn._TcpConnection__writeBuffer and fileno is not None:
+        # The kernel took only part of the frame. pysyncobj asks the poller for write events
+        # only while handling one (tcp_connection.py:203-209), never after a send, so the rest
+        # went out only when the next message was sent: a 1 MiB restore chunk crawled out at
+        # a socket buffer per heartbeat (~0.4 s). Its write handler drops the interest again
+        # once the buffer is empty.
+        conn._TcpConnection__poller.subscribe(
+            fileno, conn._TcpConnection__processConnection,
+            POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR,
+        )
 
 
 def restarting_frame_scan(method: Callable) -> Callable:

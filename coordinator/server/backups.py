@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable, Iterable, Iterator
 
 from coordinator.api.v1 import fencing_pb2 as pb
@@ -30,10 +31,17 @@ from coordinator.server.errors import Failure, ServiceError
 
 log = logging.getLogger(__name__)
 
-# The COMMIT re-checks the whole backup on every member's Raft thread (~5 s at the largest
-# backup, measured in tests/test_backup_size.py) before it answers: its proposal may wait this
+# The COMMIT only decides and swaps (the backup was read as its chunks applied: ~0.1 s at the
+# largest backup in tests/test_backup_size.py, seconds on a loaded machine), but a timeout there
+# would leave a fully staged restore in doubt (OUTCOME_UNKNOWN): its proposal may wait this
 # long when the RPC's own deadline allows, where an ordinary one waits propose_timeout_max_s.
 RESTORE_COMMIT_TIMEOUT_S_MAX = 120.0
+# An ABORT is retried for this long: a restore usually fails because the leader changed, and
+# the ABORT then finds no leader until the election ends (1-2 s, or a few back to back under
+# load). Given up, the staging blocks the next restore for RESTORE_STAGING_IDLE_MS instead.
+RESTORE_ABORT_RETRY_S = 10.0
+# Between two ABORT attempts: a fraction of an election, so the first leader elected is used.
+RESTORE_ABORT_PAUSE_S = 0.2
 
 
 class Transfers:
@@ -135,7 +143,8 @@ Run = Callable[..., tuple[dict, int]]
 def restore(run: Run, check_backup: Callable[[bytes], None], data: bytes, epoch_floor: int,
             commit_timeout_s: float) -> tuple[dict, int]:
     """Propose the restore of ``data`` in chunks through ``run`` (``Core.run`` bound to the
-    call); (the COMMIT's result, its index) or ServiceError, with nothing restored."""
+    call); (the COMMIT's result, its index) or ServiceError, with nothing restored (and the
+    staging aborted, retried through an election)."""
     try:
         # The state machine's own checks, before anything is proposed: a backup that would
         # be refused never enters the log (DESIGN §8).
@@ -159,10 +168,19 @@ def restore(run: Run, check_backup: Callable[[bytes], None], data: bytes, epoch_
         raise
 
 
-def _abort(run: Run, restore_id: bytes) -> None:
-    """Drop what this restore staged, so the next one need not wait for it to go stale. Best
-    effort: if it fails too, the staging goes stale (RESTORE_STAGING_IDLE_MS) on its own."""
-    try:
-        run(commands.restore_abort(restore_id=restore_id, stamp_ms=0))
-    except ServiceError as exc:
-        log.warning("could not abort restore %s: %s", restore_id.hex(), exc)
+def _abort(run: Run, restore_id: bytes, *, retry_s: float = RESTORE_ABORT_RETRY_S,
+           pause_s: float = RESTORE_ABORT_PAUSE_S) -> None:
+    """Drop what this restore staged, so the next one need not wait for it to go stale. An
+    ABORT is never refused and changes nothing when repeated, so it is retried for
+    ``retry_s``; given up, the staging goes stale (RESTORE_STAGING_IDLE_MS) on its own."""
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            run(commands.restore_abort(restore_id=restore_id, stamp_ms=0))
+            return
+        except ServiceError as exc:
+            if time.monotonic() + pause_s >= deadline:
+                log.warning("could not abort restore %s: %s", restore_id.hex(), exc)
+                return
+        # Waits out the election that usually failed the restore; no leader to poll for here.
+        time.sleep(pause_s)
