@@ -30,6 +30,7 @@ HOSTS = DEFAULT_HOSTS
 NFT_TABLE = os.environ.get("FENCING_CHAOS_NFT_TABLE", "chaos")
 # Chaos timing: elections in 0.5-1 s keep failover short; an isolated leader steps down after 1 s.
 CHAOS_SETTINGS = {
+    "initial_cluster_state": "new",  # three empty members start a new cluster (default: wait to be added)
     "raft_min_timeout_s": 0.5,
     "raft_max_timeout_s": 1.0,
     "leader_fallback_timeout_s": 1.0,

@@ -62,6 +62,8 @@ def check_cluster(configs: list[config_mod.ServerConfig]) -> None:
         assert port(c.api_address) == port(c.bind_address) == API_PORT
         assert port(c.metrics_address) == METRICS_PORT
         assert c.data_dir.startswith("/var/lib/fencing/")
+        # The three start empty together and must bootstrap with no manual step (deploy/README.md).
+        assert c.initial_cluster_state == "new"
 
 
 # -- Dockerfile -------------------------------------------------------------------------------
@@ -203,6 +205,7 @@ def test_the_systemd_unit_runs_the_example_config_and_stops_on_fatal_exits(tmp_p
     assert int(service["TimeoutStopSec"]) > config.shutdown_grace_s
     assert {2, EXIT_APPLY_FAILED, EXIT_DISK_FAILED} <= {int(c) for c in service["RestartPreventExitStatus"].split()}
     assert port(config.raft_address) == RAFT_PORT and port(config.api_address) == API_PORT
+    assert config.initial_cluster_state == "new", "the example's members must bootstrap on first start"
 
 
 # -- the probe command ------------------------------------------------------------------------

@@ -92,6 +92,33 @@ def test_missing_or_inconsistent_cluster_is_refused(tmp_path, text, message):
     assert message in str(caught.value)
 
 
+def test_initial_cluster_state_defaults_to_existing_so_an_empty_member_never_bootstraps(tmp_path):
+    default = parse(["--config", write_toml(tmp_path, GOOD)])
+    assert default.initial_cluster_state == "existing" and not default.may_bootstrap
+    new = parse(["--config", write_toml(tmp_path, GOOD + 'initial_cluster_state = "new"\n')])
+    assert new.initial_cluster_state == "new" and new.may_bootstrap
+    # The flag wins over the file, both ways.
+    assert not parse(["--config", write_toml(tmp_path, GOOD + 'initial_cluster_state = "new"\n'),
+                      "--initial-cluster-state", "existing"]).may_bootstrap
+    assert parse(["--config", write_toml(tmp_path, GOOD), "--initial-cluster-state", "new"]).may_bootstrap
+
+
+@pytest.mark.parametrize("value", ['"New"', '"true"', '""', "true"])
+def test_a_bad_initial_cluster_state_is_one_line_naming_the_setting(tmp_path, value):
+    with pytest.raises(config.ConfigError) as caught:
+        parse(["--config", write_toml(tmp_path, GOOD + f"initial_cluster_state = {value}\n")])
+    message = str(caught.value)
+    assert message.startswith("initial_cluster_state: must be") and "\n" not in message
+
+
+def test_the_raft_layer_gets_bootstrap_only_for_new(tmp_path):
+    from coordinator.server.app import raft_config
+
+    for state, bootstrap in (("new", True), ("existing", False)):
+        cfg = parse(["--config", write_toml(tmp_path, GOOD), "--initial-cluster-state", state])
+        assert raft_config(cfg).bootstrap is bootstrap
+
+
 def test_serve_exits_2_with_the_message(tmp_path):
     path = write_toml(tmp_path, GOOD + "colour = 'blue'\n")
     out = subprocess.run([sys.executable, "-m", "coordinator.server.fencingd", "serve", "--config", path],

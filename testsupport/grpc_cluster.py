@@ -22,8 +22,11 @@ from coordinator.client import open_channel
 from testsupport.supervisor import DEFAULT_HOSTS, Member, Supervisor, pick_ports, wait_until
 
 # Test timing: elections in 0.5-1 s (production 1-2 s) keep failover tests short; the
-# health re-check every 0.2 s lets a test see NOT_SERVING within a second.
+# health re-check every 0.2 s lets a test see NOT_SERVING within a second. Every test cluster
+# starts empty as a brand-new cluster, as the deploy manifests do (the default, "existing",
+# would leave its members waiting to be added).
 TEST_SETTINGS = {
+    "initial_cluster_state": "new",
     "raft_min_timeout_s": 0.5,
     "raft_max_timeout_s": 1.0,
     "leader_fallback_timeout_s": 1.0,

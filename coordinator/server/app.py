@@ -132,7 +132,7 @@ def raft_config(config: ServerConfig) -> RaftConfig:
         log_compaction_min_time_s=config.log_compaction_min_time_s,
         log_compaction_min_bytes=config.log_compaction_min_bytes,
         track_synced=config.track_synced_for_tests,
-        bootstrap=config.bootstrap,
+        bootstrap=config.may_bootstrap,
         secret=config.resolved_raft_secret() or None,
     )
 

@@ -14,6 +14,7 @@ Example (``fencingd serve --config node1.toml``)::
                "10.0.0.3:7000=10.0.0.3:7100"]
     admin_token_file = "/etc/fencing/admin-token"
     raft_secret_file = "/etc/fencing/raft-secret"   # fencingd gen-secret; the same on every member
+    initial_cluster_state = "new"   # an initial member of a new cluster; default "existing"
 
 Every key can be given as a flag instead: ``--raft-address``, ``--members A=B,C=D``,
 ``--inflight-proposals-max 64`` ... Flags win over the file.
@@ -242,14 +243,19 @@ class ServerConfig:
             " snapshotted and compacted (as well as by entries and seconds)"
         ),
     )
-    bootstrap: bool = dataclasses.field(
-        # Safe to leave on (the deploy manifests do): a new cluster's first leader needs the
-        # vote of every initial member with an empty log, and a member that holds the
-        # configuration never gives one (coordinator/raft/RAFT.md "Member identity").
-        default=True,
+    initial_cluster_state: str = dataclasses.field(
+        # Explicit, as in etcd: a member that was ever part of a cluster (or is added to one)
+        # must not help start another by accident. "new" stays harmless after the first start:
+        # a new cluster's first leader needs the vote of every initial member with an empty log,
+        # and a member that kept the configuration never gives one (coordinator/raft/RAFT.md
+        # "Member identity"), so the manifests set it and need no second edit.
+        default="existing",
         metadata=_doc(
-            "a member with no cluster configuration may help bootstrap a new one (which needs every"
-            " initial member, all empty); false: it only waits to be added to an existing cluster"
+            "'new': while this member has no cluster configuration it may take part in bootstrapping"
+            " a brand-new cluster (which needs every initial member, all empty; once any member kept"
+            " the configuration, the unanimous rule refuses a re-bootstrap, so leaving it set is"
+            " harmless); 'existing': it never helps bootstrap and, when empty, waits to be added"
+            " (fencingctl admin member add/replace)"
         ),
     )
     # -- tests ------------------------------------------------------------------------
@@ -300,6 +306,11 @@ class ServerConfig:
             return cpu_pin.choose_cpu(self.cpu_affinity, self.member_index, cpu_pin.allowed_cpus())
         except cpu_pin.AffinityError as exc:
             raise ConfigError(f"cpu_affinity: {exc}") from exc
+
+    @property
+    def may_bootstrap(self) -> bool:
+        """``initial_cluster_state`` as the Raft layer's bootstrap switch (RaftConfig.bootstrap)."""
+        return self.initial_cluster_state == "new"
 
     @property
     def peer_addresses(self) -> tuple[str, ...]:
@@ -399,6 +410,7 @@ def is_loopback_host(host: str) -> bool:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ServerConfig)}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+INITIAL_CLUSTER_STATES = ("new", "existing")
 
 
 def _parse_address(key: str, value: str) -> tuple[str, int]:
@@ -524,6 +536,11 @@ def validate(config: ServerConfig) -> ServerConfig:
             f"acquire_waiters_max: {config.acquire_waiters_max} plus streams_max ({config.streams_max})"
             f" must be below grpc_threads ({config.grpc_threads}), or streams and waiting Acquires"
             " could hold every thread health and Admin need"
+        )
+    if config.initial_cluster_state not in INITIAL_CLUSTER_STATES:
+        raise ConfigError(
+            f"initial_cluster_state: must be 'new' (may help bootstrap a brand-new cluster) or"
+            f" 'existing' (waits to be added), got {config.initial_cluster_state!r}"
         )
     if config.log_level.upper() not in _LOG_LEVELS:
         raise ConfigError(f"log_level: must be one of {', '.join(_LOG_LEVELS)}")

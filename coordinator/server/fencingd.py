@@ -286,6 +286,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
                 f'token_signing_key_file = "{signing_key}"\n'
                 f'raft_secret_file = "{raft_secret}"\n'
                 f'log_level = "{args.log_level}"\n'
+                # Harmless on later starts: once formed, the cluster refuses a re-bootstrap.
+                'initial_cluster_state = "new"\n'
             )
         log_path = os.path.join(data_dir, f"node{i}.log")
         logs.append(log_path)

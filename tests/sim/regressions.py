@@ -79,10 +79,17 @@ REGRESSION_SEEDS: tuple[Regression, ...] = (
         ),
     ),
     Regression(
-        3720132,
+        # Re-picked (was 3720132, found by the random runs) with unanimous bootstrap, as 300
+        # above. Searched crashy seeds 0-799, then 800-12870 whose parameters match the original
+        # find (latency up to 40 ms, faults under 0.7 s apart; 1,200 seeds run). Qualified: passes
+        # with every fix, only no_convergence without fast_backup (test_raft_simulation.py
+        # test_fast_backup_lets_a_divergent_follower_catch_up),
+        # and the crashes, restarts and snapshot installs below. 12589 was the first; with the fix
+        # its followers skip back over a conflicting term five times, up to 8 entries at once.
+        12589,
         "crashy",
-        why="found by the random runs: a follower restarted with a long tail of an old term; "
-        "stock backup (one index per heartbeat, undone by pipelined sends) never caught it up",
+        why="a follower restarted with a tail of an old term; stock backup (one index per "
+        "heartbeat, undone by pipelined sends) never catches it up",
         exercised=("crashes_power_loss", "restarts", "snapshot_installs"),
     ),
 )
