@@ -33,7 +33,10 @@ class Proposer:
         self.failing = False
         self._lock = threading.Lock()
 
-    def propose(self, command, timeout_s):
+    def propose(self, command, timeout_s, *, client_slot=True):
+        # The member's own job never takes a client's in-flight slot (a bound of 1 would
+        # otherwise refuse a client once a second).
+        assert client_slot is False
         with self._lock:
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)

@@ -39,7 +39,7 @@ class LeaseTicker(threading.Thread):
         if not self.node.is_leader():
             return None
         try:
-            result = self.proposer.propose(commands.tick(stamp_ms=0), self.timeout_s)
+            result = self.proposer.propose(commands.tick(stamp_ms=0), self.timeout_s, client_slot=False)
         except ServiceError as error:  # lost leadership, deadline, overload: try again later
             log.info("lease ticker: TICK not applied: %s", error.reason)
             return None

@@ -123,23 +123,33 @@ class Proposer:
         return leader, self._members.get(leader, "")
 
     def propose(
-        self, command: commands.Command, timeout_s: float, *, max_bytes: int | None = None
+        self, command: commands.Command, timeout_s: float, *, max_bytes: int | None = None,
+        client_slot: bool = True,
     ) -> ProposeResult:
-        """The APPLIED result of ``command``, or raise ServiceError for anything else."""
+        """The APPLIED result of ``command``, or raise ServiceError for anything else.
+
+        ``client_slot=False`` is for the member's own jobs (the leader's TICK), which bound
+        themselves (one in flight): taking one of ``inflight_proposals_max``'s slots would
+        refuse a client's call once a second where the bound is 1."""
+        if not client_slot:
+            return self._propose(command, timeout_s, max_bytes)
         if not self._slots.acquire(blocking=False):
             if self.metrics is not None:
                 self.metrics.proposal_done("overloaded", None)
             raise ServiceError(
                 Failure.OVERLOADED, "too many proposals in flight on this member; retry later"
             )
-        started = time.perf_counter()
         try:
-            stamped = dataclasses.replace(command, stamp_ms=self.node.next_stamp_ms())
-            kwargs = {} if max_bytes is None else {"max_bytes": max_bytes}
-            kwargs["batch_key"] = command.resource  # shared Raft entries only across resources
-            result = self.node.propose(stamped.encode(), timeout_s, **kwargs)
+            return self._propose(command, timeout_s, max_bytes)
         finally:
             self._slots.release()
+
+    def _propose(self, command: commands.Command, timeout_s: float, max_bytes: int | None) -> ProposeResult:
+        started = time.perf_counter()
+        stamped = dataclasses.replace(command, stamp_ms=self.node.next_stamp_ms())
+        kwargs = {} if max_bytes is None else {"max_bytes": max_bytes}
+        kwargs["batch_key"] = command.resource  # shared Raft entries only across resources
+        result = self.node.propose(stamped.encode(), timeout_s, **kwargs)
         if self.metrics is not None:
             self.metrics.proposal_done(result.outcome.value, time.perf_counter() - started)
         if result.outcome is ProposeOutcome.APPLIED:
