@@ -1133,6 +1133,14 @@ def format_report(report: Report, *, max_shown: int = 50) -> str:
         f"{lz.get('states', 0)} states, {lz.get('unknown_dropped', 0)} unobservable "
         f"unknown ops dropped, {lz.get('seconds', 0)} s"
     )
+    hz = s.get("hazards") or {}
+    lines.append(
+        "hazards: " + (", ".join(f"{h} " + "/".join(f"{n} {o}" for o, n in c.items())
+                                 for h, c in hz.get("by_hazard", {}).items()) or "none")
+        + "; admin: " + (", ".join(f"{f} " + "/".join(f"{n} {o}" for o, n in c.items())
+                                   for f, c in hz.get("admin", {}).items()) or "none")
+        + f"; holders fenced by a floor / restore: {hz.get('holders_fenced_by_floor_or_restore', 0)}"
+    )
     lines.append(f"checked in {s['seconds']} s")
     for warning in report.warnings:
         lines.append(f"warning: {warning}")

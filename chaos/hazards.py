@@ -94,7 +94,8 @@ def _raw_write(rec: Recorder, channels: dict[str, grpc.Channel], resource: str, 
         except grpc.RpcError as e:
             if e.code() in _REFUSING_CODES:
                 raise _RawRefusal(str(e.details()), code=e.code(), reason=e.code().name) from None
-            raise
+            # no answer, or one that promises nothing: the write may still be applied
+            raise exc_mod.OutcomeUnknown(str(e.details()), code=e.code(), reason=e.code().name) from None
 
     return rec.call("write", resource, send, key=KEY, value=value, token=token, hazard=hazard,
                     result_of=lambda r: {"version": r.version, "hwm": r.hwm})
