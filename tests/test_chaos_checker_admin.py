@@ -28,6 +28,18 @@ def restore(invoke, complete, epoch, *, floor_asked, index, backup, outcome="ok"
     return record
 
 
+BACKUP_OF_A = {"r1": {"k": {"value": "a", "version": 1}}}
+
+
+def written_a_then_b():
+    """c1 holds r1 (token 1) and writes k = "a" (version 1), then "b" (version 2)."""
+    return [
+        acquire(0, 10, 1, index=1),
+        op("write", 12, 14, value="a", token=1, version=1, hwm=1, applied_index=2),
+        op("write", 16, 18, value="b", token=1, version=2, hwm=1, applied_index=3),
+    ]
+
+
 def test_a_floor_and_the_holders_it_fences_pass():
     records = [
         acquire(0, 10, 1, index=1),
@@ -75,7 +87,7 @@ def test_a_holder_from_before_a_floor_accepted_after_it_is_caught():
 
 def test_a_holder_from_before_a_restore_accepted_after_it_is_caught_even_with_a_low_index():
     # The real-time rule: whatever index a deposed leader reports, the restore had answered.
-    backup = {"r1": {"k": {"value": "a", "version": 1}}}
+    backup = BACKUP_OF_A
     records = [
         acquire(0, 10, 1, index=1),
         op("write", 12, 14, value="a", token=1, version=1, hwm=1, applied_index=2),
@@ -95,11 +107,9 @@ def test_a_write_carrying_a_force_release_epoch_is_unissued():
 
 
 def test_a_restore_rewrites_keys_to_the_backup_and_that_passes():
-    backup = {"r1": {"k": {"value": "a", "version": 1}}}
+    backup = BACKUP_OF_A
     records = [
-        acquire(0, 10, 1, index=1),
-        op("write", 12, 14, value="a", token=1, version=1, hwm=1, applied_index=2),
-        op("write", 16, 18, value="b", token=1, version=2, hwm=1, applied_index=3),
+        *written_a_then_b(),
         op("write", 16, 18, value="z", key="gone", token=1, version=3, hwm=1, applied_index=4),
         restore(20, 30, 200, floor_asked=200, index=5, backup=backup),
         read(40, 50, "a", hwm=200),
@@ -111,11 +121,9 @@ def test_a_restore_rewrites_keys_to_the_backup_and_that_passes():
 
 
 def test_a_read_of_a_pre_restore_value_after_the_restore_is_caught():
-    backup = {"r1": {"k": {"value": "a", "version": 1}}}
+    backup = BACKUP_OF_A
     records = [
-        acquire(0, 10, 1, index=1),
-        op("write", 12, 14, value="a", token=1, version=1, hwm=1, applied_index=2),
-        op("write", 16, 18, value="b", token=1, version=2, hwm=1, applied_index=3),
+        *written_a_then_b(),
         restore(20, 30, 200, floor_asked=200, index=5, backup=backup),
         read(40, 50, "b", hwm=200),
         final_state("r1", 200, k=("a", 1)),
@@ -124,11 +132,9 @@ def test_a_read_of_a_pre_restore_value_after_the_restore_is_caught():
 
 
 def test_a_final_state_that_missed_the_restore_is_a_lost_write():
-    backup = {"r1": {"k": {"value": "a", "version": 1}}}
+    backup = BACKUP_OF_A
     records = [
-        acquire(0, 10, 1, index=1),
-        op("write", 12, 14, value="a", token=1, version=1, hwm=1, applied_index=2),
-        op("write", 16, 18, value="b", token=1, version=2, hwm=1, applied_index=3),
+        *written_a_then_b(),
         restore(20, 30, 200, floor_asked=200, index=5, backup=backup),
         final_state("r1", 200, k=("b", 2)),
     ]
@@ -136,12 +142,10 @@ def test_a_final_state_that_missed_the_restore_is_a_lost_write():
 
 
 def test_an_unknown_restore_may_or_may_not_have_happened():
-    backup = {"r1": {"k": {"value": "a", "version": 1}}}
+    backup = BACKUP_OF_A
     for final_value in (("a", 1), ("b", 2)):
         records = [
-            acquire(0, 10, 1, index=1),
-            op("write", 12, 14, value="a", token=1, version=1, hwm=1, applied_index=2),
-            op("write", 16, 18, value="b", token=1, version=2, hwm=1, applied_index=3),
+            *written_a_then_b(),
             restore(20, 30, 0, floor_asked=200, index=0, backup=backup, outcome="unknown"),
             final_state("r1", 200, k=final_value),
         ]
