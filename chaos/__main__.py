@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaos run: {exc}", file=sys.stderr)
         return 2
     brief = {k: summary[k] for k in ("profile", "seed", "wall_s", "fault_count", "ops", "ops_by_outcome",
-                                     "violations", "violations_by_kind", "errors")}
+                                     "violations", "violations_by_kind", "errors", "hazards")}
     brief["failover_s"] = {k: v for k, v in summary["failover_s"].items() if k != "values"}
     brief["convergence_s"] = {k: v for k, v in summary["convergence_s"].items() if k != "values"}
     print(json.dumps(brief, indent=2))

@@ -56,7 +56,22 @@ Checks, each reporting its own violation kind (the constants below):
 5. ``DUPLICATE_EFFECT`` (I5): two ok answers with the same op_id report different effects
    (applied_index, version, token, or a force_release's hwm). Reads are not deduplicated and are
    not compared.
-6. ``TWO_LEADERS_IN_TERM``: node samples show two nodes as leader in the same term.
+6. Epoch floors and restores (I7, I11). An ok ``set_epoch_floor`` (with fence_all) or
+   ``restore`` with epoch E establishes E on every resource at its applied index (and in real
+   time from its answer), so a holder from before it is stale (check 2). ``EPOCH_FLOOR_BROKEN``:
+   E is below the floor asked for; or an acquisition that completed before the floor was
+   invoked got a token >= E (the floor rolled the epoch back); or an acquisition / force_release
+   invoked after the floor answered got a token <= E (a token at or below a pre-restore token
+   issued again). A restore also writes every key: the backup's value (``args.backup``) or
+   absent; durability and linearizability treat it as such a write per key.
+   Check 2 counts only acquisitions as issuing a token to a holder: an epoch that only fenced
+   (force_release, floor, restore) carried by an accepted fenced op is UNISSUED_TOKEN_ACCEPTED
+   (I3).
+7. ``HOSTILE_ACCEPTED``: an op marked ``hazard: hostile_*`` (a never-issued, foreign-resource,
+   malformed or huge token, or a malformed request) was accepted. Their refusals must change
+   nothing: their values must never be read (FAILED_WRITE_VISIBLE) and the linearizability
+   search treats them as never applied.
+8. ``TWO_LEADERS_IN_TERM``: node samples show two nodes as leader in the same term.
    ``REPLICAS_DIVERGED``: ``final`` records (the last one per node) disagree — different digests
    at the same applied index, or different applied indexes after convergence.
 
@@ -77,6 +92,7 @@ from typing import Any, Iterable
 
 from chaos import linearizability as lin
 from chaos.history import (
+    EPOCH_FUNCTIONS,
     FENCED_FUNCTIONS,
     ISSUING_FUNCTIONS,
     KEY_MUTATIONS,
@@ -98,6 +114,8 @@ NOT_LINEARIZABLE = "NOT_LINEARIZABLE"
 DUPLICATE_EFFECT = "DUPLICATE_EFFECT"
 TWO_LEADERS_IN_TERM = "TWO_LEADERS_IN_TERM"
 REPLICAS_DIVERGED = "REPLICAS_DIVERGED"
+EPOCH_FLOOR_BROKEN = "EPOCH_FLOOR_BROKEN"
+HOSTILE_ACCEPTED = "HOSTILE_ACCEPTED"
 
 VIOLATION_KINDS = (
     TOKEN_DUPLICATE,
@@ -111,6 +129,8 @@ VIOLATION_KINDS = (
     DUPLICATE_EFFECT,
     TWO_LEADERS_IN_TERM,
     REPLICAS_DIVERGED,
+    EPOCH_FLOOR_BROKEN,
+    HOSTILE_ACCEPTED,
 )
 
 #: States the register search may explore per segment before calling it inconclusive.
@@ -327,6 +347,11 @@ def _check_fencing(logical: list[_Logical], refs: _Refs) -> list[Violation]:
     # resource -> [(applied_index, token, op)] of every op that established a token
     established: dict[str, list[tuple[int, int, _Logical]]] = collections.defaultdict(list)
     fenced: list[_Logical] = []
+    floors = _fencing_floors(logical)
+    for resource in {op.resource for op in logical if op.f not in EPOCH_FUNCTIONS}:
+        for token, op in floors:
+            if op.applied_index is not None:
+                established[resource].append((op.applied_index, token, op))
     for op in logical:
         if op.outcome != "ok":
             continue
@@ -343,7 +368,8 @@ def _check_fencing(logical: list[_Logical], refs: _Refs) -> list[Violation]:
             token = op.rep.issued_token()
             if token is None:
                 continue
-            issued[op.resource].setdefault(token, []).append(op)
+            if op.f == "acquire":  # force_release only fences: it issues nothing to a holder
+                issued[op.resource].setdefault(token, []).append(op)
             if op.applied_index is not None:
                 established[op.resource].append((op.applied_index, token, op))
         elif op.f in FENCED_FUNCTIONS:
@@ -371,7 +397,8 @@ def _check_fencing(logical: list[_Logical], refs: _Refs) -> list[Violation]:
                 Violation(
                     UNISSUED_TOKEN_ACCEPTED,
                     f"{what} by {op.rep.process} was accepted with token {token}, which no ok "
-                    f"acquire / force_release of {op.resource} returned",
+                    f"acquire of {op.resource} returned (an epoch that only fenced is no "
+                    "holder's token)",
                     [refs(op.rep)],
                 )
             )
@@ -436,6 +463,10 @@ def _check_stale_in_real_time(
     established: dict[str, list[tuple[int, int, _Logical]]] = collections.defaultdict(list)
     # resource -> [(invoke_ns, token, op)] of every ok fenced op
     fenced: dict[str, list[tuple[int, int, _Logical]]] = collections.defaultdict(list)
+    floors = _fencing_floors(logical)
+    for resource in {op.resource for op in logical if op.f not in EPOCH_FUNCTIONS}:
+        for token, op in floors:
+            established[resource].append((op.complete_ns, token, op))
     for op in logical:
         if op.outcome != "ok":
             continue
@@ -477,6 +508,118 @@ def _check_stale_in_real_time(
                 )
             )
     return violations
+
+
+# -- epoch floors and restores ----------------------------------------------------------------
+
+
+def _fencing_floors(logical: list[_Logical]) -> list[tuple[int, _Logical]]:
+    """(epoch, op) of every ok floor / restore that fenced every resource at that epoch."""
+    out = []
+    for op in logical:
+        if op.f not in EPOCH_FUNCTIONS or op.outcome != "ok":
+            continue
+        epoch = op.rep.result_int("epoch")
+        if epoch is None:
+            continue
+        if op.f == "restore" or op.first.args.get("fence_all", True):
+            out.append((epoch, op))
+    return out
+
+
+def _check_epoch_floors(logical: list[_Logical], refs: _Refs, warnings: list[str]) -> list[Violation]:
+    """EPOCH_FLOOR_BROKEN (I7, I11): see the module docstring, check 6."""
+    issued = [
+        (op.rep.issued_token(), op) for op in logical
+        if op.f in ISSUING_FUNCTIONS and op.outcome == "ok" and op.rep.issued_token() is not None
+    ]
+    violations: list[Violation] = []
+    for op in logical:
+        if op.f not in EPOCH_FUNCTIONS or op.outcome != "ok":
+            continue
+        epoch = op.rep.result_int("epoch")
+        if epoch is None:
+            warnings.append(f"ok {op.f} without an epoch in its result (line {op.rep.line}): not checked")
+            continue
+        floor = op.first.args.get("floor")
+        what = f"{op.f} (floor {floor}) by {op.rep.process} answered epoch {epoch}"
+        if isinstance(floor, int) and epoch < floor:
+            violations.append(Violation(EPOCH_FLOOR_BROKEN, f"{what}, below its floor", [refs(op.rep)]))
+        for token, other in issued:
+            if other.complete_ns < op.invoke_ns and token >= epoch:
+                violations.append(Violation(
+                    EPOCH_FLOOR_BROKEN,
+                    f"{what}, but {other.f} {other.resource} by {other.rep.process} had already "
+                    f"got token {token} before it was invoked: the epoch went back",
+                    refs.many([op.rep, other.rep])))
+            elif other.invoke_ns > op.complete_ns and token <= epoch:
+                violations.append(Violation(
+                    EPOCH_FLOOR_BROKEN,
+                    f"{what}, yet {other.f} {other.resource} by {other.rep.process}, invoked "
+                    f"after that answer, got token {token}: a token at or below the floor was "
+                    "issued again",
+                    refs.many([op.rep, other.rep])))
+    return violations
+
+
+def _restore_writes(history: History, logical: list[_Logical]) -> list[_Logical]:
+    """A restore (not refused) as one write per key: the backup's value, or a delete for a key
+    the backup lacks — at the restore's applied index, with its outcome and times."""
+    keys = {(op.resource, op.key) for op in history.ops if op.key is not None and op.f not in EPOCH_FUNCTIONS}
+    keys |= {(s.resource, k) for s in history.final_states for k in s.data}
+    out: list[_Logical] = []
+    for op in logical:
+        if op.f != "restore" or op.outcome == "refused":
+            continue
+        backup = op.first.args.get("backup") or {}
+        for resource, key in sorted(keys, key=lambda k: (k[0], k[1] or "")):
+            entry = (backup.get(resource) or {}).get(key)
+            attempts = []
+            for a in op.attempts:
+                result = {}
+                if a.is_ok:
+                    result = {"applied_index": a.applied_index,
+                              "version": entry["version"] if entry else 0}
+                attempts.append(dataclasses.replace(
+                    a, f="write" if entry else "delete", resource=resource, key=key,
+                    value=entry["value"] if entry else None, token=None, result=result,
+                    op_id=f"{a.op_id}/{resource}/{key}", process=f"{a.process} (restore)",
+                    args={"restored_version": entry["version"] if entry else 0}))
+            out.append(_Logical(attempts))
+    return out
+
+
+def _check_hostile(logical: list[_Logical], refs: _Refs) -> list[Violation]:
+    return [
+        Violation(HOSTILE_ACCEPTED,
+                  f"{op.first.hazard} {op.f} on {op.resource} by {op.rep.process} (token "
+                  f"{op.rep.token}) was accepted; it must be refused",
+                  [refs(op.rep)])
+        for op in logical if op.first.is_hostile and op.outcome == "ok"
+    ]
+
+
+def hazard_counts(history: History, logical: list[_Logical]) -> dict[str, Any]:
+    """What the run exercised: ops per hazard and outcome, admin ops by outcome, and the
+    holders from before a floor / restore that were refused after it."""
+    hazards: dict[str, dict[str, int]] = {}
+    for op in logical:
+        if op.first.hazard:
+            per = hazards.setdefault(op.first.hazard, {})
+            per[op.outcome] = per.get(op.outcome, 0) + 1
+    admin: dict[str, dict[str, int]] = {}
+    for op in logical:
+        if op.f == "force_release" or op.f in EPOCH_FUNCTIONS:
+            per = admin.setdefault(op.f, {})
+            per[op.outcome] = per.get(op.outcome, 0) + 1
+    floors = _fencing_floors(logical)
+    fenced_out = 0
+    for op in logical:
+        if op.f in FENCED_FUNCTIONS and op.outcome == "refused" and op.first.token is not None:
+            if any(op.invoke_ns > f.complete_ns and op.first.token < e for e, f in floors):
+                fenced_out += 1
+    return {"by_hazard": dict(sorted(hazards.items())), "admin": dict(sorted(admin.items())),
+            "holders_fenced_by_floor_or_restore": fenced_out}
 
 
 # -- 3. durability ----------------------------------------------------------------------------
@@ -615,6 +758,16 @@ def _check_durability(
             f"the latest acknowledged {latest.f} of {where} ({', '.join(facts)}) by "
             f"{latest.rep.process}"
         )
+        # A restore of unknown outcome may have put back the backup's value and version (lower
+        # than a write acknowledged before it).
+        restored = any(
+            "restored_version" in o.first.args
+            and o.first.value == final_value
+            and (entry is None or o.first.args["restored_version"] == final_version)
+            for o in unknown
+        )
+        if restored:
+            continue
         if entry is not None and final_version is not None and final_version < version:
             violations.append(
                 Violation(
@@ -913,18 +1066,22 @@ def check_history(
     refs = _Refs(history.ops)
     warnings: list[str] = []
     logical = _logical_ops(history.ops)
-    refused = _refused_values(logical)
+    # A restore writes every key: checked like writes by durability and linearizability.
+    with_restores = logical + _restore_writes(history, logical)
+    refused = _refused_values(with_restores)
 
     violations: list[Violation] = []
     violations += _check_tokens(logical, refs, warnings)
     violations += _check_fencing(logical, refs)
-    durability, visible_reads = _check_durability(history, logical, refused, refs, warnings)
+    durability, visible_reads = _check_durability(history, with_restores, refused, refs, warnings)
     violations += durability
     lin_violations, lin_stats = _check_linearizability(
-        history, logical, visible_reads, refs, warnings, max_states
+        history, with_restores, visible_reads, refs, warnings, max_states
     )
     violations += lin_violations
     violations += _check_dedup(history, refs)
+    violations += _check_epoch_floors(logical, refs, warnings)
+    violations += _check_hostile(logical, refs)
     violations += _check_nodes(history)
 
     by_f: dict[str, dict[str, int]] = {}
@@ -941,6 +1098,7 @@ def check_history(
         "final_states": len(history.final_states),
         "faults": len(history.faults),
         "linearizability": lin_stats,
+        "hazards": hazard_counts(history, logical),
         "violations": len(violations),
         "violations_by_kind": {k: by_kind[k] for k in VIOLATION_KINDS if by_kind[k]},
         "seconds": round(time.perf_counter() - started, 3),
@@ -974,6 +1132,14 @@ def format_report(report: Report, *, max_shown: int = 50) -> str:
         f"{lz.get('segments', 0)} segments (largest {lz.get('largest_segment', 0)}), "
         f"{lz.get('states', 0)} states, {lz.get('unknown_dropped', 0)} unobservable "
         f"unknown ops dropped, {lz.get('seconds', 0)} s"
+    )
+    hz = s.get("hazards") or {}
+    lines.append(
+        "hazards: " + (", ".join(f"{h} " + "/".join(f"{n} {o}" for o, n in c.items())
+                                 for h, c in hz.get("by_hazard", {}).items()) or "none")
+        + "; admin: " + (", ".join(f"{f} " + "/".join(f"{n} {o}" for o, n in c.items())
+                                   for f, c in hz.get("admin", {}).items()) or "none")
+        + f"; holders fenced by a floor / restore: {hz.get('holders_fenced_by_floor_or_restore', 0)}"
     )
     lines.append(f"checked in {s['seconds']} s")
     for warning in report.warnings:

@@ -22,7 +22,7 @@ import grpc
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from testsupport.grpc_cluster import GrpcCluster, GrpcNode
-from testsupport.supervisor import DEFAULT_HOSTS
+from testsupport.supervisor import DEFAULT_HOSTS, child_env
 
 HOSTS = DEFAULT_HOSTS
 # Overridable so two runs on one machine (a soak beside CI) never delete each other's
@@ -82,11 +82,50 @@ class Node(GrpcNode):
         return pb_grpc.AdminStub(self.channel).Snapshot(pb.SnapshotRequest(local=local), timeout=timeout_s)
 
 
+LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+# Makes time.sleep work under libfaketime with monotonic left real (see that file).
+CLOCK_STEP_SITE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "testsupport", "clock_step")
+
+
 class ChaosCluster(GrpcCluster):
-    """Three members; ``with ChaosCluster(dir) as c: c.start_all()``; teardown always runs."""
+    """Three members; ``with ChaosCluster(dir) as c: c.start_all()``; teardown always runs.
+
+    Members run under libfaketime (wall clock only; monotonic real) when it is installed and
+    ``FENCING_CHAOS_FAKETIME`` is not ``0``, so the clock_step fault can step a member's wall
+    clock at run time by rewriting ``nodeN.wall`` (read at every call: FAKETIME_NO_CACHE)."""
 
     node_class = Node
     default_settings = CHAOS_SETTINGS
+
+    def __init__(self, base_dir: str, **kwargs) -> None:
+        super().__init__(base_dir, **kwargs)
+        self.clock_steppable = os.path.exists(LIBFAKETIME) and os.environ.get("FENCING_CHAOS_FAKETIME") != "0"
+        if self.clock_steppable:
+            for node in self.nodes:
+                self.step_wall_clock(node.index, 0)
+
+    def wall_offset_path(self, i: int) -> str:
+        return os.path.join(self.base_dir, f"node{i}.wall")
+
+    def step_wall_clock(self, i: int, seconds: int) -> None:
+        """Member ``i``'s wall clock reads ``seconds`` off real time from now on."""
+        path = self.wall_offset_path(i)
+        with open(path + ".tmp", "w", encoding="ascii") as f:
+            f.write(f"{seconds:+d}\n")
+        os.replace(path + ".tmp", path)  # never half a file to read
+
+    def env(self, node) -> dict:
+        if not self.clock_steppable:
+            return super().env(node)
+        env = child_env({
+            "LD_PRELOAD": LIBFAKETIME,
+            "FAKETIME_TIMESTAMP_FILE": self.wall_offset_path(node.index),
+            "FAKETIME_NO_CACHE": "1",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        })
+        env["PYTHONPATH"] = CLOCK_STEP_SITE + os.pathsep + env["PYTHONPATH"]
+        return env
 
     def start_all(self, timeout_s: float = 60.0) -> int:
         """Start every member not running; the leader's index once all agree on one."""

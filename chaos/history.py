@@ -10,7 +10,8 @@ the exact real-time order. Fields not listed are ignored when reading (forward c
      "key": "k", "value": "c1-17", "token": 4, "invoke_ns": 1200, "complete_ns": 1900,
      "outcome": "ok", "reason": null, "result": {"version": 7, "hwm": 4, "applied_index": 31}}
 
-    f         acquire | keepalive | release | write | delete | read | force_release
+    f         acquire | keepalive | release | write | delete | read | force_release |
+              set_epoch_floor | restore (cluster-wide admin ops: resource "*")
     key       the key of write / delete / read, else null
     value     the value a write stores (unique per logical write, so a value names its write)
     token     the fencing token carried by keepalive / release / write / delete, else null
@@ -22,11 +23,18 @@ the exact real-time order. Fields not listed are ignored when reading (forward c
     complete_ns  when the answer arrived (or the client gave up); null if the process crashed
                  with the op in flight. Required for ok and refused.
     reason    refusal reason (or the unknown cause), else null
+    hazard    optional: which deliberate hazard the op exercises (``hostile_*``: a token or
+              request the server must refuse; ``late_holder``: a holder writing after pausing
+              past its lease; ...). Counted per run; an ok ``hostile_*`` op is a violation.
+    args      optional, for admin ops: ``floor`` (set_epoch_floor, restore), ``fence_all``
+              (set_epoch_floor), ``backup`` (restore: resource -> key -> {value, version}, the
+              data the restored backup holds, so the checker knows what the restore wrote)
     result    for ok ops, what the server reported, any of: token (acquire, keepalive),
               hwm (acquire, force_release — the new epoch —, release, write), version (write,
               delete, read; 0 for "absent"), value / found (read), applied_index (the Raft index
               at which the op was applied; a deduplicated retry reports the first one),
-              expires_at_ms (acquire, keepalive), deleted (delete)
+              expires_at_ms (acquire, keepalive), deleted (delete), epoch (set_epoch_floor,
+              restore: the epoch the cluster reported after it)
 
 ``node`` — a status sample of one node::
 
@@ -65,12 +73,15 @@ import threading
 from typing import Any, Iterable, Iterator, TextIO, Union
 
 OP_FUNCTIONS = frozenset(
-    {"acquire", "keepalive", "release", "write", "delete", "read", "force_release"}
+    {"acquire", "keepalive", "release", "write", "delete", "read", "force_release",
+     "set_epoch_floor", "restore"}
 )
 #: Functions that carry a fencing token and are refused unless it equals hwm(resource).
 FENCED_FUNCTIONS = frozenset({"keepalive", "release", "write", "delete"})
 #: Functions that issue a new epoch (token) for their resource.
 ISSUING_FUNCTIONS = frozenset({"acquire", "force_release"})
+#: Cluster-wide admin functions that raise the epoch (and, fencing, every resource's hwm).
+EPOCH_FUNCTIONS = frozenset({"set_epoch_floor", "restore"})
 #: Functions that change a key's value.
 KEY_MUTATIONS = frozenset({"write", "delete"})
 OUTCOMES = frozenset({"ok", "refused", "unknown"})
@@ -97,10 +108,16 @@ class Op:
     token: int | None = None
     reason: str | None = None
     result: dict[str, Any] = dataclasses.field(default_factory=dict)
+    hazard: str | None = None
+    args: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: Where the record came from (1-based line number); not written out.
     line: int | None = dataclasses.field(default=None, compare=False)
 
     type = "op"
+
+    @property
+    def is_hostile(self) -> bool:
+        return (self.hazard or "").startswith("hostile")
 
     @property
     def is_ok(self) -> bool:
@@ -295,6 +312,8 @@ def _op_from_dict(doc: dict[str, Any], line: int | None) -> Op:
         outcome=outcome,
         reason=_need(doc, "reason", "str", line, nullable=True),
         result=result,
+        hazard=_need(doc, "hazard", "str", line, nullable=True),
+        args=_need(doc, "args", "dict", line, nullable=True) or {},
         line=line,
     )
 
@@ -359,6 +378,11 @@ def to_dict(record: Record) -> dict[str, Any]:
     for field in dataclasses.fields(record):
         if field.name != "line":
             doc[field.name] = getattr(record, field.name)
+    if isinstance(record, Op):
+        # optional fields: left out when unset, so older histories round-trip unchanged
+        for name in ("hazard", "args"):
+            if not doc[name]:
+                del doc[name]
     return doc
 
 

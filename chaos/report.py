@@ -42,6 +42,10 @@ def summarize(history: History, report, steps: list[dict], errors: list[str], fi
         "violations": len(report.violations),
         "violations_by_kind": report.summary.get("violations_by_kind"),
         "violation_details": [v.detail for v in report.violations[:50]],
+        # what the run exercised (issue "Deeper chaos"): a hazard never hit is a gap, not a pass
+        "hazards": {**report.summary.get("hazards", {}),
+                    "largest_segment": report.summary.get("linearizability", {}).get("largest_segment"),
+                    "faults": {k: faults.count(k) for k in sorted(set(faults))}},
         "checker_warnings": report.warnings[:50],
         "checker_summary": report.summary,
         "failover_s": _stats([s.get("failover_s") for s in steps if "failover_s" in s]),

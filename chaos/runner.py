@@ -30,6 +30,7 @@ import time
 import traceback
 
 from chaos import check as check_mod
+from chaos import disk_clock_faults as DC
 from chaos import faults as F
 from chaos.harness import ChaosCluster, network_teardown
 from chaos.history import HistoryWriter, read_history
@@ -39,6 +40,9 @@ from testsupport.supervisor import wait_until
 RESOURCES = ["r0", "r1", "r2"]
 PROBE_RESOURCES = [f"probe{i}" for i in range(6)]
 CLIENTS = 4
+# Contended resources (one key each) of the hazard roles (chaos.hazards).
+HOT_RESOURCES = ["hot0", "hot1"]
+CONTENTION_THREADS = 6
 
 
 class OutDirInUse(Exception):
@@ -132,6 +136,22 @@ class Run:
                  ",".join(self.cluster.endpoints), "--out", out, "--resources", ",".join(RESOURCES),
                  "--seed", str(self.seed * 100 + k)],
                 stdout=open(os.path.join(self.out, "clients", f"c{k}.log"), "w"), stderr=subprocess.STDOUT,
+            )
+            self.cluster.adopt(proc.pid)
+            self.clients.append(proc)
+        self.start_hazard_roles()
+
+    def start_hazard_roles(self) -> None:
+        """Contention, hostile clients and the operator (chaos.hazards), one process each."""
+        roles = [("contention", "cx", ["--threads", str(CONTENTION_THREADS)]), ("hostile", "hx", []),
+                 ("operator", "op", [])]
+        for k, (role, name, extra) in enumerate(roles):
+            out = os.path.join(self.out, "clients", f"{name}.jsonl")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "chaos.hazards", "--role", role, "--process", name, "--endpoints",
+                 ",".join(self.cluster.endpoints), "--out", out, "--resources", ",".join(HOT_RESOURCES),
+                 "--seed", str(self.seed * 100 + 50 + k), *extra],
+                stdout=open(os.path.join(self.out, "clients", f"{name}.log"), "w"), stderr=subprocess.STDOUT,
             )
             self.cluster.adopt(proc.pid)
             self.clients.append(proc)
@@ -233,7 +253,7 @@ class Run:
         if out["digest"] is None:
             self.errors.append("final digests: nodes never snapshotted at one applied index (no final records)")
         client = make_client(self.cluster.endpoints, timeout_s=10.0)
-        resources = sorted(set(RESOURCES + PROBE_RESOURCES + self.gc_resources()))
+        resources = sorted(set(RESOURCES + HOT_RESOURCES + PROBE_RESOURCES + self.gc_resources()))
         for r in resources:
             d = client.describe(r)
             data = {}
@@ -320,6 +340,20 @@ def ci_plan(run: Run):
         print("[chaos] delay fault skipped: netfilterqueue not importable", flush=True)
     for fault in F.ci_schedule(lambda: run.recorder("gc-owner"), os.path.join(run.out, "clients"), with_delay):
         yield fault, run.hold_s
+    for fault in deeper_faults(run.rng, ci=True):
+        yield fault, run.hold_s
+
+
+def deeper_faults(rng: random.Random, ci: bool) -> list[F.Fault]:
+    """Clock steps (leader and follower, forward and back) and torn power loss. CI takes one
+    step each way (leader forward, follower back) and one torn power loss; a soak draws."""
+    if ci:
+        return [DC.ClockStep("leader", 3600), DC.ClockStep("follower", -3600),
+                DC.TornPowerLoss("leader", seed=rng.randrange(2**32))]
+    return [rng.choice([
+        lambda: DC.ClockStep(rng.choice(["leader", "follower"]), rng.choice([3600, -3600, 120, -120])),
+        lambda: DC.TornPowerLoss(rng.choice(["leader", "all"]), seed=rng.randrange(2**32)),
+    ])()]
 
 
 def soak_plan(minutes: float):
@@ -327,7 +361,11 @@ def soak_plan(minutes: float):
         end = time.monotonic() + minutes * 60
         with_delay = F.delay_available()
         while time.monotonic() < end:
-            fault = F.random_fault(run.rng, lambda: run.recorder("gc-owner"), os.path.join(run.out, "clients"), with_delay)
+            if run.rng.random() < 0.2:
+                fault = deeper_faults(run.rng, ci=False)[0]
+            else:
+                fault = F.random_fault(run.rng, lambda: run.recorder("gc-owner"), os.path.join(run.out, "clients"),
+                                       with_delay)
             yield fault, run.rng.uniform(5, 15)
 
     return plan

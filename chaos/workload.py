@@ -57,12 +57,17 @@ class Recorder:
         self.counts[rec["outcome"]] = self.counts.get(rec["outcome"], 0) + 1
 
     def call(self, f: str, resource: str, fn: Callable[[bytes], Any], *, key=None, value=None, token=None,
-             result_of: Callable[[Any], dict] | None = None) -> tuple[str, Any]:
+             result_of: Callable[[Any], dict] | None = None, hazard: str | None = None,
+             args: dict | None = None) -> tuple[str, Any]:
         op_id = os.urandom(16)
         rec: dict[str, Any] = {
             "type": "op", "process": self.process, "op_id": op_id.hex(), "f": f, "resource": resource,
             "key": key, "value": value, "token": token, "reason": None, "result": {},
         }
+        if hazard:
+            rec["hazard"] = hazard
+        if args:
+            rec["args"] = args
         rec["invoke_ns"] = time.monotonic_ns()
         try:
             res = fn(op_id)
@@ -98,10 +103,10 @@ class Recorder:
         return self.call("keepalive", resource, lambda op: self.client.keep_alive(resource, token=token),
                          token=token, result_of=lambda r: {"token": r.token, "expires_at_ms": r.expires_at_ms})
 
-    def write(self, resource: str, key: str, value: str, token: int):
+    def write(self, resource: str, key: str, value: str, token: int, hazard: str | None = None):
         return self.call("write", resource,
                          lambda op: self.client.write(resource, key, value.encode(), token=token, op_id=op),
-                         key=key, value=value, token=token,
+                         key=key, value=value, token=token, hazard=hazard,
                          result_of=lambda r: {"version": r.version, "hwm": r.hwm})
 
     def delete(self, resource: str, key: str, token: int):

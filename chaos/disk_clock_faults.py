@@ -1,0 +1,193 @@
+"""Faults on a member's clock and on what a power cut leaves on its disk (issue "Deeper chaos",
+point 4). Kept apart from chaos/faults.py so other fault work there does not collide.
+
+``ClockStep``: steps one member's wall clock (leader or follower, forward or back) while it
+runs, through libfaketime (CHAOS.md, "Clock steps"; the harness starts members under it when
+``FENCING_CHAOS_FAKETIME`` allows, see ``chaos.harness``); monotonic stays real. Heal steps it
+back. Leases must neither shorten nor lengthen (I6): the workload and the checker see it.
+
+``TornPowerLoss``: a power loss (``chaos.faults.PowerLoss``: freeze with unsynced journal bytes,
+kill -9, drop what was never fsynced) that also leaves what a power cut mid-write leaves:
+- the journal ends in a torn record: the never-synced tail keeps a prefix of its first record
+  that stops inside it (when nothing unsynced was caught, a prefix of a fabricated record —
+  a write the cut interrupted before any sync);
+- the meta file's in-flight update is lost: a torn ``raft.meta.tmp`` (a higher term half
+  written) beside the intact ``raft.meta`` — the update was never fsynced nor renamed;
+- the snapshot's in-flight update is lost: a torn ``raft.dump.tmp``.
+Nothing fsynced is touched: the member promised nothing about the rest. On restart it must cut
+the torn record with a warning and start with its last durable term and vote (never a rolled
+back one); the fault checks both (``info["ok"]``), and the run then checks it serves.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import zlib
+
+import msgpack
+
+from chaos.faults import Fault, PowerLoss, _pick
+from chaos.harness import ChaosCluster
+from coordinator.raft.journal import JOURNAL_NAME, META_NAME, SYNCED_SIDECAR_SUFFIX
+from coordinator.raft.snapshot_file import DUMP_NAME
+from testsupport.supervisor import wait_until
+
+_RECORD_HEAD = struct.Struct("<II")  # the journal's record head: payload length, crc32
+_ENTRY_HEAD = struct.Struct("<QQ")  # index, term
+
+
+class ClockStep(Fault):
+    """Step the wall clock of the leader or a follower by ``seconds`` (negative: back)."""
+
+    def __init__(self, role: str = "leader", seconds: int = 3600) -> None:
+        super().__init__()
+        self.role, self.seconds = role, seconds
+        self.kind = f"clock_step_{role}_{'forward' if seconds > 0 else 'back'}"
+        self.i = -1
+
+    def inject(self, c: ChaosCluster):
+        if not c.clock_steppable:
+            raise RuntimeError("members are not running under libfaketime: no clock to step")
+        self.i = _pick(c, self.role)
+        self.nodes = [c.nodes[self.i].raft_address]
+        c.step_wall_clock(self.i, self.seconds)
+        self.info = {"node": self.nodes[0], "seconds": self.seconds}
+
+    def heal(self, c: ChaosCluster):
+        if self.i >= 0:
+            c.step_wall_clock(self.i, 0)
+
+
+def _read_meta_term(data_dir: str) -> tuple[int, object] | None:
+    """(term, vote) of the durable meta file, read from outside; None if absent."""
+    try:
+        with open(os.path.join(data_dir, META_NAME), "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    body = raw[:-4]
+    if len(raw) < 4 or zlib.crc32(body) != struct.unpack("<I", raw[-4:])[0]:
+        raise RuntimeError(f"{META_NAME} of {data_dir} is damaged before the fault touched it")
+    _version, term, vote = msgpack.unpackb(body, raw=False)
+    return term, vote
+
+
+def tear_journal_tail(data_dir: str, rng: random.Random) -> dict:
+    """Drop every never-synced journal byte except a prefix of the first unsynced record that
+    stops inside it (or append such a prefix of a fabricated record). Node must be dead."""
+    path = os.path.join(data_dir, JOURNAL_NAME)
+    with open(path + SYNCED_SIDECAR_SUFFIX, "rb") as f:
+        synced = struct.unpack("<Q", f.read(8))[0]
+    with open(path, "rb") as f:
+        f.seek(synced)
+        tail = f.read()
+    record = b""
+    if len(tail) >= _RECORD_HEAD.size:
+        length, _ = _RECORD_HEAD.unpack_from(tail, 0)
+        if _RECORD_HEAD.size + length <= len(tail):
+            record = tail[: _RECORD_HEAD.size + length]
+    source = "unsynced"
+    if not record:
+        # Nothing unsynced (or only a torn head already): the record a write in flight was
+        # laying down. Index and term are never read: it stops before its end.
+        payload = _ENTRY_HEAD.pack(0, 0) + os.urandom(32)
+        record = _RECORD_HEAD.pack(len(payload), zlib.crc32(payload)) + payload
+        source = "fabricated"
+    keep = rng.randrange(1, len(record))  # at least one byte, never the whole record
+    with open(path, "r+b") as f:
+        f.truncate(synced)
+        f.seek(synced)
+        f.write(record[:keep])
+    return {"synced_len": synced, "unsynced_len": len(tail), "torn_bytes": keep,
+            "torn_of": len(record), "torn_source": source}
+
+
+def tear_pending_updates(data_dir: str, rng: random.Random, term: int | None) -> dict:
+    """The meta and snapshot updates a cut interrupted: torn ``.tmp`` files, never renamed."""
+    out = {}
+    body = msgpack.packb([1, (term or 0) + 7, "127.0.0.9:1"], use_bin_type=True)
+    meta = body + struct.pack("<I", zlib.crc32(body))
+    with open(os.path.join(data_dir, META_NAME + ".tmp"), "wb") as f:
+        f.write(meta[: rng.randrange(1, len(meta))])
+    out["meta_tmp_bytes"] = os.path.getsize(os.path.join(data_dir, META_NAME + ".tmp"))
+    dump = os.path.join(data_dir, DUMP_NAME)
+    if os.path.exists(dump):
+        with open(dump, "rb") as f:
+            head = f.read(4096)
+        with open(dump + ".tmp", "wb") as f:
+            f.write(head[: rng.randrange(1, max(2, len(head)))])
+        out["dump_tmp_bytes"] = os.path.getsize(dump + ".tmp")
+    return out
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+class TornPowerLoss(PowerLoss):
+    """PowerLoss plus a torn last journal record and lost meta / snapshot updates (above)."""
+
+    failure = "member did not recover safely from a torn power loss"
+
+    def __init__(self, scope: str = "leader", seed: int = 0) -> None:
+        super().__init__(scope)
+        self.kind = f"torn_power_loss_{scope}"
+        self.rng = random.Random(seed)
+        self.before: dict[int, tuple[int, object] | None] = {}
+        self.torn: dict[str, dict] = {}
+
+    def inject(self, c):
+        self.indexes = []
+
+        # PowerLoss.inject kills and cuts to the synced length; the tear is taken from the
+        # sidecar, which still names the synced length, and the file before the cut.
+        def cut(i: int) -> tuple[int, int]:
+            c.kill(i)
+            node = c.nodes[i]
+            self.before[i] = _read_meta_term(node.data_dir)
+            old = os.path.getsize(os.path.join(node.data_dir, JOURNAL_NAME))
+            torn = tear_journal_tail(node.data_dir, self.rng)
+            term = self.before[i][0] if self.before[i] else None
+            torn.update(tear_pending_updates(node.data_dir, self.rng, term))
+            self.torn[node.raft_address] = torn
+            return old, torn["synced_len"]
+
+        original = c.power_loss
+        c.power_loss = cut
+        try:
+            super().inject(c)
+        finally:
+            c.power_loss = original
+        self.info["torn"] = self.torn
+
+    def heal(self, c):
+        # The log is appended to across restarts: only what this start writes counts.
+        offsets = {i: _size(c.nodes[i].log_path) for i in self.indexes}
+        super().heal(c)
+        ok = True
+        for i in self.indexes:
+            node = c.nodes[i]
+
+            def recovered():
+                with open(node.log_path, encoding="utf-8", errors="replace") as f:
+                    f.seek(offsets[i])
+                    return "cutting torn tail" in f.read()
+
+            try:
+                wait_until(recovered, 30.0, interval_s=0.1, what=f"node {i} to cut its torn record")
+            except TimeoutError:
+                ok = False
+                self.torn[node.raft_address]["cut_seen"] = False
+                continue
+            after = _read_meta_term(node.data_dir)
+            before = self.before.get(i)
+            rolled_back = before is not None and (after is None or after[0] < before[0])
+            self.torn[node.raft_address].update(cut_seen=True, rolled_back=rolled_back,
+                                                term_before=before and before[0], term_after=after and after[0])
+            ok = ok and not rolled_back
+        self.info["ok"] = ok
