@@ -4,7 +4,7 @@ Owns: turning the Raft node's membership status into ``pb.Member`` messages (Sta
 Member* Admin RPCs), checking a change's member id and Raft address before anything is
 proposed, and running one change (``RaftNode.add_member`` / ``remove_member`` /
 ``replace_member``) into a response or a ServiceError (errors.from_member_change).
-Must never: touch pysyncobj (the Raft node does), decide whether a change is allowed (the
+Must never: touch the Raft library (the Raft node does), decide whether a change is allowed (the
 leader does, against its log), or authorize and audit (service.py's ``_admin`` does).
 """
 
@@ -32,7 +32,7 @@ def member_messages(status: dict, api_addresses: dict[str, str]) -> list[pb.Memb
             match_index=m["match_index"],
             voter=m["voter"],
         )
-        for m in status["members"]
+        for m in status.get("members", ())
     ]
 
 
