@@ -22,8 +22,8 @@ import pytest
 
 from chaos.check import check_file, format_report
 from chaos.harness import ChaosCluster
-from chaos.history import HistoryWriter, read_history
-from chaos.workload import KEYS, make_client, run_client
+from chaos.history import read_history
+from chaos.workload import make_client, run_client, write_final_states
 from coordinator.client.exceptions import Refused, UnknownMember
 from testsupport.supervisor import wait_until
 
@@ -130,7 +130,7 @@ def test_rolling_restart_remove_re_add_and_replace_at_a_new_address_under_load(c
                 for client in clients:
                     client.result(timeout=60)
         final = str(tmp_path / "final.jsonl")
-        _write_final_states(cluster, final)
+        write_final_states([n.api_address for n in cluster.nodes if n.alive], RESOURCES, final)
     except BaseException:
         print(cluster.logs())
         raise
@@ -153,17 +153,3 @@ def test_rolling_restart_remove_re_add_and_replace_at_a_new_address_under_load(c
 def _log(node) -> str:
     with open(node.log_path, encoding="utf-8", errors="replace") as f:
         return f.read()
-
-
-def _write_final_states(cluster, path: str) -> None:
-    """What each resource holds at the end, for the checker's durability check (I8)."""
-    endpoints = [n.api_address for n in cluster.nodes if n.alive]
-    with HistoryWriter(path) as writer, make_client(endpoints, timeout_s=10.0) as client:
-        for resource in RESOURCES:
-            data = {}
-            for key in KEYS:
-                found = client.read(resource, key)
-                if found.found:
-                    data[key] = {"value": found.value.decode(), "version": int(found.version)}
-            writer.write({"type": "final_state", "resource": resource,
-                          "hwm": int(client.describe(resource).hwm), "data": data})
