@@ -204,6 +204,20 @@ class UnfencedStore:
         self.server.server_close()
 
 
+def write_final_states(endpoints: list[str], resources, path: str) -> None:
+    """What each resource holds at the end of a run, as ``final_state`` records for the
+    checker's durability check (I8): every key's value and version, and the high-water mark."""
+    with HistoryWriter(path) as writer, make_client(endpoints, timeout_s=10.0) as client:
+        for resource in resources:
+            data = {}
+            for key in KEYS:
+                found = client.read(resource, key)
+                if found.found:
+                    data[key] = {"value": found.value.decode(), "version": int(found.version)}
+            writer.write({"type": "final_state", "resource": resource,
+                          "hwm": int(client.describe(resource).hwm), "data": data})
+
+
 def _unfenced_call(address: str, req: dict) -> dict:
     import socket
 

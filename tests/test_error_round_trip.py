@@ -64,6 +64,8 @@ EXPECTED: dict[R, tuple[type[E.FencingError], dict[M, str], dict[str, Any]]] = {
     R.OUTCOME_UNKNOWN: (E.OutcomeUnknown, {M.DETAIL: "leader_changed"}, {}),
     R.UNAUTHENTICATED: (E.Unauthenticated, {}, {}),
     R.PERMISSION_DENIED: (E.PermissionDenied, {}, {}),
+    R.MEMBER_CHANGE_REFUSED: (E.Refused, {M.DETAIL: "change_in_progress"}, {}),
+    R.UNKNOWN_MEMBER: (E.UnknownMember, {M.DETAIL: "unknown_member"}, {}),
 }
 
 ALL_KEYS = list(errors.STATUS_TABLE)
@@ -198,6 +200,7 @@ def test_the_wire_strings_are_pinned():
         "VERSION_MISMATCH", "EPOCH_FLOOR_TOO_LOW", "OP_ID_CONFLICT", "LIMIT_EXCEEDED",
         "EPOCH_EXHAUSTED", "OVERLOADED", "NO_LEADER", "OUTCOME_UNKNOWN", "UNAUTHENTICATED",
         "PERMISSION_DENIED", "NOT_LEADER", "NO_QUORUM", "QUOTA_EXCEEDED",
+        "MEMBER_CHANGE_REFUSED", "UNKNOWN_MEMBER",
     ])
     assert all(reason.value == reason.name for reason in R)
     assert sorted(M) == sorted([

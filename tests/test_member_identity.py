@@ -87,3 +87,65 @@ def test_a_wiped_member_and_a_stale_one_never_serve(cluster, tmp_path):
     # A learned the configuration from B + C's log and says what an operator must do.
     wait_until(lambda: "is not in the configuration" in cluster.logs(tail=1_000_000), 30,
                what="the wiped member's waiting line")
+
+
+def _log(node) -> str:
+    with open(node.log_path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def _voters(cluster, i) -> dict[str, int]:
+    """member id -> incarnation of every voter, as member ``i`` reports it (Cluster.Status)."""
+    return {m.member_id: m.incarnation for m in cluster.nodes[i].status().members if m.voter}
+
+
+def test_member_replace_brings_a_wiped_member_back_with_nothing_lost(cluster, tmp_path, capsys):
+    """A's disk is lost; it restarts empty and waits. `fencingctl admin member replace m1` removes
+    its old incarnation and adds the fresh one as a learner, which catches up and is promoted:
+    then A + C serve without B, with everything acknowledged before."""
+    from coordinator.client import fencingctl
+
+    history = str(tmp_path / "history.jsonl")
+    with HistoryWriter(history) as writer:
+        client = make_client(cluster.endpoints, timeout_s=4.0)
+        rec = Recorder(client, writer, "client")
+        try:
+            cluster.wait_ready()
+            token = wait_until(lambda: _ok_token(rec.acquire("disk/a", ttl_ms=600_000, holder="h1")), 30,
+                               what="an acquire")
+            assert rec.write("disk/a", "k", "acked", token)[0] == "ok"
+            old = _voters(cluster, B)["m1"]
+
+            cluster.stop(A)
+            shutil.rmtree(cluster.nodes[A].data_dir)
+            os.makedirs(cluster.nodes[A].data_dir)
+            cluster.start(A)
+            wait_until(lambda: "is not in the configuration" in _log(cluster.nodes[A]), 30,
+                       what="the wiped member's waiting line")
+            assert "m1" in _voters(cluster, B) and _voters(cluster, B)["m1"] == old  # still the lost one
+
+            endpoints = ",".join(cluster.endpoints)
+            code = fencingctl.main(["admin", "member", "replace", "m1", "--endpoints", endpoints, "--output", "json"])
+            printed = capsys.readouterr().out
+            assert code == 0, printed
+
+            def promoted():
+                voters = _voters(cluster, B)
+                return voters.get("m1") not in (None, old) and len(voters) == 3
+
+            wait_until(promoted, 30, what="the fresh m1 promoted to a voter")
+            # B goes: A (fresh, caught up) + C are a majority holding everything.
+            cluster.stop(B)
+            status, read = wait_until(
+                lambda: (lambda r: r if r[0] == "ok" else None)(rec.read("disk/a", "k")), 60, what="A + C serving"
+            )
+            assert read.found and read.value == b"acked"
+            later = wait_until(lambda: _ok_token(rec.acquire("disk/c", ttl_ms=600_000, holder="h3")), 30,
+                               what="an acquire by A + C")
+            assert later > token
+        finally:
+            client.close()
+    report = check_file(history)
+    assert report.ok, report.to_dict()
+    assert "membership change (remove m1)" in cluster.logs(tail=1_000_000)
+    assert "membership change (promote m1" in cluster.logs(tail=1_000_000)

@@ -24,8 +24,8 @@ import pytest
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
 from chaos.check import check_file, format_report
-from chaos.history import HistoryWriter, read_history
-from chaos.workload import KEYS, make_client, run_client
+from chaos.history import read_history
+from chaos.workload import run_client, write_final_states
 from coordinator.core.state_machine import FencingStateMachine
 from coordinator.raft import limits as raft_limits
 from coordinator.raft.node import RaftConfig, RaftNode
@@ -131,19 +131,6 @@ def _acknowledged(paths) -> int:
     return count
 
 
-def _write_final_states(cluster, path: str) -> None:
-    """What each resource holds at the end, for the checker's durability check (I8)."""
-    with HistoryWriter(path) as writer, make_client(cluster.endpoints, timeout_s=10.0) as client:
-        for resource in RESOURCES:
-            data = {}
-            for key in KEYS:
-                found = client.read(resource, key)
-                if found.found:
-                    data[key] = {"value": found.value.decode(), "version": int(found.version)}
-            writer.write({"type": "final_state", "resource": resource,
-                          "hwm": int(client.describe(resource).hwm), "data": data})
-
-
 def _longest_gap_s(paths, since_ns: int) -> float:
     """The longest time after ``since_ns`` between two acknowledged operations of any client."""
     ends = sorted(op.complete_ns for path in paths for op in read_history(path).ops
@@ -181,7 +168,7 @@ def test_member_restarted_under_a_new_address_rejoins_under_load(tmp_path, names
                     stop.set()
                     for client in clients:
                         client.result(timeout=60)
-            _write_final_states(cluster, str(tmp_path / "final.jsonl"))
+            write_final_states(cluster.endpoints, RESOURCES, str(tmp_path / "final.jsonl"))
             gap_s = _longest_gap_s(histories, moved_at_ns)
             print(f"moved member SERVING again {rejoin_s:.2f} s after the kill; longest time without an"
                   f" acknowledged operation since then: {gap_s:.2f} s")

@@ -129,6 +129,7 @@ class GrpcCluster(Supervisor):
                           for i, h in enumerate(hosts)])
         self.settings = {**self.default_settings, **(settings or {})}
         self.node_settings = node_settings or {}
+        self.credentials = credentials
         members = [f"{n.raft_address}={n.api_address}" for n in self.nodes]
         for node in self.nodes:
             write_toml(node.config_path, {
@@ -138,6 +139,19 @@ class GrpcCluster(Supervisor):
                 **self.settings,
                 **self.node_settings.get(node.index, {}),
             })
+
+    def add_node(self, host: str, member_id: str, peers) -> GrpcNode:
+        """A new member on ``host`` (same ports), not started: its config file names it and the
+        members ``peers`` (indexes) as the ones to contact, under ``member_id`` and without
+        bootstrapping, as an operator sets up a member about to be added (RAFT.md)."""
+        node = self.node_class(len(self.nodes), host, self.raft_port, self.api_port, self.base_dir, self.credentials)
+        members = [f"{n.raft_address}={n.api_address}" for n in (node, *(self.nodes[i] for i in peers))]
+        write_toml(node.config_path, {
+            "data_dir": node.data_dir, "raft_address": node.raft_address, "members": members,
+            **self.settings, "member_id": member_id, "initial_cluster_state": "existing",
+        })
+        self.nodes.append(node)
+        return node
 
     # -- the flavour -------------------------------------------------------------------
 

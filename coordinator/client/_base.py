@@ -30,6 +30,7 @@ from coordinator.core.names import ErrorMeta, ErrorReason
 from coordinator.client.results import (
     AcquireResult,
     ClusterStatus,
+    MemberList,
     DeleteResult,
     Description,
     EpochResult,
@@ -660,6 +661,36 @@ class _ClientBase:
             "admin", "SetEpochFloor", req, Kind.REPEATABLE, ctx, results.epoch_result,
             timeout_s=timeout_s,
         ))
+
+    def member_list(self, *, timeout_s: float | None = None) -> MemberList:
+        """Admin: the cluster configuration as the answering member knows it."""
+        return self._execute(Call(
+            "admin", "MemberList", pb.MemberListRequest(), Kind.READ, {"rpc": "member-list"},
+            results.member_list, timeout_s=timeout_s,
+        ))
+
+    def member_add(self, member_id: str, raft_address: str, *, timeout_s: float | None = None) -> MemberList:
+        """Admin: add ``member_id`` at ``raft_address`` as a learner; the leader promotes it to a
+        voter once it has caught up. Sent once where it may have applied (a repeat is refused
+        as MEMBER_EXISTS): check ``member_list()`` after an unknown outcome."""
+        ctx = {"rpc": "member-add", "member_id": member_id, "raft_address": raft_address}
+        req = pb.MemberAddRequest(member_id=member_id, raft_address=raft_address)
+        return self._execute(Call("admin", "MemberAdd", req, Kind.ONCE, ctx, results.member_list, timeout_s=timeout_s))
+
+    def member_remove(self, member_id: str, *, timeout_s: float | None = None) -> MemberList:
+        """Admin: remove ``member_id`` from the configuration (one voter out per change)."""
+        ctx = {"rpc": "member-remove", "member_id": member_id}
+        req = pb.MemberRemoveRequest(member_id=member_id)
+        return self._execute(Call("admin", "MemberRemove", req, Kind.ONCE, ctx, results.member_list, timeout_s=timeout_s))
+
+    def member_replace(
+        self, member_id: str, raft_address: str = "", *, timeout_s: float | None = None
+    ) -> MemberList:
+        """Admin: remove ``member_id``'s lost incarnation, then add a fresh learner under the same
+        id at ``raft_address`` (default: the same address), promoted once caught up."""
+        ctx = {"rpc": "member-replace", "member_id": member_id, "raft_address": raft_address}
+        req = pb.MemberReplaceRequest(member_id=member_id, raft_address=raft_address)
+        return self._execute(Call("admin", "MemberReplace", req, Kind.ONCE, ctx, results.member_list, timeout_s=timeout_s))
 
     def snapshot(self, *, local: bool = False, timeout_s: float | None = None) -> Snapshot:
         """Admin: a consistent backup of the whole state (read through the log; ``local``:

@@ -91,6 +91,7 @@ __all__ = [
     "StaleToken",
     "Unauthenticated",
     "Unavailable",
+    "UnknownMember",
     "UnknownToken",
     "VersionMismatch",
     "error_for_reason",
@@ -345,6 +346,10 @@ class EpochFloorTooLow(Refused):
         return f"epoch floor {floor} is too low: the epoch is already {self.epoch}; choose a higher floor"
 
 
+class UnknownMember(Refused):
+    """A membership change named a member id the cluster configuration does not have."""
+
+
 class ResourceExhausted(NotApplied):
     """A limit of the cluster (RESOURCE_EXHAUSTED); nothing was applied."""
 
@@ -492,7 +497,10 @@ ERROR_CLASSES: dict[tuple[grpc.StatusCode, str], type[FencingError]] = {
     (_C.FAILED_PRECONDITION, _R.LEASE_EXPIRED): LeaseExpired,
     (_C.FAILED_PRECONDITION, _R.VERSION_MISMATCH): VersionMismatch,
     (_C.FAILED_PRECONDITION, _R.EPOCH_FLOOR_TOO_LOW): EpochFloorTooLow,
+    (_C.FAILED_PRECONDITION, _R.MEMBER_CHANGE_REFUSED): Refused,
     (_C.FAILED_PRECONDITION, ""): Refused,
+    (_C.NOT_FOUND, _R.UNKNOWN_MEMBER): UnknownMember,
+    (_C.NOT_FOUND, ""): UnknownMember,
     (_C.ALREADY_EXISTS, _R.OP_ID_CONFLICT): OpIdConflict,
     (_C.ALREADY_EXISTS, ""): OpIdConflict,
     (_C.RESOURCE_EXHAUSTED, _R.LIMIT_EXCEEDED): LimitExceeded,

@@ -24,6 +24,16 @@ Usage::
     admin set-epoch-floor FLOOR [--no-fence-all]
     admin snapshot        --out FILE
     admin restore         --in FILE --epoch-floor N
+    admin member list
+    admin member add      MEMBER_ID RAFT_ADDRESS
+    admin member remove   MEMBER_ID
+    admin member replace  MEMBER_ID [--address RAFT_ADDRESS]
+
+Membership (one change at a time, through the Raft log): ``member add`` brings a member in
+as a learner, promoted to a voter once it has caught up; ``member replace`` removes a lost
+incarnation (a wiped disk) and adds a fresh member under the same id, at the same or a new
+address. ``status`` and ``member list`` show every member's id, address, incarnation, role,
+match index and whether it votes.
 
 Backups: ``admin snapshot`` writes a consistent backup (read through the log) to FILE, and
 ``admin restore`` replaces the state by one, fencing every restored resource above
@@ -404,6 +414,22 @@ def build_parser() -> argparse.ArgumentParser:
                 parent=admin_sub)
     p.add_argument("--in", dest="in_path", required=True, metavar="FILE")
     p.add_argument("--epoch-floor", dest="epoch_floor", metavar="N")
+    member = admin_sub.add_parser("member", help="list or change the cluster's members (one change at a time)")
+    member_sub = member.add_subparsers(dest="member_command", metavar="MEMBER_COMMAND", parser_class=_Parser)
+    member_sub.required = True
+    command("list", "every member: id, address, incarnation, role, match index, voter",
+            json_form=False, parent=member_sub)
+    p = command("add", "add MEMBER_ID at RAFT_ADDRESS as a learner; promoted to a voter once caught up",
+                json_form=False, parent=member_sub)
+    p.add_argument("member_id", metavar="MEMBER_ID")
+    p.add_argument("raft_address", metavar="RAFT_ADDRESS", help="HOST:PORT the new member's Raft listens on")
+    p = command("remove", "remove MEMBER_ID from the configuration", json_form=False, parent=member_sub)
+    p.add_argument("member_id", metavar="MEMBER_ID")
+    p = command("replace", "replace MEMBER_ID's lost incarnation by a fresh member (same id), caught up first",
+                json_form=False, parent=member_sub)
+    p.add_argument("member_id", metavar="MEMBER_ID")
+    p.add_argument("--address", dest="raft_address", default="", metavar="RAFT_ADDRESS",
+                   help="the fresh member's HOST:PORT (default: the address the member has)")
     return parser
 
 
@@ -529,9 +555,24 @@ def _run(client: FencingClient, args: argparse.Namespace, name: str, request: di
         print()
         width = max([len("API"), *(len(m.api_address) for m in status.members)])
         idw = max([len("ID"), *(len(m.id) for m in status.members)])
-        print(f"{'ID':<{idw}}  {'API':<{width}}  LEADER")
-        for m in status.members:
-            print(f"{m.id:<{idw}}  {m.api_address:<{width}}  {'*' if m.is_leader else ''}")
+        _print_members(status.members)
+        return
+    if name.startswith("member-"):
+        if name == "member-list":
+            r = client.member_list()
+        elif name == "member-add":
+            r = client.member_add(args.member_id, args.raft_address)
+        elif name == "member-remove":
+            r = client.member_remove(args.member_id)
+        else:
+            r = client.member_replace(args.member_id, args.raft_address)
+        if out == "json":
+            _emit(_jsonable(r), out)
+            return
+        _emit(_jsonable(r), out, [("cluster_id", r.cluster_id or "-"), ("index", r.index),
+                                  ("answered_by", r.header.member_id)])
+        print()
+        _print_members(r.members)
         return
     if name == "acquire":
         r = client.acquire(
@@ -584,6 +625,20 @@ def _run(client: FencingClient, args: argparse.Namespace, name: str, request: di
         raise UsageError(f"unknown command {name}")
 
 
+def _print_members(members) -> None:
+    columns = [
+        ("MEMBER", lambda m: m.member_id or "-"), ("RAFT", lambda m: m.id), ("API", lambda m: m.api_address or "-"),
+        ("INCARNATION", lambda m: str(m.incarnation) if m.incarnation else "unbound"),
+        ("ROLE", lambda m: m.role or ("leader" if m.is_leader else "-")),
+        ("MATCH", lambda m: str(m.match_index)), ("VOTER", lambda m: "yes" if m.voter else "no"),
+    ]
+    rows = [[cell(m) for _, cell in columns] for m in members]
+    widths = [max([len(title), *(len(row[i]) for row in rows)]) for i, (title, _) in enumerate(columns)]
+    print("  ".join(f"{title:<{w}}" for (title, _), w in zip(columns, widths)).rstrip())
+    for row in rows:
+        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths)).rstrip())
+
+
 def _write_file_atomically(path: str, data: bytes) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".fencingctl-", dir=directory)
@@ -629,8 +684,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         output = args.output
         name = args.admin_command if args.command == "admin" else args.command
+        if name == "member":
+            name = f"member-{args.member_command}"  # arguments only, checked by the server too
         request: dict[str, Any] = {}
-        if name not in ("status", "snapshot"):
+        if name not in ("status", "snapshot") and not name.startswith("member-"):
             if name == "restore":
                 raw_args = {"epoch_floor": args.epoch_floor} if args.epoch_floor is not None else {}
                 if args.json is not None:

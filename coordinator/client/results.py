@@ -147,9 +147,15 @@ class ReadResult(_Result):
 
 @dataclasses.dataclass(frozen=True)
 class Member(_Result):
-    id: str
-    api_address: str
+    id: str  # Raft address
+    api_address: str  # "" for a member the answering member's config file does not name
     is_leader: bool
+    # From the replicated configuration (the answering member's view):
+    member_id: str = ""
+    incarnation: int = 0  # 0: a learner not bound yet
+    role: str = ""  # leader, follower or learner
+    match_index: int = 0
+    voter: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,11 +264,31 @@ def read_result(r: pb.ReadResponse):
     )
 
 
+def member_from_pb(m: pb.Member) -> Member:
+    return Member(
+        id=m.id, api_address=m.api_address, is_leader=m.is_leader, member_id=m.member_id,
+        incarnation=m.incarnation, role=m.role, match_index=m.match_index, voter=m.voter,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class MemberList(_Result):
+    cluster_id: str
+    members: tuple[Member, ...]
+    index: int  # the CONFIG entry a change committed at (0: a listing)
+    header: Header
+
+
+def member_list(r: pb.MemberListResponse) -> MemberList:
+    return MemberList(
+        cluster_id=r.cluster_id, members=tuple(member_from_pb(m) for m in r.members), index=r.index,
+        header=header_from_pb(r.header),
+    )
+
+
 def cluster_status(r: pb.StatusResponse):
     return ClusterStatus(
-        members=tuple(
-            Member(id=m.id, api_address=m.api_address, is_leader=m.is_leader) for m in r.members
-        ),
+        members=tuple(member_from_pb(m) for m in r.members),
         leader=r.leader,
         leader_api_address=r.leader_api_address,
         term=r.term,

@@ -45,6 +45,9 @@ class ErrorReason(enum.StrEnum):
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"  # may still apply; metadata: detail
     UNAUTHENTICATED = "UNAUTHENTICATED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
+    # Admin membership changes: nothing was proposed. Metadata: detail (a MemberRefusal value).
+    MEMBER_CHANGE_REFUSED = "MEMBER_CHANGE_REFUSED"  # a precondition (a change in progress, ...)
+    UNKNOWN_MEMBER = "UNKNOWN_MEMBER"  # no member with that id in the configuration
     # Never sent by this server; the client has read them as NO_LEADER since its first
     # version, so a peer that sends them keeps being retried the same way.
     NOT_LEADER = "NOT_LEADER"

@@ -106,3 +106,48 @@ class ProposeResult:
     def failed(cls, failure: ProposeFailure, detail: str = "") -> ProposeResult:
         """NOT_APPLIED or UNKNOWN, as ``failure`` says; ``detail`` defaults to its value."""
         return cls(failure.outcome, failure=failure, detail=detail or failure.value)
+
+
+class MemberRefusal(enum.Enum):
+    """Why a membership change was refused before anything was proposed (nothing changed)."""
+
+    CHANGE_IN_PROGRESS = "change_in_progress"  # the last CONFIG is uncommitted, or a learner is catching up
+    UNKNOWN_MEMBER = "unknown_member"  # no member with that id
+    MEMBER_EXISTS = "member_exists"  # the id or the address is in the configuration already
+    TOO_FEW_VOTERS = "too_few_voters"  # it would remove the last voter
+    INVALID = "invalid"  # an id or address the configuration cannot hold
+    NO_CONFIGURATION = "no_configuration"  # the cluster has not bootstrapped yet
+
+
+@dataclasses.dataclass(frozen=True)
+class MemberChangeResult:
+    """What happened to one membership change (``RaftNode.add_member`` and friends).
+
+    ``APPLIED``: its CONFIG entry committed at ``index``. ``NOT_APPLIED``: nothing was proposed,
+    because of ``refusal`` (a precondition; ``detail`` says which) or ``failure`` (no leader
+    here: retry at the leader). ``UNKNOWN``: the entry may still commit (``failure`` says why).
+    """
+
+    outcome: ProposeOutcome
+    index: int = 0
+    failure: ProposeFailure | None = None
+    refusal: MemberRefusal | None = None
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if self.outcome is ProposeOutcome.APPLIED:
+            consistent = self.failure is None and self.refusal is None
+        elif self.refusal is not None:
+            consistent = self.failure is None and self.outcome is ProposeOutcome.NOT_APPLIED
+        else:
+            consistent = self.failure is not None and self.failure.outcome is self.outcome
+        if not consistent:
+            raise ValueError(f"{self.outcome} cannot carry failure {self.failure} / refusal {self.refusal}")
+
+    @classmethod
+    def refused(cls, refusal: MemberRefusal, detail: str) -> MemberChangeResult:
+        return cls(ProposeOutcome.NOT_APPLIED, refusal=refusal, detail=detail)
+
+    @classmethod
+    def failed(cls, failure: ProposeFailure, detail: str = "") -> MemberChangeResult:
+        return cls(failure.outcome, failure=failure, detail=detail or failure.value)

@@ -226,18 +226,18 @@ class MemberGate:
         config = self._configs.current()
         if config is None:
             log.warning(
-                "raft: member %s (incarnation %d) has no cluster configuration and may not bootstrap one: "
-                "waiting to be added (`fencingctl admin member add`)",
+                "raft: member %s (incarnation %d) has no cluster configuration and may not bootstrap one"
+                " (initial_cluster_state = 'existing'): waiting to be added (`fencingctl admin member add`)",
                 self._identity.member_id, self._identity.incarnation,
             )
             return
         listed = config.by_address(self._self_address())
         log.warning(
             "raft: my incarnation %d is not in the configuration (it names %s at %s); ask an operator to run "
-            "`fencingctl admin member replace %s --address %s --incarnation %d`",
+            "`fencingctl admin member replace %s --address %s`",
             self._identity.incarnation,
             f"incarnation {listed.incarnation}" if listed else "no member", self._self_address(),
-            listed.member_id if listed else self._identity.member_id, self._self_address(), self._identity.incarnation,
+            listed.member_id if listed else self._identity.member_id, self._self_address(),
         )
 
     # -- status ---------------------------------------------------------------------

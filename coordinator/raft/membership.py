@@ -4,6 +4,9 @@ Owns: ``Member`` and ``Configuration``, their log entry (a CONFIG entry, ``wire.
 then msgpack) and snapshot form, the initial member ids, and ``ConfigLog``, which follows the
 configuration as the log holds it: Raft's single-server change rule takes a configuration
 effect when its entry is appended (not committed), and undoes it when the entry is truncated.
+It also plans membership changes (``plan_add``, ``plan_remove``, ``plan_promote``): one
+voter in or out per change, a new member entering as a learner whose incarnation is unbound
+(0) until the leader promotes it (RAFT.md "Membership changes").
 Must never: import pysyncobj, do I/O, or trust a configuration the log does not hold (a
 member's config file names the initial members only; later ones come from the log).
 """
@@ -17,6 +20,7 @@ import msgpack
 
 from coordinator.raft import limits as raft_limits
 from coordinator.raft import wire as raft_wire
+from coordinator.raft.interface import MemberRefusal
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +89,12 @@ def _check(config: Configuration) -> None:
             raise ValueError("member id: 1 to RAFT_MEMBER_ID_CHARS_MAX characters")
         if type(m.address) is not str or not 0 < len(m.address) <= raft_limits.RAFT_ADDRESS_CHARS_MAX:
             raise ValueError("member address: 1 to RAFT_ADDRESS_CHARS_MAX characters")
-        if type(m.incarnation) is not int or not 0 < m.incarnation < raft_limits.RAFT_WIRE_INT_END:
-            raise ValueError("incarnation: an integer in [1, 2^63)")
         if type(m.voter) is not bool:
             raise ValueError("voter: a bool")
+        # 0: a learner whose incarnation is not bound yet (it is when it is promoted); a voter
+        # always has one, or no vote or acknowledgement could ever count for it.
+        if type(m.incarnation) is not int or not (0 if not m.voter else 1) <= m.incarnation < raft_limits.RAFT_WIRE_INT_END:
+            raise ValueError("incarnation: an integer in [1, 2^63) (0: a learner not bound yet)")
     if len({m.member_id for m in config.members}) != len(config.members):
         raise ValueError("two members with one id")
     if len({m.address for m in config.members}) != len(config.members):
@@ -104,6 +110,68 @@ def decode_entry(entry: bytes) -> Configuration:
     except Exception as exc:  # noqa: BLE001 - any decoding failure: not a configuration
         raise ValueError(f"a CONFIG entry that is not msgpack: {exc}") from None
     return Configuration.from_plain(plain)
+
+
+class ChangeRefused(ValueError):
+    """A membership change that may not be proposed; nothing was changed."""
+
+    def __init__(self, refusal: MemberRefusal, message: str) -> None:
+        super().__init__(message)
+        self.refusal = refusal
+
+
+def _learner(config: Configuration) -> Member | None:
+    return next((m for m in config.members if not m.voter), None)
+
+
+def plan_add(config: Configuration, member_id: str, address: str) -> Configuration:
+    """``config`` with a new learner (incarnation unbound): it receives the log but never votes or
+    counts until ``plan_promote``. One learner at a time, so at most one voter is ever added
+    before the previous one counts."""
+    learner = _learner(config)
+    if learner is not None:
+        raise ChangeRefused(
+            MemberRefusal.CHANGE_IN_PROGRESS,
+            f"member {learner.member_id} is still catching up as a learner; wait for its promotion or remove it",
+        )
+    if config.by_id(member_id) is not None:
+        raise ChangeRefused(MemberRefusal.MEMBER_EXISTS, f"member {member_id} is in the configuration already")
+    taken = config.by_address(address)
+    if taken is not None:
+        raise ChangeRefused(MemberRefusal.MEMBER_EXISTS, f"address {address} belongs to member {taken.member_id}")
+    try:
+        return config.replacing(add=Member(member_id, address, 0, voter=False))
+    except ValueError as exc:
+        raise ChangeRefused(MemberRefusal.INVALID, str(exc)) from None
+
+
+def plan_remove(config: Configuration, member_id: str) -> Configuration:
+    """``config`` without ``member_id``: one voter out (or the learner, which aborts its add)."""
+    member = config.by_id(member_id)
+    if member is None:
+        raise ChangeRefused(MemberRefusal.UNKNOWN_MEMBER, f"no member {member_id} in the configuration")
+    learner = _learner(config)
+    if learner is not None and learner.member_id != member_id:
+        raise ChangeRefused(
+            MemberRefusal.CHANGE_IN_PROGRESS,
+            f"member {learner.member_id} is still catching up as a learner; only it may be removed now",
+        )
+    if member.voter and sum(m.voter for m in config.members) <= 1:
+        raise ChangeRefused(MemberRefusal.TOO_FEW_VOTERS, f"member {member_id} is the last voter")
+    return config.replacing(remove=member_id)
+
+
+def plan_promote(config: Configuration, member_id: str, incarnation: int) -> Configuration:
+    """``config`` with learner ``member_id`` a voter, bound to the incarnation it acknowledged with."""
+    member = config.by_id(member_id)
+    if member is None or member.voter:
+        raise ChangeRefused(MemberRefusal.UNKNOWN_MEMBER, f"no learner {member_id} in the configuration")
+    promoted = dataclasses.replace(member, incarnation=incarnation, voter=True)
+    members = tuple(promoted if m.member_id == member_id else m for m in config.members)
+    try:
+        return Configuration(config.cluster_id, members)
+    except ValueError as exc:
+        raise ChangeRefused(MemberRefusal.INVALID, str(exc)) from None
 
 
 def initial_member_id(address: str, initial_addresses) -> str:

@@ -17,6 +17,7 @@ The package's modules, one concern each (RAFT.md says what each fix does and why
   journal.py, leader_sync.py, wire.py   the durable journal, the leader's sync thread, byte formats
   interface.py     StateMachine protocol, ProposeOutcome / ProposeFailure / ProposeResult
   stamp_clock.py   the stamp of each command: the log clock by the leader's monotonic time
+  membership.py, member_gate.py, member_changes.py   the configuration in the log, who counts, changes
   fatal.py         exit codes and the default fatal handler
 """
 
@@ -38,7 +39,14 @@ from coordinator.raft import identity
 from coordinator.raft import patches
 from coordinator.raft.membership import initial_member_id
 from coordinator.raft.fatal import FatalHandler, default_fatal
-from coordinator.raft.interface import ProposeFailure, ProposeOutcome, ProposeResult, StateMachine
+from coordinator.raft.interface import (
+    MemberChangeResult,
+    MemberRefusal,
+    ProposeFailure,
+    ProposeOutcome,
+    ProposeResult,
+    StateMachine,
+)
 from coordinator.raft.journal import JOURNAL_NAME, DurableJournal
 from coordinator.raft.replica import Replica
 from coordinator.raft.stamp_clock import StampClock, monotonic_ms
@@ -251,6 +259,61 @@ class RaftNode:
             outcome = ProposeOutcome.REFUSED if refused else ProposeOutcome.APPLIED
             return ProposeResult(outcome, value=value, index=index)
         return ProposeResult.failed(*failure_of(error))
+
+    # -- membership (RAFT.md "Membership changes") -----------------------------
+
+    def members(self) -> dict:
+        """The configuration in effect and what this member knows of each member (status)."""
+        return self._syncobj.membership_status()
+
+    def add_member(self, member_id: str, address: str, timeout_s: float) -> MemberChangeResult:
+        """Propose ``member_id`` at ``address`` as a learner; the leader promotes it to a voter
+        once it has caught up. APPLIED once the CONFIG entry that adds it committed."""
+        return self._member_change("add", member_id, address, timeout_s)
+
+    def remove_member(self, member_id: str, timeout_s: float) -> MemberChangeResult:
+        """Propose the configuration without ``member_id`` (one voter out, or the learner)."""
+        return self._member_change("remove", member_id, None, timeout_s)
+
+    def replace_member(self, member_id: str, address: str | None, timeout_s: float) -> MemberChangeResult:
+        """Remove ``member_id``'s incarnation, then add a fresh learner under the same id at
+        ``address`` (default: the same address): two changes, the second once the first
+        committed. A retry after the first committed finds the id gone and only adds."""
+        deadline = time.monotonic() + timeout_s
+        listed = self.members()
+        known = {m["member_id"]: m for m in listed["members"]}
+        current = known.get(member_id)
+        if address is None:
+            if current is None:
+                return MemberChangeResult.refused(
+                    MemberRefusal.UNKNOWN_MEMBER, f"no member {member_id}: give the address to add it at"
+                )
+            address = current["address"]
+        if current is not None:
+            removed = self.remove_member(member_id, max(0.0, deadline - time.monotonic()))
+            if removed.outcome is not ProposeOutcome.APPLIED:
+                return removed
+        return self.add_member(member_id, address, max(0.0, deadline - time.monotonic()))
+
+    def _member_change(self, kind: str, member_id: str, address: str | None, timeout_s: float) -> MemberChangeResult:
+        done = threading.Event()
+        box: list = []
+
+        def on_done(outcome):
+            box.append(outcome)
+            done.set()
+
+        self._syncobj.request_member_change(kind, member_id, address, on_done)
+        if not done.wait(max(0.0, timeout_s)):
+            # Decided or appended, the entry may still commit: only members() can tell.
+            return MemberChangeResult.failed(ProposeFailure.DEADLINE_EXCEEDED)
+        outcome = box[0]
+        if isinstance(outcome, MemberChangeResult):
+            return outcome
+        index, fail_reason = outcome
+        if fail_reason == FAIL_REASON.SUCCESS:
+            return MemberChangeResult(ProposeOutcome.APPLIED, index=index)
+        return MemberChangeResult.failed(*failure_of(fail_reason))
 
     # -- observing -----------------------------------------------------------
 

@@ -26,6 +26,9 @@ class PeerLog:
 
     def __init__(self, peer_count: int, role: Callable[[], str], logger: logging.Logger = log):
         self._peer_count = peer_count
+        # Until ``follow`` is called (no configuration yet): every peer votes, this member too.
+        self._voter_peers: frozenset[str] | None = None
+        self._self_votes = True
         self._role = role
         self._log = logger
         self._connected: dict[str, str] = {}  # peer -> where it was reached
@@ -48,14 +51,27 @@ class PeerLog:
         self._log.warning("raft: peer %s lost (was %s)", peer, where)
         self._check_quorum()
 
+    def follow(self, voter_peers: frozenset[str], self_votes: bool) -> None:
+        """The configuration changed: a quorum is now a majority of these voters (learners and
+        removed members are connected to, but never make one)."""
+        if (voter_peers, self_votes) == (self._voter_peers, self._self_votes):
+            return
+        self._voter_peers, self._self_votes = frozenset(voter_peers), self_votes
+        self._check_quorum()
+
     def _check_quorum(self) -> None:
-        members = self._peer_count + 1
-        has = (len(self._connected) + 1) * 2 > members
+        if self._voter_peers is None:
+            voters, reached = self._peer_count + 1, len(self._connected) + 1
+            connected = f"{len(self._connected)} of {self._peer_count} peers connected"
+        else:
+            voters = len(self._voter_peers) + self._self_votes
+            reached = len(self._voter_peers & self._connected.keys()) + self._self_votes
+            connected = f"{reached - self._self_votes} of {len(self._voter_peers)} voting peers connected"
+        has = voters > 0 and reached * 2 > voters
         if has == bool(self._quorum) and self._quorum is not None:
             return
         if not has and self._quorum is None:
             return  # still starting: nothing was lost
-        connected = f"{len(self._connected)} of {self._peer_count} peers connected"
         if has:
             word = "reached" if self._quorum is None else "regained"
             self._log.info("raft: quorum %s: %s (%s)", word, connected, self._role())

@@ -42,6 +42,7 @@ from coordinator.raft import wire as raft_wire
 from coordinator.raft.fatal import EXIT_APPLY_FAILED, EXIT_DISK_FAILED, FatalHandler
 from coordinator.raft.journal import fsync_directory
 from coordinator.raft.leader_sync import LeaderSync
+from coordinator.raft.member_changes import MemberChanges
 from coordinator.raft.member_gate import STAMPED_TYPES, MemberGate, stamping_transport
 from coordinator.raft.replica import Replica
 from coordinator.raft.transport import peer_warnings
@@ -69,7 +70,7 @@ assert raft_wire.ENTRY_TYPE_REGULAR == _ps._COMMAND_TYPE.REGULAR
 assert raft_wire.NO_OP_ENTRY == _ps._bchr(_ps._COMMAND_TYPE.NO_OP)
 
 
-class HardenedSyncObj(MemberGate, SyncObj):
+class HardenedSyncObj(MemberChanges, MemberGate, SyncObj):
     """pysyncobj with the durability and safety holes of PYSYNCOBJ.md closed."""
 
     def __init__(
@@ -117,6 +118,7 @@ class HardenedSyncObj(MemberGate, SyncObj):
         self._conflict_hint = None  # where to resume, for the append being handled
         self._compaction_bytes = config.log_compaction_min_bytes
         self._init_gate(identity, config.data_dir, config.bootstrap, member_ids)
+        self._init_changes(config.peer_addresses)
         replica.config_at = self.config_plain_at
         replica.on_snapshot_config = self.snapshot_config_loaded
         kwargs["transportClass"] = stamping_transport(kwargs["transportClass"], self)
@@ -215,6 +217,8 @@ class HardenedSyncObj(MemberGate, SyncObj):
         # pysyncobj takes queued commands here (syncobj.py:503); ours go first, packed.
         self._packing = True
         try:
+            # Membership changes first: each is decided against the log as it is right now.
+            self.decide_member_changes()
             self._pack_queued()
         finally:
             self._packing = False
@@ -399,6 +403,7 @@ class HardenedSyncObj(MemberGate, SyncObj):
         self._match_capped = capped
 
     def _onTick(self, timeToWait=0.0):
+        self.follow_configuration()
         self.hold_election_if_not_voter()
         self.show_counted_acks()
         self._cap_commit_votes()
@@ -424,6 +429,12 @@ class HardenedSyncObj(MemberGate, SyncObj):
             peer_warnings.warning("raft: dropped a split append from %s; members of ours never send one", node)
             return
         if kind in STAMPED_TYPES and not self.admit_member_message(node, message):
+            return
+        if kind == "apply_command" and message["command"][:2] == raft_wire.CONFIG_ENTRY_HEAD:
+            # A forwarded CONFIG entry would be appended unchecked (syncobj.py:958-963): only the
+            # leader writes them, after its own checks (member_changes.py). No member forwards one.
+            self.refused_peer_messages += 1
+            peer_warnings.warning("raft: dropped a forwarded configuration from %s; only the leader writes one", node)
             return
         if kind == "append_entries":
             message = self._sanitize_append(message)

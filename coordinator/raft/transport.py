@@ -442,6 +442,13 @@ class BoundTCPTransport(TCPTransport):
         self._unknownConnections.discard(conn)
         conn.disconnect()
 
+    def dropNode(self, node):
+        # A member the configuration no longer names: its connection closes here, and the peer
+        # log must not keep counting it toward a quorum (pysyncobj's disconnect callback does
+        # not find a connection it already forgot).
+        super().dropNode(node)
+        self.peer_log.on_disconnected(node.address)
+
     def addNode(self, node):
         super().addNode(node)
         conn = self._connections.get(node)

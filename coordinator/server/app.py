@@ -133,6 +133,7 @@ def raft_config(config: ServerConfig) -> RaftConfig:
         log_compaction_min_bytes=config.log_compaction_min_bytes,
         track_synced=config.track_synced_for_tests,
         bootstrap=config.may_bootstrap,
+        member_id=config.member_id or None,
         secret=config.resolved_raft_secret() or None,
     )
 

@@ -258,6 +258,16 @@ class ServerConfig:
             " (fencingctl admin member add/replace)"
         ),
     )
+    member_id: str = dataclasses.field(
+        # Only a member added to a running cluster at an address of its own needs one: the ids of
+        # the initial members follow from their places in members (raft/membership.py).
+        default="",
+        metadata=_doc(
+            "this member's id in the cluster configuration; empty: derived from its place among"
+            " the initial members. A member added later (`fencingctl admin member add ID ADDRESS`)"
+            " sets the id it was added under, with initial_cluster_state = 'existing' (the default)"
+        ),
+    )
     # -- tests ------------------------------------------------------------------------
     track_synced_for_tests: bool = dataclasses.field(
         default=False,
@@ -476,6 +486,9 @@ def validate(config: ServerConfig) -> ServerConfig:
         raise ConfigError(f"members: must include this member's raft_address {config.raft_address}")
     if len(rafts) % 2 == 0:
         raise ConfigError(f"members: {len(rafts)} members; use an odd number (a majority of an even count buys nothing)")
+    if config.member_id and (len(config.member_id) > raft_limits.RAFT_MEMBER_ID_CHARS_MAX
+                             or not config.member_id.isprintable() or " " in config.member_id):
+        raise ConfigError("member_id: 1 to RAFT_MEMBER_ID_CHARS_MAX printable characters, no spaces")
     if config.listen_address:
         _parse_address("listen_address", config.listen_address)
     if config.metrics_address:

@@ -30,6 +30,8 @@ Layers (the etcd way: transport-free sentinels, then one table)::
 | Failure.OUTCOME_UNKNOWN | ABORTED | OUTCOME_UNKNOWN | detail |
 | Failure.UNAUTHENTICATED | UNAUTHENTICATED | UNAUTHENTICATED | |
 | Failure.PERMISSION_DENIED | PERMISSION_DENIED | PERMISSION_DENIED | |
+| Failure.MEMBER_CHANGE_REFUSED | FAILED_PRECONDITION | MEMBER_CHANGE_REFUSED | detail |
+| Failure.UNKNOWN_MEMBER | NOT_FOUND | UNKNOWN_MEMBER | detail |
 
 The reason strings, the metadata keys, the domain and the trailer names are declared once,
 in ``coordinator/core/names.py``; the client reads them from there too.
@@ -51,7 +53,7 @@ from grpc_status import rpc_status
 
 from coordinator.core.names import DOMAIN, ErrorMeta, ErrorReason
 from coordinator.core.state_machine import Reason, Rejected
-from coordinator.raft.interface import ProposeFailure, ProposeResult
+from coordinator.raft.interface import MemberChangeResult, MemberRefusal, ProposeFailure, ProposeResult
 
 
 class Failure(enum.Enum):
@@ -65,6 +67,8 @@ class Failure(enum.Enum):
     OUTCOME_UNKNOWN = "outcome_unknown"  # propose: may or may not have applied
     UNAUTHENTICATED = "unauthenticated"  # no (or an unknown) bearer credential where one is needed
     PERMISSION_DENIED = "permission_denied"  # a known caller, not allowed this resource or Admin
+    MEMBER_CHANGE_REFUSED = "member_change_refused"  # a membership change's precondition failed
+    UNKNOWN_MEMBER = "unknown_member"  # a membership change named no member of the configuration
 
 
 _C = grpc.StatusCode
@@ -91,6 +95,8 @@ STATUS_TABLE: dict[Reason | Failure, tuple[grpc.StatusCode, ErrorReason]] = {
     Failure.UNAUTHENTICATED: (_C.UNAUTHENTICATED, _R.UNAUTHENTICATED),
     Failure.PERMISSION_DENIED: (_C.PERMISSION_DENIED, _R.PERMISSION_DENIED),
     Reason.EPOCH_FLOOR_TOO_LOW: (_C.FAILED_PRECONDITION, _R.EPOCH_FLOOR_TOO_LOW),
+    Failure.MEMBER_CHANGE_REFUSED: (_C.FAILED_PRECONDITION, _R.MEMBER_CHANGE_REFUSED),
+    Failure.UNKNOWN_MEMBER: (_C.NOT_FOUND, _R.UNKNOWN_MEMBER),
 }
 assert all(key in STATUS_TABLE for key in (*Reason, *Failure)), "every failure needs a status"
 
@@ -168,6 +174,16 @@ def from_propose_failure(result: ProposeResult, leader: str = "", leader_api: st
     if failure is Failure.QUEUE_FULL:
         return ServiceError(failure, "the Raft command queue is full; retry later", {"detail": detail})
     return ServiceError(failure, f"not applied ({detail})", {"detail": detail})
+
+
+def from_member_change(result: MemberChangeResult, leader: str = "", leader_api: str = "") -> ServiceError:
+    """The error for a membership change that was refused, not applied or may still apply."""
+    if result.refusal is None:
+        return from_propose_failure(ProposeResult.failed(result.failure, result.detail), leader, leader_api)
+    if result.refusal is MemberRefusal.INVALID:
+        return invalid("member", result.detail)
+    failure = Failure.UNKNOWN_MEMBER if result.refusal is MemberRefusal.UNKNOWN_MEMBER else Failure.MEMBER_CHANGE_REFUSED
+    return ServiceError(failure, f"nothing changed: {result.detail}", {"detail": result.refusal.value})
 
 
 def rich_status(error: ServiceError, trailing: Iterable[tuple[str, str]] = ()) -> grpc.Status:

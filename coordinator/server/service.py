@@ -33,6 +33,7 @@ import grpc
 from coordinator.core import commands
 from coordinator.server import backups
 from coordinator.server import errors
+from coordinator.server import members as members_api
 from coordinator.core import limits
 from coordinator.core import validation
 from coordinator.server.auth import Authenticator, Principal
@@ -533,12 +534,14 @@ class ClusterServicer(pb_grpc.ClusterServicer):
         result, index = self.core.barrier(context, caller)
         status = self.core.node.status()
         leader = status["leader"] or ""
+        # Every member of the replicated configuration (its id, incarnation, role, match index,
+        # vote); before the cluster has one, the config file's members.
+        listed = members_api.member_messages(status, self.core.members) or [
+            pb.Member(id=raft, api_address=api, is_leader=raft == leader) for raft, api in self.core.members.items()
+        ]
         return pb.StatusResponse(
             header=self.core.header(index),
-            members=[
-                pb.Member(id=raft, api_address=api, is_leader=raft == leader)
-                for raft, api in self.core.members.items()
-            ],
+            members=listed,
             leader=leader,
             leader_api_address=self.core.members.get(leader, ""),
             term=status["term"],
@@ -712,6 +715,43 @@ class AdminServicer(pb_grpc.AdminServicer):
             return self._restore(data, epoch_floor, context, caller)
         finally:
             self._transfers.leave()
+
+    # -- membership (coordinator/server/members.py; RAFT.md "Membership changes") ----------
+
+    @_admin
+    def MemberList(self, request: pb.MemberListRequest, context, caller: Principal | None) -> pb.MemberListResponse:
+        response = members_api.listing(self.core.node, self.core.members)
+        response.header.CopyFrom(self.core.header())
+        return response
+
+    def _member_change(self, change, context) -> pb.MemberListResponse:
+        response, index = members_api.run_change(
+            change, self.core.node, self.core.members, self.core.proposer.leader_hint
+        )
+        response.header.CopyFrom(self.core.header(index))
+        return response
+
+    @_admin
+    def MemberAdd(self, request: pb.MemberAddRequest, context, caller: Principal | None) -> pb.MemberListResponse:
+        member_id = members_api.checked_member_id(request.member_id)
+        address = members_api.checked_raft_address(request.raft_address)
+        timeout_s = self.core.proposer.timeout_s(context)
+        return self._member_change(lambda: self.core.node.add_member(member_id, address, timeout_s), context)
+
+    @_admin
+    def MemberRemove(self, request: pb.MemberRemoveRequest, context, caller: Principal | None) -> pb.MemberListResponse:
+        member_id = members_api.checked_member_id(request.member_id)
+        timeout_s = self.core.proposer.timeout_s(context)
+        return self._member_change(lambda: self.core.node.remove_member(member_id, timeout_s), context)
+
+    @_admin
+    def MemberReplace(
+        self, request: pb.MemberReplaceRequest, context, caller: Principal | None
+    ) -> pb.MemberListResponse:
+        member_id = members_api.checked_member_id(request.member_id)
+        address = members_api.checked_raft_address(request.raft_address) if request.raft_address else None
+        timeout_s = self.core.proposer.timeout_s(context)
+        return self._member_change(lambda: self.core.node.replace_member(member_id, address, timeout_s), context)
 
     def _restore(self, data: bytes, epoch_floor: int, context, caller: Principal | None) -> pb.RestoreResponse:
         """Restore ``data`` through the log in chunks (backups.restore)."""

@@ -219,14 +219,24 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("id", "api_address", "is_leader")
+    __slots__ = ("id", "api_address", "is_leader", "member_id", "incarnation", "role", "match_index", "voter")
     ID_FIELD_NUMBER: _ClassVar[int]
     API_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     IS_LEADER_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    MATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    VOTER_FIELD_NUMBER: _ClassVar[int]
     id: str
     api_address: str
     is_leader: bool
-    def __init__(self, id: _Optional[str] = ..., api_address: _Optional[str] = ..., is_leader: _Optional[bool] = ...) -> None: ...
+    member_id: str
+    incarnation: int
+    role: str
+    match_index: int
+    voter: bool
+    def __init__(self, id: _Optional[str] = ..., api_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., member_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., role: _Optional[str] = ..., match_index: _Optional[int] = ..., voter: _Optional[bool] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("header", "members", "leader", "leader_api_address", "term", "commit_index", "applied_index", "epoch", "has_quorum")
@@ -249,6 +259,44 @@ class StatusResponse(_message.Message):
     epoch: int
     has_quorum: bool
     def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., leader: _Optional[str] = ..., leader_api_address: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., epoch: _Optional[int] = ..., has_quorum: _Optional[bool] = ...) -> None: ...
+
+class MemberListRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MemberAddRequest(_message.Message):
+    __slots__ = ("member_id", "raft_address")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    raft_address: str
+    def __init__(self, member_id: _Optional[str] = ..., raft_address: _Optional[str] = ...) -> None: ...
+
+class MemberRemoveRequest(_message.Message):
+    __slots__ = ("member_id",)
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    def __init__(self, member_id: _Optional[str] = ...) -> None: ...
+
+class MemberReplaceRequest(_message.Message):
+    __slots__ = ("member_id", "raft_address")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    raft_address: str
+    def __init__(self, member_id: _Optional[str] = ..., raft_address: _Optional[str] = ...) -> None: ...
+
+class MemberListResponse(_message.Message):
+    __slots__ = ("header", "cluster_id", "members", "index")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    cluster_id: str
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    index: int
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., cluster_id: _Optional[str] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
 
 class ForceReleaseRequest(_message.Message):
     __slots__ = ("resource", "op_id")

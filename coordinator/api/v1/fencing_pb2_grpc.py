@@ -607,6 +607,26 @@ class AdminStub:
                 request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreStreamRequest.SerializeToString,
                 response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreResponse.FromString,
                 _registered_method=True)
+        self.MemberList = channel.unary_unary(
+                '/fencing.v1.Admin/MemberList',
+                request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberListRequest.SerializeToString,
+                response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberListResponse.FromString,
+                _registered_method=True)
+        self.MemberAdd = channel.unary_unary(
+                '/fencing.v1.Admin/MemberAdd',
+                request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberAddRequest.SerializeToString,
+                response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberListResponse.FromString,
+                _registered_method=True)
+        self.MemberRemove = channel.unary_unary(
+                '/fencing.v1.Admin/MemberRemove',
+                request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberRemoveRequest.SerializeToString,
+                response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberListResponse.FromString,
+                _registered_method=True)
+        self.MemberReplace = channel.unary_unary(
+                '/fencing.v1.Admin/MemberReplace',
+                request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberReplaceRequest.SerializeToString,
+                response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberListResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -662,6 +682,37 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MemberList(self, request, context):
+        """The cluster configuration in effect: every member's id, address, incarnation, role,
+        match index and whether it votes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MemberAdd(self, request, context):
+        """Adds a member as a learner; the leader promotes it to a voter once it has caught up.
+        One change at a time: FAILED_PRECONDITION (MEMBER_CHANGE_REFUSED) while one is in progress.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MemberRemove(self, request, context):
+        """Removes a member (NOT_FOUND: UNKNOWN_MEMBER for an id the configuration does not name).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MemberReplace(self, request, context):
+        """Removes the member's incarnation, then adds a fresh learner under the same id at
+        `raft_address` (default: the same address).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -694,6 +745,26 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.RestoreStream,
                     request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreStreamRequest.FromString,
                     response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreResponse.SerializeToString,
+            ),
+            'MemberList': grpc.unary_unary_rpc_method_handler(
+                    servicer.MemberList,
+                    request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberListRequest.FromString,
+                    response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberListResponse.SerializeToString,
+            ),
+            'MemberAdd': grpc.unary_unary_rpc_method_handler(
+                    servicer.MemberAdd,
+                    request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberAddRequest.FromString,
+                    response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberListResponse.SerializeToString,
+            ),
+            'MemberRemove': grpc.unary_unary_rpc_method_handler(
+                    servicer.MemberRemove,
+                    request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberRemoveRequest.FromString,
+                    response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberListResponse.SerializeToString,
+            ),
+            'MemberReplace': grpc.unary_unary_rpc_method_handler(
+                    servicer.MemberReplace,
+                    request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberReplaceRequest.FromString,
+                    response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberListResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -860,6 +931,114 @@ class Admin:
             '/fencing.v1.Admin/RestoreStream',
             coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreStreamRequest.SerializeToString,
             coordinator_dot_api_dot_v1_dot_fencing__pb2.RestoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MemberList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.Admin/MemberList',
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberListRequest.SerializeToString,
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MemberAdd(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.Admin/MemberAdd',
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberAddRequest.SerializeToString,
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MemberRemove(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.Admin/MemberRemove',
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberRemoveRequest.SerializeToString,
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MemberReplace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.Admin/MemberReplace',
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberReplaceRequest.SerializeToString,
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.MemberListResponse.FromString,
             options,
             channel_credentials,
             insecure,

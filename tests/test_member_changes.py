@@ -1,0 +1,155 @@
+"""Membership changes on real processes while clients keep writing (RAFT.md "Membership changes").
+
+Three ``fencingd serve`` members (chaos.harness.ChaosCluster) and two workload clients
+(chaos.workload.run_client) recording every call; each operation below runs under that load,
+and the merged history (plus every resource's final state) must pass the chaos checker: zero
+acknowledged loss, token order intact. Per operation the test prints the longest time between
+two acknowledged operations (the unavailability clients saw) and asserts a bound on it.
+
+Operations, in order on one cluster: a rolling restart of all three members one by one;
+remove a member and add it back; replace a member (its machine is gone) by a fresh one at a
+new loopback address under the same id. Before this change none of the changes existed
+(fencingctl had no ``admin member``, the Admin service no Member* RPC).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+
+import pytest
+
+from chaos.check import check_file, format_report
+from chaos.harness import ChaosCluster
+from chaos.history import read_history
+from chaos.workload import make_client, run_client, write_final_states
+from coordinator.client.exceptions import Refused, UnknownMember
+from testsupport.supervisor import wait_until
+
+RESOURCES = ("mc-r0", "mc-r1", "mc-r2")
+NEW_HOST = "127.0.0.5"  # the replacement member's own loopback address
+# The longest clients may go without an acknowledged operation during one operation: a few
+# election timeouts of the chaos settings, with room for this shared 2-core machine.
+GAP_BOUND_S = 10.0
+
+
+def _acknowledged(paths) -> int:
+    count = 0
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            count += sum('"outcome":"ok"' in line for line in f)
+    return count
+
+
+def _longest_gap_s(paths, since_ns: int, until_ns: int) -> float:
+    ends = sorted(op.complete_ns for path in paths for op in read_history(path).ops
+                  if op.outcome == "ok" and op.complete_ns is not None and since_ns <= op.complete_ns <= until_ns)
+    edges = [since_ns, *ends, until_ns]
+    return max(b - a for a, b in zip(edges, edges[1:])) / 1e9
+
+
+def _voters(admin) -> dict[str, str]:
+    """member id -> Raft address of every voter (Admin.MemberList, as the answering member knows it)."""
+    return {m.member_id: m.id for m in admin.member_list().members if m.voter}
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with ChaosCluster(str(tmp_path / "cluster")) as c:
+        c.start_all(timeout_s=60)
+        yield c
+
+
+def test_rolling_restart_remove_re_add_and_replace_at_a_new_address_under_load(cluster, tmp_path):
+    histories = [str(tmp_path / f"c{k}.jsonl") for k in range(2)]
+    for path in histories:
+        open(path, "w").close()
+    gaps: dict[str, float] = {}
+    stop = threading.Event()
+    admin = make_client(cluster.endpoints, timeout_s=10.0)
+
+    def more_acks(n=15):
+        after = _acknowledged(histories)
+        wait_until(lambda: _acknowledged(histories) >= after + n, 60.0, what=f"{n} more acknowledged operations")
+
+    def timed(name, operation):
+        started = time.monotonic_ns()
+        operation()
+        more_acks()  # the cluster serves again after it
+        gaps[name] = _longest_gap_s(histories, started, time.monotonic_ns())
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            clients = [pool.submit(run_client, f"c{k}", cluster.endpoints, histories[k], list(RESOURCES), k + 1, stop)
+                       for k in range(2)]
+            try:
+                more_acks(20)
+
+                def rolling_restart():
+                    for i in range(3):
+                        cluster.stop(i)
+                        cluster.start(i)
+                        cluster.wait_answering([i], timeout_s=30.0)
+
+                timed("rolling restart", rolling_restart)
+
+                def remove_and_re_add():
+                    member = cluster.nodes[2]
+                    assert _voters(admin)["m3"] == member.raft_address
+                    admin.member_remove("m3")
+                    assert "m3" not in _voters(admin)
+                    with pytest.raises(UnknownMember):
+                        admin.member_remove("m3")
+                    wait_until(lambda: "it was removed" in _log(member), 10.0, what="m3 to log its removal")
+                    admin.member_add("m3", member.raft_address)
+                    with pytest.raises(Refused):  # the learner is catching up: one change at a time
+                        admin.member_add("m9", f"{NEW_HOST}:1")
+                    wait_until(lambda: _voters(admin).get("m3") == member.raft_address, 30.0,
+                               what="m3 promoted again")
+
+                timed("remove and re-add", remove_and_re_add)
+
+                def replace_at_new_address():
+                    cluster.kill(0)  # m1's machine is gone for good
+                    fresh = cluster.add_node(NEW_HOST, "m1", peers=(1, 2))
+                    cluster.start(fresh.index)
+                    admin.member_replace("m1", fresh.raft_address)
+                    wait_until(lambda: _voters(admin).get("m1") == fresh.raft_address, 30.0,
+                               what="the fresh m1 promoted at its new address")
+                    cluster.wait_answering([fresh.index], timeout_s=30.0)
+
+                timed("replace at a new address", replace_at_new_address)
+                # The new member counts: with m2 gone, m1 (new) + m3 still serve.
+                def without_m2():
+                    cluster.stop(1)
+
+                timed("stop m2 after the replace", without_m2)
+            finally:
+                stop.set()
+                for client in clients:
+                    client.result(timeout=60)
+        final = str(tmp_path / "final.jsonl")
+        write_final_states([n.api_address for n in cluster.nodes if n.alive], RESOURCES, final)
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        admin.close()
+    merged = tmp_path / "history.jsonl"
+    with open(merged, "w", encoding="utf-8") as out:
+        for path in [*histories, final]:
+            with open(path, encoding="utf-8") as f:
+                out.write(f.read())
+    report = check_file(str(merged))
+    print(format_report(report))
+    for name, gap in gaps.items():
+        print(f"{name}: longest time without an acknowledged operation {gap:.2f} s")
+    assert report.ok, format_report(report)
+    assert report.summary["final_states"] == len(RESOURCES)
+    assert all(gap < GAP_BOUND_S for gap in gaps.values()), gaps
+
+
+def _log(node) -> str:
+    with open(node.log_path, encoding="utf-8", errors="replace") as f:
+        return f.read()
