@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable
 
 from pysyncobj import SyncObj
