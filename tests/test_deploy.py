@@ -305,3 +305,38 @@ def test_a_member_from_each_deploy_config_refuses_to_start_without_the_credentia
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _check_config(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coordinator.server.fencingd", "check-config", *argv],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("name", ["compose/node1.toml", "compose/node2.toml", "compose/node3.toml",
+                                  "systemd/fencing.toml"])
+def test_check_config_accepts_each_deploy_file(name, tmp_path):
+    # The files name secrets on the target machine: values only here, then everything on a
+    # copy whose paths exist on this one.
+    proc = _check_config("--values-only", os.path.join(DEPLOY, name))
+    assert proc.returncode == 0 and proc.stdout.endswith(": ok\n"), proc.stderr
+    local = write_config(tmp_path / "local.toml", runnable_here(deployed_member_values()[name], tmp_path))
+    proc = _check_config(local)
+    assert proc.returncode == 0 and proc.stdout == f"{local}: ok\n", proc.stderr
+
+
+def test_check_config_accepts_the_kubernetes_member_arguments():
+    with open(os.path.join(DEPLOY, "kubernetes", "fencing.yaml"), encoding="utf-8") as f:
+        sts = next(d for d in yaml.safe_load_all(f) if d["kind"] == "StatefulSet")
+    args = downward_args(sts["spec"]["template"]["spec"]["containers"][0], "fencing-0", "fencing")
+    proc = _check_config("--values-only", *args)
+    assert proc.returncode == 0 and proc.stdout == "flags: ok\n", proc.stderr
+
+
+def test_check_config_refuses_a_deploy_file_with_a_bad_value(tmp_path):
+    with open(os.path.join(DEPLOY, "systemd", "fencing.toml"), encoding="utf-8") as f:
+        text = f.read()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text + "\nheartbeat_s = 5.0\n", encoding="utf-8")
+    proc = _check_config("--values-only", str(bad))
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr == "fencingd: configuration error: raft_min_timeout_s: must exceed 3 * heartbeat_s\n"

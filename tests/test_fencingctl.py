@@ -12,6 +12,7 @@ import base64
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tomllib
@@ -384,3 +385,19 @@ def test_real_cluster_token_zero_is_invalid_argument_at_the_server(real_cluster)
     err = from_rpc_error(info.value)
     assert isinstance(err, InvalidArgument) and err.field == "token"
     assert limits.TOKEN_MAX == 2**64 - 1
+
+
+def test_a_closed_pipe_ends_fencingctl_quietly(cluster):
+    """``fencingctl status | head -1``: the reader is gone before the table is written."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # closed before fencingctl writes: its first write hits EPIPE, no race
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "coordinator.client.fencingctl", "--endpoints", ",".join(cluster.endpoints),
+             "status"],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60, cwd=ROOT,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.stderr == ""
+    assert proc.returncode == cli_ctl.EXIT_CLOSED_PIPE == 128 + signal.SIGPIPE

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import urllib.error
 import urllib.request
 
 import grpc
@@ -18,13 +19,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from coordinator.server import config as config_mod
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from coordinator.server.metrics import PROPOSAL_OUTCOMES, Metrics
+from coordinator.server.metrics import PROPOSAL_OUTCOMES, Metrics, build_versions
 from coordinator.raft.interface import ProposeOutcome
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, metered_cluster
 from testsupport.supervisor import DEFAULT_HOSTS, pick_ports, wait_until
 
 T = RPC_TIMEOUT_S
-WRITE = "/fencing.v1.FencedStore/Write"
+WRITE = {"grpc_service": "fencing.v1.FencedStore", "grpc_method": "Write", "grpc_type": "unary"}
+KEEPALIVE = {"grpc_service": "fencing.v1.Lease", "grpc_method": "KeepAliveStream", "grpc_type": "bidi_stream"}
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -92,25 +94,32 @@ def test_interceptor_counts_each_status_code_and_times_every_call(instrumented):
             store.Write(pb.WriteRequest(token=token), timeout=T)
         assert caught.value.code() is code
     found = scrape_registry(metrics)
-    assert value(found, "fencing_rpc_requests_total", method=WRITE, code="OK") == 3
-    assert value(found, "fencing_rpc_requests_total", method=WRITE, code="FAILED_PRECONDITION") == 1
-    assert value(found, "fencing_rpc_requests_total", method=WRITE, code="UNKNOWN") == 1
-    assert value(found, "fencing_rpc_duration_seconds_count", method=WRITE) == 5
-    assert value(found, "fencing_rpc_duration_seconds_sum", method=WRITE) > 0
+    # go-grpc-prometheus's names, labels and code spellings: its dashboards work unchanged.
+    assert value(found, "grpc_server_started_total", **WRITE) == 5
+    assert value(found, "grpc_server_handled_total", **WRITE, grpc_code="OK") == 3
+    assert value(found, "grpc_server_handled_total", **WRITE, grpc_code="FailedPrecondition") == 1
+    assert value(found, "grpc_server_handled_total", **WRITE, grpc_code="Unknown") == 1
+    assert value(found, "grpc_server_handling_seconds_count", **WRITE) == 5
+    assert value(found, "grpc_server_handling_seconds_sum", **WRITE) > 0
+    assert value(found, "grpc_server_msg_received_total", **WRITE) == 5
+    assert value(found, "grpc_server_msg_sent_total", **WRITE) == 3  # a failed call sends no reply
+    assert not any(name.endswith("_created") for name, _ in found)
 
 
 def test_interceptor_counts_a_stream_once_with_its_final_code(instrumented):
     metrics, channel = instrumented
     lease = pb_grpc.LeaseStub(channel)
-    method = "/fencing.v1.Lease/KeepAliveStream"
     replies = list(lease.KeepAliveStream(iter([pb.KeepAliveRequest(token=t) for t in (4, 5)]), timeout=T))
     assert [r.token for r in replies] == [4, 5]
     with pytest.raises(grpc.RpcError) as caught:
         list(lease.KeepAliveStream(iter([pb.KeepAliveRequest(token=t) for t in (6, 0, 7)]), timeout=T))
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     found = scrape_registry(metrics)
-    assert value(found, "fencing_rpc_requests_total", method=method, code="OK") == 1
-    assert value(found, "fencing_rpc_requests_total", method=method, code="INVALID_ARGUMENT") == 1
+    assert value(found, "grpc_server_started_total", **KEEPALIVE) == 2
+    assert value(found, "grpc_server_handled_total", **KEEPALIVE, grpc_code="OK") == 1
+    assert value(found, "grpc_server_handled_total", **KEEPALIVE, grpc_code="InvalidArgument") == 1
+    assert value(found, "grpc_server_msg_received_total", **KEEPALIVE) == 4  # 4, 5; 6, 0 (7 never read)
+    assert value(found, "grpc_server_msg_sent_total", **KEEPALIVE) == 3  # 4, 5; 6
 
 
 def test_every_proposal_outcome_has_a_label():
@@ -186,19 +195,25 @@ def test_a_scrape_shows_rpcs_proposals_and_the_raft_state(cluster):
     def grew(name, **labels):
         return (value(after, name, **labels) or 0) - (value(before, name, **labels) or 0)
 
-    assert grew("fencing_rpc_requests_total", method=WRITE, code="OK") == 1
-    assert grew("fencing_rpc_requests_total", method=WRITE, code="FAILED_PRECONDITION") == 1
+    assert grew("grpc_server_handled_total", **WRITE, grpc_code="OK") == 1
+    assert grew("grpc_server_handled_total", **WRITE, grpc_code="FailedPrecondition") == 1
+    assert grew("grpc_server_handling_seconds_count", **WRITE) == 2
     assert grew("fencing_proposals_total", outcome="applied") >= 4  # acquire, write, release, acquire
     assert grew("fencing_proposals_total", outcome="refused") == 1  # the stale write
     assert grew("fencing_proposal_duration_seconds_count") >= 5
     assert grew("fencing_journal_syncs_total") >= 1
+    assert grew("fencing_journal_fsync_duration_seconds_count") >= 1
+    assert value(after, "fencing_raft_leader_changes_seen_total") >= 1  # it saw itself elected
+    assert value(after, "fencing_raft_has_leader") == 1
+    assert value(after, "fencing_build_info", **build_versions()) == 1
+    assert not any(name.endswith("_created") for name, _ in after)
     assert value(after, "fencing_raft_is_leader") == 1
     assert value(after, "fencing_raft_has_quorum") == 1
     assert value(after, "fencing_serving") == 1
     assert value(after, "fencing_epoch") >= token + 1
     assert value(after, "fencing_raft_applied_index") > value(before, "fencing_raft_applied_index")
-    assert value(after, "fencing_member_info", member_id=node.raft_address, api_address=node.api_address,
-                 leader=node.raft_address) == 1
+    # No label that an election changes: the info series stays one series.
+    assert value(after, "fencing_member_info", member_id=node.raft_address, api_address=node.api_address) == 1
     assert value(after, "process_resident_memory_bytes") > 0
 
     applied = value(after, "fencing_raft_applied_index")
@@ -209,6 +224,24 @@ def test_a_scrape_shows_rpcs_proposals_and_the_raft_state(cluster):
         wait_until(lambda i=i: value(scrape(cluster.metrics_urls[i]), "fencing_raft_applied_index") >= applied,
                    timeout_s=10, what=f"member {i} to apply index {applied}")
         assert value(scrape(cluster.metrics_urls[i]), "fencing_raft_is_leader") == 0
+
+
+def http_get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=T) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_only_metrics_and_readyz_are_served(cluster):
+    leader = cluster.wait_ready()
+    base = cluster.metrics_urls[leader].removesuffix("/metrics")
+    for path in ("/", "/metric", "/metrics/extra", "/healthz"):
+        assert http_get(base + path)[0] == 404, path
+    wait_until(lambda: http_get(base + "/readyz") == (200, b"ok\n"), timeout_s=10, what="/readyz to say ok")
+    status, body = http_get(base + "/metrics")
+    assert status == 200 and b"grpc_server_handled_total" in body
 
 
 def test_a_metrics_port_in_use_stops_the_member_with_a_clear_error(tmp_path):

@@ -84,6 +84,7 @@ from coordinator.client import exceptions as exc
 from coordinator.core import limits, validation
 from coordinator.client import proof
 from coordinator.client.sync import DEFAULT_ENDPOINTS, FencingClient, tls_credentials
+from coordinator.client.version import distribution_version
 
 EXIT_OK = 0
 EXIT_OTHER = 1
@@ -676,9 +677,28 @@ def _print_error(error: BaseException, category: str, output: str, code: int) ->
     sys.stdout.flush()
 
 
+# A reader that closed our stdout (``fencingctl status | head -1``): the status a shell shows
+# for a command SIGPIPE ended (128 + 13), as ``cat`` would exit, with nothing printed.
+EXIT_CLOSED_PIPE = 141
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run fencingctl; returns the exit code (the console script exits with it)."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe is a line on stderr
+        return code
+    except BrokenPipeError:
+        # Python's own advice: point stdout at /dev/null so the flush at exit is silent too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_CLOSED_PIPE
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
+    parser.add_argument("--version", action="version", version=f"%(prog)s {distribution_version()}")
     output = "table"
     try:
         args = parser.parse_args(argv)
@@ -734,6 +754,8 @@ def main(argv: list[str] | None = None) -> int:
             category = "invalid argument" if code == EXIT_USAGE else error.category
             _print_error(error, category, output, code)
             return code
+        except BrokenPipeError:
+            raise  # our reader went away: main() ends quietly
         except OSError as error:
             _print_error(error, "error", output, EXIT_OTHER)
             return EXIT_OTHER

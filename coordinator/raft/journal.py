@@ -31,6 +31,7 @@ import logging
 import os
 import struct
 import threading
+import time
 import zlib
 from typing import Callable
 
@@ -128,6 +129,10 @@ class DurableJournal(Journal):
         self._meta_path = os.path.join(data_dir, META_NAME)
         self._fsync = fsync
         self._fdatasync = fdatasync
+        # Told how long each fdatasync took, in seconds (the server's fsync histogram); runs
+        # under the journal's lock on the syncing thread, so it must be as cheap as a
+        # histogram observe (~1 us against a sync's ~1 ms). None: nothing is timed.
+        self.sync_seconds_observer: Callable[[float], None] | None = None
         self._track_synced = track_synced
         self._entries: list[tuple[bytes, int, int]] = []
         self._offsets: list[int] = []
@@ -253,7 +258,13 @@ class DurableJournal(Journal):
             end = self._end
             if end == self._synced_end:
                 return
-            self._fdatasync(self._fd)
+            observe = self.sync_seconds_observer
+            if observe is None:
+                self._fdatasync(self._fd)
+            else:
+                started = time.perf_counter()
+                self._fdatasync(self._fd)
+                observe(time.perf_counter() - started)
             self._synced_end = end
             self.sync_count += 1
             self._write_synced_sidecar()

@@ -11,6 +11,7 @@ The package's modules, one concern each (RAFT.md says what each fix does and why
   patches.py       version pin + every patch of pysyncobj's modules, by install()
   transport.py     connection admission and bounded frame reading
   addresses.py     members' names looked up on every connection attempt; peer_log.py: connect/quorum log
+  leader_log.py    one line per leader change, and their count (a metric)
   syncobj.py       HardenedSyncObj: every override of SyncObj internals, the fix names
   replica.py       the state machine as pysyncobj's consumer; snapshot hooks
   snapshot_file.py the dump file format
@@ -49,6 +50,7 @@ from coordinator.raft.interface import (
     StateMachine,
 )
 from coordinator.raft.journal import JOURNAL_NAME, DurableJournal
+from coordinator.raft.leader_log import LeaderLog
 from coordinator.raft.replica import Replica
 from coordinator.raft.stamp_clock import StampClock, monotonic_ms
 from coordinator.raft.syncobj import ALL_FIXES, HardenedSyncObj
@@ -194,6 +196,12 @@ class RaftNode:
             config, self._replica, journal, on_fatal, on_leadership,
             identity=self.identity, member_ids=member_ids, **kwargs,
         )
+        self.leader_log = LeaderLog()
+        self._syncobj.addOnTickCallback(self._watch_leader)
+
+    def _watch_leader(self) -> None:
+        leader = self._syncobj._getLeader()  # on the Raft thread: no race with the tick
+        self.leader_log.observe(leader.address if leader is not None else None, self._syncobj.raftCurrentTerm)
 
     # -- proposing -----------------------------------------------------------
 
@@ -349,6 +357,7 @@ class RaftNode:
             "log_len": raw.get("log_len", 0),
             "ready": self._caught_up(),
             "journal_syncs": getattr(self.journal, "sync_count", 0),
+            "leader_changes": self.leader_log.changes,
             "shared_entries": so.shared_entries,
             "truncated_applied": so.truncated_applied,
             "refused_old_snapshots": so.refused_old_snapshots,
@@ -389,6 +398,10 @@ class RaftNode:
     def leader_address(self) -> str | None:
         leader = self._syncobj._getLeader()
         return leader.address if leader is not None else None
+
+    def listening(self) -> bool:
+        """The Raft port is bound (the transport retries a bind that failed, every second)."""
+        return self._syncobj._SyncObj__transport.ready
 
     def force_log_compaction(self) -> None:
         self._syncobj.forceLogCompaction()

@@ -29,6 +29,12 @@ from coordinator.raft import wire as raft_wire
 
 PYSYNCOBJ_VERSION_REQUIRED = "0.3.17"
 
+
+def library_version() -> str:
+    """The Raft library's version this process runs: the pinned one (RaftNode refuses others)."""
+    return PYSYNCOBJ_VERSION_REQUIRED
+
+
 _install_lock = threading.Lock()
 _installed = False
 

@@ -36,6 +36,7 @@ from coordinator.server.certs import ApiCertificates, TlsMaterial
 from coordinator.server.config import ServerConfig
 from coordinator.server.errors import ServiceError
 from coordinator.server.lease_ticker import LeaseTicker
+from coordinator.server import listen_check
 from coordinator.server.metrics import Metrics
 from coordinator.server.streams import SlotGate, StreamGate, waiter_gate
 from coordinator.raft.node import RaftConfig, RaftNode
@@ -227,13 +228,39 @@ class HealthUpdater(threading.Thread):
         self._stop.set()
 
 
+class StartupError(Exception):
+    """The member cannot start; the message is one line that names the setting and says why."""
+
+
+def _cannot_listen(setting: str, address: str, error: OSError | None) -> StartupError:
+    why = error.strerror if error is not None and error.strerror else "cannot bind"
+    return StartupError(f"{setting} {address}: cannot listen: {why}")
+
+
 class FencingServer:
     """The Raft node, the gRPC server and the health updater of one member."""
 
     def __init__(self, config: ServerConfig, *, node: RaftNode | None = None,
                  on_leadership: Callable[[bool], None] | None = None) -> None:
         self.config = config
+        if node is None:
+            # Before the node exists (its own bind would collide with the check): the Raft
+            # transport retries a failed bind forever and silently, so a port in use would
+            # otherwise leave a member that starts and never joins.
+            error = listen_check.why_not(config.raft_address)
+            if error is not None and listen_check.is_final(error, config.raft_address):
+                raise _cannot_listen("raft_address", config.raft_address, error)
+            error = listen_check.why_not(config.bind_address)
+            if error is not None:
+                raise _cannot_listen(config.bind_setting, config.bind_address, error)
         self.node = node or RaftNode(raft_config(config), FencingStateMachine(), on_leadership=on_leadership)
+        try:
+            self._build(config)
+        except BaseException:
+            self.node.close()  # its threads and its Raft port go with the failed start
+            raise
+
+    def _build(self, config: ServerConfig) -> None:
         self.metrics = Metrics() if config.metrics_address else None
         self.grpc_server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(config.grpc_threads, thread_name_prefix="grpc"),
@@ -258,18 +285,24 @@ class FencingServer:
             ApiCertificates(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
             if config.tls_cert_file else None
         )
-        if self.certificates is None:
-            self.port = self.grpc_server.add_insecure_port(config.bind_address)
-        else:
-            self.port = self.grpc_server.add_secure_port(config.bind_address, api_credentials(self.certificates))
+        try:
+            if self.certificates is None:
+                self.port = self.grpc_server.add_insecure_port(config.bind_address)
+            else:
+                self.port = self.grpc_server.add_secure_port(config.bind_address, api_credentials(self.certificates))
+        except RuntimeError:  # gRPC's "Failed to bind to address": taken since the check above
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot listen on {config.bind_address}")
+            raise _cannot_listen(config.bind_setting, config.bind_address, listen_check.why_not(config.bind_address))
         self.updater = HealthUpdater(self.node, self.proposer, self.health, config.health_check_interval_s)
         self.ticker = LeaseTicker(
             self.node, self.proposer, interval_s=config.lease_tick_interval_s, timeout_s=config.propose_timeout_max_s
         )
         if self.metrics is not None:
             self.metrics.watch(self.member_status)
+            journal = getattr(self.node, "journal", None)
+            if journal is not None and hasattr(journal, "sync_seconds_observer"):
+                journal.sync_seconds_observer = self.metrics.fsync_duration.observe
 
     def member_status(self) -> dict:
         """What the metrics report of this member when scraped: what the node publishes, and
@@ -289,13 +322,18 @@ class FencingServer:
 
     def start(self) -> None:
         if self.metrics is not None:
-            self.metrics.serve(self.config.metrics_address)  # fails here, before serving RPCs
+            # fails here, before serving RPCs; /readyz says what the health service says
+            self.metrics.serve(self.config.metrics_address, ready=lambda: bool(self.updater.serving))
         self.grpc_server.start()
         self.updater.start()
         self.ticker.start()
         log.info(
             "serving member %s: gRPC on %s, pid %d", self.config.raft_address, self.config.bind_address, os.getpid()
         )
+
+    def listening(self) -> bool:
+        """The Raft port is bound too (the API port is, once the constructor returned)."""
+        return self.node.listening()
 
     def stop(self) -> None:
         """Stop accepting, let running RPCs finish within the grace period, close the node."""

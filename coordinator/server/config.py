@@ -287,6 +287,13 @@ class ServerConfig:
     log_level: str = dataclasses.field(
         default="INFO", metadata=_doc("DEBUG, INFO, WARNING or ERROR")
     )
+    log_format: str = dataclasses.field(
+        default="text",
+        metadata=_doc(
+            "text: one readable line per record; json: one JSON object per line with ts (UTC,"
+            " ISO 8601), level, logger and msg, for log shippers"
+        ),
+    )
     cpu_affinity: str = dataclasses.field(
         default="auto",
         metadata=_doc(
@@ -333,6 +340,11 @@ class ServerConfig:
     @property
     def bind_address(self) -> str:
         return self.listen_address or self.api_address
+
+    @property
+    def bind_setting(self) -> str:
+        """The setting ``bind_address`` comes from, as an error line names it."""
+        return "listen_address" if self.listen_address else "members: this member's API address"
 
     def resolved_admin_token(self) -> str:
         """The admin token from ``admin_token`` or ``admin_token_file``; "" if none."""
@@ -421,6 +433,7 @@ def is_loopback_host(host: str) -> bool:
 _FIELDS = {f.name: f for f in dataclasses.fields(ServerConfig)}
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 INITIAL_CLUSTER_STATES = ("new", "existing")
+LOG_FORMATS = ("text", "json")
 
 
 def _parse_address(key: str, value: str) -> tuple[str, int]:
@@ -469,8 +482,10 @@ def _coerce(name: str, value: Any) -> Any:
     raise AssertionError(f"unhandled config type {kind} for {name}")
 
 
-def validate(config: ServerConfig) -> ServerConfig:
-    """Return ``config`` if every field is usable, else raise ConfigError naming the key."""
+def validate(config: ServerConfig, *, read_files: bool = True) -> ServerConfig:
+    """Return ``config`` if every field is usable, else raise ConfigError naming the key.
+    ``read_files`` False: the values only, not the files they name nor this machine's CPUs
+    (``fencingd check-config --values-only``, for a config meant for another machine)."""
     if not config.data_dir:
         raise ConfigError("data_dir: required")
     if not config.raft_address:
@@ -557,11 +572,18 @@ def validate(config: ServerConfig) -> ServerConfig:
         )
     if config.log_level.upper() not in _LOG_LEVELS:
         raise ConfigError(f"log_level: must be one of {', '.join(_LOG_LEVELS)}")
+    if config.log_format not in LOG_FORMATS:
+        raise ConfigError(f"log_format: must be one of {', '.join(LOG_FORMATS)}")
+    if (config.tls_cert_file or config.tls_key_file or config.tls_client_ca_file) and not (
+            config.tls_cert_file and config.tls_key_file):
+        raise ConfigError("tls_cert_file and tls_key_file: give both (or neither, for plaintext)")
+    _check_peer_credential(config)
+    if not read_files:
+        return config
     config.resolved_admin_token()  # a missing or empty token file fails at start, not at first use
     config.principals()  # so does a bad principals file
     config.tls_files()  # and unreadable TLS files
     config.resolved_raft_secret()  # and a missing or short Raft secret
-    _check_peer_credential(config)
     config.proof_signer()  # and a token signing key that is not an Ed25519 private key
     config.pinned_cpu()  # and a CPU this machine does not let us use
     return config
@@ -589,7 +611,7 @@ def read_toml(path: str) -> dict[str, Any]:
     return raw
 
 
-def build(file_values: dict[str, Any], overrides: dict[str, Any]) -> ServerConfig:
+def build(file_values: dict[str, Any], overrides: dict[str, Any], *, read_files: bool = True) -> ServerConfig:
     """A validated config: defaults, then ``file_values``, then ``overrides`` (None = not given)."""
     values: dict[str, Any] = {}
     for source in (file_values, overrides):
@@ -600,7 +622,7 @@ def build(file_values: dict[str, Any], overrides: dict[str, Any]) -> ServerConfi
                 values[key] = _coerce(key, value)
     if "data_dir" in values:
         values["data_dir"] = os.path.abspath(os.path.expanduser(values["data_dir"]))
-    return validate(ServerConfig(**values))
+    return validate(ServerConfig(**values), read_files=read_files)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -613,6 +635,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, dest=name, type=kind, default=None, help=f.metadata["doc"] + default)
 
 
-def from_args(args: argparse.Namespace) -> ServerConfig:
+def from_args(args: argparse.Namespace, *, read_files: bool = True) -> ServerConfig:
     file_values = read_toml(args.config) if args.config else {}
-    return build(file_values, {name: getattr(args, name) for name in _FIELDS})
+    return build(file_values, {name: getattr(args, name) for name in _FIELDS}, read_files=read_files)

@@ -5,6 +5,8 @@
     fencingd health --address HOST:PORT                      exit 0 iff the member is SERVING
     fencingd keygen --private-key F --public-key G           a token signing key pair (DESIGN §6)
     fencingd gen-secret FILE                                 a peer credential (raft_secret_file), mode 0600
+    fencingd check-config FILE [--values-only]               exit 0 iff ``serve`` would accept the config
+    fencingd --version
 
 Owns: argument parsing, logging setup, signal handling (SIGTERM/SIGINT stop a member, SIGHUP
 re-reads its API certificate: SECURITY.md), and the ``dev`` supervisor that runs three
@@ -15,6 +17,8 @@ Must never: serve RPCs itself (server.py does) or leave a child running when it 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import logging
 import os
 import re
@@ -26,6 +30,7 @@ import threading
 import time
 
 from coordinator.server import config as config_mod
+from coordinator.client.version import distribution_version
 from coordinator.server import cpu_pin, server_extra
 
 log = logging.getLogger("fencingd")
@@ -40,6 +45,9 @@ DEV_MEMBERS = 3
 # serve: how often the main thread looks for a SIGHUP it must act on; a certificate swap a
 # fraction of a second late is fine, and the wait costs nothing between looks.
 SIGNAL_POLL_S = 0.2
+# serve: how often start-up looks whether the Raft port is bound before it prints READY; it
+# binds within milliseconds of the start, so READY is late by at most this.
+LISTEN_POLL_S = 0.01
 # dev: API ports are base, base+1, base+2; Raft ports are base+100, +101, +102; metrics
 # (Prometheus, HTTP) base+200, +201, +202.
 DEV_RAFT_PORT_OFFSET = 100
@@ -54,12 +62,32 @@ DEV_RAFT_SECRET = "raft-secret"
 RAFT_SECRET_RANDOM_BYTES = 32
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line: ts (UTC, ISO 8601 with milliseconds), level,
+    logger, msg, and exc (the traceback) when there is one -- what log shippers parse without
+    a pattern. json.dumps escapes newlines, so a record never spans lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {
+            "ts": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(
+                timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, ensure_ascii=False)
+
+
+def _setup_logging(level: str, log_format: str = "text") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter() if log_format == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
+
+
 
 
 def _name_os_threads() -> None:
@@ -91,7 +119,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except config_mod.ConfigError as exc:
         print(f"fencingd: configuration error: {exc}", file=sys.stderr)
         return 2
-    _setup_logging(cfg.log_level)
+    _setup_logging(cfg.log_level, cfg.log_format)
     if cfg.peers_unauthenticated and not cfg.raft_is_loopback:  # only with insecure_peer_transport
         log.warning(
             "insecure_peer_transport: Raft peers are not authenticated; anyone who reaches %s can pose"
@@ -102,7 +130,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     placement = cpu_pin.Placement(cfg.cpu_affinity, cfg.member_index, log=log.info)
     placement.start()  # before any thread starts: threads inherit where they were started
     _name_os_threads()
-    from coordinator.server.app import FencingServer  # imports grpc and the Raft layer: after config checks
+    from coordinator.server.app import FencingServer, StartupError  # imports grpc and the Raft layer: after config checks
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -115,11 +143,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         server = FencingServer(cfg, on_leadership=placement.on_leadership)
         server.start()
-    except OSError as exc:  # a port in use, an address not on this machine
+    except (OSError, StartupError) as exc:  # a port in use, an address not on this machine
         print(f"fencingd: cannot start: {exc}", file=sys.stderr, flush=True)
         if server is not None:
             server.node.close()
         return 1
+    # READY means both listeners are bound: the Raft port binds on the node's first tick
+    # (milliseconds); a name that does not resolve yet keeps it waiting, logged by the transport.
+    while not server.listening():
+        if stop.wait(LISTEN_POLL_S):
+            server.stop()
+            return 0
     print(f"READY member={cfg.raft_address} api={cfg.bind_address} pid={os.getpid()}", flush=True)
     while not stop.wait(SIGNAL_POLL_S):
         if reload.is_set():
@@ -127,6 +161,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
             server.reload_certificates()
     log.info("signal received: stopping (grace %.1f s)", cfg.shutdown_grace_s)
     server.stop()
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """Exit 0 iff ``serve`` would accept this configuration; binds and creates nothing."""
+    if args.file:
+        args.config = args.file
+    try:
+        config_mod.from_args(args, read_files=not args.values_only)
+    except config_mod.ConfigError as exc:
+        print(f"fencingd: configuration error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    print(f"{args.config or 'flags'}: ok", flush=True)
     return 0
 
 
@@ -365,10 +412,20 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fencingd", description="Raft-replicated fencing coordinator server.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {distribution_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run one cluster member")
     config_mod.add_arguments(serve)
     serve.set_defaults(func=cmd_serve)
+    check = sub.add_parser(
+        "check-config", help="check a configuration as serve would, without starting: exit 0 if it is usable"
+    )
+    check.add_argument("file", nargs="?", help="TOML file (the same as --config)")
+    check.add_argument("--values-only", action="store_true",
+                       help="check keys and values only, not the files they name nor this machine's CPUs"
+                            " (for a configuration meant for another machine)")
+    config_mod.add_arguments(check)
+    check.set_defaults(func=cmd_check_config)
     dev = sub.add_parser("dev", help="run a local three-member cluster on loopback until Ctrl-C")
     dev.add_argument("--data-dir", default="./fencing-dev-data", help="where the members keep their data (reused on restart)")
     dev.add_argument("--base-port", type=int, default=7100, help="API ports N..N+2, Raft ports N+100..N+102, metrics N+200..N+202")

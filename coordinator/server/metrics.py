@@ -1,37 +1,69 @@
-"""Prometheus metrics of one member: its RPCs, its proposals and its Raft node.
+"""Prometheus metrics of one member: its RPCs, its proposals, its journal and its Raft node.
 
 Owns: the registry of one ``fencingd serve`` process, the gRPC server interceptor that counts
-and times RPCs, the proposal counters, the collector that reads the Raft node when scraped,
-and the HTTP endpoint (``metrics_address``, ``GET /metrics``).
+and times RPCs under the gRPC ecosystem's names (go-grpc-prometheus: ``grpc_server_*`` with
+``grpc_service``, ``grpc_method``, ``grpc_type``, ``grpc_code``), the proposal counters, the
+journal's fsync histogram, the collector that reads the Raft node when scraped, and the HTTP
+endpoint (``metrics_address``: ``GET /metrics``, ``GET /readyz``, 404 elsewhere).
 Must never: block an RPC or the Raft thread. Raft figures are read at scrape time from what
 the node already publishes (``RaftNode.status()``), plus the epoch under the apply lock (one
 attribute read); nothing here runs on the tick thread.
 
 Off unless ``metrics_address`` is set: then the interceptor is not installed and proposals
-are not timed, so the hot path costs nothing. On, it adds two clock reads and two
+are not timed, so the hot path costs nothing. On, it adds two clock reads and a few
 lock-protected updates per RPC and per proposal (a few microseconds).
 
-Every name starts with ``fencing_``; README "Metrics" lists them.
+Our own names start with ``fencing_``; README "Metrics" lists them, with the renames.
 """
 
 from __future__ import annotations
 
 import functools
+import http.server
+import platform
 import threading
 import time
 from typing import Any, Callable
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, start_http_server
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
+
+from coordinator.client.version import distribution_version
+from coordinator.raft.patches import library_version
+
+# Every counter and histogram would also export a ``_created`` series (the time it was
+# made), which doubles the series count and which nothing here graphs; process-wide.
+prometheus_client.disable_created_metrics()
 
 # Seconds. A healthy commit is ~1-2 ms; elections and the proposal deadline (5 s) bound the top.
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+# Seconds, etcd's wal_fsync_duration_seconds buckets (1 ms doubling to 8 s): an SSD syncs in
+# well under 1 ms, a disk in trouble takes seconds, and the same buckets make the two comparable.
+FSYNC_BUCKETS_S = tuple(0.001 * 2**i for i in range(14))
 
 # The outcomes of one proposal (label ``outcome``): the values of
 # coordinator.raft.interface.ProposeOutcome, and "overloaded" for a proposal refused before
 # it reached Raft (inflight_proposals_max).
 PROPOSAL_OUTCOMES = ("applied", "refused", "not_applied", "unknown", "overloaded")
+
+# grpc_code values as Go's codes.Code.String() spells them: dashboards made for
+# go-grpc-prometheus filter on these ("OK", "Canceled", "InvalidArgument", ...).
+GRPC_CODE_NAMES = {
+    code: "Canceled" if code is grpc.StatusCode.CANCELLED else
+    "OK" if code is grpc.StatusCode.OK else
+    "".join(part.capitalize() for part in code.name.split("_"))
+    for code in grpc.StatusCode
+}
+_GRPC_LABELS = ("grpc_type", "grpc_service", "grpc_method")
+
+
+def build_versions() -> dict[str, str]:
+    """What ``fencing_build_info`` reports (the labels never change while a process runs)."""
+    return {"version": distribution_version(), "python_version": platform.python_version(),
+            "raft_library_version": library_version(), "grpc_version": grpc.__version__}
 
 
 class Metrics:
@@ -40,13 +72,22 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)  # CPU seconds, resident memory, open fds
-        self.rpc_requests = Counter(
-            "fencing_rpc_requests", "RPCs served, by full method name and final status code",
-            ("method", "code"), registry=self.registry,
+        self.rpc_started = Counter(
+            "grpc_server_started", "RPCs started on the server", _GRPC_LABELS, registry=self.registry,
         )
-        self.rpc_duration = Histogram(
-            "fencing_rpc_duration_seconds", "Time from handler start to its return (streams: whole stream)",
-            ("method",), buckets=LATENCY_BUCKETS_S, registry=self.registry,
+        self.rpc_handled = Counter(
+            "grpc_server_handled", "RPCs completed on the server, whatever their status",
+            (*_GRPC_LABELS, "grpc_code"), registry=self.registry,
+        )
+        self.rpc_seconds = Histogram(
+            "grpc_server_handling_seconds", "Time from handler start to its return (streams: whole stream)",
+            _GRPC_LABELS, buckets=LATENCY_BUCKETS_S, registry=self.registry,
+        )
+        self.msg_received = Counter(
+            "grpc_server_msg_received", "Request messages received", _GRPC_LABELS, registry=self.registry,
+        )
+        self.msg_sent = Counter(
+            "grpc_server_msg_sent", "Response messages sent", _GRPC_LABELS, registry=self.registry,
         )
         self.proposals = Counter(
             "fencing_proposals", "Commands proposed by this member, by outcome "
@@ -57,11 +98,17 @@ class Metrics:
             "fencing_proposal_duration_seconds", "Time from proposal to its outcome on this member",
             buckets=LATENCY_BUCKETS_S, registry=self.registry,
         )
+        self.fsync_duration = Histogram(
+            "fencing_journal_fsync_duration_seconds", "Time of each fdatasync of the Raft journal",
+            buckets=FSYNC_BUCKETS_S, registry=self.registry,
+        )
+        Gauge("fencing_build_info", "Versions this member runs (value always 1)", tuple(build_versions()),
+              registry=self.registry).labels(**build_versions()).set(1)
         # Label children resolved once: .labels() takes a lock and hashes on every call.
         self._outcome = {name: self.proposals.labels(outcome=name) for name in PROPOSAL_OUTCOMES}
-        self._rpc_children: dict[tuple[str, str], Any] = {}
+        self._handled: dict[tuple[tuple[str, str, str], grpc.StatusCode], Any] = {}
         self._rpc_lock = threading.Lock()
-        self._http = None
+        self._http: http.server.ThreadingHTTPServer | None = None
 
     # -- proposals ------------------------------------------------------------------------
 
@@ -73,16 +120,18 @@ class Metrics:
 
     # -- RPCs ---------------------------------------------------------------------------------
 
-    def rpc_done(self, method: str, code: grpc.StatusCode | None, seconds: float) -> None:
-        name = "UNKNOWN" if code is None else code.name
-        child = self._rpc_children.get((method, name))
+    def method_children(self, labels: tuple[str, str, str]) -> tuple:
+        """(started, handling seconds, received, sent) of one method: resolved once per method."""
+        return (self.rpc_started.labels(*labels), self.rpc_seconds.labels(*labels),
+                self.msg_received.labels(*labels), self.msg_sent.labels(*labels))
+
+    def rpc_done(self, labels: tuple[str, str, str], code: grpc.StatusCode) -> None:
+        child = self._handled.get((labels, code))
         if child is None:
             with self._rpc_lock:
-                child = self._rpc_children.setdefault(
-                    (method, name), (self.rpc_requests.labels(method, name), self.rpc_duration.labels(method))
-                )
-        child[0].inc()
-        child[1].observe(seconds)
+                child = self._handled.setdefault(
+                    (labels, code), self.rpc_handled.labels(*labels, GRPC_CODE_NAMES[code]))
+        child.inc()
 
     def interceptor(self) -> grpc.ServerInterceptor:
         return _RpcInterceptor(self)
@@ -95,19 +144,59 @@ class Metrics:
 
     # -- HTTP -----------------------------------------------------------------------------
 
-    def serve(self, address: str) -> None:
-        """Serve ``GET /metrics`` on ``address`` (HOST:PORT) from a daemon thread."""
+    def serve(self, address: str, ready: Callable[[], bool]) -> None:
+        """Serve ``GET /metrics`` and ``GET /readyz`` (200 iff ``ready()``) on ``address``
+        (HOST:PORT) from a daemon thread; OSError naming metrics_address if it cannot bind."""
         host, _, port = address.rpartition(":")
+        handler = functools.partial(_MetricsHandler, self.registry, ready)
         try:
-            self._http, _thread = start_http_server(int(port), addr=host, registry=self.registry)
+            self._http = http.server.ThreadingHTTPServer((host.strip("[]"), int(port)), handler)
         except OSError as exc:
             raise OSError(exc.errno, f"metrics_address {address}: {exc.strerror or exc}") from None
+        self._http.daemon_threads = True
+        threading.Thread(target=self._http.serve_forever, name="metrics-http", daemon=True).start()
 
     def close(self) -> None:
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+
+
+class _MetricsHandler(http.server.BaseHTTPRequestHandler):
+    """/metrics (Prometheus text, or OpenMetrics when asked), /readyz, and 404 for anything
+    else: a typo in a scrape config must fail loudly, not scrape metrics under another name."""
+
+    def __init__(self, registry: CollectorRegistry, ready: Callable[[], bool], *args) -> None:
+        self._registry = registry
+        self._ready = ready
+        super().__init__(*args)
+
+    def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            encoder, content_type = choose_encoder(self.headers.get("Accept"))
+            self._reply(200, encoder(self._registry), content_type)
+        elif path == "/readyz":
+            ready = self._ready()
+            self._reply(200 if ready else 503, b"ok\n" if ready else b"not serving\n")
+        else:
+            self._reply(404, b"not found: try /metrics or /readyz\n")
+
+    def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format, *args) -> None:  # noqa: A002 - scrapes are not worth a log line each
+        pass
+
+
+# How each handler kind is named in grpc_type (go-grpc-prometheus's values).
+_GRPC_TYPES = {"unary_unary": "unary", "stream_unary": "client_stream",
+               "unary_stream": "server_stream", "stream_stream": "bidi_stream"}
 
 
 class _RpcInterceptor(grpc.ServerInterceptor):
@@ -128,7 +217,12 @@ class _RpcInterceptor(grpc.ServerInterceptor):
         return wrapped
 
     def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        kind = next(k for k in _GRPC_TYPES if getattr(handler, k) is not None)
+        service, _, name = method.lstrip("/").rpartition("/")
+        labels = (_GRPC_TYPES[kind], service, name)
+        started_c, seconds_h, received_c, sent_c = self._metrics.method_children(labels)
         done = self._metrics.rpc_done
+        inner = getattr(handler, kind)
 
         def finish(context, started: float, failed: bool) -> None:
             # abort() sets the code before it raises; a handler that returned set none (OK);
@@ -138,33 +232,49 @@ class _RpcInterceptor(grpc.ServerInterceptor):
                 code = grpc.StatusCode.UNKNOWN if context.is_active() else grpc.StatusCode.CANCELLED
             elif code is None:
                 code = grpc.StatusCode.OK
-            done(method, code, time.perf_counter() - started)
+            seconds_h.observe(time.perf_counter() - started)
+            done(labels, code)
 
-        if handler.unary_unary is not None or handler.stream_unary is not None:
-            kind = "unary_unary" if handler.unary_unary is not None else "stream_unary"
-            inner = getattr(handler, kind)
+        def counted(requests):
+            for request in requests:
+                received_c.inc()
+                yield request
+
+        client_streams = kind.startswith("stream_")
+
+        if kind in ("unary_unary", "stream_unary"):
 
             @functools.wraps(inner)
             def single(request, context):
                 started = time.perf_counter()
+                started_c.inc()
+                if client_streams:
+                    request = counted(request)
+                else:
+                    received_c.inc()
                 try:
                     response = inner(request, context)
                 except BaseException:
                     finish(context, started, True)
                     raise
                 finish(context, started, False)
+                sent_c.inc()
                 return response
 
             return handler._replace(**{kind: single})
 
-        kind = "unary_stream" if handler.unary_stream is not None else "stream_stream"
-        inner = getattr(handler, kind)
-
         @functools.wraps(inner)
         def streaming(request, context):
             started = time.perf_counter()
+            started_c.inc()
+            if client_streams:
+                request = counted(request)
+            else:
+                received_c.inc()
             try:
-                yield from inner(request, context)
+                for response in inner(request, context):
+                    sent_c.inc()
+                    yield response
             except BaseException:
                 finish(context, started, True)
                 raise
@@ -189,6 +299,8 @@ class _MemberCollector:
     )
     _COUNTERS = (
         ("journal_syncs", "fencing_journal_syncs", "fdatasync calls of this member's Raft journal"),
+        ("leader_changes", "fencing_raft_leader_changes_seen",
+         "Times this member saw a leader other than the one it saw before (a lost leader found again counts)"),
         ("shared_entries", "fencing_raft_shared_entries", "Raft entries that carried more than one command"),
         ("truncated_applied", "fencing_raft_truncated_applied",
          "Times a leader asked to truncate an applied entry (refused; should stay 0)"),
@@ -215,7 +327,11 @@ class _MemberCollector:
         for key, name, doc in self._COUNTERS:
             if key in status and status[key] is not None:
                 yield CounterMetricFamily(name, doc, value=float(status[key]))
+        yield GaugeMetricFamily("fencing_raft_has_leader", "1 while this member knows a leader",
+                                value=float(status.get("leader") is not None))
+        # Labels that never change while the process runs: who leads is the gauges above, so
+        # an election does not end one series and start another.
         info = GaugeMetricFamily("fencing_member_info", "This member's ids (value always 1)",
-                                 labels=("member_id", "api_address", "leader"))
-        info.add_metric((status.get("self", ""), status.get("api_address", ""), status.get("leader") or ""), 1.0)
+                                 labels=("member_id", "api_address"))
+        info.add_metric((status.get("self", ""), status.get("api_address", "")), 1.0)
         yield info
