@@ -44,6 +44,7 @@ __all__ = [
     "check_token",
     "check_ttl_ms",
     "check_value",
+    "check_waiter_id",
     "is_int",
 ]
 
@@ -132,6 +133,18 @@ def check_quota(value: object) -> dict[str, int]:
             raise InvalidField("quota", f"{name} must be an integer in [0, {limits.QUOTA_VALUE_MAX}]")
         checked[name] = int(maximum)
     return checked
+
+
+def check_waiter_id(value: object) -> bytes:
+    """The id of one queued lock waiter (client-chosen random bytes, sized like an op_id)."""
+    if not isinstance(value, bytes):
+        raise InvalidField("waiter_id", f"must be bytes, got {type(value).__name__}")
+    if not limits.WAITER_ID_BYTES_MIN <= len(value) <= limits.WAITER_ID_BYTES_MAX:
+        raise InvalidField(
+            "waiter_id",
+            f"is {len(value)} bytes, not in [{limits.WAITER_ID_BYTES_MIN}, {limits.WAITER_ID_BYTES_MAX}]",
+        )
+    return bytes(value)
 
 
 def check_value(value: object) -> bytes:
@@ -299,6 +312,15 @@ REQUESTS: dict[str, dict[str, Field]] = {
         "fence_all": Field(check_fence_all, required=False),  # absent: fence every resource
     },
     "Restore": {"data": Field(check_snapshot_data), "epoch_floor": Field(check_epoch_floor)},
+    # Lock: queue for the lease (FIFO) and wait for its grant; the call's wait_ms is not here
+    # (the server clamps it, like Acquire's). The waiter_id is the client's, kept across calls.
+    "Lock": {
+        "resource": Field(check_resource),
+        "holder": Field(check_holder, filled_by_client=True),
+        "ttl_ms": Field(check_ttl_ms),
+        "waiter_id": Field(check_waiter_id, filled_by_client=True),
+    },
+    "CancelLock": {"resource": Field(check_resource), "waiter_id": Field(check_waiter_id)},
     # RestoreStream: its first message's floor (the data is the stream's chunks, checked whole).
     "RestoreStream": {"epoch_floor": Field(check_epoch_floor)},
 }
