@@ -656,20 +656,19 @@ class FencingStateMachine:
         del res.waiters[waiter_id]
         self._waiters_total -= 1
 
-    def _advance(self, name: str, res: ResourceState, now: int) -> int:
+    def _advance(self, name: str, res: ResourceState, now: int) -> None:
         """While ``name``'s lease is free (none, or expired by ``now``), grant it to the head
         waiter, in this same entry: one entry per grant, none per waiting client. A head
         waiter whose slot expired, or whose principal's quota no longer allows the lease, is
         dropped and the next one tried. With every token issued (TOKEN_MAX) nobody is granted.
-        The caller removed ``res`` from the usage and adds it back (``_settle``). How many
-        were granted (0 or 1)."""
+        The caller removed ``res`` from the usage and adds it back (``_settle``)."""
         while res.waiters and (res.lease is None or res.lease.expires_at_ms <= now):
             waiter = next(iter(res.waiters.values()))
             if waiter.expires_at_ms <= now:
                 self._drop_waiter(res, waiter.waiter_id)
                 continue
             if self._epoch >= limits.TOKEN_MAX:
-                return 0
+                return
             if waiter.principal and waiter.quota:
                 refusal, _idle = self._quota_refusal(name, res, now, waiter.principal, waiter.quota)
                 if refusal is not None:
@@ -677,8 +676,7 @@ class FencingStateMachine:
                     continue
             self._drop_waiter(res, waiter.waiter_id)
             self._issue(name, res, now, waiter.holder, waiter.ttl_ms, waiter.principal, waiter.waiter_id)
-            return 1
-        return 0
+            return
 
     def lock_state(self, resource: str, waiter_id: bytes, *, now_ms: int | None = None) -> dict[str, Any]:
         """Where ``waiter_id`` stands on ``resource`` at ``now_ms`` (default: the log clock;
@@ -947,12 +945,11 @@ class FencingStateMachine:
     def _tick(self, now: int, args: dict[str, Any]) -> Outcome:
         # The index, not a scan: the leader TICKs every second, and a pass over 100,000
         # resources held the Raft thread for ~100 ms each time.
-        granted = 0
         for name, waiter_id in self._waiter_expiry.expired(self._resources, now, self._waiters_total):
             res = self._resources[name]  # a queued waiter keeps its resource (_settle)
             self._usage.remove(name, res)
             self._drop_waiter(res, waiter_id)  # its client stopped renewing its slot
-            granted += self._advance(name, res, now)
+            self._advance(name, res, now)
             self._settle(name, res)
         expired = self._expiry.expired(self._resources, now)
         for name in expired:
@@ -961,11 +958,11 @@ class FencingStateMachine:
                 continue  # granted anew to a waiter above
             self._usage.remove(name, res)
             res.lease = None
-            granted += self._advance(name, res, now)  # the head waiter, in this TICK
+            self._advance(name, res, now)  # the head waiter, in this TICK
             self._settle(name, res)  # an expired lease on no data: forgotten
         if self._staged_is_stale(now):
             self._staged = None  # an abandoned restore's chunks: memory back
-        return Applied(op=Op.TICK, result={"expired": len(expired), "granted": granted})
+        return Applied(op=Op.TICK, result={"expired": len(expired)})
 
     def _restore(self, now: int, args: dict[str, Any]) -> Outcome:
         """Admin restore from a backup in one entry (written by older members; the API now
