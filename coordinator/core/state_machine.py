@@ -883,6 +883,8 @@ class FencingStateMachine:
             res = self._resources.get(resource)
             lease = None if res is None else res.lease
             result["hwm"] = 0 if res is None else res.high_water_mark
+            if res is not None and res.waiters:
+                result["waiters"] = len(res.waiters)  # absent when none: older results unchanged
             result["lease"] = (
                 None
                 if lease is None or lease.expires_at_ms <= now

@@ -529,6 +529,7 @@ class LeaseServicer(pb_grpc.LeaseServicer):
             hwm=result["hwm"],
             expires_at_ms=0 if lease is None else lease["expires_at_ms"],
             log_clock_ms=result["log_clock_ms"],
+            waiters=result.get("waiters", 0),
         )
 
 

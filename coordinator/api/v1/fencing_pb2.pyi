@@ -125,7 +125,7 @@ class DescribeRequest(_message.Message):
     def __init__(self, resource: _Optional[str] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("header", "resource", "held", "holder", "token", "hwm", "expires_at_ms", "log_clock_ms")
+    __slots__ = ("header", "resource", "held", "holder", "token", "hwm", "expires_at_ms", "log_clock_ms", "waiters")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +134,7 @@ class DescribeResponse(_message.Message):
     HWM_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
     LOG_CLOCK_MS_FIELD_NUMBER: _ClassVar[int]
+    WAITERS_FIELD_NUMBER: _ClassVar[int]
     header: ResponseHeader
     resource: str
     held: bool
@@ -142,7 +143,8 @@ class DescribeResponse(_message.Message):
     hwm: int
     expires_at_ms: int
     log_clock_ms: int
-    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., resource: _Optional[str] = ..., held: _Optional[bool] = ..., holder: _Optional[str] = ..., token: _Optional[int] = ..., hwm: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., log_clock_ms: _Optional[int] = ...) -> None: ...
+    waiters: int
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., resource: _Optional[str] = ..., held: _Optional[bool] = ..., holder: _Optional[str] = ..., token: _Optional[int] = ..., hwm: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., log_clock_ms: _Optional[int] = ..., waiters: _Optional[int] = ...) -> None: ...
 
 class WriteRequest(_message.Message):
     __slots__ = ("resource", "key", "value", "token", "op_id", "expected_version")
