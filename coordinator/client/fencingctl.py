@@ -631,6 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run fencingctl; returns the exit code (the console script exits with it)."""
     parser = build_parser()
     output = "table"
+    argv, lock_cmd = lockcmd.split_command(sys.argv[1:] if argv is None else list(argv))
     try:
         args = parser.parse_args(argv)
         output = args.output
@@ -638,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
         request: dict[str, Any] = {}
         if name == "lock":
             try:
-                request = lockcmd.parse(args)
+                request = lockcmd.parse(args, lock_cmd)
             except lockcmd.LockUsage as error:
                 raise UsageError(str(error)) from None
         elif name not in ("status", "snapshot"):

@@ -48,7 +48,19 @@ def add_parser(sub: Any, command: Any) -> None:
                    help="give up waiting for the lease after S seconds (default: wait as long as it takes)")
     p.add_argument("--grace-s", dest="grace_s", metavar="S", default=str(KILL_GRACE_S_DEFAULT),
                    help=f"SIGKILL CMD this long after SIGTERM once the lease is lost (default {KILL_GRACE_S_DEFAULT:g})")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
+    # CMD is every word after the first "--", split off before argparse sees the line
+    # (split_command): argparse would take CMD's own options for fencingctl's.
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(fencingctl's words, CMD's words): for a ``lock`` command line, CMD is everything after
+    the first "--"; any other command line is left whole for argparse."""
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    if "lock" not in argv[:cut]:
+        return argv, []
+    return argv[:cut], argv[cut + 1 :]
 
 
 class LockUsage(ValueError):
@@ -67,11 +79,8 @@ def _seconds(name: str, text: str | None, high: float) -> float | None:
     return value
 
 
-def parse(args: argparse.Namespace) -> dict[str, Any]:
-    """The checked arguments of ``lock``; LockUsage names the first bad one."""
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
+def parse(args: argparse.Namespace, cmd: list[str]) -> dict[str, Any]:
+    """The checked arguments of ``lock`` and its CMD; LockUsage names the first bad one."""
     if not cmd:
         raise LockUsage("lock needs a command to run: fencingctl lock RESOURCE --ttl-ms N -- CMD...")
     try:
