@@ -137,14 +137,7 @@ def check_quota(value: object) -> dict[str, int]:
 
 def check_waiter_id(value: object) -> bytes:
     """The id of one queued lock waiter (client-chosen random bytes, sized like an op_id)."""
-    if not isinstance(value, bytes):
-        raise InvalidField("waiter_id", f"must be bytes, got {type(value).__name__}")
-    if not limits.WAITER_ID_BYTES_MIN <= len(value) <= limits.WAITER_ID_BYTES_MAX:
-        raise InvalidField(
-            "waiter_id",
-            f"is {len(value)} bytes, not in [{limits.WAITER_ID_BYTES_MIN}, {limits.WAITER_ID_BYTES_MAX}]",
-        )
-    return bytes(value)
+    return _check_id_bytes("waiter_id", value, limits.WAITER_ID_BYTES_MIN, limits.WAITER_ID_BYTES_MAX)
 
 
 def check_value(value: object) -> bytes:
@@ -155,15 +148,17 @@ def check_value(value: object) -> bytes:
     return bytes(value)
 
 
-def check_op_id(value: object) -> bytes:
+def _check_id_bytes(field: str, value: object, low: int, high: int) -> bytes:
+    """Client-chosen random id bytes (an op_id, a waiter_id) of ``low``..``high`` bytes."""
     if not isinstance(value, bytes):
-        raise InvalidField("op_id", f"must be bytes, got {type(value).__name__}")
-    if not limits.OP_ID_BYTES_MIN <= len(value) <= limits.OP_ID_BYTES_MAX:
-        raise InvalidField(
-            "op_id",
-            f"is {len(value)} bytes, not in [{limits.OP_ID_BYTES_MIN}, {limits.OP_ID_BYTES_MAX}]",
-        )
+        raise InvalidField(field, f"must be bytes, got {type(value).__name__}")
+    if not low <= len(value) <= high:
+        raise InvalidField(field, f"is {len(value)} bytes, not in [{low}, {high}]")
     return bytes(value)
+
+
+def check_op_id(value: object) -> bytes:
+    return _check_id_bytes("op_id", value, limits.OP_ID_BYTES_MIN, limits.OP_ID_BYTES_MAX)
 
 
 def check_ttl_ms(value: object) -> int:
