@@ -113,6 +113,8 @@ def test_op_numbers_never_change():
         "RESTORE_CHUNK": 12,
         "RESTORE_COMMIT": 13,
         "RESTORE_ABORT": 14,
+        "ENQUEUE": 15,
+        "DEQUEUE": 16,
     }
     assert [r.value for r in Reason] == list(range(1, 12))
     assert Reason.OP_ID_CONFLICT == 9 and Reason.MALFORMED == 1
@@ -1232,7 +1234,7 @@ BAD_SNAPSHOTS = {
     "truncated": lambda s: s[:-3],
     "not an array": lambda s: msgpack.packb({"epoch": 1}),
     "wrong magic": lambda s: corrupt(s, _set([0], "other")),
-    "newer version": lambda s: corrupt(s, _set([1], 3)),
+    "newer version": lambda s: corrupt(s, _set([1], 4)),
     "negative epoch": lambda s: corrupt(s, _set([2], -1)),
     "bool epoch": lambda s: corrupt(s, _set([2], True)),
     "hwm above epoch": lambda s: corrupt(s, _set([4, 0, 1], 99)),
@@ -1349,6 +1351,8 @@ OP_FIELDS = {
     Op.RESTORE_CHUNK: ["restore_id", "seq", "chunk"],
     Op.RESTORE_COMMIT: ["restore_id"],
     Op.RESTORE_ABORT: ["restore_id"],
+    Op.ENQUEUE: ["resource", "holder", "ttl_ms", "waiter_id"],
+    Op.DEQUEUE: ["resource", "waiter_id"],
 }
 GOOD_FIELD_VALUES = {
     "resource": st.sampled_from([R, R2]),
@@ -1368,6 +1372,7 @@ GOOD_FIELD_VALUES = {
     "digest": st.sampled_from([bytes(32), hashlib.sha256(FencingStateMachine().snapshot()).digest()]),
     "seq": st.integers(min_value=0, max_value=2),
     "chunk": st.sampled_from([FencingStateMachine().snapshot(), b"x"]),
+    "waiter_id": st.sampled_from([b"w" * 16, b"v" * 16]),
 }
 
 

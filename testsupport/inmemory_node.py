@@ -61,6 +61,7 @@ class SharedLog:
     def __init__(self) -> None:
         self.state_machine = FencingStateMachine()
         self.lock = threading.RLock()  # apply vs readers; re-entered by read(fn) callbacks
+        self.applied = threading.Condition(self.lock)  # notified after every entry (wait_applied)
         self.applied_index = 0
         self.leader: str | None = None
         self._stamp_clock = StampClock()
@@ -77,6 +78,7 @@ class SharedLog:
         with self.lock:
             self.applied_index += 1
             value = self.state_machine.apply(command, self.applied_index)
+            self.applied.notify_all()
             return applied(value, self.applied_index)
 
     def append_refused(self, refusal: Rejected) -> ProposeResult:
@@ -153,6 +155,11 @@ class InMemoryNode:
     def read(self, fn: Callable[[FencingStateMachine], Any]) -> Any:
         with self.log.lock:
             return fn(self.log.state_machine)
+
+    def wait_applied(self, fn: Callable[[FencingStateMachine], Any], timeout_s: float) -> Any:
+        """RaftNode.wait_applied: ``fn`` again after every entry, until truthy or timeout."""
+        with self.log.applied:
+            return self.log.applied.wait_for(lambda: fn(self.log.state_machine), max(0.0, timeout_s))
 
     def status(self) -> dict[str, Any]:
         with self.log.lock:

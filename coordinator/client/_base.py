@@ -49,6 +49,7 @@ from coordinator.client.exceptions import (
     AuthError,
     FencingError,
     InvalidArgument,
+    LockTimeout,
     NotApplied,
     OutcomeUnknown,
     Refused,
@@ -553,6 +554,30 @@ class _ClientBase:
             "lease", "Release", req, Kind.DEDUP, ctx, results.release_result, timeout_s=timeout_s,
         ))
 
+    def _lock_call(self, resource: str, *, ttl_ms: int, holder: str, waiter_id: bytes, wait_ms: int) -> Call:
+        """One Lock call: queue (or renew) ``waiter_id`` and wait up to ``wait_ms`` for the
+        grant. Repeating it is harmless (the waiter_id makes it one waiter), so it is retried
+        like a keep-alive."""
+        ctx = {"rpc": "lock", "resource": resource, "holder": holder}
+        req = _request(
+            pb.LockRequest, ctx, resource=resource, holder=holder, ttl_ms=ttl_ms, waiter_id=waiter_id
+        )
+        req.wait_ms = wait_ms  # not in the table: the server clamps it
+        return Call(
+            "lease", "Lock", req, Kind.REPEATABLE, ctx,
+            lambda r: LockStep.of(r, resource=resource, holder=holder, waiter_id=waiter_id),
+            extra_attempt_s=wait_ms / 1000,
+        )
+
+    def cancel_lock(self, resource: str, waiter_id: bytes, *, timeout_s: float | None = None) -> Any:
+        """Take ``waiter_id`` out of ``resource``'s lock queue; if it was granted meanwhile,
+        that lease is released. Returns the CancelLockResponse (``cancelled``, ``released``)."""
+        ctx = {"rpc": "cancel-lock", "resource": resource}
+        req = _request(pb.CancelLockRequest, ctx, resource=resource, waiter_id=waiter_id)
+        return self._execute(Call(
+            "lease", "CancelLock", req, Kind.REPEATABLE, ctx, lambda r: r, timeout_s=timeout_s,
+        ))
+
     def describe(self, resource: str, *, timeout_s: float | None = None) -> Description:
         """The resource's lease and hwm, linearizable (read through the log)."""
         ctx = {"rpc": "describe", "resource": resource}
@@ -730,6 +755,82 @@ def _restore_messages(data: bytes, epoch_floor: int) -> Iterable[pb.RestoreStrea
     for offset in range(0, len(data), limits.BACKUP_CHUNK_BYTES):
         piece = bytes(view[offset : offset + limits.BACKUP_CHUNK_BYTES])
         yield pb.RestoreStreamRequest(epoch_floor=epoch_floor if offset == 0 else 0, data=piece)
+
+
+@dataclasses.dataclass(frozen=True)
+class LockStep:
+    """What one Lock call answered: the grant, or whether the waiter is still queued."""
+
+    acquired: AcquireResult | None
+    queued: bool
+    position: int
+
+    @classmethod
+    def of(cls, r: pb.LockResponse, *, resource: str, holder: str, waiter_id: bytes) -> LockStep:
+        acquired = None
+        if r.granted:
+            acquired = AcquireResult(
+                resource=resource, holder=holder, token=r.token, lease_id=r.lease_id or r.token,
+                expires_at_ms=r.expires_at_ms, op_id=waiter_id, header=results.header_from_pb(r.header),
+                token_proof=r.token_proof,
+            )
+        return cls(acquired=acquired, queued=r.queued, position=r.position)
+
+
+# A Lock call the server answered without waiting (its waiter gate was full) is repeated after
+# this pause, not at once: each call is a Raft entry, and the gate frees as grants come.
+LOCK_BUSY_PAUSE_S = 0.5
+
+
+class LockWait:
+    """The bookkeeping of one ``lock()``, shared by the sync and asyncio loops: the waiter's
+    id, the deadline, which call to make next and how long to pause after an answer."""
+
+    def __init__(self, client: _ClientBase, resource: str, *, ttl_ms: int, holder: str | None,
+                 timeout_s: float | None) -> None:
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive (or None: no deadline), got {timeout_s!r}")
+        self.client = client
+        self.resource = resource
+        self.ttl_ms = ttl_ms
+        self.holder = _default_holder() if holder is None else holder
+        self.timeout_s = timeout_s
+        self.waiter_id = new_op_id()
+        now = time.monotonic()
+        self.deadline = None if timeout_s is None else now + timeout_s
+        # Send time of the call before the last one: the grant applied after that call was
+        # answered "queued", so this bounds the lease's start from below (LeaseBase._renewed_at).
+        self.granted_after = now
+        self._sent_at = now
+        self._wait_s = 0.0
+
+    def next_call(self) -> Call | None:
+        """The next Lock call, or None once the deadline has passed."""
+        now = time.monotonic()
+        left_ms = limits.LOCK_WAIT_MS_MAX if self.deadline is None else int((self.deadline - now) * 1000)
+        if left_ms <= 0:
+            return None
+        wait_ms = min(left_ms, limits.LOCK_WAIT_MS_MAX)
+        self.granted_after, self._sent_at, self._wait_s = self._sent_at, now, wait_ms / 1000
+        return self.client._lock_call(
+            self.resource, ttl_ms=self.ttl_ms, holder=self.holder, waiter_id=self.waiter_id, wait_ms=wait_ms
+        )
+
+    def pause_s(self, step: LockStep) -> float:
+        """After a call that was not granted: how long to pause before the next one."""
+        if not step.queued:
+            # Dropped (its slot expired while this client was away, or an admin fenced every
+            # resource): queue again, at the tail, under a new id.
+            self.client._log.info("lock waiter on %s left the queue; queueing again", self.resource)
+            self.waiter_id = new_op_id()
+            return 0.0
+        if time.monotonic() - self._sent_at < self._wait_s / 2:
+            left = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+            return LOCK_BUSY_PAUSE_S if left is None else min(LOCK_BUSY_PAUSE_S, left)
+        return 0.0
+
+    def timed_out(self) -> LockTimeout:
+        return LockTimeout(request={"rpc": "lock", "resource": self.resource, "timeout_s": self.timeout_s})
 
 
 class LeaseBase:

@@ -33,6 +33,7 @@ from coordinator.client._base import (
     Call,
     KeepAliveAction,
     LeaseBase,
+    LockWait,
     Renewal,
     Shape,
     Stubs,
@@ -146,7 +147,46 @@ class AsyncFencingClient(_ClientBase):
         log.debug("leader discovery: %s", leader or "no leader among the endpoints")
         return leader
 
-    # -- the lease helper ----------------------------------------------------------------
+    # -- the lease helpers ---------------------------------------------------------------
+
+    async def lock(
+        self,
+        resource: str,
+        *,
+        ttl_ms: int,
+        timeout_s: float | None = None,
+        holder: str | None = None,
+        on_lost: Callable[[LeaseLost], Any] | None = None,
+    ) -> AsyncLease:
+        """``FencingClient.lock`` for asyncio: wait in the FIFO queue until granted, the
+        deadline passes (LockTimeout), the client closes (RuntimeError) or the task is
+        cancelled; in every case but the grant the waiter leaves the queue."""
+        wait = LockWait(self, resource, ttl_ms=ttl_ms, holder=holder, timeout_s=timeout_s)
+        try:
+            while True:
+                call = wait.next_call()
+                if call is None:
+                    raise wait.timed_out()
+                step = await self._execute(call)
+                if step.acquired is not None:
+                    lease = AsyncLease(self, step.acquired, ttl_ms=ttl_ms, on_lost=on_lost, sent_at=wait.granted_after)
+                    self._leases.add(lease)
+                    lease._start_keepalive()
+                    return lease
+                pause_s = wait.pause_s(step)
+                if pause_s > 0:
+                    await asyncio.sleep(pause_s)
+        except BaseException as exc:
+            closed = self._closed
+            if not closed:
+                try:
+                    # Shielded: a cancelled lock() still leaves the queue.
+                    await asyncio.shield(self.cancel_lock(resource, wait.waiter_id, timeout_s=self._attempt_timeout_s))
+                except (FencingError, RuntimeError, asyncio.CancelledError) as cancel_error:
+                    log.info("leaving the lock queue of %s failed: %r", resource, cancel_error)
+            if closed and not isinstance(exc, (RuntimeError, asyncio.CancelledError)):
+                raise RuntimeError("the AsyncFencingClient was closed while lock() waited") from exc
+            raise
 
     def lease(
         self,

@@ -38,6 +38,8 @@ The tree answers the first question a caller has after a failed mutation, "did i
     │   └── AuthError
     │       ├── Unauthenticated      no credential where one is needed
     │       └── PermissionDenied     the principal may not do this
+    ├── LockTimeout                  client-side: lock()'s deadline passed before the grant
+    │                                (its waiter left the queue)
     ├── ServerError                  any other status (INTERNAL, UNIMPLEMENTED, ...);
     │                                for a mutation treat it like OutcomeUnknown
     └── LeaseLost                    client-side, advisory: a Lease could not be renewed
@@ -78,6 +80,7 @@ __all__ = [
     "LeaseHeld",
     "LeaseLost",
     "LimitExceeded",
+    "LockTimeout",
     "NoLeader",
     "NotApplied",
     "OpIdConflict",
@@ -457,6 +460,18 @@ class ServerError(FencingError):
     def _describe(self) -> str:
         code = self.code.name if self.code is not None else "?"
         return f"{code}: {self.server_message or 'no detail'}"
+
+
+class LockTimeout(FencingError):
+    """Client-side: ``lock()`` gave up at its ``timeout_s`` before the lease was granted. Its
+    waiter was taken out of the queue (or, if that failed, its slot expires within
+    limits.LOCK_WAITER_TTL_MS; a grant that crossed the cancel is released by it)."""
+
+    category = "timeout"
+
+    def _describe(self) -> str:
+        waited = self.request.get("timeout_s", "?")
+        return f"{self.resource or '?'} was not granted within {waited} s"
 
 
 class LeaseLost(FencingError):

@@ -20,6 +20,10 @@ Usage::
               (or --value-file PATH instead of VALUE; "-" is stdin)
     read      RESOURCE KEY
     delete    RESOURCE KEY --token N [--op-id HEX]
+    lock      RESOURCE --ttl-ms N [--holder H] [--wait-s S] [--grace-s S] -- CMD...
+              (waits in line for the lease, runs CMD with FENCING_TOKEN, FENCING_RESOURCE,
+              FENCING_TOKEN_PROOF; stops CMD if the lease is lost; exits with CMD's status:
+              coordinator/client/lockcmd.py)
     admin force-release   RESOURCE [--op-id HEX]
     admin set-epoch-floor FLOOR [--no-fence-all]
     admin snapshot        --out FILE
@@ -82,7 +86,7 @@ from typing import Any, Callable
 
 from coordinator.client import exceptions as exc
 from coordinator.core import limits, validation
-from coordinator.client import proof
+from coordinator.client import lockcmd, proof
 from coordinator.client.sync import DEFAULT_ENDPOINTS, FencingClient, tls_credentials
 from coordinator.client.version import distribution_version
 
@@ -398,6 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token")
     p.add_argument("--op-id", dest="op_id", metavar="HEX")
 
+    lockcmd.add_parser(sub, command)
+
     admin = sub.add_parser("admin", help="admin commands (need a credential)")
     admin_sub = admin.add_subparsers(dest="admin_command", metavar="ADMIN_COMMAND", parser_class=_Parser)
     admin_sub.required = True
@@ -700,6 +706,7 @@ def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     parser.add_argument("--version", action="version", version=f"%(prog)s {distribution_version()}")
     output = "table"
+    argv, lock_cmd = lockcmd.split_command(sys.argv[1:] if argv is None else list(argv))
     try:
         args = parser.parse_args(argv)
         output = args.output
@@ -707,7 +714,12 @@ def _main(argv: list[str] | None) -> int:
         if name == "member":
             name = f"member-{args.member_command}"  # arguments only, checked by the server too
         request: dict[str, Any] = {}
-        if name not in ("status", "snapshot") and not name.startswith("member-"):
+        if name == "lock":
+            try:
+                request = lockcmd.parse(args, lock_cmd)
+            except lockcmd.LockUsage as error:
+                raise UsageError(str(error)) from None
+        elif name not in ("status", "snapshot") and not name.startswith("member-"):
             if name == "restore":
                 raw_args = {"epoch_floor": args.epoch_floor} if args.epoch_floor is not None else {}
                 if args.json is not None:
@@ -748,6 +760,8 @@ def _main(argv: list[str] | None) -> int:
 
     with client:
         try:
+            if name == "lock":
+                return lockcmd.run(client, request)
             _run(client, args, name, request)
         except exc.FencingError as error:
             code = exit_code_for(error)

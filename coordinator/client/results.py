@@ -118,6 +118,7 @@ class Description(_Result):
     expires_at_ms: int
     log_clock_ms: int
     header: Header
+    waiters: int = 0  # lock waiters queued behind the holder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +246,7 @@ def description(r: pb.DescribeResponse, *, resource: str):
         expires_at_ms=r.expires_at_ms,
         log_clock_ms=r.log_clock_ms,
         header=header_from_pb(r.header),
+        waiters=r.waiters,
     )
 
 

@@ -61,6 +61,7 @@ from coordinator.client._base import (
     Call,
     KeepAliveAction,
     LeaseBase,
+    LockWait,
     Renewal,
     Shape,
     _ClientBase,
@@ -262,7 +263,50 @@ class FencingClient(_ClientBase):
         log.debug("leader discovery: %s", leader or "no leader among the endpoints")
         return leader
 
-    # -- the lease helper ----------------------------------------------------------------
+    # -- the lease helpers ---------------------------------------------------------------
+
+    def lock(
+        self,
+        resource: str,
+        *,
+        ttl_ms: int,
+        timeout_s: float | None = None,
+        holder: str | None = None,
+        on_lost: Callable[[LeaseLost], None] | None = None,
+    ) -> Lease:
+        """Block until ``resource``'s lease is granted to this caller, in arrival order among
+        everyone waiting (a FIFO queue in the replicated state), and return it as a ``Lease``
+        that renews itself like ``lease()``'s. Raises LockTimeout once ``timeout_s`` passes
+        (None: no deadline), RuntimeError if the client is closed meanwhile; either way the
+        waiter leaves the queue. While it waits, one Lock call (one Raft entry) per
+        limits.LOCK_WAIT_MS_MAX keeps its place; the grant itself is the entry that ended the
+        previous lease.
+        """
+        wait = LockWait(self, resource, ttl_ms=ttl_ms, holder=holder, timeout_s=timeout_s)
+        try:
+            while True:
+                call = wait.next_call()
+                if call is None:
+                    raise wait.timed_out()
+                step = self._execute(call)
+                if step.acquired is not None:
+                    lease = Lease(self, step.acquired, ttl_ms=ttl_ms, on_lost=on_lost, sent_at=wait.granted_after)
+                    self._leases.add(lease)
+                    lease._start_keepalive()
+                    return lease
+                pause_s = wait.pause_s(step)
+                if pause_s > 0:
+                    time.sleep(pause_s)
+        except BaseException as exc:
+            closed = self._closed
+            if not closed:
+                try:
+                    self.cancel_lock(resource, wait.waiter_id, timeout_s=self._attempt_timeout_s)
+                except (FencingError, RuntimeError) as cancel_error:  # its slot expires by itself
+                    log.info("leaving the lock queue of %s failed: %s", resource, cancel_error)
+            if closed and not isinstance(exc, RuntimeError):
+                raise RuntimeError("the FencingClient was closed while lock() waited") from exc
+            raise
 
     def lease(
         self,

@@ -53,6 +53,12 @@ class Op(enum.IntEnum):
     RESTORE_CHUNK = 12
     RESTORE_COMMIT = 13
     RESTORE_ABORT = 14
+    # The lock wait queue: ENQUEUE adds (or renews) a FIFO waiter for a resource's lease, and
+    # grants it at once when the lease is free and nobody is ahead; DEQUEUE takes it out (and
+    # releases the lease if it was granted meanwhile). RELEASE, FORCE_RELEASE and TICK grant
+    # the head waiter in the same entry that ends a lease.
+    ENQUEUE = 15
+    DEQUEUE = 16
 
 
 class MalformedCommand(ValueError):
@@ -189,9 +195,9 @@ CHARGE_FIELDS = frozenset({"principal", "quota"})
 
 def charged(command: Command, *, principal: str, quota: dict[str, int]) -> Command:
     """``command`` charged to ``principal`` under ``quota`` (empty: no maximum), for the ops
-    whose effect a quota counts: an ACQUIRE (principal and quota) and a WRITE (quota; its
+    whose effect a quota counts: an ACQUIRE or ENQUEUE (principal and quota) and a WRITE (quota; its
     bytes count against the resource's owner). Any other command is returned unchanged."""
-    if command.op is Op.ACQUIRE:
+    if command.op in (Op.ACQUIRE, Op.ENQUEUE):
         extra: dict[str, Any] = {"principal": principal}
         if quota:
             extra["quota"] = dict(quota)
@@ -300,3 +306,15 @@ def restore_commit(*, restore_id: bytes, stamp_ms: int) -> Command:
 def restore_abort(*, restore_id: bytes, stamp_ms: int) -> Command:
     """Admin: drop the staged backup of restore ``restore_id`` (nothing else changes)."""
     return Command(Op.RESTORE_ABORT, stamp_ms, {"restore_id": restore_id})
+
+
+def enqueue(*, resource: str, holder: str, ttl_ms: int, waiter_id: bytes, stamp_ms: int) -> Command:
+    """Queue ``waiter_id`` for the lease on ``resource`` (a lease of ``ttl_ms`` once granted),
+    or renew its place if it is queued already."""
+    body = {"resource": resource, "holder": holder, "ttl_ms": ttl_ms, "waiter_id": waiter_id}
+    return Command(Op.ENQUEUE, stamp_ms, body)
+
+
+def dequeue(*, resource: str, waiter_id: bytes, stamp_ms: int) -> Command:
+    """Take ``waiter_id`` out of ``resource``'s queue; release its lease if it was granted."""
+    return Command(Op.DEQUEUE, stamp_ms, {"resource": resource, "waiter_id": waiter_id})

@@ -152,3 +152,25 @@ ACQUIRE_WAIT_MS_MAX = 30_000
 # Items in one KeepAliveMany call: each item is one Raft entry; 1,000 keep-alives fit in
 # well under a second and bound the work one call can queue.
 KEEP_ALIVE_BATCH_ITEMS_MAX = 1_000
+
+# -- the lock wait queue (FIFO waiters per resource; state_machine ENQUEUE/DEQUEUE) ---------
+# Waiters queued on one resource: a queue longer than this waits minutes behind short leases,
+# and each waiter is replicated state; past it an ENQUEUE is refused LIMIT_EXCEEDED.
+LOCK_WAITERS_PER_RESOURCE_MAX = 64
+# Waiters one principal may have queued across all resources: a tenant cannot fill the
+# cluster's queue (LOCK_WAITERS_MAX) alone.
+LOCK_WAITERS_PER_PRINCIPAL_MAX = 256
+# Waiters in the whole cluster: each costs ~400 B of every member's memory and snapshot, so
+# 10,000 keep the queue within ~4 MB.
+LOCK_WAITERS_MAX = 10_000
+# A waiter whose client stops renewing its slot (a Lock call renews it) is dropped this long
+# after its last renewal: long enough for four server-side waits of LOCK_WAIT_MS_MAX plus an
+# election, short enough that a vanished client leaves the queue within half a minute.
+LOCK_WAITER_TTL_MS = 30_000
+# One Lock call waits server-side at most this long for its grant (it holds a gRPC worker
+# thread and an acquire_waiters_max slot), then answers "still queued" and the client calls
+# again: one ENQUEUE renewal entry per waiter per 5 s, never a poll per 100 ms.
+LOCK_WAIT_MS_MAX = 5_000
+# A waiter's id: client-chosen random bytes, sized like an op_id.
+WAITER_ID_BYTES_MIN = 16
+WAITER_ID_BYTES_MAX = 64

@@ -23,13 +23,15 @@ from coordinator.core import limits
 from coordinator.core import validation
 from coordinator.core.commands import Op
 from coordinator.core.outcomes import Applied, is_flat_map, is_int, outcome_from_wire, outcome_to_wire
-from coordinator.core.state import DedupEntry, Lease, ResourceState, StagedRestore, entry_bytes
+from coordinator.core.state import DedupEntry, Lease, ResourceState, StagedRestore, Waiter, entry_bytes
 from coordinator.core.validation import InvalidField
 
-# Version of the snapshot layout written by snapshot(); 2 added the staged restore (a 7th item).
-# Version 1 (6 items, nothing staged) is still read; any other is refused.
-SNAPSHOT_FORMAT_VERSION = 2
-SNAPSHOT_FORMAT_VERSIONS_READ = (1, 2)
+# Version of the snapshot layout written by snapshot(); 2 added the staged restore (a 7th item);
+# 3 the lock queue (a resource's 7th item, its waiters; a lease's 5th, the waiter it was granted
+# to), which a version-2 reader would refuse rather than misread. Versions 1 and 2 (no queue)
+# are still read; any other is refused.
+SNAPSHOT_FORMAT_VERSION = 3
+SNAPSHOT_FORMAT_VERSIONS_READ = (1, 2, 3)
 SNAPSHOT_MAGIC = "fencing-coordinator/state"
 
 
@@ -227,7 +229,7 @@ def _read_steps(tallies: dict[str, Any], keep_dedup: bool):
     previous_name: str | None = None
     keys_total = stored_bytes_total = 0
     for _ in range(count):
-        res, name = _read_resource((yield _ITEM, ""), previous_name, epoch, log_clock_ms)
+        res, name = _read_resource((yield _ITEM, ""), previous_name, epoch, log_clock_ms, version)
         previous_name = name
         if not keys_records or len(res.data) > keys_records[-1][1]:
             keys_records.append((name, len(res.data)))
@@ -251,19 +253,26 @@ def _read_steps(tallies: dict[str, Any], keep_dedup: bool):
     return Parts(epoch, log_clock_ms, resources, dedup, staged)
 
 
-def _read_resource(item: object, previous_name: str | None, epoch: int, log_clock_ms: int):
+def _read_resource(item: object, previous_name: str | None, epoch: int, log_clock_ms: int, version: int = 3):
     """(the resource, its name) of one resources item, every field checked."""
-    # 5 items: no owner (written before quotas, or never acquired by a principal).
-    _need(isinstance(item, list) and len(item) in (5, 6), "a resource must be 5 or 6 items")
-    name, hwm, revision, raw_lease, raw_data, owner = item if len(item) == 6 else (*item, "")
+    # 5 items: no owner (written before quotas, or never acquired by a principal); 7: waiters
+    # queued (format 3 on).
+    lengths = (5, 6, 7) if version >= 3 else (5, 6)
+    _need(isinstance(item, list) and len(item) in lengths, "a resource must be %s items", " or ".join(map(str, lengths)))
+    name, hwm, revision, raw_lease, raw_data, owner, raw_waiters = (*item, "", None)[:7] if len(item) == 5 else (
+        (*item, None) if len(item) == 6 else item
+    )
     name = _need_field(validation.check_resource, name, "resource name")
     _need(previous_name is None or name > previous_name, "resources must be sorted, unique")
     hwm = _need_int(hwm, 1, epoch, "hwm of %r", name)
     revision = _need_int(revision, 0, limits.REVISION_MAX, "revision of %r", name)
     lease = None
     if raw_lease is not None:
-        _need(isinstance(raw_lease, list) and len(raw_lease) == 4, "lease must be 4 items")
-        holder, token, ttl_ms, expires_at_ms = raw_lease
+        lease_lengths = (4, 5) if version >= 3 else (4,)
+        _need(isinstance(raw_lease, list) and len(raw_lease) in lease_lengths, "lease must be 4 items (5: granted to a waiter)")
+        holder, token, ttl_ms, expires_at_ms, waiter_id = raw_lease if len(raw_lease) == 5 else (*raw_lease, b"")
+        if len(raw_lease) == 5:
+            waiter_id = _need_field(validation.check_waiter_id, waiter_id, "lease waiter_id of %r", name)
         holder = _need_field(validation.check_holder, holder, "lease holder of %r", name)
         _need(token == hwm and is_int(token), "lease token of %r must equal its hwm", name)
         ttl_ms = _need_field(validation.check_ttl_ms, ttl_ms, "lease ttl_ms of %r", name)
@@ -275,6 +284,7 @@ def _read_resource(item: object, previous_name: str | None, epoch: int, log_cloc
             expires_at_ms=_need_int(
                 expires_at_ms, ttl_ms, log_clock_ms + ttl_ms, "lease expiry of %r", name
             ),
+            waiter_id=waiter_id,
         )
     _need(isinstance(raw_data, list), "data of %r must be an array", name)
     data: dict[str, tuple[bytes, int]] = {}
@@ -291,16 +301,45 @@ def _read_resource(item: object, previous_name: str | None, epoch: int, log_cloc
         _need(key_version not in versions, "two keys of %r share a version", name)
         versions.add(key_version)
         data[key] = (value, key_version)
-    if len(item) == 6:
+    if len(item) == 6 or (len(item) == 7 and owner != ""):
         try:
             validation.check_principal(owner)
         except InvalidField as exc:
             raise ValueError(f"bad snapshot: owner of {name!r}: {exc}") from None
+    waiters = {} if raw_waiters is None else _read_waiters(raw_waiters, name, log_clock_ms)
     stored_bytes = sum(entry_bytes(key, value) for key, (value, _) in data.items())
     res = ResourceState(
         high_water_mark=hwm, lease=lease, revision=revision, data=data, owner=owner, stored_bytes=stored_bytes,
+        waiters=waiters,
     )
     return res, name
+
+
+def _read_waiters(raw: object, name: str, log_clock_ms: int) -> dict[bytes, Waiter]:
+    """A resource's queue, in FIFO order: non-empty (an empty one is written as no item), at
+    most LOCK_WAITERS_PER_RESOURCE_MAX, ids unique, each slot ending no later than a renewal
+    at the log clock would set it."""
+    _need(isinstance(raw, list) and raw, "waiters of %r must be a non-empty array", name)
+    _need_count(len(raw), limits.LOCK_WAITERS_PER_RESOURCE_MAX, "waiters of %r", name)
+    waiters: dict[bytes, Waiter] = {}
+    for entry in raw:
+        _need(isinstance(entry, list) and len(entry) == 6, "a waiter of %r must be 6 items", name)
+        waiter_id, holder, ttl_ms, expires_at_ms, principal, quota = entry
+        waiter_id = _need_field(validation.check_waiter_id, waiter_id, "a waiter id of %r", name)
+        _need(waiter_id not in waiters, "waiter ids of %r must be unique", name)
+        if principal != "":
+            principal = _need_field(validation.check_principal, principal, "a waiter principal of %r", name)
+        waiters[waiter_id] = Waiter(
+            waiter_id=waiter_id,
+            holder=_need_field(validation.check_holder, holder, "a waiter holder of %r", name),
+            ttl_ms=_need_field(validation.check_ttl_ms, ttl_ms, "a waiter ttl_ms of %r", name),
+            expires_at_ms=_need_int(
+                expires_at_ms, 0, log_clock_ms + limits.LOCK_WAITER_TTL_MS, "a waiter expiry of %r", name
+            ),
+            principal=principal,
+            quota=_need_field(validation.check_quota, quota, "a waiter quota of %r", name),
+        )
+    return waiters
 
 
 def _read_dedup(

@@ -23,6 +23,27 @@ class Lease:
     token: int
     ttl_ms: int
     expires_at_ms: int
+    # The queued waiter this lease was granted to (b"": an ACQUIRE's): how that waiter's
+    # Lock call learns of its grant, and what its DEQUEUE releases.
+    waiter_id: bytes = b""
+
+
+@dataclasses.dataclass
+class Waiter:
+    """One queued lock waiter: the lease it asks for, and until when its slot lives (renewed
+    by each ENQUEUE of the same id). ``principal`` and ``quota`` are its ENQUEUE's: the grant
+    is charged to that principal, as an ACQUIRE would be."""
+
+    waiter_id: bytes
+    holder: str
+    ttl_ms: int
+    expires_at_ms: int
+    principal: str = ""
+    quota: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def to_wire(self) -> list:
+        return [self.waiter_id, self.holder, self.ttl_ms, self.expires_at_ms, self.principal,
+                dict(sorted(self.quota.items()))]
 
 
 @dataclasses.dataclass
@@ -38,6 +59,8 @@ class ResourceState:
     owner: str = ""
     # Keys + values of ``data``: derived (never in a snapshot), kept so a quota check is O(1).
     stored_bytes: int = 0
+    # The lock wait queue, in arrival order (FIFO): waiter_id -> Waiter.
+    waiters: dict[bytes, Waiter] = dataclasses.field(default_factory=dict)
 
 
 def entry_bytes(key: str, value: bytes) -> int:
@@ -54,7 +77,9 @@ def _remove_from(table: dict[str, set[str]], owner: str, name: str) -> None:
 
 
 class Usage:
-    """What each principal owns: resources, resources with a stored lease, stored bytes.
+    """What each principal owns: resources, resources with a stored lease, stored bytes, and
+    the lock waiters it has queued (``waiting``: each may become a lease and a resource, so
+    quotas count it as both until it is granted or leaves).
 
     Derived from the resources alone (``of``), so it is the same on every replica and after
     any restore. Callers ``remove`` a resource before changing its owner, lease or data and
@@ -66,6 +91,7 @@ class Usage:
         self.owned: dict[str, set[str]] = {}
         self.leased: dict[str, set[str]] = {}
         self.stored_bytes: dict[str, int] = {}
+        self.waiting: dict[str, int] = {}
 
     @classmethod
     def of(cls, resources: dict[str, ResourceState]) -> Usage:
@@ -75,6 +101,8 @@ class Usage:
         return usage
 
     def add(self, name: str, res: ResourceState) -> None:
+        for waiter in res.waiters.values():
+            self.wait(waiter.principal, 1)
         if not res.owner:
             return
         self.owned.setdefault(res.owner, set()).add(name)
@@ -83,7 +111,19 @@ class Usage:
         if res.stored_bytes:
             self.stored_bytes[res.owner] = self.stored_bytes.get(res.owner, 0) + res.stored_bytes
 
+    def wait(self, principal: str, delta: int) -> None:
+        """``principal`` queued (+1) or stopped waiting (-1) once."""
+        if not principal:
+            return
+        left = self.waiting.get(principal, 0) + delta
+        if left:
+            self.waiting[principal] = left
+        else:
+            del self.waiting[principal]
+
     def remove(self, name: str, res: ResourceState) -> None:
+        for waiter in res.waiters.values():
+            self.wait(waiter.principal, -1)
         if not res.owner:
             return
         _remove_from(self.owned, res.owner, name)

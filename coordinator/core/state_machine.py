@@ -34,7 +34,7 @@ import msgpack
 
 from coordinator.core import limits
 from coordinator.core import validation
-from coordinator.core.expiry import ExpiryIndex
+from coordinator.core.expiry import ExpiryIndex, WaiterExpiryIndex
 from coordinator.core.outcomes import (
     Applied,
     Outcome,
@@ -52,7 +52,15 @@ from coordinator.core.snapshot_format import (
     SnapshotReader,
     parse_snapshot,
 )
-from coordinator.core.state import DedupEntry, Lease, ResourceState, StagedRestore, Usage, entry_bytes
+from coordinator.core.state import (
+    DedupEntry,
+    Lease,
+    ResourceState,
+    StagedRestore,
+    Usage,
+    Waiter,
+    entry_bytes,
+)
 from coordinator.core.validation import InvalidField
 from coordinator.core.commands import (
     Command,
@@ -104,6 +112,7 @@ _FIELD_CHECKS: dict[str, Callable[[object], Any]] = {
     "digest": validation.check_digest,
     "seq": validation.check_seq,
     "chunk": validation.check_chunk,
+    "waiter_id": validation.check_waiter_id,
 }
 
 # op -> (required fields, optional fields). An optional field that is nil counts as absent.
@@ -128,6 +137,11 @@ _SCHEMAS: dict[Op, tuple[frozenset[str], frozenset[str]]] = {
     Op.RESTORE_CHUNK: (frozenset({"restore_id", "seq", "chunk"}), frozenset()),
     Op.RESTORE_COMMIT: (frozenset({"restore_id"}), frozenset()),
     Op.RESTORE_ABORT: (frozenset({"restore_id"}), frozenset()),
+    Op.ENQUEUE: (
+        frozenset({"resource", "holder", "ttl_ms", "waiter_id"}),
+        frozenset({"principal", "quota"}),
+    ),
+    Op.DEQUEUE: (frozenset({"resource", "waiter_id"}), frozenset()),
 }
 assert set(_SCHEMAS) == set(Op), "every op needs a schema"
 assert all(f in _FIELD_CHECKS for req, opt in _SCHEMAS.values() for f in req | opt)
@@ -165,7 +179,7 @@ def _parse_body(op: Op, body: dict[str, Any]) -> dict[str, Any]:
             args[name] = None if value is None else check(value)
     if op is Op.READ_BARRIER and args["key"] is not None and args["resource"] is None:
         raise InvalidField("key", "needs a resource")
-    if op is Op.ACQUIRE and args["quota"] is not None and args["principal"] is None:
+    if op in (Op.ACQUIRE, Op.ENQUEUE) and args["quota"] is not None and args["principal"] is None:
         raise InvalidField("quota", "needs a principal")
     return args
 
@@ -234,6 +248,8 @@ class FencingStateMachine:
         self._log_clock_ms = 0
         self._resources: dict[str, ResourceState] = {}
         self._expiry = ExpiryIndex()  # derived from _resources: what a TICK expires, found fast
+        self._waiter_expiry = WaiterExpiryIndex()  # derived too: which queued waiters a TICK drops
+        self._waiters_total = 0  # queued lock waiters across all resources (derived)
         self._usage = Usage()
         self._dedup: collections.OrderedDict[bytes, DedupEntry] = collections.OrderedDict()
         # Keys and their bytes across all resources (derived, like usage), against the
@@ -256,6 +272,8 @@ class FencingStateMachine:
             Op.RESTORE_CHUNK: self._restore_chunk,
             Op.RESTORE_COMMIT: self._restore_commit,
             Op.RESTORE_ABORT: self._restore_abort,
+            Op.ENQUEUE: self._enqueue,
+            Op.DEQUEUE: self._dequeue,
         }
         assert set(self._handlers) == set(Op), "every op needs a handler"
 
@@ -451,7 +469,7 @@ class FencingStateMachine:
     def _settle(self, name: str, res: ResourceState) -> None:
         """After ``res`` changed (its usage removed first): forget it if it holds nothing --
         no lease, no data -- else count it for its owner again."""
-        if res.lease is None and not res.data:
+        if res.lease is None and not res.data and not res.waiters:
             del self._resources[name]
         else:
             self._usage.add(name, res)
@@ -459,7 +477,8 @@ class FencingStateMachine:
     def _live_owned(self, principal: str, now: int, besides: str) -> tuple[int, int, list[str]]:
         """(live resources, live leases, idle resources) owned by ``principal``, ``besides``
         not counted. Live: a lease not yet expired at ``now``, or stored data. Idle: neither."""
-        live_resources = live_leases = 0
+        # A queued waiter may become a lease on a resource at any TICK: counted as both.
+        live_resources = live_leases = self._usage.waiting.get(principal, 0)
         idle: list[str] = []
         for name in self._usage.owned.get(principal, ()):
             if name == besides:
@@ -490,9 +509,10 @@ class FencingStateMachine:
         leases_max = quota.get("leases")
         stored_bytes_max = quota.get("stored_bytes")
         idle: list[str] = []
+        waiting = self._usage.waiting.get(principal, 0)
         at_quota = (
-            resources_max is not None and len(owned) - (resource in owned) >= resources_max
-        ) or (leases_max is not None and len(leased) - (resource in leased) >= leases_max)
+            resources_max is not None and len(owned) - (resource in owned) + waiting >= resources_max
+        ) or (leases_max is not None and len(leased) - (resource in leased) + waiting >= leases_max)
         if at_quota:
             live_resources, live_leases, idle = self._live_owned(principal, now, resource)
             for name, live, maximum in (
@@ -569,6 +589,20 @@ class FencingStateMachine:
         resource = args["resource"]
         res = self._resources.get(resource)
         lease = None if res is None else res.lease
+        if res is not None and res.waiters:
+            # The queue goes first (FIFO): an ACQUIRE never jumps it, not even in the moment
+            # between a lease's expiry and the TICK that grants the head waiter.
+            head = next(iter(res.waiters.values()))
+            return Rejected(
+                op=Op.ACQUIRE,
+                reason=Reason.LEASE_HELD,
+                message=f"{resource!r} has {len(res.waiters)} lock waiter(s) queued; {head.holder!r} is next",
+                details={
+                    "holder": head.holder if lease is None else lease.holder,
+                    "expires_at_ms": 0 if lease is None else lease.expires_at_ms,
+                    "token": 0 if lease is None else lease.token,
+                },
+            )
         if lease is not None and lease.expires_at_ms > now:
             return Rejected(
                 op=Op.ACQUIRE,
@@ -595,16 +629,7 @@ class FencingStateMachine:
             res = self._resources[resource] = ResourceState()
         else:
             self._usage.remove(resource, res)
-        res.owner = principal or ""
-        self._epoch += 1
-        res.high_water_mark = self._epoch  # fence on acquire (I2)
-        res.lease = Lease(
-            holder=args["holder"],
-            token=self._epoch,
-            ttl_ms=args["ttl_ms"],
-            expires_at_ms=now + args["ttl_ms"],
-        )
-        self._expiry.add(res.lease.expires_at_ms, resource)
+        self._issue(resource, res, now, args["holder"], args["ttl_ms"], principal or "")
         self._usage.add(resource, res)
         return Applied(
             op=Op.ACQUIRE,
@@ -614,6 +639,141 @@ class FencingStateMachine:
                 "hwm": res.high_water_mark,
             },
         )
+
+    def _issue(self, name: str, res: ResourceState, now: int, holder: str, ttl_ms: int, principal: str,
+               waiter_id: bytes = b"") -> None:
+        """Grant ``name``'s lease with a new token (the caller checked the epoch and removed
+        ``res`` from the usage; it adds it back)."""
+        res.owner = principal
+        self._epoch += 1
+        res.high_water_mark = self._epoch  # fence on acquire (I2)
+        res.lease = Lease(
+            holder=holder, token=self._epoch, ttl_ms=ttl_ms, expires_at_ms=now + ttl_ms, waiter_id=waiter_id
+        )
+        self._expiry.add(res.lease.expires_at_ms, name)
+
+    def _drop_waiter(self, res: ResourceState, waiter_id: bytes) -> None:
+        del res.waiters[waiter_id]
+        self._waiters_total -= 1
+
+    def _advance(self, name: str, res: ResourceState, now: int) -> None:
+        """While ``name``'s lease is free (none, or expired by ``now``), grant it to the head
+        waiter, in this same entry: one entry per grant, none per waiting client. A head
+        waiter whose slot expired, or whose principal's quota no longer allows the lease, is
+        dropped and the next one tried. With every token issued (TOKEN_MAX) nobody is granted.
+        The caller removed ``res`` from the usage and adds it back (``_settle``)."""
+        while res.waiters and (res.lease is None or res.lease.expires_at_ms <= now):
+            waiter = next(iter(res.waiters.values()))
+            if waiter.expires_at_ms <= now:
+                self._drop_waiter(res, waiter.waiter_id)
+                continue
+            if self._epoch >= limits.TOKEN_MAX:
+                return
+            if waiter.principal and waiter.quota:
+                refusal, _idle = self._quota_refusal(name, res, now, waiter.principal, waiter.quota)
+                if refusal is not None:
+                    self._drop_waiter(res, waiter.waiter_id)
+                    continue
+            self._drop_waiter(res, waiter.waiter_id)
+            self._issue(name, res, now, waiter.holder, waiter.ttl_ms, waiter.principal, waiter.waiter_id)
+            return
+
+    def lock_state(self, resource: str, waiter_id: bytes, *, now_ms: int | None = None) -> dict[str, Any]:
+        """Where ``waiter_id`` stands on ``resource`` at ``now_ms`` (default: the log clock;
+        a local read, for a Lock call waiting for its grant): granted (with token and
+        expiry), queued (with its 0-based position), or neither (never queued, cancelled,
+        dropped, or its lease has ended since)."""
+        now_ms = self._log_clock_ms if now_ms is None else now_ms
+        res = self._resources.get(resource)
+        if res is None:
+            return {"granted": False, "queued": False}
+        lease = res.lease
+        if lease is not None and lease.waiter_id == waiter_id and lease.expires_at_ms > now_ms:
+            return {
+                "granted": True,
+                "token": lease.token,
+                "expires_at_ms": lease.expires_at_ms,
+                "hwm": res.high_water_mark,
+            }
+        if waiter_id in res.waiters:
+            return {"granted": False, "queued": True, "position": list(res.waiters).index(waiter_id)}
+        return {"granted": False, "queued": False}
+
+    def _waiter_cap_refusal(self, resource: str, res: ResourceState | None, principal: str | None) -> Rejected | None:
+        """Why one more waiter cannot be queued on ``resource``, or None."""
+        queued = 0 if res is None else len(res.waiters)
+        mine = 0 if principal is None else self._usage.waiting.get(principal, 0)
+        for limit, count, maximum, whose in (
+            ("lock_waiters_per_resource", queued, limits.LOCK_WAITERS_PER_RESOURCE_MAX, f"{resource!r}"),
+            ("lock_waiters_per_principal", mine, limits.LOCK_WAITERS_PER_PRINCIPAL_MAX, f"principal {principal!r}"),
+            ("lock_waiters", self._waiters_total, limits.LOCK_WAITERS_MAX, "the cluster"),
+        ):
+            if count >= maximum:
+                return Rejected(
+                    op=Op.ENQUEUE,
+                    reason=Reason.LIMIT_EXCEEDED,
+                    message=f"{whose} already has {count} lock waiters queued (max {maximum})",
+                    details={"limit": limit, "max": maximum},
+                )
+        return None
+
+    def _enqueue(self, now: int, args: dict[str, Any]) -> Outcome:
+        resource, waiter_id = args["resource"], args["waiter_id"]
+        res = self._resources.get(resource)
+        if res is not None and res.lease is not None and res.lease.waiter_id == waiter_id:
+            # Granted already (a renewal that crossed its grant, or a retry): nothing to queue.
+            return Applied(op=Op.ENQUEUE, result=self.lock_state(resource, waiter_id, now_ms=now))
+        existing = None if res is None else res.waiters.get(waiter_id)
+        principal = args["principal"]
+        if existing is None:
+            refusal = self._waiter_cap_refusal(resource, res, principal)
+            if refusal is not None:
+                return refusal
+            if principal is not None and args["quota"]:
+                refusal, _idle = self._quota_refusal(resource, res, now, principal, args["quota"])
+                if refusal is not None:
+                    return dataclasses.replace(refusal, op=Op.ENQUEUE)
+            refusal = self._new_epoch_refusal(Op.ENQUEUE, resource)
+            if refusal is not None:
+                return refusal
+        if res is None:
+            res = self._resources[resource] = ResourceState()
+        else:
+            self._usage.remove(resource, res)
+        expires_at_ms = now + limits.LOCK_WAITER_TTL_MS
+        if existing is not None:
+            # Renewed in place: a dict keeps its insertion order, so the waiter keeps its turn.
+            res.waiters[waiter_id] = dataclasses.replace(existing, expires_at_ms=expires_at_ms)
+        else:
+            res.waiters[waiter_id] = Waiter(
+                waiter_id=waiter_id, holder=args["holder"], ttl_ms=args["ttl_ms"],
+                expires_at_ms=expires_at_ms, principal=principal or "", quota=dict(args["quota"] or {}),
+            )
+            self._waiters_total += 1
+        self._waiter_expiry.add(expires_at_ms, resource, waiter_id)
+        self._advance(resource, res, now)
+        self._settle(resource, res)
+        return Applied(op=Op.ENQUEUE, result=self.lock_state(resource, waiter_id, now_ms=now))
+
+    def _dequeue(self, now: int, args: dict[str, Any]) -> Outcome:
+        resource, waiter_id = args["resource"], args["waiter_id"]
+        res = self._resources.get(resource)
+        cancelled = released = False
+        if res is not None and waiter_id in res.waiters:
+            self._usage.remove(resource, res)
+            self._drop_waiter(res, waiter_id)
+            cancelled = True
+        elif res is not None and res.lease is not None and res.lease.waiter_id == waiter_id:
+            # Granted while its client gave up: the client never learnt the token, so the
+            # lease is ended here rather than left to block the queue for its ttl.
+            self._usage.remove(resource, res)
+            released = res.lease.expires_at_ms > now
+            res.lease = None
+        else:
+            return Applied(op=Op.DEQUEUE, result={"cancelled": False, "released": False})
+        self._advance(resource, res, now)
+        self._settle(resource, res)
+        return Applied(op=Op.DEQUEUE, result={"cancelled": cancelled, "released": released})
 
     def _keep_alive(self, now: int, args: dict[str, Any]) -> Outcome:
         resource, token = args["resource"], args["token"]
@@ -645,6 +805,7 @@ class FencingStateMachine:
         if lease is not None and lease.token == token:
             released = lease.expires_at_ms > now  # an expired lease had already ended
             res.lease = None
+        self._advance(resource, res, now)  # the next waiter gets it in this entry
         self._settle(resource, res)  # no data: forgotten; the epoch fences its tokens
         return Applied(op=Op.RELEASE, result={"hwm": res.high_water_mark, "released": released})
 
@@ -722,6 +883,8 @@ class FencingStateMachine:
             res = self._resources.get(resource)
             lease = None if res is None else res.lease
             result["hwm"] = 0 if res is None else res.high_water_mark
+            if res is not None and res.waiters:
+                result["waiters"] = len(res.waiters)  # absent when none: older results unchanged
             result["lease"] = (
                 None
                 if lease is None or lease.expires_at_ms <= now
@@ -750,6 +913,7 @@ class FencingStateMachine:
         self._epoch += 1
         res.high_water_mark = self._epoch  # the old holder's token is now stale (I7)
         res.lease = None
+        self._advance(resource, res, now)  # the next waiter gets it, above the fence
         # Kept even when empty: an admin's fence stays visible, and its owner's quota scan
         # forgets it once that owner needs the slot.
         self._usage.add(resource, res)
@@ -773,17 +937,30 @@ class FencingStateMachine:
             for res in self._resources.values():
                 res.high_water_mark = new_epoch  # every token issued before is stale (I11)
                 res.lease = None
+                # Queued waiters go too: fencing everything is a stop for every holder, and a
+                # waiter granted now would hold a lease the admin meant to clear.
+                res.waiters = {}
+            self._waiters_total = 0
             self._usage = Usage.of(self._resources)  # no leases left
         return Applied(op=Op.SET_EPOCH_FLOOR, result={"epoch": new_epoch})
 
     def _tick(self, now: int, args: dict[str, Any]) -> Outcome:
         # The index, not a scan: the leader TICKs every second, and a pass over 100,000
         # resources held the Raft thread for ~100 ms each time.
+        for name, waiter_id in self._waiter_expiry.expired(self._resources, now, self._waiters_total):
+            res = self._resources[name]  # a queued waiter keeps its resource (_settle)
+            self._usage.remove(name, res)
+            self._drop_waiter(res, waiter_id)  # its client stopped renewing its slot
+            self._advance(name, res, now)
+            self._settle(name, res)
         expired = self._expiry.expired(self._resources, now)
         for name in expired:
-            res = self._resources[name]
+            res = self._resources.get(name)
+            if res is None or res.lease is None or res.lease.expires_at_ms > now:
+                continue  # granted anew to a waiter above
             self._usage.remove(name, res)
             res.lease = None
+            self._advance(name, res, now)  # the head waiter, in this TICK
             self._settle(name, res)  # an expired lease on no data: forgotten
         if self._staged_is_stale(now):
             self._staged = None  # an abandoned restore's chunks: memory back
@@ -836,6 +1013,7 @@ class FencingStateMachine:
         for res in parts.resources.values():
             res.high_water_mark = new_epoch  # every token issued before is stale (I11)
             res.lease = None
+            res.waiters = {}  # waiters belong to clients of the state being replaced
         parts.epoch, parts.log_clock_ms = new_epoch, self._log_clock_ms
         parts.dedup, parts.staged = collections.OrderedDict(), None
         self._install(parts)
@@ -846,6 +1024,7 @@ class FencingStateMachine:
         self._epoch = parts.epoch
         self._log_clock_ms = parts.log_clock_ms
         self._resources = parts.resources
+        self._waiters_total = sum(len(res.waiters) for res in parts.resources.values())
         self._usage = Usage.of(parts.resources)
         self._dedup = parts.dedup
         self._staged = parts.staged
@@ -968,21 +1147,23 @@ class FencingStateMachine:
         then the staged restore (what a member's snapshot and ``digest`` hold).
 
         Layout: ``[magic, SNAPSHOT_FORMAT_VERSION, epoch, log_clock_ms, resources, dedup, staged]``;
-        resources ``[[name, hwm, revision, lease|nil, [[key, value, version], ...], owner?], ...]``
-        (``owner`` only when the resource has one, so states without principals keep the
-        bytes they had before quotas),
-        lease ``[holder, token, ttl_ms, expires_at_ms]``, dedup
+        resources ``[[name, hwm, revision, lease|nil, [[key, value, version], ...], owner?, waiters?], ...]``
+        (``owner`` only when the resource has one or has waiters, so states without principals
+        keep the bytes they had before quotas; ``waiters`` only when some are queued, in FIFO
+        order, each ``[waiter_id, holder, ttl_ms, expires_at_ms, principal, quota]``),
+        lease ``[holder, token, ttl_ms, expires_at_ms, waiter_id?]``, dedup
         ``[[op_id, op, resource, outcome_wire, applied_at_ms, first_index], ...]``, staged
         nil or ``[restore_id, size, digest, epoch_floor, touched_at_ms, [chunk, ...]]``.
         """
-        return self._document(self._staged)
+        return self._document(self._staged, with_queue=True)
 
     def backup(self) -> bytes:
-        """``snapshot()`` without the staged restore (nil): what Admin snapshots hand out, so
-        a backup is never larger than limits.BACKUP_BYTES_MAX, restore in progress or not."""
-        return self._document(None)
+        """``snapshot()`` without the staged restore (nil) and without the lock queue: what
+        Admin snapshots hand out, so a backup is never larger than limits.BACKUP_BYTES_MAX,
+        restore in progress or not (a restore drops waiters and leases anyway)."""
+        return self._document(None, with_queue=False)
 
-    def _document(self, staged: StagedRestore | None) -> bytes:
+    def _document(self, staged: StagedRestore | None, *, with_queue: bool) -> bytes:
         resources = []
         for name in sorted(self._resources):
             res = self._resources[name]
@@ -993,11 +1174,16 @@ class FencingStateMachine:
                 res.revision,
                 None
                 if lease is None
-                else [lease.holder, lease.token, lease.ttl_ms, lease.expires_at_ms],
+                else [lease.holder, lease.token, lease.ttl_ms, lease.expires_at_ms]
+                # A lease granted to a queued waiter names it (format 3), so its Lock call
+                # finds its grant on any member, after a restart or a snapshot install too.
+                + ([lease.waiter_id] if with_queue and lease.waiter_id else []),
                 [[key, *res.data[key]] for key in sorted(res.data)],
             ]
-            if res.owner:
+            if res.owner or (with_queue and res.waiters):
                 item.append(res.owner)
+            if with_queue and res.waiters:
+                item.append([waiter.to_wire() for waiter in res.waiters.values()])  # FIFO order
             resources.append(item)
         # msgpack is concatenative: an array is its header then its packed items, so the
         # dedup entries' stored bytes are joined as they are (the same bytes as packing

@@ -44,6 +44,7 @@ __all__ = [
     "check_token",
     "check_ttl_ms",
     "check_value",
+    "check_waiter_id",
     "is_int",
 ]
 
@@ -134,6 +135,11 @@ def check_quota(value: object) -> dict[str, int]:
     return checked
 
 
+def check_waiter_id(value: object) -> bytes:
+    """The id of one queued lock waiter (client-chosen random bytes, sized like an op_id)."""
+    return _check_id_bytes("waiter_id", value, limits.WAITER_ID_BYTES_MIN, limits.WAITER_ID_BYTES_MAX)
+
+
 def check_value(value: object) -> bytes:
     if not isinstance(value, bytes):
         raise InvalidField("value", f"must be bytes, got {type(value).__name__}")
@@ -142,15 +148,17 @@ def check_value(value: object) -> bytes:
     return bytes(value)
 
 
-def check_op_id(value: object) -> bytes:
+def _check_id_bytes(field: str, value: object, low: int, high: int) -> bytes:
+    """Client-chosen random id bytes (an op_id, a waiter_id) of ``low``..``high`` bytes."""
     if not isinstance(value, bytes):
-        raise InvalidField("op_id", f"must be bytes, got {type(value).__name__}")
-    if not limits.OP_ID_BYTES_MIN <= len(value) <= limits.OP_ID_BYTES_MAX:
-        raise InvalidField(
-            "op_id",
-            f"is {len(value)} bytes, not in [{limits.OP_ID_BYTES_MIN}, {limits.OP_ID_BYTES_MAX}]",
-        )
+        raise InvalidField(field, f"must be bytes, got {type(value).__name__}")
+    if not low <= len(value) <= high:
+        raise InvalidField(field, f"is {len(value)} bytes, not in [{low}, {high}]")
     return bytes(value)
+
+
+def check_op_id(value: object) -> bytes:
+    return _check_id_bytes("op_id", value, limits.OP_ID_BYTES_MIN, limits.OP_ID_BYTES_MAX)
 
 
 def check_ttl_ms(value: object) -> int:
@@ -299,6 +307,15 @@ REQUESTS: dict[str, dict[str, Field]] = {
         "fence_all": Field(check_fence_all, required=False),  # absent: fence every resource
     },
     "Restore": {"data": Field(check_snapshot_data), "epoch_floor": Field(check_epoch_floor)},
+    # Lock: queue for the lease (FIFO) and wait for its grant; the call's wait_ms is not here
+    # (the server clamps it, like Acquire's). The waiter_id is the client's, kept across calls.
+    "Lock": {
+        "resource": Field(check_resource),
+        "holder": Field(check_holder, filled_by_client=True),
+        "ttl_ms": Field(check_ttl_ms),
+        "waiter_id": Field(check_waiter_id, filled_by_client=True),
+    },
+    "CancelLock": {"resource": Field(check_resource), "waiter_id": Field(check_waiter_id)},
     # RestoreStream: its first message's floor (the data is the stream's chunks, checked whole).
     "RestoreStream": {"epoch_floor": Field(check_epoch_floor)},
 }

@@ -331,6 +331,13 @@ class RaftNode:
         with self._replica.lock:
             return fn(self.state_machine)
 
+    def wait_applied(self, fn: Callable[[Any], Any], timeout_s: float) -> Any:
+        """``fn(state_machine)`` under the apply lock, again after every entry applied here,
+        until it returns something truthy or ``timeout_s`` passes; its last value. The lock
+        is not held while waiting, so apply never waits for a reader."""
+        with self._replica.applied:
+            return self._replica.applied.wait_for(lambda: fn(self.state_machine), max(0.0, timeout_s))
+
     def digest(self) -> tuple[int, str]:
         with self._replica.lock:
             return self._replica.last_applied_index, self.state_machine.digest()

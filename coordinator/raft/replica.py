@@ -44,6 +44,9 @@ class Replica(SyncObjConsumer):
         self._sm = state_machine
         self._on_fatal = on_fatal
         self.lock = threading.Lock()  # apply (tick thread) vs readers (other threads)
+        # Notified under ``lock`` after every applied entry and loaded snapshot: what a reader
+        # waiting for a change (a Lock call waiting for its grant) sleeps on.
+        self.applied = threading.Condition(self.lock)
         self.last_applied_index = 0
         # Set by HardenedSyncObj: the configuration at a log index (for a snapshot being
         # written), and where a loaded snapshot's configuration goes.
@@ -65,6 +68,7 @@ class Replica(SyncObjConsumer):
                 else:
                     outcome = [self._sm.apply(command, index) for command in shared]
                 self.last_applied_index = index
+                self.applied.notify_all()
             return index, outcome
         except BaseException as exc:  # noqa: BLE001 - any failure here is a bug
             # An exception escaping apply is re-applied forever by pysyncobj
@@ -90,6 +94,7 @@ class Replica(SyncObjConsumer):
                 last, prev, state, config = snapshot_file.decode(body)
                 self._sm.restore(state)
                 self.last_applied_index = last[1]
+                self.applied.notify_all()
             self.on_snapshot_config(last[1], last[2], config)
         except BaseException as exc:  # noqa: BLE001
             # pysyncobj swallows loader errors (syncobj.py:1510); a half-restored

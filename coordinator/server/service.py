@@ -390,6 +390,61 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         # sooner than 10 ms even when the expiry looks already past (clocks differ).
         return min(left, self.acquire_wait_poll_s, max(0.01, until_expiry_s))
 
+    @_unary
+    def Lock(self, request: pb.LockRequest, context, caller: Principal | None) -> pb.LockResponse:
+        # One ENQUEUE entry per call (it queues the waiter, or renews its slot), then a wait
+        # for the entry that grants it -- a RELEASE, FORCE_RELEASE or TICK applied here wakes
+        # it -- with no entry of its own. The wait takes a slot of the same gate as a waiting
+        # Acquire (acquire_waiters_max and its per-caller cap: each holds a worker thread);
+        # past a cap, or with wait_ms 0, the answer is the ENQUEUE's at once and the client
+        # calls again.
+        fields = _checked_request("Lock", request)
+        resource, waiter_id = fields["resource"], fields["waiter_id"]
+        result, index = self.core.run(commands.enqueue(**fields, stamp_ms=0), context, caller)
+        wait_s = self._lock_wait_s(request.wait_ms, context)
+        if not result["granted"] and result["queued"] and wait_s > 0:
+            who = caller_key(None if caller is None else caller.name, context.peer())
+            try:
+                self.waiters.take(who)
+            except ServiceError:
+                pass  # not waiting: the client's next call renews the slot and tries again
+            else:
+                try:
+                    node = self.core.node
+                    node.wait_applied(lambda sm: not sm.lock_state(resource, waiter_id).get("queued"), wait_s)
+                    result = node.read(lambda sm: sm.lock_state(resource, waiter_id))
+                    index = 0  # the answer is as of this member's applied index now
+                finally:
+                    self.waiters.give_back(who)
+        granted = result["granted"]
+        return pb.LockResponse(
+            header=self.core.header(index),
+            granted=granted,
+            token=result.get("token", 0),
+            lease_id=result.get("token", 0),
+            expires_at_ms=result.get("expires_at_ms", 0),
+            token_proof=self._proof(resource, result["token"]) if granted else b"",
+            queued=bool(result.get("queued")),
+            position=result.get("position", 0),
+        )
+
+    def _lock_wait_s(self, wait_ms: int, context) -> float:
+        """How long a Lock call may wait for its grant: its wait_ms, at most LOCK_WAIT_MS_MAX,
+        and leaving the proposer's margin before the RPC's deadline."""
+        wait_s = min(wait_ms, limits.LOCK_WAIT_MS_MAX) / 1000
+        rpc_left = context.time_remaining()
+        if rpc_left is not None:
+            wait_s = min(wait_s, rpc_left - self.core.proposer.deadline_margin_s)
+        return wait_s if context.is_active() else 0.0
+
+    @_unary
+    def CancelLock(self, request: pb.CancelLockRequest, context, caller: Principal | None) -> pb.CancelLockResponse:
+        command = commands.dequeue(**_checked_request("CancelLock", request), stamp_ms=0)
+        result, index = self.core.run(command, context, caller)
+        return pb.CancelLockResponse(
+            header=self.core.header(index), cancelled=result["cancelled"], released=result["released"]
+        )
+
     @staticmethod
     def _keep_alive_command(request: pb.KeepAliveRequest) -> commands.Command:
         fields = _checked_request("KeepAlive", request)
@@ -485,6 +540,7 @@ class LeaseServicer(pb_grpc.LeaseServicer):
             hwm=result["hwm"],
             expires_at_ms=0 if lease is None else lease["expires_at_ms"],
             log_clock_ms=result["log_clock_ms"],
+            waiters=result.get("waiters", 0),
         )
 
 

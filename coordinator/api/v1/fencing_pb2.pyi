@@ -125,7 +125,7 @@ class DescribeRequest(_message.Message):
     def __init__(self, resource: _Optional[str] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("header", "resource", "held", "holder", "token", "hwm", "expires_at_ms", "log_clock_ms")
+    __slots__ = ("header", "resource", "held", "holder", "token", "hwm", "expires_at_ms", "log_clock_ms", "waiters")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +134,7 @@ class DescribeResponse(_message.Message):
     HWM_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
     LOG_CLOCK_MS_FIELD_NUMBER: _ClassVar[int]
+    WAITERS_FIELD_NUMBER: _ClassVar[int]
     header: ResponseHeader
     resource: str
     held: bool
@@ -142,7 +143,8 @@ class DescribeResponse(_message.Message):
     hwm: int
     expires_at_ms: int
     log_clock_ms: int
-    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., resource: _Optional[str] = ..., held: _Optional[bool] = ..., holder: _Optional[str] = ..., token: _Optional[int] = ..., hwm: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., log_clock_ms: _Optional[int] = ...) -> None: ...
+    waiters: int
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., resource: _Optional[str] = ..., held: _Optional[bool] = ..., holder: _Optional[str] = ..., token: _Optional[int] = ..., hwm: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., log_clock_ms: _Optional[int] = ..., waiters: _Optional[int] = ...) -> None: ...
 
 class WriteRequest(_message.Message):
     __slots__ = ("resource", "key", "value", "token", "op_id", "expected_version")
@@ -387,3 +389,55 @@ class RestoreResponse(_message.Message):
     header: ResponseHeader
     epoch: int
     def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class LockRequest(_message.Message):
+    __slots__ = ("resource", "holder", "ttl_ms", "waiter_id", "wait_ms")
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    WAITER_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    holder: str
+    ttl_ms: int
+    waiter_id: bytes
+    wait_ms: int
+    def __init__(self, resource: _Optional[str] = ..., holder: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., waiter_id: _Optional[bytes] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class LockResponse(_message.Message):
+    __slots__ = ("header", "granted", "token", "lease_id", "expires_at_ms", "token_proof", "queued", "position")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_PROOF_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    granted: bool
+    token: int
+    lease_id: int
+    expires_at_ms: int
+    token_proof: bytes
+    queued: bool
+    position: int
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., granted: _Optional[bool] = ..., token: _Optional[int] = ..., lease_id: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., token_proof: _Optional[bytes] = ..., queued: _Optional[bool] = ..., position: _Optional[int] = ...) -> None: ...
+
+class CancelLockRequest(_message.Message):
+    __slots__ = ("resource", "waiter_id")
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    WAITER_ID_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    waiter_id: bytes
+    def __init__(self, resource: _Optional[str] = ..., waiter_id: _Optional[bytes] = ...) -> None: ...
+
+class CancelLockResponse(_message.Message):
+    __slots__ = ("header", "cancelled", "released")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    cancelled: bool
+    released: bool
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., cancelled: _Optional[bool] = ..., released: _Optional[bool] = ...) -> None: ...

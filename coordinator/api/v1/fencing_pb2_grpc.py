@@ -66,6 +66,16 @@ class LeaseStub:
                 request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.DescribeRequest.SerializeToString,
                 response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.DescribeResponse.FromString,
                 _registered_method=True)
+        self.Lock = channel.unary_unary(
+                '/fencing.v1.Lease/Lock',
+                request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.LockRequest.SerializeToString,
+                response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.LockResponse.FromString,
+                _registered_method=True)
+        self.CancelLock = channel.unary_unary(
+                '/fencing.v1.Lease/CancelLock',
+                request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.CancelLockRequest.SerializeToString,
+                response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.CancelLockResponse.FromString,
+                _registered_method=True)
 
 
 class LeaseServicer:
@@ -114,6 +124,21 @@ class LeaseServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Lock(self, request, context):
+        """Queues `waiter_id` for the lease (FIFO), or renews its place, and waits up to wait_ms
+        (at most 5 s) for its grant. Call again with the same waiter_id until granted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelLock(self, request, context):
+        """Takes `waiter_id` out of the queue; releases its lease if it was granted meanwhile.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LeaseServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +171,16 @@ def add_LeaseServicer_to_server(servicer, server):
                     servicer.Describe,
                     request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.DescribeRequest.FromString,
                     response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.DescribeResponse.SerializeToString,
+            ),
+            'Lock': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lock,
+                    request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.LockRequest.FromString,
+                    response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.LockResponse.SerializeToString,
+            ),
+            'CancelLock': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelLock,
+                    request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.CancelLockRequest.FromString,
+                    response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.CancelLockResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -312,6 +347,60 @@ class Lease:
             '/fencing.v1.Lease/Describe',
             coordinator_dot_api_dot_v1_dot_fencing__pb2.DescribeRequest.SerializeToString,
             coordinator_dot_api_dot_v1_dot_fencing__pb2.DescribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lock(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.Lease/Lock',
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.LockRequest.SerializeToString,
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.LockResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelLock(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.Lease/CancelLock',
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.CancelLockRequest.SerializeToString,
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.CancelLockResponse.FromString,
             options,
             channel_credentials,
             insecure,
