@@ -560,8 +560,6 @@ def _run(client: FencingClient, args: argparse.Namespace, name: str, request: di
             ("answered_by", status.header.member_id),
         ])
         print()
-        width = max([len("API"), *(len(m.api_address) for m in status.members)])
-        idw = max([len("ID"), *(len(m.id) for m in status.members)])
         _print_members(status.members)
         return
     if name.startswith("member-"):
