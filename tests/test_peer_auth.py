@@ -13,17 +13,22 @@ the secret's key exchange.
 - With the secret, a newcomer that holds it and names a member replaces that member's
   connection even while it still looks open (a member restarted after a power loss), and the
   old one is closed: pysyncobj left it open, and the member, still connected as far as it
-  could tell, never dialled again. A key exchange that sends anything but a key is dropped.
+  could tell, never dialled again. A key exchange that sends anything but a key is dropped,
+  on a connection a member accepted and on one it dialled.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import time
 
 import pytest
+from pysyncobj.encryptor import getEncryptor
 
 from coordinator.client import FencingClient
+from coordinator.raft import wire as raft_wire
 from testsupport.grpc_cluster import SERVING, running_cluster
 from testsupport.raft_peer import RaftPeer, epoch_floor_entry, running_secret_cluster
 from testsupport.supervisor import wait_until
@@ -173,4 +178,42 @@ def test_with_the_secret_a_key_exchange_that_sends_no_key_is_dropped(secret_clus
     cluster.wait_ready()
     with RaftPeer(cluster.nodes[0].raft_address, secret=SECRET, key_exchange=False, timeout_s=HANG_UP_S) as peer:
         assert peer.name(cluster.nodes[2].raft_address).hung_up(HANG_UP_S)
+    serves_everywhere(cluster, through=0)
+
+
+def test_with_the_secret_a_dialled_peer_that_answers_the_key_exchange_with_no_key_is_dropped(secret_cluster):
+    """The outgoing side of the key exchange: pysyncobj took the first answer on a connection it
+    dialled as the key unseen (transport.py:473-475), then named itself and called the peer
+    connected. A listener in member 0's place (the others dial it) answers their key with a name,
+    under the secret: the member must hang up instead of naming itself."""
+    cluster = secret_cluster
+    cluster.wait_ready()
+    encryptor = getEncryptor(SECRET)
+    host, port = cluster.nodes[0].raft_address.rsplit(":", 1)
+    cluster.stop(0)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, int(port)))
+            listener.listen()
+            listener.settimeout(HANG_UP_S * 2)  # members dial every connection_retry_s
+            conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(HANG_UP_S)
+            head = conn.recv(4, socket.MSG_WAITALL)
+            (length,) = struct.unpack("i", head)
+            their_key = raft_wire.decode_frame(encryptor.decrypt(conn.recv(length, socket.MSG_WAITALL)), None)
+            assert raft_wire.is_connection_key(their_key)  # the member did dial with a key
+            # Under the member's own key, as every answer must be (the frame reader drops any
+            # other): only the transport's check tells that a name is no key.
+            answer = encryptor.encrypt_at_time(raft_wire.encode_frame(cluster.nodes[0].raft_address, their_key),
+                                               int(time.monotonic()))
+            conn.sendall(struct.pack("i", len(answer)) + answer)
+            try:
+                assert conn.recv(65536) == b"", "the member went on (named itself) after an answer that was no key"
+            except ConnectionResetError:
+                pass  # hung up with our answer unread: refused too
+    finally:
+        cluster.start(0)
+    cluster.wait_ready()
     serves_everywhere(cluster, through=0)

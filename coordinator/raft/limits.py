@@ -85,6 +85,12 @@ RAFT_LISTEN_BACKLOG = 128
 # this many ms, saying how many were not: anyone who reaches the port makes connections, and
 # one line a second still shows an attack without letting it write the log.
 RAFT_PEER_WARNING_LOG_INTERVAL_MS = 1_000
+# Peer secrets a member holds at once (raft_secret_file, one per line: the first sends, all
+# receive; peer_keys.py). A rotation needs two (SECURITY.md "What SIGHUP reloads"); a frame
+# no secret opens is checked against each of them (an HMAC each, for its timestamp and again
+# for its body), so this bounds what a stranger's frame costs. 4 leaves room for a rotation
+# begun before the last one finished.
+RAFT_SECRETS_MAX = 4
 # -- the journal ---------------------------------------------------------------------
 # Snapshot and compact once the journal has grown by this many bytes since its last compaction
 # (as well as by entry count or age). Every member keeps its uncompacted entries in memory and

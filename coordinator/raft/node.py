@@ -124,7 +124,8 @@ class RaftConfig:
     # Shared secret of member-to-member traffic: pysyncobj's Fernet (AES-CBC + HMAC,
     # encryptor.py), so a peer without it is disconnected before anything it sent is
     # unpickled. None: plaintext, and whoever reaches the Raft port can pose as a member.
-    secret: str | None = dataclasses.field(default=None, repr=False)
+    # Several (a rotation, peer_keys.py): frames are sent under the first, any is accepted.
+    secret: str | tuple[str, ...] | None = dataclasses.field(default=None, repr=False)
     # This member's stable id (membership.py); None: derived from its place among the initial
     # members (self_address and peer_addresses), the same on every member.
     member_id: str | None = None
@@ -132,6 +133,13 @@ class RaftConfig:
     # cluster's first configuration, which needs every initial member's vote (RAFT.md "Member
     # identity"). False: it waits to be added to an existing cluster.
     bootstrap: bool = True
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """``secret`` as a set, the sending one first; () without one."""
+        if not self.secret:
+            return ()
+        return (self.secret,) if isinstance(self.secret, str) else tuple(self.secret)
 
     def __post_init__(self):
         unknown = set(self.fixes) - ALL_FIXES
@@ -341,6 +349,16 @@ class RaftNode:
     def digest(self) -> tuple[int, str]:
         with self._replica.lock:
             return self._replica.last_applied_index, self.state_machine.digest()
+
+    def replace_peer_secrets(self, secrets) -> None:
+        """Send under ``secrets[0]`` and accept any of ``secrets`` from every connection's next
+        frame on (peer_keys.PeerKeys.replace). ValueError, and nothing changes, for a set
+        PeerKeys refuses or a member started without a secret: its connections carry no
+        encryption to switch (pysyncobj decides that per connection when it makes one)."""
+        keys = self._syncobj.peer_keys
+        if keys is None:
+            raise ValueError("this member started without a peer secret; a restart adds one")
+        keys.replace(secrets)
 
     def status(self) -> dict:
         so = self._syncobj

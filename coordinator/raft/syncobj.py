@@ -44,6 +44,7 @@ from coordinator.raft.journal import fsync_directory
 from coordinator.raft.leader_sync import LeaderSync
 from coordinator.raft.member_changes import MemberChanges
 from coordinator.raft.member_gate import STAMPED_TYPES, MemberGate, stamping_transport
+from coordinator.raft.peer_keys import PeerKeys
 from coordinator.raft.replica import Replica
 from coordinator.raft.transport import peer_warnings
 
@@ -109,6 +110,9 @@ class HardenedSyncObj(MemberChanges, MemberGate, SyncObj):
         # transmissions (frames that call anything are dropped by the frame reader before we
         # see them).
         self.refused_peer_messages = 0
+        # The peer secrets, in place of pysyncobj's one Fernet (password=, syncobj.py:123-128):
+        # the ``encryptor`` every connection is given (below), replaceable on SIGHUP.
+        self.peer_keys = PeerKeys(config.secrets) if config.secrets else None
         self.refused_entries = 0  # committed entries no member of ours writes: skipped everywhere
         self.leader_commit_seen = None  # commit index announced to this process by a leader
         self._leader_sync = None  # set once the transport's pipe notifier exists (below)
@@ -151,7 +155,7 @@ class HardenedSyncObj(MemberChanges, MemberGate, SyncObj):
             logCompactionMinTime=config.log_compaction_min_time_s,
             bindAddress=config.self_address,
             dynamicMembershipChange=False,
-            password=config.secret or None,
+            password=None,  # self.peer_keys encrypts instead (the encryptor property below)
             onStateChanged=self._state_changed,
         )
         super().__init__(
@@ -170,6 +174,14 @@ class HardenedSyncObj(MemberChanges, MemberGate, SyncObj):
                 exit_code=EXIT_DISK_FAILED,
             )
         self.addOnTickCallback(self._flush_tick)
+
+    @property
+    def encryptor(self):
+        """What pysyncobj hands every connection (transport.py:325-327, 529) and checks for
+        "encrypted?": our PeerKeys, shared by all of them, so a SIGHUP's new secrets reach
+        established connections too. With one secret it sends and accepts exactly what
+        pysyncobj's own Fernet did (the same key derivation, peer_keys.py)."""
+        return self.peer_keys
 
     def _has(self, fix: str) -> bool:
         return fix in self._fixes

@@ -5,7 +5,7 @@ size limits), wiring and registering the fencing services (``add_services``, whi
 in-memory test cluster uses too), the standard health service and server
 reflection, the health updater and lease ticker threads, the audit log, the metrics endpoint (when
 ``metrics_address`` is set), the API's TLS credentials (their certificate replaced on SIGHUP,
-certs.py), and graceful shutdown.
+certs.py), the peer secrets' reload on SIGHUP, and graceful shutdown.
 Must never: implement an RPC (service.py does) or touch the Raft library (coordinator.raft does).
 
 Health (grpc.health.v1), overall ("") and per service: SERVING only while this member is
@@ -33,7 +33,7 @@ from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.server.auth import Authenticator
 from coordinator.server.certs import ApiCertificates, TlsMaterial
-from coordinator.server.config import ServerConfig
+from coordinator.server.config import ConfigError, ServerConfig
 from coordinator.server.errors import ServiceError
 from coordinator.server.lease_ticker import LeaseTicker
 from coordinator.server import listen_check
@@ -135,7 +135,7 @@ def raft_config(config: ServerConfig) -> RaftConfig:
         track_synced=config.track_synced_for_tests,
         bootstrap=config.may_bootstrap,
         member_id=config.member_id or None,
-        secret=config.resolved_raft_secret() or None,
+        secret=config.resolved_raft_secrets() or None,
     )
 
 
@@ -313,8 +313,29 @@ class FencingServer:
         status["epoch"] = self.node.read(lambda sm: sm.epoch)
         return status
 
+    def reload(self) -> None:
+        """SIGHUP: read the API's TLS files and the peer secrets again (SECURITY.md, "What
+        SIGHUP reloads"); each keeps what it has, and says so in one line, if its files fail."""
+        self.reload_certificates()
+        self.reload_peer_secrets()
+
+    def reload_peer_secrets(self) -> None:
+        """SIGHUP: read ``raft_secret_file`` again; every Raft connection, established or new,
+        sends under its first secret and accepts any of them from its next frame on."""
+        if not self.config.raft_secret_file:
+            log.info("SIGHUP: no raft_secret_file: no peer secret to reload")
+            return
+        try:
+            secrets = self.config.resolved_raft_secrets()
+            self.node.replace_peer_secrets(secrets)
+        except (ConfigError, ValueError) as exc:
+            log.error("SIGHUP: kept the current peer secrets: %s", exc)
+            return
+        log.info("SIGHUP: peer secrets reloaded from raft_secret_file: %d, sending under the first;"
+                 " every Raft connection uses them from its next frame", len(secrets))
+
     def reload_certificates(self) -> None:
-        """SIGHUP: read the API's TLS files again (the Raft secret is not reloaded: SECURITY.md)."""
+        """SIGHUP: read the API's TLS files again."""
         if self.certificates is None:
             log.info("SIGHUP: the API serves plaintext (no tls_cert_file): no certificate to reload")
             return

@@ -5,7 +5,7 @@ checking they belong together (the key is the certificate's, the certificate is 
 CA bundle holds certificates), and ``ApiCertificates``, which hands a checked replacement to
 gRPC's certificate fetcher so new connections use it while running ones keep theirs.
 Must never: import grpc at module level (config.py checks files before grpc is loaded), touch
-the Raft layer's secret (a rolling restart replaces it: SECURITY.md), or give gRPC material it
+the Raft layer's secrets (app.py reloads those on SIGHUP), or give gRPC material it
 has not checked -- a bad replacement keeps the current certificate and is logged in one line.
 """
 

@@ -87,7 +87,9 @@ class ServerConfig:
         metadata=_doc(
             "file holding the peer credential, a secret shared by every member (fencingd gen-secret):"
             " Raft traffic is encrypted and authenticated (Fernet), and a peer without it is dropped"
-            " before its data is read; required unless raft_address is loopback (SECURITY.md)"
+            " before its data is read; required unless raft_address is loopback (SECURITY.md)."
+            " During a rotation it holds several, one per line: the first is sent with, any is"
+            " accepted; SIGHUP reads it again (SECURITY.md, \"What SIGHUP reloads\")"
         ),
     )
     insecure_peer_transport: bool = dataclasses.field(
@@ -362,11 +364,33 @@ class ServerConfig:
         """No peer credential: any connection that names a member is taken for that member."""
         return not self.raft_secret_file
 
-    def resolved_raft_secret(self) -> str:
-        """The Raft secret from ``raft_secret_file``; "" if none."""
+    def resolved_raft_secrets(self) -> tuple[str, ...]:
+        """The Raft secrets from ``raft_secret_file``, the one to send with first; () if none.
+
+        One secret per line, each stripped, blank lines skipped: a file of one line is the
+        secret it always was (the same key, byte for byte). ConfigError naming the setting for
+        an unreadable file, no secret, a short one, a duplicate or more than RAFT_SECRETS_MAX.
+        """
         if not self.raft_secret_file:
-            return ""
-        return _secret_from_file("raft_secret_file", self.raft_secret_file, chars_min=RAFT_SECRET_CHARS_MIN)
+            return ()
+        path = self.raft_secret_file
+        content = _secret_from_file("raft_secret_file", path, chars_min=1)
+        secrets = tuple(line.strip() for line in content.splitlines() if line.strip())
+        if len(secrets) > raft_limits.RAFT_SECRETS_MAX:
+            raise ConfigError(
+                f"raft_secret_file: {path} holds {len(secrets)} secrets; at most"
+                f" {raft_limits.RAFT_SECRETS_MAX} (RAFT_SECRETS_MAX)"
+            )
+        for number, secret in enumerate(secrets, 1):
+            if len(secret) < RAFT_SECRET_CHARS_MIN:
+                raise ConfigError(
+                    f"raft_secret_file: {path}: secret {number} holds {len(secret)} characters; use at"
+                    f" least {RAFT_SECRET_CHARS_MIN} (e.g. openssl rand -hex 32)"
+                )
+            if secret in secrets[: number - 1]:
+                # Harmless to the cipher, but a sign the file is not what the operator thinks.
+                raise ConfigError(f"raft_secret_file: {path}: secret {number} repeats an earlier line")
+        return secrets
 
     def tls_files(self) -> certs.TlsMaterial | None:
         """The API's TLS files, read and checked (certs.py); None: plaintext."""
@@ -583,7 +607,7 @@ def validate(config: ServerConfig, *, read_files: bool = True) -> ServerConfig:
     config.resolved_admin_token()  # a missing or empty token file fails at start, not at first use
     config.principals()  # so does a bad principals file
     config.tls_files()  # and unreadable TLS files
-    config.resolved_raft_secret()  # and a missing or short Raft secret
+    config.resolved_raft_secrets()  # and a missing or short Raft secret, or too many
     config.proof_signer()  # and a token signing key that is not an Ed25519 private key
     config.pinned_cpu()  # and a CPU this machine does not let us use
     return config

@@ -9,7 +9,7 @@
     fencingd --version
 
 Owns: argument parsing, logging setup, signal handling (SIGTERM/SIGINT stop a member, SIGHUP
-re-reads its API certificate: SECURITY.md), and the ``dev`` supervisor that runs three
+re-reads its API certificate and its peer secrets: SECURITY.md), and the ``dev`` supervisor that runs three
 ``fencingd serve`` children on loopback.
 Must never: serve RPCs itself (server.py does) or leave a child running when it exits.
 """
@@ -135,7 +135,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    # SIGHUP re-reads the API's TLS files; the handler only flags it, the loop below does the
+    # SIGHUP re-reads the API's TLS files and the peer secrets; the handler only flags it, the loop below does the
     # reading (and logging), outside the interrupted frame. Before, SIGHUP killed the member.
     reload = threading.Event()
     signal.signal(signal.SIGHUP, lambda *_: reload.set())
@@ -158,7 +158,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     while not stop.wait(SIGNAL_POLL_S):
         if reload.is_set():
             reload.clear()  # before reading: a SIGHUP during the read gets a read of its own
-            server.reload_certificates()
+            server.reload()
     log.info("signal received: stopping (grace %.1f s)", cfg.shutdown_grace_s)
     server.stop()
     return 0
