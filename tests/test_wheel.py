@@ -143,7 +143,10 @@ def client_venv(wheel, tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path]:
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps", "--no-index",
          "--disable-pip-version-check", "-q", wheel.filename],
-        capture_output=True, text=True, timeout=300,
+        # Without PYTHONPATH: pip re-runs itself in the venv's interpreter, and a checkout on
+        # PYTHONPATH holding an editable install's egg-info made it see the package as installed
+        # already and install nothing.
+        capture_output=True, text=True, timeout=300, env=_CLEAN_ENV,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     site = pathlib.Path(_run(venv, "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])")
