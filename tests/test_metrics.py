@@ -205,6 +205,7 @@ def test_a_scrape_shows_rpcs_proposals_and_the_raft_state(cluster):
     assert grew("fencing_journal_fsync_duration_seconds_count") >= 1
     assert value(after, "fencing_raft_leader_changes_seen_total") >= 1  # it saw itself elected
     assert value(after, "fencing_raft_has_leader") == 1
+    assert value(after, "fencing_raft_refused_cluster_ids_total") == 0  # test_raft_overrides counts one
     assert value(after, "fencing_build_info", **build_versions()) == 1
     assert not any(name.endswith("_created") for name, _ in after)
     assert value(after, "fencing_raft_is_leader") == 1

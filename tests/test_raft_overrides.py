@@ -683,3 +683,35 @@ def test_no_compaction_starts_while_the_state_machine_defers_snapshots(tmp_path)
     node.tick(0)
     node.tick(0)  # the snapshot is collected (the journal head moves) at the next tick
     assert log_of(node)[0][0] > 1, "never compacted once snapshots were allowed again"
+
+
+def test_a_vote_from_another_cluster_is_refused_counted_and_logged(tmp_path, caplog):
+    """A member of another cluster (two clusters' members pointed at each other, or a data dir
+    from another cluster) is refused: no vote, no term change, a log line and a count, which
+    the server exports as fencing_raft_refused_cluster_ids (test_metrics shows the series)."""
+    from coordinator.raft.membership import Configuration, Member
+
+    node = make_node(tmp_path)
+    so = node.syncobj
+    config = Configuration("cluster-a", (
+        Member("m1", SELF, node.identity.incarnation),
+        Member("m2", LEADER, PEER_INCARNATIONS[LEADER]),
+        Member("m3", OTHER, PEER_INCARNATIONS[OTHER]),
+    ))
+    node.tick()  # loads the (empty) snapshot: the configuration below the log is known
+    append(node, 1, 0, [(config.encode_entry(), 2, 1)], commit=2)  # after pysyncobj's initial entry
+    assert so.config() == config
+    term_before = so.raftCurrentTerm
+    caplog.set_level("WARNING")
+    so._SyncObj__onMessageReceived(TCPNode(OTHER), {
+        "type": "request_vote", "term": term_before + 5, "last_log_index": 10, "last_log_term": term_before + 4,
+        "cluster": "cluster-b",
+    })
+    assert node.status()["refused_cluster_ids"] == 1
+    assert so.raftCurrentTerm == term_before  # dropped before pysyncobj saw its term
+    assert "belongs to cluster cluster-b, this member to cluster cluster-a" in caplog.text
+    # The same vote naming this cluster is not refused for its cluster id.
+    so._SyncObj__onMessageReceived(TCPNode(OTHER), {
+        "type": "request_vote", "term": term_before + 5, "last_log_index": 10, "last_log_term": term_before + 4,
+    })
+    assert node.status()["refused_cluster_ids"] == 1
