@@ -64,7 +64,8 @@ def test_the_frame_bound_is_the_largest_append_a_member_sends_encrypted():
     entries = [(raft_wire.encode_entry(os.urandom(each)), 2**62 + i, 2**62) for i in range(n)]
     entries.append((os.urandom(raft_limits.RAFT_LOG_ENTRY_BYTES_MAX), 2**62 + n, 2**62))
     message = {"type": "append_entries", "term": 2**62, "commit_index": 2**62, "entries": entries,
-               "prevLogIdx": 2**62 - 1, "prevLogTerm": 2**62}
+               "prevLogIdx": 2**62 - 1, "prevLogTerm": 2**62,
+               "cluster": "c" * raft_limits.RAFT_CLUSTER_ID_CHARS_MAX, "incarnation": 2**63 - 1}
     plain = raft_wire.encode_frame(message, os.urandom(32))
     assert len(plain) <= raft_limits.RAFT_PLAIN_MESSAGE_BYTES_MAX
     encrypted = getEncryptor(SECRET).encrypt_at_time(plain, int(time.time()))

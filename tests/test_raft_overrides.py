@@ -710,8 +710,16 @@ def test_a_vote_from_another_cluster_is_refused_counted_and_logged(tmp_path, cap
     assert node.status()["refused_cluster_ids"] == 1
     assert so.raftCurrentTerm == term_before  # dropped before pysyncobj saw its term
     assert "belongs to cluster cluster-b, this member to cluster cluster-a" in caplog.text
+    # Nor can another cluster's leader overwrite the log with an append.
+    log_before = log_of(node)
+    so._SyncObj__onMessageReceived(TCPNode(OTHER), {
+        "type": "append_entries", "term": term_before + 5, "commit_index": 3, "prevLogIdx": 1, "prevLogTerm": 0,
+        "entries": [entry(node, b"theirs", 2, term_before + 5)], "cluster": "cluster-b",
+    })
+    assert node.status()["refused_cluster_ids"] == 2
+    assert log_of(node) == log_before and so.raftCurrentTerm == term_before
     # The same vote naming this cluster is not refused for its cluster id.
     so._SyncObj__onMessageReceived(TCPNode(OTHER), {
         "type": "request_vote", "term": term_before + 5, "last_log_index": 10, "last_log_term": term_before + 4,
     })
-    assert node.status()["refused_cluster_ids"] == 1
+    assert node.status()["refused_cluster_ids"] == 2

@@ -293,7 +293,9 @@ def test_the_largest_append_a_member_sends_fits_the_bound():
     entries = [(raft_wire.encode_entry(os.urandom(each)), 10**12 + i, 10**6) for i in range(n)]
     entries.append((raft_wire.encode_entry(os.urandom(limits.RESTORE_COMMAND_BYTES_MAX)), 10**12 + n, 10**6))
     message = {"type": "append_entries", "term": 10**6, "commit_index": 10**12, "entries": entries,
-               "prevLogIdx": 10**12 - 1, "prevLogTerm": 10**6}
+               "prevLogIdx": 10**12 - 1, "prevLogTerm": 10**6,
+               # the sender's cluster id and incarnation, at their largest
+               "cluster": "c" * raft_limits.RAFT_CLUSTER_ID_CHARS_MAX, "incarnation": 2**63 - 1}
     assert len(entries[-1][0]) <= raft_limits.RAFT_LOG_ENTRY_BYTES_MAX
     payload = raft_wire.encode_frame(message)
     assert len(payload) <= MESSAGE_MAX

@@ -329,11 +329,14 @@ def state(cluster, nodes=None) -> tuple[set, set]:
 
 
 def serves(cluster, resource: str) -> None:
-    """An Acquire, a Write and a Read."""
+    """An Acquire, a Write, a Read and a Release. Released, so that no lease of ours expires
+    while frames fly: the leader's TICK would end it, and the state would change for a reason
+    that is not a frame."""
     with FencingClient(cluster.endpoints) as client:
         lease = client.acquire(resource, holder="fuzz-test", ttl_ms=60_000)
         client.write(resource, "k", b"v", token=lease.token)
         assert client.read(resource, "k").value == b"v"
+        client.release(resource, lease.token)
 
 
 def watcher(cluster, epoch: int, context: str, nodes=None):

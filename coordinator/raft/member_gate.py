@@ -27,7 +27,9 @@ from coordinator.raft.transport import peer_warnings
 log = logging.getLogger(__name__)
 
 # Messages that carry their sender's cluster id and incarnation (wire.py _SENDER).
-STAMPED_TYPES = frozenset({"request_vote", "response_vote", "next_node_idx"})
+# Appends carry the cluster id too, so a leader of another cluster (members of two clusters
+# pointed at each other, with the same secret) cannot overwrite this member's log.
+STAMPED_TYPES = frozenset({"request_vote", "response_vote", "next_node_idx", "append_entries"})
 
 
 def stamping_transport(transport_class, gate: MemberGate):
@@ -119,6 +121,8 @@ class MemberGate:
                 "(two clusters' members point at each other?)", kind, address, cluster, ours,
             )
             return False
+        if kind == "append_entries":
+            return True  # only its cluster id is checked here; the leader's term rules the rest
         if incarnation is not None:
             self._peer_incarnation[address] = incarnation
         if kind == "next_node_idx":

@@ -208,7 +208,8 @@ def upgrade_own_entry(entry: bytes) -> tuple[bytes, str | None]:
 # extra or of the wrong type, or a value out of range is refused whole (PeerMessageRefused) and
 # its connection dropped: nothing in it reaches pysyncobj. msgpack maps and extension types
 # never occur, so they are refused by the parser itself.
-# 2: votes and append acknowledgements carry the sender's cluster id and incarnation.
+# 2: votes, appends (and snapshot chunks) and append acknowledgements carry the sender's
+# cluster id and incarnation.
 WIRE_VERSION = 2
 
 
@@ -288,8 +289,9 @@ _SCHEMAS: dict[int, tuple[str, tuple[tuple[str, Callable, bool], ...]]] = {
     3: ("request_vote", (("term", _int, False), ("last_log_index", _int, False), ("last_log_term", _int, False), *_SENDER)),
     4: ("response_vote", (("term", _int, False), *_SENDER)),
     5: ("append_entries", (("term", _int, False), ("commit_index", _int, False), ("prevLogIdx", _opt_int, False),
-                           ("prevLogTerm", _opt_int, False), ("entries", _entries, False))),
-    6: ("append_entries", (("term", _int, False), ("commit_index", _int, False), ("serialized", _chunk, False))),
+                           ("prevLogTerm", _opt_int, False), ("entries", _entries, False), *_SENDER)),
+    6: ("append_entries", (("term", _int, False), ("commit_index", _int, False), ("serialized", _chunk, False),
+                           *_SENDER)),
     7: ("next_node_idx", (("next_node_idx", _int, False), ("reset", _bool, False), ("success", _bool, False), *_SENDER)),
     8: ("apply_command", (("command", _is_entry, False), ("request_id", _opt_int, True))),
     9: ("apply_command_response", (("request_id", _int, False), ("log_idx", _int, False), ("log_term", _int, False))),
