@@ -9,6 +9,10 @@ like ``chaos.workload`` does (ops carry ``hazard`` where they exercise one):
     its acquire and its write: the server cannot tell a sleep from a GC pause) and then writes
     (``late_holder``): refused if someone took over, accepted if nobody did (I3 only looks at
     the hwm).
+    ``--readers`` more threads only read the first resource's key back to back (a read-heavy
+    mode): with reads always in flight on it, the writers' writes land inside long runs of
+    overlapping reads, so one segment holds dozens of ops (reads of the current value are
+    free steps for the search, so this costs the checker little).
 ``hostile``: writes the server must refuse, on the contended resources, under the same faults:
     a never-issued token (hwm + 1000), a token issued for another resource, a huge token
     (2^63, 2^64-1), and malformed requests (token 0, a 3-byte op_id, a resource name outside
@@ -67,6 +71,13 @@ def contention(rec: Recorder, resources: list[str], rng: random.Random, stop: th
                 break
         rec.read(resource, KEY)
         rec.release(resource, res.token)
+
+
+def reader(rec: Recorder, resource: str, rng: random.Random, stop: threading.Event, think_s: float) -> None:
+    """Reads of one hot key, back to back but for a short random think (contention, above)."""
+    while not stop.is_set():
+        rec.read(resource, KEY)
+        stop.wait(rng.uniform(0, think_s))
 
 
 class _RawRefusal(exc_mod.NotApplied):
@@ -193,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--resources", default="hot0,hot1")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--readers", type=int, default=0, help="contention: threads that only read the first resource")
+    # Short enough that some read is nearly always in flight with a few readers, long enough
+    # that readers alone do not saturate the two cores the cluster shares with the run.
+    p.add_argument("--reader-think-s", type=float, default=0.01, help="contention: readers' longest pause")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ttl-ms", type=int, default=1500)
     p.add_argument("--late-every", type=int, default=25, help="contention: one lease in N pauses past its TTL")
@@ -206,12 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     counts: dict[str, dict] = {}
     with HistoryWriter(args.out) as writer:
         def one(k: int) -> None:
-            name = args.process if args.threads == 1 else f"{args.process}.{k}"
+            name = args.process if args.threads == 1 and not args.readers else f"{args.process}.{k}"
             rng = random.Random(args.seed * 1000 + k)
             with make_client(endpoints) as client:
                 rec = Recorder(client, writer, name)
                 try:
-                    if args.role == "contention":
+                    if args.role == "contention" and k >= args.threads:
+                        reader(rec, resources[0], rng, stop, args.reader_think_s)
+                    elif args.role == "contention":
                         contention(rec, resources, rng, stop, args.ttl_ms, args.late_every)
                     elif args.role == "hostile":
                         hostile(rec, resources, rng, stop)
@@ -220,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     counts[name] = rec.counts
 
-        threads = [threading.Thread(target=one, args=(k,), name=f"hazard-{k}") for k in range(args.threads)]
+        n = args.threads + (args.readers if args.role == "contention" else 0)
+        threads = [threading.Thread(target=one, args=(k,), name=f"hazard-{k}") for k in range(n)]
         for t in threads:
             t.start()
         for t in threads:
