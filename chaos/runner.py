@@ -213,6 +213,8 @@ class Run:
         step["seconds"] = round(time.monotonic() - t_start, 2)
         print(f"[chaos] {fault.kind:24s} failover={step.get('failover_s', '-')} convergence={step['convergence_s']}"
               f" ({step['seconds']} s)", flush=True)
+        if fault.info.get("summary"):  # what a fault proved it did (clock read, files torn)
+            print(f"[chaos]   {fault.info['summary']}", flush=True)
         return step
 
     def fault_record_after(self, fault: F.Fault, action: str) -> int:
@@ -354,7 +356,7 @@ def deeper_faults(rng: random.Random, ci: bool) -> list[F.Fault]:
     step each way (leader forward, follower back) and one torn power loss; a soak draws."""
     if ci:
         return [DC.ClockStep("leader", 3600), DC.ClockStep("follower", -3600),
-                DC.TornPowerLoss("leader", seed=rng.randrange(2**32))]
+                DC.TornPowerLoss("leader", seed=rng.randrange(2**32), require_snapshot=True)]
     return [rng.choice([
         lambda: DC.ClockStep(rng.choice(["leader", "follower"]), rng.choice([3600, -3600, 120, -120])),
         lambda: DC.TornPowerLoss(rng.choice(["leader", "all"]), seed=rng.randrange(2**32)),
