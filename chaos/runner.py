@@ -33,6 +33,7 @@ from chaos import check as check_mod
 from chaos import disk_clock_faults as DC
 from chaos import faults as F
 from chaos.harness import ChaosCluster, network_teardown
+from chaos.hazards import quiet_resource
 from chaos.history import HistoryWriter, read_history
 from chaos.workload import KEYS, Recorder, make_client
 from testsupport.supervisor import wait_until
@@ -260,7 +261,8 @@ class Run:
         if out["digest"] is None:
             self.errors.append("final digests: nodes never snapshotted at one applied index (no final records)")
         client = make_client(self.cluster.endpoints, timeout_s=10.0)
-        resources = sorted(set(RESOURCES + HOT_RESOURCES + PROBE_RESOURCES + self.gc_resources()))
+        resources = sorted(set(RESOURCES + HOT_RESOURCES + PROBE_RESOURCES + self.gc_resources()
+                               + [quiet_resource("hx")]))
         for r in resources:
             d = client.describe(r)
             data = {}
