@@ -73,7 +73,8 @@ Checks, each reporting its own violation kind (the constants below):
    search treats them as never applied.
    ``REFUSAL_CHANGED_STATE`` (I3: "rejection changes nothing"): a refused hostile op on a
    resource only its process touches, recorded with the resource's hwm and key version read
-   (through the log) just before and just after it (``args``: ``quiet``, ``hwm_before`` /
+   (through the log) just before and just after it (``args``: ``quiet`` (that resource's
+   name), ``hwm_before`` /
    ``hwm_after``, ``version_before`` / ``version_after``, ``watch_from_ns`` /
    ``watch_to_ns``), saw either change. A window that an epoch floor or restore (which fence
    every resource) or another op on the resource may have touched is not judged, only counted.
@@ -613,7 +614,7 @@ def _check_refusals_unchanged(history: History, refs: _Refs) -> tuple[list[Viola
     stats = {"judged": 0, "not_judged": 0}
     watched = [op for op in history.ops
                if op.is_hostile and op.outcome == "refused" and op.args.get("quiet") and "hwm_after" in op.args]
-    quiet = {op.resource for op in watched}
+    quiet = {op.args["quiet"] for op in watched}
     touchers = [o for o in history.ops if o.f in EPOCH_FUNCTIONS or (o.resource in quiet and o.f != "read")]
     for op in watched:
         a = op.args
@@ -622,7 +623,7 @@ def _check_refusals_unchanged(history: History, refs: _Refs) -> tuple[list[Viola
         def may_touch(other: Op) -> bool:
             if other is op or other.invoke_ns > end:
                 return False
-            if other.f not in EPOCH_FUNCTIONS and other.resource != op.resource:
+            if other.f not in EPOCH_FUNCTIONS and other.resource != a["quiet"]:
                 return False
             # an unknown outcome may take effect any time after its invoke
             return other.outcome == "unknown" or other.complete_ns is None or other.complete_ns >= start
@@ -636,7 +637,7 @@ def _check_refusals_unchanged(history: History, refs: _Refs) -> tuple[list[Viola
         if changed:
             violations.append(Violation(
                 REFUSAL_CHANGED_STATE,
-                f"{op.hazard} {op.f} on {op.resource} by {op.process} was refused ({op.reason}) but "
+                f"{op.hazard} {op.f} on {a['quiet']} by {op.process} was refused ({op.reason}) but "
                 f"{', '.join(changed)} around it, and nothing else touched the resource then",
                 [refs(op)]))
     return violations, stats

@@ -139,7 +139,8 @@ def _watch(rec: Recorder, resource: str):
         before = _resource_state(rec, resource)
     except exc_mod.FencingError:
         return None, None
-    args = {"quiet": True, "watch_from_ns": started, "hwm_before": before["hwm"],
+    # The resource watched: a malformed op may name another (the quiet name made invalid).
+    args = {"quiet": resource, "watch_from_ns": started, "hwm_before": before["hwm"],
             "version_before": before["version"]}
 
     def after() -> dict:

@@ -180,7 +180,7 @@ def watched_refusal(invoke, complete, *, hwm_after=1, version_after=1):
     record = op("write", invoke, complete, process="hx", resource="hx-quiet", key="a", value="h1", token=1001,
                 outcome="refused", reason="UNKNOWN_TOKEN")
     record["hazard"] = "hostile_never_issued"
-    record["args"] = {"quiet": True, "watch_from_ns": invoke - 5, "hwm_before": 1, "version_before": 1,
+    record["args"] = {"quiet": "hx-quiet", "watch_from_ns": invoke - 5, "hwm_before": 1, "version_before": 1,
                       "hwm_after": hwm_after, "version_after": version_after, "watch_to_ns": complete + 5}
     return record
 
