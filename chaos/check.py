@@ -71,6 +71,13 @@ Checks, each reporting its own violation kind (the constants below):
    malformed or huge token, or a malformed request) was accepted. Their refusals must change
    nothing: their values must never be read (FAILED_WRITE_VISIBLE) and the linearizability
    search treats them as never applied.
+   ``REFUSAL_CHANGED_STATE`` (I3: "rejection changes nothing"): a refused hostile op on a
+   resource only its process touches, recorded with the resource's hwm and key version read
+   (through the log) just before and just after it (``args``: ``quiet`` (that resource's
+   name), ``hwm_before`` /
+   ``hwm_after``, ``version_before`` / ``version_after``, ``watch_from_ns`` /
+   ``watch_to_ns``), saw either change. A window that an epoch floor or restore (which fence
+   every resource) or another op on the resource may have touched is not judged, only counted.
 8. ``TWO_LEADERS_IN_TERM``: node samples show two nodes as leader in the same term.
    ``REPLICAS_DIVERGED``: ``final`` records (the last one per node) disagree — different digests
    at the same applied index, or different applied indexes after convergence.
@@ -116,6 +123,7 @@ TWO_LEADERS_IN_TERM = "TWO_LEADERS_IN_TERM"
 REPLICAS_DIVERGED = "REPLICAS_DIVERGED"
 EPOCH_FLOOR_BROKEN = "EPOCH_FLOOR_BROKEN"
 HOSTILE_ACCEPTED = "HOSTILE_ACCEPTED"
+REFUSAL_CHANGED_STATE = "REFUSAL_CHANGED_STATE"
 
 VIOLATION_KINDS = (
     TOKEN_DUPLICATE,
@@ -131,6 +139,7 @@ VIOLATION_KINDS = (
     REPLICAS_DIVERGED,
     EPOCH_FLOOR_BROKEN,
     HOSTILE_ACCEPTED,
+    REFUSAL_CHANGED_STATE,
 )
 
 #: States the register search may explore per segment before calling it inconclusive.
@@ -597,6 +606,41 @@ def _check_hostile(logical: list[_Logical], refs: _Refs) -> list[Violation]:
                   [refs(op.rep)])
         for op in logical if op.first.is_hostile and op.outcome == "ok"
     ]
+
+
+def _check_refusals_unchanged(history: History, refs: _Refs) -> tuple[list[Violation], dict[str, int]]:
+    """REFUSAL_CHANGED_STATE (module docstring, check 7); and how many windows were judged."""
+    violations: list[Violation] = []
+    stats = {"judged": 0, "not_judged": 0}
+    watched = [op for op in history.ops
+               if op.is_hostile and op.outcome == "refused" and op.args.get("quiet") and "hwm_after" in op.args]
+    quiet = {op.args["quiet"] for op in watched}
+    touchers = [o for o in history.ops if o.f in EPOCH_FUNCTIONS or (o.resource in quiet and o.f != "read")]
+    for op in watched:
+        a = op.args
+        start, end = a["watch_from_ns"], a["watch_to_ns"]
+
+        def may_touch(other: Op) -> bool:
+            if other is op or other.invoke_ns > end:
+                return False
+            if other.f not in EPOCH_FUNCTIONS and other.resource != a["quiet"]:
+                return False
+            # an unknown outcome may take effect any time after its invoke
+            return other.outcome == "unknown" or other.complete_ns is None or other.complete_ns >= start
+
+        if any(may_touch(other) for other in touchers):
+            stats["not_judged"] += 1
+            continue
+        stats["judged"] += 1
+        changed = [f"{name} {a[name + '_before']} -> {a[name + '_after']}" for name in ("hwm", "version")
+                   if a[name + "_before"] != a[name + "_after"]]
+        if changed:
+            violations.append(Violation(
+                REFUSAL_CHANGED_STATE,
+                f"{op.hazard} {op.f} on {a['quiet']} by {op.process} was refused ({op.reason}) but "
+                f"{', '.join(changed)} around it, and nothing else touched the resource then",
+                [refs(op)]))
+    return violations, stats
 
 
 def hazard_counts(history: History, logical: list[_Logical]) -> dict[str, Any]:
@@ -1082,6 +1126,8 @@ def check_history(
     violations += _check_dedup(history, refs)
     violations += _check_epoch_floors(logical, refs, warnings)
     violations += _check_hostile(logical, refs)
+    unchanged, refusals_watched = _check_refusals_unchanged(history, refs)
+    violations += unchanged
     violations += _check_nodes(history)
 
     by_f: dict[str, dict[str, int]] = {}
@@ -1098,7 +1144,7 @@ def check_history(
         "final_states": len(history.final_states),
         "faults": len(history.faults),
         "linearizability": lin_stats,
-        "hazards": hazard_counts(history, logical),
+        "hazards": {**hazard_counts(history, logical), "refusals_watched": refusals_watched},
         "violations": len(violations),
         "violations_by_kind": {k: by_kind[k] for k in VIOLATION_KINDS if by_kind[k]},
         "seconds": round(time.perf_counter() - started, 3),

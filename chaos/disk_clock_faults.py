@@ -5,6 +5,9 @@ point 4). Kept apart from chaos/faults.py so other fault work there does not col
 runs, through libfaketime (CHAOS.md, "Clock steps"; the harness starts members under it when
 ``FENCING_CHAOS_FAKETIME`` allows, see ``chaos.harness``); monotonic stays real. Heal steps it
 back. Leases must neither shorten nor lengthen (I6): the workload and the checker see it.
+The fault proves each step took effect: it reads the member's wall clock (the ``Date`` of its
+/readyz answer, ``ChaosCluster.wall_clock_offset_s``) until it reads the offset asked for, and
+fails the inject (a run error) if it never does; heal checks the clock came back likewise.
 
 ``TornPowerLoss``: a power loss (``chaos.faults.PowerLoss``: freeze with unsynced journal bytes,
 kill -9, drop what was never fsynced) that also leaves what a power cut mid-write leaves:
@@ -17,6 +20,10 @@ kill -9, drop what was never fsynced) that also leaves what a power cut mid-writ
 Nothing fsynced is touched: the member promised nothing about the rest. On restart it must cut
 the torn record with a warning and start with its last durable term and vote (never a rolled
 back one); the fault checks both (``info["ok"]``), and the run then checks it serves.
+With ``require_snapshot`` (the CI profile) the snapshot tear must happen: inject first waits
+(bounded) until every member has a snapshot file (chaos members snapshot every 20 s), and a
+victim without one fails the fault; after the restart the intact snapshot beside the torn
+``.tmp`` must still verify (``snapshot_index``).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import os
 import random
 import struct
+import time
 import zlib
 
 import msgpack
@@ -31,6 +39,7 @@ import msgpack
 from chaos.faults import Fault, PowerLoss, _pick
 from chaos.harness import ChaosCluster
 from coordinator.raft.journal import JOURNAL_NAME, META_NAME, SYNCED_SIDECAR_SUFFIX
+from coordinator.raft import snapshot_file
 from coordinator.raft.snapshot_file import DUMP_NAME
 from testsupport.supervisor import wait_until
 
@@ -38,8 +47,39 @@ _RECORD_HEAD = struct.Struct("<II")  # the journal's record head: payload length
 _ENTRY_HEAD = struct.Struct("<QQ")  # index, term
 
 
+# A read of the member's clock is good to about a second (whole-second HTTP dates, a local
+# round trip); steps are minutes or more, so 3 s tells "stepped" from "not" without doubt.
+CLOCK_OFFSET_TOLERANCE_S = 3.0
+# libfaketime re-reads the offset file at every clock call (FAKETIME_NO_CACHE): a step shows
+# in the next answer. The deadline covers a member slow to answer on a loaded machine.
+CLOCK_STEP_SEEN_S = 10.0
+
+
+class ClockNotStepped(RuntimeError):
+    """The member's wall clock never read the offset the fault set."""
+
+
+def wait_wall_offset(c: ChaosCluster, i: int, seconds: int) -> float:
+    """Poll member ``i``'s wall clock until it reads ``seconds`` off ours (within the
+    tolerance); the offset read. ClockNotStepped if it never does within the deadline."""
+    seen: list[float] = []
+
+    def there():
+        seen.append(c.wall_clock_offset_s(i))
+        return (seen[-1],) if abs(seen[-1] - seconds) <= CLOCK_OFFSET_TOLERANCE_S else None
+
+    try:
+        return round(wait_until(there, CLOCK_STEP_SEEN_S, interval_s=0.1, what="the stepped clock")[0], 1)
+    except TimeoutError:
+        last = f"{seen[-1]:+.1f} s" if seen else "nothing (no answer)"
+        raise ClockNotStepped(f"member {i}'s wall clock should read {seconds:+d} s off real time; "
+                              f"it read {last}") from None
+
+
 class ClockStep(Fault):
     """Step the wall clock of the leader or a follower by ``seconds`` (negative: back)."""
+
+    failure = "the member's wall clock did not come back after the step"
 
     def __init__(self, role: str = "leader", seconds: int = 3600) -> None:
         super().__init__()
@@ -52,12 +92,22 @@ class ClockStep(Fault):
             raise RuntimeError("members are not running under libfaketime: no clock to step")
         self.i = _pick(c, self.role)
         self.nodes = [c.nodes[self.i].raft_address]
-        c.step_wall_clock(self.i, self.seconds)
         self.info = {"node": self.nodes[0], "seconds": self.seconds}
+        c.step_wall_clock(self.i, self.seconds)
+        # Raises (the runner records a run error) if the member's clock did not move.
+        self.info["offset_seen_s"] = wait_wall_offset(c, self.i, self.seconds)
 
     def heal(self, c: ChaosCluster):
-        if self.i >= 0:
-            c.step_wall_clock(self.i, 0)
+        if self.i < 0:
+            return
+        c.step_wall_clock(self.i, 0)
+        try:
+            self.info["offset_after_heal_s"] = wait_wall_offset(c, self.i, 0)
+            self.info["ok"] = True
+        except (ClockNotStepped, OSError) as exc:
+            self.info.update(ok=False, heal_error=str(exc))
+        self.info["summary"] = (f"{self.nodes[0]}: wall clock stepped {self.seconds:+d} s, read "
+                                f"{self.info.get('offset_seen_s')} s off after the step, {self.info.get('offset_after_heal_s')} s after heal")
 
 
 def _read_meta_term(data_dir: str) -> tuple[int, object] | None:
@@ -134,15 +184,25 @@ class TornPowerLoss(PowerLoss):
 
     failure = "member did not recover safely from a torn power loss"
 
-    def __init__(self, scope: str = "leader", seed: int = 0) -> None:
+    def __init__(self, scope: str = "leader", seed: int = 0, require_snapshot: bool = False,
+                 snapshot_wait_s: float = 30.0) -> None:
         super().__init__(scope)
         self.kind = f"torn_power_loss_{scope}"
         self.rng = random.Random(seed)
+        self.require_snapshot = require_snapshot
+        # 30 s: members snapshot every 20 s (chaos settings), a loaded machine adds some.
+        self.snapshot_wait_s = snapshot_wait_s
         self.before: dict[int, tuple[int, object] | None] = {}
         self.torn: dict[str, dict] = {}
 
     def inject(self, c):
         self.indexes = []
+        if self.require_snapshot:
+            # Every member, not just the victim: the leader is picked only after this wait.
+            t0 = time.monotonic()
+            wait_until(lambda: all(os.path.exists(os.path.join(n.data_dir, DUMP_NAME)) for n in c.nodes),
+                       self.snapshot_wait_s, interval_s=0.2, what="every member to have a snapshot file")
+            self.info["snapshot_wait_s"] = round(time.monotonic() - t0, 2)
 
         # PowerLoss.inject kills and cuts to the synced length; the tear is taken from the
         # sidecar, which still names the synced length, and the file before the cut.
@@ -187,7 +247,27 @@ class TornPowerLoss(PowerLoss):
             after = _read_meta_term(node.data_dir)
             before = self.before.get(i)
             rolled_back = before is not None and (after is None or after[0] < before[0])
-            self.torn[node.raft_address].update(cut_seen=True, rolled_back=rolled_back,
-                                                term_before=before and before[0], term_after=after and after[0])
+            torn = self.torn[node.raft_address]
+            torn.update(cut_seen=True, rolled_back=rolled_back,
+                        term_before=before and before[0], term_after=after and after[0])
             ok = ok and not rolled_back
+            if "dump_tmp_bytes" in torn:
+                try:
+                    torn["snapshot_index"] = snapshot_file.verify(os.path.join(node.data_dir, DUMP_NAME))[0]
+                except (OSError, ValueError) as exc:
+                    torn["snapshot_error"] = repr(exc)
+                    ok = False
+            elif self.require_snapshot:
+                torn["snapshot_error"] = "the victim had no snapshot file: its update was not torn"
+                ok = False
         self.info["ok"] = ok
+        self.info["summary"] = "; ".join(_torn_summary(addr, t) for addr, t in self.torn.items())
+
+
+def _torn_summary(node: str, torn: dict) -> str:
+    """One line per victim for the run's output: what was torn, and how it came back."""
+    dump = (f", raft.dump.tmp {torn['dump_tmp_bytes']} B torn beside the snapshot at index "
+            f"{torn.get('snapshot_index', '?')}" if "dump_tmp_bytes" in torn else ", no snapshot to tear")
+    return (f"{node}: journal record torn at {torn['torn_bytes']}/{torn['torn_of']} B ({torn['torn_source']}), "
+            f"raft.meta.tmp {torn['meta_tmp_bytes']} B{dump}; cut seen {torn.get('cut_seen')}, "
+            f"term {torn.get('term_before')} -> {torn.get('term_after')}")

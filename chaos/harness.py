@@ -14,15 +14,18 @@ reachable by clients (exercising NO_LEADER and forwarding paths).
 
 from __future__ import annotations
 
+import email.utils
+import http.client
 import os
 import subprocess
+import time
 
 import grpc
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from testsupport.grpc_cluster import GrpcCluster, GrpcNode
-from testsupport.supervisor import DEFAULT_HOSTS, child_env
+from testsupport.supervisor import DEFAULT_HOSTS, child_env, pick_ports
 
 HOSTS = DEFAULT_HOSTS
 # Overridable so two runs on one machine (a soak beside CI) never delete each other's
@@ -39,6 +42,10 @@ CHAOS_SETTINGS = {
     "grpc_threads": 32,
     "grpc_max_concurrent_rpcs": 256,
     "track_synced_for_tests": True,
+    # Snapshot (and compact) every 20 s instead of every 5 min: a run then has snapshot files,
+    # compactions and snapshot installs to lagging members under its faults, and the torn power
+    # loss finds a snapshot to tear an update of.
+    "log_compaction_min_time_s": 20.0,
     "log_level": "INFO",
 }
 
@@ -93,12 +100,18 @@ class ChaosCluster(GrpcCluster):
 
     Members run under libfaketime (wall clock only; monotonic real) when it is installed and
     ``FENCING_CHAOS_FAKETIME`` is not ``0``, so the clock_step fault can step a member's wall
-    clock at run time by rewriting ``nodeN.wall`` (read at every call: FAKETIME_NO_CACHE)."""
+    clock at run time by rewriting ``nodeN.wall`` (read at every call: FAKETIME_NO_CACHE).
+    Every member serves /readyz on ``metrics_port``: its answer's HTTP ``Date`` comes from the
+    member's own wall clock, so ``wall_clock_offset_s`` shows whether a step took effect."""
 
     node_class = Node
     default_settings = CHAOS_SETTINGS
 
     def __init__(self, base_dir: str, **kwargs) -> None:
+        self.metrics_port, _ = pick_ports(kwargs.get("hosts", HOSTS))
+        extra = kwargs.pop("node_settings", None) or {}
+        kwargs["node_settings"] = {i: {"metrics_address": f"{h}:{self.metrics_port}", **extra.get(i, {})}
+                                   for i, h in enumerate(kwargs.get("hosts", HOSTS))}
         super().__init__(base_dir, **kwargs)
         self.clock_steppable = os.path.exists(LIBFAKETIME) and os.environ.get("FENCING_CHAOS_FAKETIME") != "0"
         if self.clock_steppable:
@@ -114,6 +127,25 @@ class ChaosCluster(GrpcCluster):
         with open(path + ".tmp", "w", encoding="ascii") as f:
             f.write(f"{seconds:+d}\n")
         os.replace(path + ".tmp", path)  # never half a file to read
+
+    def wall_clock_offset_s(self, i: int, timeout_s: float = 2.0) -> float:
+        """Member ``i``'s wall clock minus ours, in seconds, read from the ``Date`` of its
+        /readyz answer (formatted from the member's ``time.time()``). Whole seconds, truncated:
+        good to about -1.1..+0.1 s, plenty to tell a step of minutes from none."""
+        node = self.nodes[i]
+        conn = http.client.HTTPConnection(node.host, self.metrics_port, timeout=timeout_s)
+        try:
+            sent = time.time()
+            conn.request("GET", "/readyz")
+            reply = conn.getresponse()
+            reply.read()
+            answered = time.time()
+            date = reply.getheader("Date")
+        finally:
+            conn.close()
+        if not date:
+            raise RuntimeError(f"member {i}'s /readyz answer has no Date header")
+        return email.utils.parsedate_to_datetime(date).timestamp() - (sent + answered) / 2
 
     def env(self, node) -> dict:
         if not self.clock_steppable:

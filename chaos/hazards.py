@@ -9,11 +9,18 @@ like ``chaos.workload`` does (ops carry ``hazard`` where they exercise one):
     its acquire and its write: the server cannot tell a sleep from a GC pause) and then writes
     (``late_holder``): refused if someone took over, accepted if nobody did (I3 only looks at
     the hwm).
+    ``--readers`` more threads only read the first resource's key back to back (a read-heavy
+    mode): with reads always in flight on it, the writers' writes land inside long runs of
+    overlapping reads, so one segment holds dozens of ops (reads of the current value are
+    free steps for the search, so this costs the checker little).
 ``hostile``: writes the server must refuse, on the contended resources, under the same faults:
     a never-issued token (hwm + 1000), a token issued for another resource, a huge token
     (2^63, 2^64-1), and malformed requests (token 0, a 3-byte op_id, a resource name outside
     the alphabet) sent through the raw stubs, past the client's own validation. Each carries a
-    fresh value, so a refusal that changed the data shows up as FAILED_WRITE_VISIBLE.
+    fresh value, so a refusal that changed the data shows up as FAILED_WRITE_VISIBLE. One op
+    in three goes to a resource only this process touches (``<process>-quiet``), with its hwm
+    and key version read before and after: a refusal that moved either is
+    REFUSAL_CHANGED_STATE (I3: rejection changes nothing).
 ``operator``: force-release of a contended resource, epoch floors (fence_all) and a snapshot
     restored with a floor (I7, I11), recording the floor asked for and the backup's data, so
     the checker knows what each did (chaos/check.py, check 6).
@@ -69,6 +76,13 @@ def contention(rec: Recorder, resources: list[str], rng: random.Random, stop: th
         rec.release(resource, res.token)
 
 
+def reader(rec: Recorder, resource: str, rng: random.Random, stop: threading.Event, think_s: float) -> None:
+    """Reads of one hot key, back to back but for a short random think (contention, above)."""
+    while not stop.is_set():
+        rec.read(resource, KEY)
+        stop.wait(rng.uniform(0, think_s))
+
+
 class _RawRefusal(exc_mod.NotApplied):
     """The server refused a raw request (any status that promises nothing was applied)."""
 
@@ -80,7 +94,7 @@ _REFUSING_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PREC
 
 
 def _raw_write(rec: Recorder, channels: dict[str, grpc.Channel], resource: str, token: int, value: str,
-               hazard: str, *, op_id: bytes | None = None):
+               hazard: str, *, op_id: bytes | None = None, args: dict | None = None, after=None):
     """A write through the raw stub (no client-side validation), to the leader if known."""
     endpoint = rec.client.leader_endpoint or rec.client.endpoints[0]
     channel = channels.setdefault(endpoint, grpc.insecure_channel(endpoint))
@@ -97,49 +111,119 @@ def _raw_write(rec: Recorder, channels: dict[str, grpc.Channel], resource: str, 
             # no answer, or one that promises nothing: the write may still be applied
             raise exc_mod.OutcomeUnknown(str(e.details()), code=e.code(), reason=e.code().name) from None
 
-    return rec.call("write", resource, send, key=KEY, value=value, token=token, hazard=hazard,
-                    result_of=lambda r: {"version": r.version, "hwm": r.hwm})
+    return rec.call("write", resource, send, key=KEY, value=value, token=token, hazard=hazard, args=args,
+                    after=after, result_of=lambda r: {"version": r.version, "hwm": r.hwm})
+
+
+HOSTILE_KINDS = ("never_issued", "foreign_token", "huge_token", "malformed")
+MALFORMED_SHAPES = ("token_zero", "short_op_id", "bad_resource")
+
+
+def quiet_resource(process: str) -> str:
+    """The resource only this hostile process touches: its refusals there are watched."""
+    return f"{process}-quiet"
+
+
+def _resource_state(rec: Recorder, resource: str) -> dict:
+    """hwm of ``resource`` and the version of its key, both read through the log."""
+    hwm = int(rec.client.describe(resource).hwm)
+    found = rec.client.read(resource, KEY)
+    return {"hwm": hwm, "version": int(found.version) if found.found else 0}
+
+
+def _watch(rec: Recorder, resource: str):
+    """``args`` and ``after`` for one op on the quiet resource: its state read before and
+    after (chaos/check.py, REFUSAL_CHANGED_STATE); (None, None) if it cannot be read now."""
+    started = time.monotonic_ns()
+    try:
+        before = _resource_state(rec, resource)
+    except exc_mod.FencingError:
+        return None, None
+    # The resource watched: a malformed op may name another (the quiet name made invalid).
+    args = {"quiet": resource, "watch_from_ns": started, "hwm_before": before["hwm"],
+            "version_before": before["version"]}
+
+    def after() -> dict:
+        try:
+            now = _resource_state(rec, resource)
+        except exc_mod.FencingError:
+            return {"watch": "not read after"}  # the checker then has nothing to compare
+        return {"hwm_after": now["hwm"], "version_after": now["version"], "watch_to_ns": time.monotonic_ns()}
+
+    return args, after
+
+
+def hostile_op(rec: Recorder, channels: dict[str, grpc.Channel], kind: str, resource: str, value: str,
+               rng: random.Random, *, watch: bool = False) -> str | None:
+    """One write of ``kind`` the server must refuse, on ``resource``; its outcome, or None if
+    it could not be prepared (no hwm to read, no foreign token). ``watch``: record the
+    resource's state before and after it (only where nobody else writes)."""
+    args, after = _watch(rec, resource) if watch else (None, None)
+    if watch and args is None:
+        return None
+    if kind == "never_issued":
+        try:
+            hwm = rec.client.describe(resource).hwm
+        except exc_mod.FencingError:
+            return None
+        return rec.write(resource, KEY, value, int(hwm) + FLOOR_GAP, hazard="hostile_never_issued",
+                         args=args, after=after)[0]
+    if kind == "foreign_token":
+        # A real token, issued for another resource: never equal to hwm(resource),
+        # since every epoch comes from one counter.
+        own = f"{rec.process}-own"
+        outcome, res = rec.acquire(own, 5000, holder=rec.process)
+        if outcome != "ok":
+            return None
+        try:
+            return rec.write(resource, KEY, value, res.token, hazard="hostile_foreign_token",
+                             args=args, after=after)[0]
+        finally:
+            rec.release(own, res.token)
+    if kind == "huge_token":
+        return _raw_write(rec, channels, resource, rng.choice([2**63, 2**64 - 1]), value, "hostile_huge_token",
+                          args=args, after=after)[0]
+    try:
+        hwm = int(rec.client.describe(resource).hwm)
+    except exc_mod.FencingError:
+        return None
+    shape = rng.choice(MALFORMED_SHAPES)
+    args = {**(args or {}), "shape": shape}
+    if shape == "token_zero":
+        return _raw_write(rec, channels, resource, 0, value, "hostile_malformed", args=args, after=after)[0]
+    if shape == "short_op_id":
+        # The current hwm as token: only the op_id is wrong, so only validation stops it.
+        return _raw_write(rec, channels, resource, hwm, value, "hostile_malformed", op_id=b"abc",
+                          args=args, after=after)[0]
+    return _raw_write(rec, channels, resource + " !", hwm, value, "hostile_malformed", args=args, after=after)[0]
+
+
+def _settle_quiet(rec: Recorder, resource: str, stop: threading.Event) -> bool:
+    """Give the quiet resource an hwm and a value, so a refusal that moved either shows."""
+    while not stop.is_set():
+        outcome, res = rec.acquire(resource, 5000, holder=rec.process)
+        if outcome == "ok":
+            rec.write(resource, KEY, f"{rec.process}-settled", res.token)
+            rec.release(resource, res.token)
+            return True
+        stop.wait(0.2)
+    return False
 
 
 def hostile(rec: Recorder, resources: list[str], rng: random.Random, stop: threading.Event) -> None:
     channels: dict[str, grpc.Channel] = {}
-    own = f"{rec.process}-own"
+    quiet = quiet_resource(rec.process)
     seq = 0
     try:
+        if not _settle_quiet(rec, quiet, stop):
+            return
         while not stop.wait(0.15):
             seq += 1
-            resource = rng.choice(resources)
-            value = f"{rec.process}-{seq}"
-            kind = rng.choice(["never_issued", "foreign_token", "huge_token", "malformed"])
-            if kind == "never_issued":
-                try:
-                    hwm = rec.client.describe(resource).hwm
-                except exc_mod.FencingError:
-                    continue
-                rec.write(resource, KEY, value, int(hwm) + FLOOR_GAP, hazard="hostile_never_issued")
-            elif kind == "foreign_token":
-                # A real token, issued for another resource: never equal to hwm(resource),
-                # since every epoch comes from one counter.
-                outcome, res = rec.acquire(own, 5000, holder=rec.process)
-                if outcome != "ok":
-                    continue
-                rec.write(resource, KEY, value, res.token, hazard="hostile_foreign_token")
-                rec.release(own, res.token)
-            elif kind == "huge_token":
-                _raw_write(rec, channels, resource, rng.choice([2**63, 2**64 - 1]), value, "hostile_huge_token")
-            else:
-                try:
-                    hwm = int(rec.client.describe(resource).hwm)
-                except exc_mod.FencingError:
-                    continue
-                shape = rng.choice(["token_zero", "short_op_id", "bad_resource"])
-                if shape == "token_zero":
-                    _raw_write(rec, channels, resource, 0, value, "hostile_malformed")
-                elif shape == "short_op_id":
-                    # The current hwm as token: only the op_id is wrong, so only validation stops it.
-                    _raw_write(rec, channels, resource, hwm, value, "hostile_malformed", op_id=b"abc")
-                else:
-                    _raw_write(rec, channels, resource + " !", hwm, value, "hostile_malformed")
+            # One in three on the quiet resource, watched; the rest where the contention is.
+            on_quiet = rng.random() < 1 / 3
+            resource = quiet if on_quiet else rng.choice(resources)
+            hostile_op(rec, channels, rng.choice(HOSTILE_KINDS), resource, f"{rec.process}-{seq}", rng,
+                       watch=on_quiet)
     finally:
         for ch in channels.values():
             ch.close()
@@ -193,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--resources", default="hot0,hot1")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--readers", type=int, default=0, help="contention: threads that only read the first resource")
+    # Short enough that some read is nearly always in flight with a few readers, long enough
+    # that readers alone do not saturate the two cores the cluster shares with the run.
+    p.add_argument("--reader-think-s", type=float, default=0.01, help="contention: readers' longest pause")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ttl-ms", type=int, default=1500)
     p.add_argument("--late-every", type=int, default=25, help="contention: one lease in N pauses past its TTL")
@@ -206,12 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     counts: dict[str, dict] = {}
     with HistoryWriter(args.out) as writer:
         def one(k: int) -> None:
-            name = args.process if args.threads == 1 else f"{args.process}.{k}"
+            name = args.process if args.threads == 1 and not args.readers else f"{args.process}.{k}"
             rng = random.Random(args.seed * 1000 + k)
             with make_client(endpoints) as client:
                 rec = Recorder(client, writer, name)
                 try:
-                    if args.role == "contention":
+                    if args.role == "contention" and k >= args.threads:
+                        reader(rec, resources[0], rng, stop, args.reader_think_s)
+                    elif args.role == "contention":
                         contention(rec, resources, rng, stop, args.ttl_ms, args.late_every)
                     elif args.role == "hostile":
                         hostile(rec, resources, rng, stop)
@@ -220,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     counts[name] = rec.counts
 
-        threads = [threading.Thread(target=one, args=(k,), name=f"hazard-{k}") for k in range(args.threads)]
+        n = args.threads + (args.readers if args.role == "contention" else 0)
+        threads = [threading.Thread(target=one, args=(k,), name=f"hazard-{k}") for k in range(n)]
         for t in threads:
             t.start()
         for t in threads:

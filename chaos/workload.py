@@ -52,13 +52,17 @@ class Recorder:
         self.process = process
         self.counts: dict[str, int] = {}
 
-    def _record(self, rec: dict[str, Any]) -> None:
+    def _record(self, rec: dict[str, Any], after: Callable[[], dict] | None = None) -> None:
+        if after is not None:
+            rec["args"] = {**rec.get("args", {}), **after()}
         self.writer.write(rec)
         self.counts[rec["outcome"]] = self.counts.get(rec["outcome"], 0) + 1
 
     def call(self, f: str, resource: str, fn: Callable[[bytes], Any], *, key=None, value=None, token=None,
              result_of: Callable[[Any], dict] | None = None, hazard: str | None = None,
-             args: dict | None = None) -> tuple[str, Any]:
+             args: dict | None = None, after: Callable[[], dict] | None = None) -> tuple[str, Any]:
+        """``after``: called once the call returned or failed, before the record is written;
+        what it returns joins ``args`` (state read after the op, for the checker)."""
         op_id = os.urandom(16)
         rec: dict[str, Any] = {
             "type": "op", "process": self.process, "op_id": op_id.hex(), "f": f, "resource": resource,
@@ -73,15 +77,15 @@ class Recorder:
             res = fn(op_id)
         except exc_mod.OutcomeUnknown as e:
             rec.update(complete_ns=time.monotonic_ns(), outcome="unknown", reason=_reason(e))
-            self._record(rec)
+            self._record(rec, after)
             return "unknown", e
         except exc_mod.NotApplied as e:
             rec.update(complete_ns=time.monotonic_ns(), outcome="refused", reason=_reason(e))
-            self._record(rec)
+            self._record(rec, after)
             return "refused", e
         except Exception as e:  # noqa: BLE001 - anything else: we cannot know
             rec.update(complete_ns=time.monotonic_ns(), outcome="unknown", reason=_reason(e))
-            self._record(rec)
+            self._record(rec, after)
             return "unknown", e
         rec["complete_ns"] = time.monotonic_ns()
         rec["outcome"] = "ok"
@@ -89,7 +93,7 @@ class Recorder:
         if result_of is not None:
             result.update(result_of(res))
         rec["result"] = result
-        self._record(rec)
+        self._record(rec, after)
         return "ok", res
 
     # -- the operations ------------------------------------------------------------------
@@ -103,10 +107,11 @@ class Recorder:
         return self.call("keepalive", resource, lambda op: self.client.keep_alive(resource, token=token),
                          token=token, result_of=lambda r: {"token": r.token, "expires_at_ms": r.expires_at_ms})
 
-    def write(self, resource: str, key: str, value: str, token: int, hazard: str | None = None):
+    def write(self, resource: str, key: str, value: str, token: int, hazard: str | None = None,
+              args: dict | None = None, after: Callable[[], dict] | None = None):
         return self.call("write", resource,
                          lambda op: self.client.write(resource, key, value.encode(), token=token, op_id=op),
-                         key=key, value=value, token=token, hazard=hazard,
+                         key=key, value=value, token=token, hazard=hazard, args=args, after=after,
                          result_of=lambda r: {"version": r.version, "hwm": r.hwm})
 
     def delete(self, resource: str, key: str, token: int):

@@ -173,3 +173,46 @@ def test_a_refused_hostile_write_seen_by_a_read_is_caught():
         read(40, 50, "h1"),
     ]
     assert_only(records, chk.FAILED_WRITE_VISIBLE)
+
+
+def watched_refusal(invoke, complete, *, hwm_after=1, version_after=1):
+    """hx's never-issued write on its quiet resource, refused; its state read around it."""
+    record = op("write", invoke, complete, process="hx", resource="hx-quiet", key="a", value="h1", token=1001,
+                outcome="refused", reason="UNKNOWN_TOKEN")
+    record["hazard"] = "hostile_never_issued"
+    record["args"] = {"quiet": "hx-quiet", "watch_from_ns": invoke - 5, "hwm_before": 1, "version_before": 1,
+                      "hwm_after": hwm_after, "version_after": version_after, "watch_to_ns": complete + 5}
+    return record
+
+
+def quiet_settled():
+    return [
+        acquire(0, 10, 1, index=1, process="hx", resource="hx-quiet"),
+        op("write", 12, 14, process="hx", resource="hx-quiet", key="a", value="s", token=1, version=1, hwm=1,
+           applied_index=2),
+    ]
+
+
+def test_a_refusal_that_left_the_state_alone_is_judged_and_passes():
+    report = check(quiet_settled() + [watched_refusal(100, 110)])
+    assert report.ok, [v.to_dict() for v in report.violations]
+    assert report.summary["hazards"]["refusals_watched"] == {"judged": 1, "not_judged": 0}
+
+
+def test_a_refusal_that_moved_the_hwm_or_the_version_is_caught():
+    for moved in ({"hwm_after": 1001}, {"version_after": 2}):
+        report = assert_only(quiet_settled() + [watched_refusal(100, 110, **moved)], chk.REFUSAL_CHANGED_STATE)
+        assert "was refused (UNKNOWN_TOKEN)" in report.violations[0].detail
+
+
+def test_a_fence_all_floor_or_an_unknown_one_in_the_window_is_not_judged():
+    # A floor with fence_all moves every hwm: the change is not the refusal's doing.
+    moved = watched_refusal(100, 110, hwm_after=1002)
+    # An unknown one that answered before the window may still take effect in it.
+    for outcome, invoke, complete in (("ok", 90, 104), ("unknown", 40, 50)):
+        fence = floor(invoke, complete, 1002, floor_asked=1001, index=3, fence_all=True)
+        if outcome == "unknown":
+            fence.update(outcome="unknown", result={})
+        report = check(quiet_settled() + [fence, moved])
+        assert chk.REFUSAL_CHANGED_STATE not in report.kinds(), [v.to_dict() for v in report.violations]
+        assert report.summary["hazards"]["refusals_watched"] == {"judged": 0, "not_judged": 1}
