@@ -32,6 +32,7 @@ import traceback
 from chaos import check as check_mod
 from chaos import disk_clock_faults as DC
 from chaos import faults as F
+from chaos import membership_faults as MF
 from chaos.harness import ChaosCluster, network_teardown
 from chaos.hazards import quiet_resource
 from chaos.history import HistoryWriter, read_history
@@ -351,6 +352,8 @@ def ci_plan(run: Run):
         yield fault, run.hold_s
     for fault in deeper_faults(run.rng, ci=True):
         yield fault, run.hold_s
+    # A lost disk, then its replace (the leader's: an election on top of the change).
+    yield MF.DiskLoss(os.path.join(run.out, "clients"), "leader"), run.hold_s
 
 
 def deeper_faults(rng: random.Random, ci: bool) -> list[F.Fault]:
@@ -370,8 +373,11 @@ def soak_plan(minutes: float):
         end = time.monotonic() + minutes * 60
         with_delay = F.delay_available()
         while time.monotonic() < end:
-            if run.rng.random() < 0.2:
+            draw = run.rng.random()
+            if draw < 0.2:
                 fault = deeper_faults(run.rng, ci=False)[0]
+            elif draw < 0.25:
+                fault = MF.random_disk_loss(run.rng, os.path.join(run.out, "clients"))
             else:
                 fault = F.random_fault(run.rng, lambda: run.recorder("gc-owner"), os.path.join(run.out, "clients"),
                                        with_delay)

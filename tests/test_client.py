@@ -207,6 +207,57 @@ def test_classify_rules():
         assert not classify(refusal, Kind.READ).retry
 
 
+class _TransportError(grpc.RpcError):
+    """What grpc raises for a call whose connection failed: a status and a message, no
+    ErrorInfo."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+    def trailing_metadata(self):
+        return ()
+
+
+def test_a_call_sent_once_whose_connection_dropped_is_unknown_not_unavailable():
+    """A membership change (or a restore) is sent once. A connection that dropped after the
+    request went out ("Socket closed": seen when a member restarted under a MemberReplace)
+    may have applied it: the caller must hear OutcomeUnknown and check, not Unavailable, which
+    says nothing was applied (fencingctl: exit 4 instead of 5)."""
+    from coordinator.api.v1 import fencing_pb2 as pb
+    from coordinator.client._base import Attempts, Call
+
+    client = FencingClient(["127.0.0.1:1"], timeout_s=5.0)  # never dialled: Attempts only
+    try:
+        def attempt(kind: Kind, err: grpc.RpcError):
+            call = Call("admin", "MemberReplace", pb.MemberReplaceRequest(member_id="m2"), kind,
+                        {"rpc": "member-replace", "member_id": "m2"}, lambda r: r)
+            attempts = Attempts(client, call)
+            attempts.begin()
+            return attempts.failed(err, "127.0.0.1:1")
+
+        dropped = _TransportError(grpc.StatusCode.UNAVAILABLE, "Stream removed (Socket closed)")
+        with pytest.raises(E.OutcomeUnknown) as caught:
+            attempt(Kind.ONCE, dropped)
+        assert isinstance(caught.value.__cause__, E.Unavailable)  # the typed cause, then grpc's
+        # Never connected: surely not applied, so retried even when sent once.
+        never = _TransportError(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses; x")
+        assert attempt(Kind.ONCE, never) >= 0.0
+        # A call that dedups is retried after the same drop (same op_id).
+        assert attempt(Kind.DEDUP, dropped) >= 0.0
+        # A definite refusal stays itself.
+        refused = _TransportError(grpc.StatusCode.FAILED_PRECONDITION, "nothing changed")
+        with pytest.raises(E.Refused):
+            attempt(Kind.ONCE, refused)
+    finally:
+        client.close()
+
+
 def test_backoff_is_bounded_and_jittered():
     backoff = Backoff(base_s=0.05, max_s=1.0)
     rng = random.Random(7)

@@ -10,6 +10,12 @@ Operations, in order on one cluster: a rolling restart of all three members one 
 remove a member and add it back; replace a member (its machine is gone) by a fresh one at a
 new loopback address under the same id. Before this change none of the changes existed
 (fencingctl had no ``admin member``, the Admin service no Member* RPC).
+
+The admin calls follow the client's contract for membership changes, as an operator would:
+a change is sent once where it may have applied (OutcomeUnknown: the member list says whether
+it did), and a leader refuses one until it has committed an entry of its own term (a refusal
+saying "retry"). Under load on this shared machine both happen right after a leader is killed;
+treating them as failures made this test fail about one run in three.
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ import pytest
 from chaos.check import check_file, format_report
 from chaos.harness import ChaosCluster
 from chaos.history import read_history
-from chaos.workload import make_client, run_client, write_final_states
-from coordinator.client.exceptions import Refused, UnknownMember
+from chaos.workload import run_client, write_final_states
+from coordinator.client import FencingClient
+from coordinator.client.exceptions import OutcomeUnknown, Refused, UnknownMember
+from coordinator.core.names import ErrorReason
 from testsupport.supervisor import wait_until
 
 RESOURCES = ("mc-r0", "mc-r1", "mc-r2")
@@ -32,6 +40,12 @@ NEW_HOST = "127.0.0.5"  # the replacement member's own loopback address
 # The longest clients may go without an acknowledged operation during one operation: a few
 # election timeouts of the chaos settings, with room for this shared 2-core machine.
 GAP_BOUND_S = 10.0
+# One admin attempt may wait for a change to commit: the members cap it at the chaos
+# propose_timeout_max_s (3 s); a longer attempt lets the member answer OUTCOME_UNKNOWN itself
+# instead of the client timing out first.
+ADMIN_ATTEMPT_S = 5.0
+# A change retried through elections and a leader's first commit: several election timeouts.
+CHANGE_TIMEOUT_S = 30.0
 
 
 def _acknowledged(paths) -> int:
@@ -47,6 +61,34 @@ def _longest_gap_s(paths, since_ns: int, until_ns: int) -> float:
                   if op.outcome == "ok" and op.complete_ns is not None and since_ns <= op.complete_ns <= until_ns)
     edges = [since_ns, *ends, until_ns]
     return max(b - a for a, b in zip(edges, edges[1:])) / 1e9
+
+
+def _change(change, applied):
+    """Run the membership change ``change()`` until it applied. Retried: a leader's refusal
+    until it committed an entry of its term (transient, nothing proposed) and an unknown
+    outcome that ``applied()`` (the member list) says did not apply. Any other refusal is the
+    caller's to see."""
+    deadline = time.monotonic() + CHANGE_TIMEOUT_S
+    while True:
+        try:
+            return change()
+        except Refused as exc:
+            transient = exc.reason == ErrorReason.MEMBER_CHANGE_REFUSED and "of its term" in str(exc)
+            if not transient or time.monotonic() > deadline:
+                raise
+        except OutcomeUnknown:
+            if wait_until_or_none(applied, 5.0):
+                return None
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)  # an election or a first commit in progress
+
+
+def wait_until_or_none(predicate, timeout_s: float):
+    try:
+        return wait_until(predicate, timeout_s, what="the change to show in the member list")
+    except TimeoutError:
+        return None
 
 
 def _voters(admin) -> dict[str, str]:
@@ -67,7 +109,7 @@ def test_rolling_restart_remove_re_add_and_replace_at_a_new_address_under_load(c
         open(path, "w").close()
     gaps: dict[str, float] = {}
     stop = threading.Event()
-    admin = make_client(cluster.endpoints, timeout_s=10.0)
+    admin = FencingClient(cluster.endpoints, timeout_s=20.0, attempt_timeout_s=ADMIN_ATTEMPT_S)
 
     def more_acks(n=15):
         after = _acknowledged(histories)
@@ -75,8 +117,12 @@ def test_rolling_restart_remove_re_add_and_replace_at_a_new_address_under_load(c
 
     def timed(name, operation):
         started = time.monotonic_ns()
-        operation()
-        more_acks()  # the cluster serves again after it
+        try:
+            operation()
+            more_acks()  # the cluster serves again after it
+        except BaseException as exc:
+            exc.add_note(f"during the operation: {name}")  # four run on one cluster: say which
+            raise
         gaps[name] = _longest_gap_s(histories, started, time.monotonic_ns())
 
     try:
@@ -97,12 +143,14 @@ def test_rolling_restart_remove_re_add_and_replace_at_a_new_address_under_load(c
                 def remove_and_re_add():
                     member = cluster.nodes[2]
                     assert _voters(admin)["m3"] == member.raft_address
-                    admin.member_remove("m3")
+                    _change(lambda: admin.member_remove("m3"), lambda: "m3" not in _members(admin))
                     assert "m3" not in _voters(admin)
                     with pytest.raises(UnknownMember):
                         admin.member_remove("m3")
-                    wait_until(lambda: "it was removed" in _log(member), 10.0, what="m3 to log its removal")
-                    admin.member_add("m3", member.raft_address)
+                    # Not waited for: m3 logging "it was removed". It learns that only if the entry
+                    # reaches it before the commit (by m1 + m2) stops the leader dialling it, which
+                    # a loaded machine does not guarantee (RAFT.md: "usually").
+                    _change(lambda: admin.member_add("m3", member.raft_address), lambda: "m3" in _members(admin))
                     with pytest.raises(Refused):  # the learner is catching up: one change at a time
                         admin.member_add("m9", f"{NEW_HOST}:1")
                     wait_until(lambda: _voters(admin).get("m3") == member.raft_address, 30.0,
@@ -114,7 +162,8 @@ def test_rolling_restart_remove_re_add_and_replace_at_a_new_address_under_load(c
                     cluster.kill(0)  # m1's machine is gone for good
                     fresh = cluster.add_node(NEW_HOST, "m1", peers=(1, 2))
                     cluster.start(fresh.index)
-                    admin.member_replace("m1", fresh.raft_address)
+                    _change(lambda: admin.member_replace("m1", fresh.raft_address),
+                            lambda: _members(admin).get("m1") == fresh.raft_address)
                     wait_until(lambda: _voters(admin).get("m1") == fresh.raft_address, 30.0,
                                what="the fresh m1 promoted at its new address")
                     cluster.wait_answering([fresh.index], timeout_s=30.0)
@@ -150,6 +199,6 @@ def test_rolling_restart_remove_re_add_and_replace_at_a_new_address_under_load(c
     assert all(gap < GAP_BOUND_S for gap in gaps.values()), gaps
 
 
-def _log(node) -> str:
-    with open(node.log_path, encoding="utf-8", errors="replace") as f:
-        return f.read()
+def _members(admin) -> dict[str, str]:
+    """member id -> Raft address of every member, learners included."""
+    return {m.member_id: m.id for m in admin.member_list().members}

@@ -256,8 +256,12 @@ class Attempts:
             " (retrying)" if verdict.retry else "",
         )
         if not verdict.retry:
-            if self.maybe_applied and call.kind is not Kind.READ and not isinstance(exc, NotApplied):
-                # An earlier attempt may have applied and this one cannot tell: unknown.
+            # Unknown when this attempt may have applied (a call sent once, Kind.ONCE, whose
+            # connection dropped after the request went out: a plain UNAVAILABLE is a
+            # NotApplied class, yet nothing says it did not apply), or when an earlier one may
+            # have and this one cannot tell (a definite refusal now speaks for itself).
+            this_maybe = verdict.maybe_applied and call.kind is not Kind.READ
+            if this_maybe or (self.maybe_applied and call.kind is not Kind.READ and not isinstance(exc, NotApplied)):
                 raise self._unknown(exc) from exc
             raise exc
         self.last = exc
