@@ -26,7 +26,8 @@ The tree answers the first question a caller has after a failed mutation, "did i
     │   │   ├── LeaseExpired         the lease ended; acquire a new token
     │   │   ├── VersionMismatch      expected_version did not match          .version
     │   │   ├── OpIdConflict         op_id reused for a different request
-    │   │   └── EpochFloorTooLow     restore floor not above every issued token .epoch
+    │   │   ├── EpochFloorTooLow     restore floor not above every issued token .epoch
+    │   │   └── UnknownMember        a membership change named an id the configuration lacks
     │   ├── ResourceExhausted        a limit of the cluster (RESOURCE_EXHAUSTED)
     │   │   ├── LimitExceeded        too many resources / keys / bytes
     │   │   ├── QuotaExceeded        the caller's own quota (resources, leases,
