@@ -13,6 +13,7 @@ import configparser
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -340,3 +341,128 @@ def test_check_config_refuses_a_deploy_file_with_a_bad_value(tmp_path):
     proc = _check_config("--values-only", str(bad))
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
     assert proc.stderr == "fencingd: configuration error: raft_min_timeout_s: must exceed 3 * heartbeat_s\n"
+
+
+# -- hardening: systemd -----------------------------------------------------------------------
+
+UNIT = os.path.join(DEPLOY, "systemd", "fencingd.service")
+# The issue's bar for `systemd-analyze security` (0 = locked down, 10 = fully exposed).
+SYSTEMD_EXPOSURE_MAX = 2.0
+
+
+def unit_service() -> dict[str, list[str]]:
+    """[Service] key -> every value it is given (a key may repeat, e.g. SystemCallFilter)."""
+    out: dict[str, list[str]] = {}
+    section = None
+    with open(UNIT, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("["):
+                section = line
+            elif section == "[Service]" and line and not line.startswith("#"):
+                key, _, value = line.partition("=")
+                out.setdefault(key, []).append(value)
+    return out
+
+
+def test_the_systemd_unit_keeps_no_privilege_and_writes_only_its_data():
+    service = unit_service()
+    want = {
+        "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
+        "PrivateDevices": "yes", "PrivateUsers": "yes", "CapabilityBoundingSet": "", "AmbientCapabilities": "",
+        "ProtectKernelTunables": "yes", "ProtectKernelModules": "yes", "ProtectKernelLogs": "yes",
+        "ProtectControlGroups": "yes", "ProtectClock": "yes", "ProtectHostname": "yes", "ProtectProc": "invisible",
+        "RestrictNamespaces": "yes", "RestrictRealtime": "yes", "RestrictSUIDSGID": "yes", "LockPersonality": "yes",
+        "SystemCallArchitectures": "native", "UMask": "0077", "User": "fencing", "Group": "fencing",
+    }
+    for key, value in want.items():
+        assert service.get(key) == [value], f"fencingd.service: {key}={service.get(key)}, want {value!r}"
+    assert service["ReadWritePaths"] == ["/var/lib/fencing"]
+    assert service["SystemCallFilter"] == ["@system-service", "~@privileged"]
+    # TCP for Raft and the API; nothing like AF_PACKET.
+    assert set(service["RestrictAddressFamilies"][0].split()) <= {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"}
+
+
+def test_systemd_analyze_scores_the_unit_at_most_2():
+    tool = shutil.which("systemd-analyze")
+    assert tool, "systemd-analyze is missing: apt-get install -y systemd (.ci/run installs it)"
+    proc = subprocess.run([tool, "security", "--offline=yes", "--no-pager", os.path.basename(UNIT)],
+                          capture_output=True, text=True, timeout=120, cwd=os.path.dirname(UNIT))
+    m = re.search(r"Overall exposure level for fencingd\.service: (\d+\.\d+)", proc.stdout)
+    assert m, f"no score from systemd-analyze (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
+    assert float(m.group(1)) <= SYSTEMD_EXPOSURE_MAX, proc.stdout
+
+
+# -- hardening: Kubernetes Pod Security Standard "restricted" --------------------------------
+
+
+def restricted_violations(pod_spec: dict) -> list[str]:
+    """What the Pod Security Standard "restricted" profile (Kubernetes docs, "Pod Security
+    Standards") refuses in ``pod_spec``; [] when a restricted namespace admits it."""
+    bad = []
+    pod_ctx = pod_spec.get("securityContext", {})
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod_spec.get(flag):
+            bad.append(flag)
+    allowed_volumes = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                       "projected", "secret"}
+    for volume in pod_spec.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= allowed_volumes:
+            bad.append(f"volume {volume['name']}: {kinds - allowed_volumes}")
+    containers = pod_spec.get("containers", []) + pod_spec.get("initContainers", [])
+    for c in containers:
+        ctx = c.get("securityContext", {})
+        name = c["name"]
+        if ctx.get("privileged"):
+            bad.append(f"{name}: privileged")
+        if ctx.get("allowPrivilegeEscalation") is not False:
+            bad.append(f"{name}: allowPrivilegeEscalation must be false")
+        caps = ctx.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []):
+            bad.append(f"{name}: capabilities must drop ALL")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            bad.append(f"{name}: adds capabilities {caps['add']}")
+        if ctx.get("runAsNonRoot", pod_ctx.get("runAsNonRoot")) is not True:
+            bad.append(f"{name}: runAsNonRoot must be true")
+        if ctx.get("runAsUser", pod_ctx.get("runAsUser")) == 0:
+            bad.append(f"{name}: runAsUser 0")
+        seccomp = ctx.get("seccompProfile", pod_ctx.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            bad.append(f"{name}: seccompProfile must be RuntimeDefault or Localhost, is {seccomp}")
+        for port in c.get("ports", []):
+            if port.get("hostPort"):
+                bad.append(f"{name}: hostPort {port['hostPort']}")
+    return bad
+
+
+def kubernetes_docs() -> list[dict]:
+    with open(os.path.join(DEPLOY, "kubernetes", "fencing.yaml"), encoding="utf-8") as f:
+        return list(yaml.safe_load_all(f))
+
+
+def test_the_restricted_check_refuses_what_the_old_manifest_had():
+    # The pod spec as it was before it was hardened: a restricted namespace refuses it.
+    old = {"securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
+           "containers": [{"name": "fencingd", "image": "fencing-coordinator:latest"}]}
+    assert restricted_violations(old) == [
+        "fencingd: allowPrivilegeEscalation must be false", "fencingd: capabilities must drop ALL",
+        "fencingd: seccompProfile must be RuntimeDefault or Localhost, is None"]
+
+
+def test_the_kubernetes_pods_pass_pod_security_restricted_with_a_pinned_image():
+    sts = next(d for d in kubernetes_docs() if d["kind"] == "StatefulSet")
+    pod = sts["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+    container = pod["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/tmp" in mounts, "a read-only root needs a writable /tmp"
+    # The image's user, so the data volume (fsGroup) is its own.
+    assert pod["securityContext"]["runAsUser"] == 10001 == int(
+        re.search(r"--uid (\d+)", " ".join(dockerfile()["RUN"])).group(1))
+    name, _, tag = container["image"].rpartition(":")
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        version = tomllib.load(f)["project"]["version"]
+    assert tag == version, f"{container['image']}: pin the image to the package version {version}"
+    assert container["imagePullPolicy"] in ("IfNotPresent", "Always")
