@@ -466,3 +466,87 @@ def test_the_kubernetes_pods_pass_pod_security_restricted_with_a_pinned_image():
         version = tomllib.load(f)["project"]["version"]
     assert tag == version, f"{container['image']}: pin the image to the package version {version}"
     assert container["imagePullPolicy"] in ("IfNotPresent", "Always")
+
+
+# -- the systemd install steps, followed in a scratch root ------------------------------------
+
+# Install lines the test cannot follow here, with the reason; any other line runs.
+INSTALL_NOT_RUN = {
+    "apt-get install -y python3-venv openssl": "installs host packages (this machine has both)",
+    "/opt/fencing/venv/bin/pip install '/path/to/fencing-coordinator[server]'":
+        "downloads the server's dependencies; this checkout's fencingd goes into the venv instead",
+    "systemctl daemon-reload && systemctl enable --now fencingd": "no systemd runs here",
+}
+
+
+def install_steps() -> list[str]:
+    """The commands of fencingd.service's header, in order."""
+    with open(UNIT, encoding="utf-8") as f:
+        header = f.read().split("[Unit]")[0]
+    return [line[len("#   "):].strip() for line in header.splitlines() if line.startswith("#   ")]
+
+
+def in_root(command: str, root: str, ids: dict[str, tuple[str, str]]) -> str:
+    """``command`` with /etc, /var/lib and /opt under ``root``, users by the id ``root``'s
+    passwd gives them (the host has no such user), useradd writing ``root``'s passwd."""
+    command = re.sub(r"^useradd ", f"useradd --prefix {root} ", command)
+    if not command.startswith("useradd "):
+        command = re.sub(r"(?<![\w./-])/(etc|var/lib|opt)/", rf"{root}/\1/", command)
+    for name, (uid, gid) in ids.items():
+        command = re.sub(rf"-o {name}\b", f"-o {uid}", command)
+        command = re.sub(rf"-g {name}\b", f"-g {gid}", command)
+        command = command.replace(f"chown {name}:{name} ", f"chown {uid}:{gid} ")
+    return command
+
+
+def test_the_systemd_install_steps_work_on_a_fresh_host(tmp_path):
+    assert os.geteuid() == 0, "the install steps run as root (useradd, chown): run this test as root, as CI does"
+    root = str(tmp_path / "root")
+    os.makedirs(f"{root}/etc/systemd/system")  # what any host running systemd already has
+    for name in ("passwd", "group", "shadow", "gshadow"):  # a host's accounts, before useradd
+        shutil.copy(f"/etc/{name}", f"{root}/etc/{name}")
+    steps = install_steps()
+    assert set(INSTALL_NOT_RUN) <= set(steps), "INSTALL_NOT_RUN lists a line the unit no longer has"
+    ids: dict[str, tuple[str, str]] = {}
+    for step in steps:
+        if step in INSTALL_NOT_RUN:
+            if "pip install" in step:  # the venv gets this checkout's fencingd instead
+                wrapper = f"{root}/opt/fencing/venv/bin/fencingd"
+                with open(wrapper, "w", encoding="utf-8") as f:
+                    f.write(f"#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m coordinator.server.fencingd \"$@\"\n")
+                os.chmod(wrapper, 0o755)
+            continue
+        command = in_root(step, root, ids)
+        if "check-config" in step:
+            # The example's addresses are another machine's (10.0.0.1): values only here; the
+            # secret files the steps made are checked below.
+            command = command.replace("check-config", "check-config --values-only")
+        proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300, cwd=REPO)
+        assert proc.returncode == 0, f"{step}: exit {proc.returncode}\n{proc.stdout}{proc.stderr}"
+        if step.startswith("useradd "):
+            with open(f"{root}/etc/passwd", encoding="utf-8") as f:
+                entry = next(line.split(":") for line in f if line.startswith("fencing:"))
+            with open(f"{root}/etc/group", encoding="utf-8") as f:
+                group = next(line.split(":") for line in f if line.startswith("fencing:"))
+            assert entry[3] == group[2], "useradd --user-group: the user's own group is its primary group"
+            ids["fencing"] = (entry[2], group[2])
+    uid, gid = (int(n) for n in ids["fencing"])
+
+    def owner_mode(path: str) -> tuple[int, int, str]:
+        st = os.stat(root + path)
+        return st.st_uid, st.st_gid, oct(st.st_mode & 0o7777)
+
+    service = unit_service()
+    # The service's user reaches its config, owns its data and its secrets; nobody else reads them.
+    assert owner_mode("/etc/fencing") == (0, gid, "0o750")
+    assert owner_mode("/etc/fencing/fencing.toml") == (0, gid, "0o640")
+    assert owner_mode("/etc/fencing/raft-secret") == (uid, gid, "0o600")
+    assert owner_mode("/etc/fencing/admin-token") == (uid, gid, "0o600")
+    assert owner_mode(service["ReadWritePaths"][0]) == (uid, gid, "0o700")
+    assert os.path.exists(root + "/etc/systemd/system/fencingd.service")
+    assert os.access(root + shlex.split(service["ExecStart"][0])[0], os.X_OK)
+    # The installed config, with the secrets the steps made, is one fencingd accepts.
+    with open(root + CONFIG_PATH, "rb") as f:
+        values = tomllib.load(f)
+    files = {key: root + values[key] for key in ("admin_token_file", "raft_secret_file")}
+    config_mod.build(values, files)  # reads both secrets: present, readable, long enough
