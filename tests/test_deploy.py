@@ -13,6 +13,7 @@ import configparser
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -340,3 +341,212 @@ def test_check_config_refuses_a_deploy_file_with_a_bad_value(tmp_path):
     proc = _check_config("--values-only", str(bad))
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
     assert proc.stderr == "fencingd: configuration error: raft_min_timeout_s: must exceed 3 * heartbeat_s\n"
+
+
+# -- hardening: systemd -----------------------------------------------------------------------
+
+UNIT = os.path.join(DEPLOY, "systemd", "fencingd.service")
+# The issue's bar for `systemd-analyze security` (0 = locked down, 10 = fully exposed).
+SYSTEMD_EXPOSURE_MAX = 2.0
+
+
+def unit_service() -> dict[str, list[str]]:
+    """[Service] key -> every value it is given (a key may repeat, e.g. SystemCallFilter)."""
+    out: dict[str, list[str]] = {}
+    section = None
+    with open(UNIT, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("["):
+                section = line
+            elif section == "[Service]" and line and not line.startswith("#"):
+                key, _, value = line.partition("=")
+                out.setdefault(key, []).append(value)
+    return out
+
+
+def test_the_systemd_unit_keeps_no_privilege_and_writes_only_its_data():
+    service = unit_service()
+    want = {
+        "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
+        "PrivateDevices": "yes", "PrivateUsers": "yes", "CapabilityBoundingSet": "", "AmbientCapabilities": "",
+        "ProtectKernelTunables": "yes", "ProtectKernelModules": "yes", "ProtectKernelLogs": "yes",
+        "ProtectControlGroups": "yes", "ProtectClock": "yes", "ProtectHostname": "yes", "ProtectProc": "invisible",
+        "RestrictNamespaces": "yes", "RestrictRealtime": "yes", "RestrictSUIDSGID": "yes", "LockPersonality": "yes",
+        "SystemCallArchitectures": "native", "UMask": "0077", "User": "fencing", "Group": "fencing",
+    }
+    for key, value in want.items():
+        assert service.get(key) == [value], f"fencingd.service: {key}={service.get(key)}, want {value!r}"
+    assert service["ReadWritePaths"] == ["/var/lib/fencing"]
+    assert service["SystemCallFilter"] == ["@system-service", "~@privileged"]
+    # TCP for Raft and the API; nothing like AF_PACKET.
+    assert set(service["RestrictAddressFamilies"][0].split()) <= {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"}
+
+
+def test_systemd_analyze_scores_the_unit_at_most_2():
+    tool = shutil.which("systemd-analyze")
+    assert tool, "systemd-analyze is missing: apt-get install -y systemd (.ci/run installs it)"
+    proc = subprocess.run([tool, "security", "--offline=yes", "--no-pager", os.path.basename(UNIT)],
+                          capture_output=True, text=True, timeout=120, cwd=os.path.dirname(UNIT))
+    m = re.search(r"Overall exposure level for fencingd\.service: (\d+\.\d+)", proc.stdout)
+    assert m, f"no score from systemd-analyze (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
+    assert float(m.group(1)) <= SYSTEMD_EXPOSURE_MAX, proc.stdout
+
+
+# -- hardening: Kubernetes Pod Security Standard "restricted" --------------------------------
+
+
+def restricted_violations(pod_spec: dict) -> list[str]:
+    """What the Pod Security Standard "restricted" profile (Kubernetes docs, "Pod Security
+    Standards") refuses in ``pod_spec``; [] when a restricted namespace admits it."""
+    bad = []
+    pod_ctx = pod_spec.get("securityContext", {})
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod_spec.get(flag):
+            bad.append(flag)
+    allowed_volumes = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                       "projected", "secret"}
+    for volume in pod_spec.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= allowed_volumes:
+            bad.append(f"volume {volume['name']}: {kinds - allowed_volumes}")
+    containers = pod_spec.get("containers", []) + pod_spec.get("initContainers", [])
+    for c in containers:
+        ctx = c.get("securityContext", {})
+        name = c["name"]
+        if ctx.get("privileged"):
+            bad.append(f"{name}: privileged")
+        if ctx.get("allowPrivilegeEscalation") is not False:
+            bad.append(f"{name}: allowPrivilegeEscalation must be false")
+        caps = ctx.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []):
+            bad.append(f"{name}: capabilities must drop ALL")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            bad.append(f"{name}: adds capabilities {caps['add']}")
+        if ctx.get("runAsNonRoot", pod_ctx.get("runAsNonRoot")) is not True:
+            bad.append(f"{name}: runAsNonRoot must be true")
+        if ctx.get("runAsUser", pod_ctx.get("runAsUser")) == 0:
+            bad.append(f"{name}: runAsUser 0")
+        seccomp = ctx.get("seccompProfile", pod_ctx.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            bad.append(f"{name}: seccompProfile must be RuntimeDefault or Localhost, is {seccomp}")
+        for port in c.get("ports", []):
+            if port.get("hostPort"):
+                bad.append(f"{name}: hostPort {port['hostPort']}")
+    return bad
+
+
+def kubernetes_docs() -> list[dict]:
+    with open(os.path.join(DEPLOY, "kubernetes", "fencing.yaml"), encoding="utf-8") as f:
+        return list(yaml.safe_load_all(f))
+
+
+def test_the_restricted_check_refuses_what_the_old_manifest_had():
+    # The pod spec as it was before it was hardened: a restricted namespace refuses it.
+    old = {"securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
+           "containers": [{"name": "fencingd", "image": "fencing-coordinator:latest"}]}
+    assert restricted_violations(old) == [
+        "fencingd: allowPrivilegeEscalation must be false", "fencingd: capabilities must drop ALL",
+        "fencingd: seccompProfile must be RuntimeDefault or Localhost, is None"]
+
+
+def test_the_kubernetes_pods_pass_pod_security_restricted_with_a_pinned_image():
+    sts = next(d for d in kubernetes_docs() if d["kind"] == "StatefulSet")
+    pod = sts["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+    container = pod["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/tmp" in mounts, "a read-only root needs a writable /tmp"
+    # The image's user, so the data volume (fsGroup) is its own.
+    assert pod["securityContext"]["runAsUser"] == 10001 == int(
+        re.search(r"--uid (\d+)", " ".join(dockerfile()["RUN"])).group(1))
+    name, _, tag = container["image"].rpartition(":")
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        version = tomllib.load(f)["project"]["version"]
+    assert tag == version, f"{container['image']}: pin the image to the package version {version}"
+    assert container["imagePullPolicy"] in ("IfNotPresent", "Always")
+
+
+# -- the systemd install steps, followed in a scratch root ------------------------------------
+
+# Install lines the test cannot follow here, with the reason; any other line runs.
+INSTALL_NOT_RUN = {
+    "apt-get install -y python3-venv openssl": "installs host packages (this machine has both)",
+    "/opt/fencing/venv/bin/pip install '/path/to/fencing-coordinator[server]'":
+        "downloads the server's dependencies; this checkout's fencingd goes into the venv instead",
+    "systemctl daemon-reload && systemctl enable --now fencingd": "no systemd runs here",
+}
+
+
+def install_steps() -> list[str]:
+    """The commands of fencingd.service's header, in order."""
+    with open(UNIT, encoding="utf-8") as f:
+        header = f.read().split("[Unit]")[0]
+    return [line[len("#   "):].strip() for line in header.splitlines() if line.startswith("#   ")]
+
+
+def in_root(command: str, root: str, ids: dict[str, tuple[str, str]]) -> str:
+    """``command`` with /etc, /var/lib and /opt under ``root``, users by the id ``root``'s
+    passwd gives them (the host has no such user), useradd writing ``root``'s passwd."""
+    command = re.sub(r"^useradd ", f"useradd --prefix {root} ", command)
+    if not command.startswith("useradd "):
+        command = re.sub(r"(?<![\w./-])/(etc|var/lib|opt)/", rf"{root}/\1/", command)
+    for name, (uid, gid) in ids.items():
+        command = re.sub(rf"-o {name}\b", f"-o {uid}", command)
+        command = re.sub(rf"-g {name}\b", f"-g {gid}", command)
+        command = command.replace(f"chown {name}:{name} ", f"chown {uid}:{gid} ")
+    return command
+
+
+def test_the_systemd_install_steps_work_on_a_fresh_host(tmp_path):
+    assert os.geteuid() == 0, "the install steps run as root (useradd, chown): run this test as root, as CI does"
+    root = str(tmp_path / "root")
+    os.makedirs(f"{root}/etc/systemd/system")  # what any host running systemd already has
+    for name in ("passwd", "group", "shadow", "gshadow"):  # a host's accounts, before useradd
+        shutil.copy(f"/etc/{name}", f"{root}/etc/{name}")
+    steps = install_steps()
+    assert set(INSTALL_NOT_RUN) <= set(steps), "INSTALL_NOT_RUN lists a line the unit no longer has"
+    ids: dict[str, tuple[str, str]] = {}
+    for step in steps:
+        if step in INSTALL_NOT_RUN:
+            if "pip install" in step:  # the venv gets this checkout's fencingd instead
+                wrapper = f"{root}/opt/fencing/venv/bin/fencingd"
+                with open(wrapper, "w", encoding="utf-8") as f:
+                    f.write(f"#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m coordinator.server.fencingd \"$@\"\n")
+                os.chmod(wrapper, 0o755)
+            continue
+        command = in_root(step, root, ids)
+        if "check-config" in step:
+            # The example's addresses are another machine's (10.0.0.1): values only here; the
+            # secret files the steps made are checked below.
+            command = command.replace("check-config", "check-config --values-only")
+        proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300, cwd=REPO)
+        assert proc.returncode == 0, f"{step}: exit {proc.returncode}\n{proc.stdout}{proc.stderr}"
+        if step.startswith("useradd "):
+            with open(f"{root}/etc/passwd", encoding="utf-8") as f:
+                entry = next(line.split(":") for line in f if line.startswith("fencing:"))
+            with open(f"{root}/etc/group", encoding="utf-8") as f:
+                group = next(line.split(":") for line in f if line.startswith("fencing:"))
+            assert entry[3] == group[2], "useradd --user-group: the user's own group is its primary group"
+            ids["fencing"] = (entry[2], group[2])
+    uid, gid = (int(n) for n in ids["fencing"])
+
+    def owner_mode(path: str) -> tuple[int, int, str]:
+        st = os.stat(root + path)
+        return st.st_uid, st.st_gid, oct(st.st_mode & 0o7777)
+
+    service = unit_service()
+    # The service's user reaches its config, owns its data and its secrets; nobody else reads them.
+    assert owner_mode("/etc/fencing") == (0, gid, "0o750")
+    assert owner_mode("/etc/fencing/fencing.toml") == (0, gid, "0o640")
+    assert owner_mode("/etc/fencing/raft-secret") == (uid, gid, "0o600")
+    assert owner_mode("/etc/fencing/admin-token") == (uid, gid, "0o600")
+    assert owner_mode(service["ReadWritePaths"][0]) == (uid, gid, "0o700")
+    assert os.path.exists(root + "/etc/systemd/system/fencingd.service")
+    assert os.access(root + shlex.split(service["ExecStart"][0])[0], os.X_OK)
+    # The installed config, with the secrets the steps made, is one fencingd accepts.
+    with open(root + CONFIG_PATH, "rb") as f:
+        values = tomllib.load(f)
+    files = {key: root + values[key] for key in ("admin_token_file", "raft_secret_file")}
+    config_mod.build(values, files)  # reads both secrets: present, readable, long enough

@@ -1,40 +1,66 @@
-"""The README's examples run as written, on fresh real clusters.
+"""Every example in the README runs as written, against real ``fencingd dev`` clusters.
 
-The first console block is a transcript, run line by line on a cluster of its own: each
-``$ fencingctl ...`` line runs as it is written (endpoints from FENCING_ENDPOINTS).
-A comment such as ``# token 1`` or ``# value 43, version 2, hwm 2`` names fields the output
-must show; a line under a command is its exact stderr, ending in ``(exit N)``; a command
-with no such line must exit 0. ``$ # ... expires ...`` waits until the lease has expired.
+Every fenced block is accounted for, or the test fails: ``sh`` blocks run, ``python``
+blocks run, ``toml`` blocks go through ``fencingd check-config``, and a block that cannot
+run here is listed in NOT_RUN with the reason. A new block that is none of these fails.
 
-Every ``python`` block runs as a script in a directory laid out like ``fencingd dev``'s
-(``fencing-dev-data/token-signing.pub``), against a second cluster that signs token proofs;
-the only change made to a block is the dev cluster's API addresses (127.0.0.1:7100-7102)
-swapped for the test cluster's. A block must exit 0 (the blocks assert what they show), and
-a block that catches StaleToken must have printed the refusal: the stale write really was
-refused, not skipped.
+An ``sh`` block is fed, unchanged, to one ``bash`` on its stdin, as a paste into a terminal
+would: one shell, its sleeps real, the commands in order. ``fencingctl`` and ``fencingd``
+are this checkout's console scripts on PATH, and FENCING_ENDPOINTS names the test's
+``fencingd dev`` (the blocks themselves name no endpoints, like a user's paste against
+``fencingd dev`` on its default ports). What a block shows is checked per command:
+
+- ``CMD  # token 1, version 2: ...``: ``token``/``version``/``value``/``hwm`` with a value
+  before the first ``:`` are fields the command's output table must show;
+- a line ``# → TEXT   (exit N)`` under a command is a line that command must print
+  (stdout or stderr), and its exit status; a command without ``(exit N)`` must exit 0.
+
+Python blocks run as scripts in the directory ``fencingd dev`` was started in (so
+``fencing-dev-data/token-signing.pub`` is the cluster's key); the only change made to one is
+the dev cluster's default addresses (127.0.0.1:7100-7102) swapped for the test cluster's.
+A block must exit 0 (the blocks assert what they show), and one that catches StaleToken must
+have printed the refusal: the stale write really was refused, not skipped.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import queue
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
 from coordinator.client import fencingctl as cli_ctl
-from testsupport.grpc_cluster import running_cluster
-from testsupport.supervisor import wait_until
+from coordinator.server.fencingd import DEV_METRICS_PORT_OFFSET, DEV_RAFT_PORT_OFFSET, port_free
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIELDS = ("token", "version", "value", "hwm")
-
-
-# What ``fencingd dev`` listens on, as the README's Python blocks spell it.
+# What ``fencingd dev`` listens on by default, as the README's Python blocks spell it.
 DEV_ENDPOINTS = ("127.0.0.1:7100", "127.0.0.1:7101", "127.0.0.1:7102")
+# Three fresh Python processes, an election and a read barrier on a shared 2-core machine.
+DEV_START_S = 90.0
+# The longest block sleeps a few seconds; each fencingctl start costs ~1-2 s here.
+BLOCK_TIMEOUT_S = 180.0
+
+# Blocks that cannot run here, by their first line, with the reason. A listed block that is no
+# longer in the README fails too, so this list cannot go stale.
+NOT_RUN = {
+    ("sh", "pip install -e '.[server]' && fencingd dev"):
+        "installs into the environment the tests run in; the `fencingd dev` half is what every "
+        "cluster in this file is",
+    ("sh", "pip install -e '.[server,test,bench]' && python -m pytest -q"):
+        "installs into this environment and runs this very test suite",
+    ("toml", "# principals.toml — tokens are stored only as sha256 (printf %s \"$TOKEN\" | sha256sum)"):
+        "its token_sha256 values are placeholders for the reader's own hashes",
+}
+# sh blocks whose numbers (tokens count from 1) need a cluster nobody else has used.
+FRESH_CLUSTER = {"fencingctl acquire orders/7 --ttl-ms 2000 --holder worker-a"}
 
 
 def readme() -> str:
@@ -42,134 +68,265 @@ def readme() -> str:
         return f.read()
 
 
-def first_console_block() -> list[str]:
-    block = re.search(r"```console\n(.*?)```", readme(), re.S)
-    assert block, "the README's first screen must be a console transcript"
-    return block.group(1).splitlines()
+def blocks() -> list[tuple[str, str]]:
+    """(language, text) of every fenced block, in README order."""
+    return re.findall(r"^```(\w*)\n(.*?)^```", readme(), re.S | re.M)
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", readme(), re.S)
+def first_line(text: str) -> str:
+    return text.splitlines()[0] if text else ""
 
 
-def steps(lines: list[str]) -> list[dict]:
-    """[{argv, expect: {field: value}, stderr, exit, wait_expiry}] in README order."""
+def needs_fresh(block: str) -> bool:
+    return first_line(block).split("  #")[0].strip() in FRESH_CLUSTER
+
+
+def runnable(language: str) -> list[str]:
+    return [text for lang, text in blocks() if lang == language and (lang, first_line(text)) not in NOT_RUN]
+
+
+# -- reading a sh block -----------------------------------------------------------------------
+
+
+def commands(block: str) -> list[dict]:
+    """[{line, expect: {field: value}, prints: [line], exit}] for every command of ``block``."""
     out: list[dict] = []
-    for line in lines:
-        if line.startswith("$ #"):
-            out.append({"wait_expiry": "expires" in line})
+    for line in block.splitlines():
+        if line.startswith("# → "):
+            assert out, f"output shown before any command: {line!r}"
+            shown = line[len("# → "):]
+            m = re.fullmatch(r"(.*?)\s+\(exit (\d+)\)", shown)
+            if m:
+                shown, out[-1]["exit"] = m.group(1), int(m.group(2))
+            out[-1]["prints"].append(shown)
             continue
-        if line.startswith("$ "):
-            command, _, comment = line[2:].partition("  #")
-            expect = {}
-            for piece in comment.split(":")[0].split(","):
-                m = re.fullmatch(r"\s*(\w+) (\S+)\s*", piece)
-                if m and m.group(1) in FIELDS:
-                    expect[m.group(1)] = m.group(2)
-            argv = shlex.split(command)
-            assert argv[0] == "fencingctl", line
-            out.append({"argv": argv[1:], "expect": expect, "stderr": None, "exit": 0})
+        if not line.strip() or line.startswith("#"):
             continue
-        m = re.fullmatch(r"(.*?)\s+\(exit (\d+)\)", line)
-        assert m and out and "argv" in out[-1], f"README line not understood: {line!r}"
-        out[-1]["stderr"], out[-1]["exit"] = m.group(1) + "\n", int(m.group(2))
+        command, _, comment = line.partition("  #")
+        expect = {}
+        for piece in comment.split(":")[0].split(","):
+            m = re.fullmatch(r"\s*(\w+) (\S+)\s*", piece)
+            if m and m.group(1) in FIELDS:
+                expect[m.group(1)] = m.group(2)
+        out.append({"line": command.strip(), "expect": expect, "prints": [], "exit": 0})
     return out
 
 
-def test_the_transcript_parses_into_checks():
-    parsed = steps(first_console_block())
-    commands = [s for s in parsed if "argv" in s]
-    # What the first screen must show (issue: epoch 1 refused after epoch 2 wrote, epoch 2
-    # writing twice, a malformed token refused), and that each shows something checkable.
-    assert [s["exit"] for s in commands].count(3) >= 1 and [s["exit"] for s in commands].count(2) >= 1
-    assert all(s["expect"] or s["stderr"] for s in commands)
-    assert any(s.get("wait_expiry") for s in parsed)
-
-
-# Function scope: the transcript's tokens count from 1, so no other test may touch its
-# cluster, and it is gone before the Python blocks' cluster starts.
-@pytest.fixture
-def fresh_cluster(tmp_path_factory, request):
-    yield from running_cluster(str(tmp_path_factory.mktemp("readme")), request)
-
-
-def run(argv: list[str], endpoints: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "coordinator.client.fencingctl", *argv],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-        env={**os.environ, cli_ctl.ENDPOINTS_ENV: endpoints},
+def test_a_sh_block_is_read_into_checks():
+    parsed = commands(
+        "fencingctl write r k v --token 2   # version 1, hwm 2: prose\n"
+        "sleep 4                            # a pause\n"
+        "# a comment line\n"
+        "fencingctl write r k v --token 1\n"
+        "# → fencingctl: refused: token 1 is stale   (exit 3)\n"
     )
+    assert parsed == [
+        {"line": "fencingctl write r k v --token 2", "expect": {"version": "1", "hwm": "2"}, "prints": [], "exit": 0},
+        {"line": "sleep 4", "expect": {}, "prints": [], "exit": 0},
+        {"line": "fencingctl write r k v --token 1", "expect": {}, "prints": ["fencingctl: refused: token 1 is stale"],
+         "exit": 3},
+    ]
 
 
-def table(stdout: str) -> dict[str, str]:
+def test_every_readme_block_is_run_or_listed_with_a_reason():
+    seen = {(lang, first_line(text)) for lang, text in blocks()}
+    for lang, text in blocks():
+        assert lang in ("sh", "python", "toml") or (lang, first_line(text)) in NOT_RUN, (
+            f"README block of language {lang!r} is neither run by this test nor listed in NOT_RUN:\n{text}")
+    stale = [key for key in NOT_RUN if key not in seen]
+    assert not stale, f"NOT_RUN lists blocks the README no longer has: {stale}"
+    assert sum(map(needs_fresh, runnable("sh"))) == len(FRESH_CLUSTER), "FRESH_CLUSTER names a block no longer there"
+
+
+def test_the_first_example_shows_a_stale_write_refused_after_a_real_pause():
+    """The first screen's point, checked on its text: worker-a's lease has expired (a real
+    sleep longer than its TTL) before worker-b acquires, and worker-a's late write is refused."""
+    transcript = next(t for t in runnable("sh") if needs_fresh(t))
+    steps = commands(transcript)
+    lines = [s["line"] for s in steps]
+    ttl_ms = int(re.search(r"--ttl-ms (\d+) --holder worker-a", lines[0]).group(1))
+    sleep = next((i for i, line in enumerate(lines) if line.startswith("sleep ")), None)
+    assert sleep is not None, "worker-a's pause must be a real `sleep` in the block, not a comment"
+    assert float(lines[sleep].split()[1]) * 1000 >= ttl_ms + 2000, (
+        "worker-a must pause past its TTL plus the 1 s a lease may outlast it (README Guarantees), "
+        "plus a margin")
+    takeover = next(i for i, line in enumerate(lines) if "--holder worker-b" in line)
+    assert sleep < takeover
+    refused = [s for s in steps if s["exit"] == 3]
+    assert refused and "--token 1" in refused[0]["line"] and "is stale" in refused[0]["prints"][0]
+    assert any(s["exit"] == 2 for s in steps), "the first screen also shows a malformed token refused"
+
+
+# -- fencingd dev, as a user runs it ----------------------------------------------------------
+
+
+def user_env(**extra: str) -> dict[str, str]:
+    """PATH with this checkout's console scripts first, importing this checkout."""
+    bindir = os.path.dirname(sys.executable)
+    for script in ("fencingd", "fencingctl"):
+        assert os.path.exists(os.path.join(bindir, script)), (
+            f"{script} is not installed beside {sys.executable}: pip install -e '.[server,test]'")
+    return {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+            "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])), **extra}
+
+
+def free_base_port() -> int:
+    offsets = (0, DEV_RAFT_PORT_OFFSET, DEV_METRICS_PORT_OFFSET)
+    start = (os.getpid() * 7919 + time.monotonic_ns()) % 20_000
+    for attempt in range(300):
+        base = 21_000 + (start + attempt * 331) % 20_000
+        if all(port_free("127.0.0.1", base + o + i) for o in offsets for i in range(3)):
+            return base
+    raise RuntimeError("no free port range for fencingd dev")
+
+
+class DevCluster:
+    """``fencingd dev --base-port N`` started in ``directory``; Ctrl-C (SIGINT) stops it."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.output: list[str] = []
+        for _ in range(3):  # another test may take the ports between the check and the bind
+            self.proc = subprocess.Popen(
+                ["fencingd", "dev", "--base-port", str(free_base_port())], cwd=directory, env=user_env(),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+            )
+            self.endpoints = self._endpoints()
+            if self.endpoints:
+                return
+            if "ports in use" not in "".join(self.output):
+                break
+        raise AssertionError("fencingd dev did not start:\n" + "".join(self.output))
+
+    def _endpoints(self) -> str | None:
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def pump(stream):
+            for line in stream:
+                self.output.append(line)
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, args=(self.proc.stdout,), daemon=True).start()
+        deadline = time.monotonic() + DEV_START_S
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if line is None:
+                self.proc.wait(timeout=30)
+                return None
+            if line.startswith("ENDPOINTS "):
+                return line.split()[1]
+        self.stop()
+        raise AssertionError(f"fencingd dev not up within {DEV_START_S} s:\n" + "".join(self.output))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def shared_dev(tmp_path_factory):
+    cluster = DevCluster(str(tmp_path_factory.mktemp("readme-dev")))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def fresh_dev(tmp_path_factory):
+    cluster = DevCluster(str(tmp_path_factory.mktemp("readme-fresh")))
+    yield cluster
+    cluster.stop()
+
+
+# -- the sh blocks ----------------------------------------------------------------------------
+
+
+def table(output: str) -> dict[str, str]:
     rows = {}
-    for line in stdout.splitlines():
+    for line in output.splitlines():
         key, _, value = line.partition("  ")
         rows[key.strip()] = value.strip()
     return rows
 
 
-def test_the_readme_transcript_runs_as_written(fresh_cluster):
-    fresh_cluster.wait_ready()
-    endpoints = ",".join(n.api_address for n in fresh_cluster.nodes)
-    last_resource = None
-    for step in steps(first_console_block()):
-        if "argv" not in step:
-            if step["wait_expiry"] and last_resource:
+# bash -x prints this before each command it runs, with the previous command's exit status:
+# that splits one shell's output into each command's part without touching the block.
+TRACE = "@@readme@@"
 
-                def expired():
-                    proc = run(["-o", "json", "describe", last_resource], endpoints)
-                    return proc.returncode == 0 and not json.loads(proc.stdout)["held"]
 
-                wait_until(expired, timeout_s=30, what=f"the lease on {last_resource} to expire")
-            continue
-        proc = run(step["argv"], endpoints)
-        shown = " ".join(step["argv"])
-        assert proc.returncode == step["exit"], f"fencingctl {shown}: {proc.stderr}"
-        if step["stderr"] is not None:
-            assert proc.stderr == step["stderr"], f"fencingctl {shown}"
-        rows = table(proc.stdout)
+def paste(block: str, cwd: str, endpoints: str) -> list[tuple[str, str, int]]:
+    """Run ``block`` in one bash, as pasted; [(traced command, its output, its exit)]."""
+    # The prelude only names the trace prefix (bash ignores PS4 from the environment as root).
+    script = f"PS4='{TRACE} $? {TRACE} '\n" + block
+    # One pipe for stdout and stderr: the trace lines and each command's output stay in order.
+    proc = subprocess.run(["bash", "-x", "-s"], input=script, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, cwd=cwd, timeout=BLOCK_TIMEOUT_S,
+                          env=user_env(**{cli_ctl.ENDPOINTS_ENV: endpoints}))
+    parts = re.split(rf"^{TRACE} (\d+) {TRACE} (.*)\n", proc.stdout, flags=re.M)
+    # parts: [before the first command, status before cmd1, cmd1, output1, status before cmd2, ...]
+    traced = [(parts[i + 1], parts[i + 2]) for i in range(1, len(parts), 3)]
+    statuses = [int(parts[i]) for i in range(4, len(parts), 3)] + [proc.returncode]
+    return [(cmd, out, status) for (cmd, out), status in zip(traced, statuses, strict=True)]
+
+
+def check_block(block: str, cwd: str, endpoints: str) -> None:
+    expected = commands(block)
+    ran = paste(block, cwd, endpoints)
+    assert len(ran) == len(expected), f"the block ran {len(ran)} commands, the test read {len(expected)}: {ran}"
+    for step, (traced, output, status) in zip(expected, ran, strict=True):
+        assert shlex.split(step["line"].split("  #")[0])[0] == shlex.split(traced)[0], (step, traced)
+        assert status == step["exit"], f"{step['line']}: exit {status}, README says {step['exit']}:\n{output}"
+        for shown in step["prints"]:
+            assert shown in output.splitlines(), f"{step['line']} did not print {shown!r}:\n{output}"
+        rows = table(output)
         for field, value in step["expect"].items():
-            assert rows.get(field) == value, f"fencingctl {shown}: {field} {rows.get(field)!r}, README says {value}"
-        if step["argv"][0] == "acquire":
-            last_resource = step["argv"][1]
+            assert rows.get(field) == value, f"{step['line']}: {field} {rows.get(field)!r}, README says {value}"
 
 
-# -- the Python blocks ---------------------------------------------------------------------
+def test_the_first_example_runs_as_pasted_on_a_fresh_fencingd_dev(fresh_dev):
+    (transcript,) = [t for t in runnable("sh") if needs_fresh(t)]
+    check_block(transcript, fresh_dev.directory, fresh_dev.endpoints)
 
 
-def test_the_readme_shows_the_clients_and_the_guard_in_python():
-    blocks = python_blocks()
-    shown = "\n".join(blocks)
-    for name in ("FencingClient(", "AsyncFencingClient(", "SqliteGuard(", "except StaleToken"):
+@pytest.mark.parametrize("index", range(len([t for t in runnable("sh") if not needs_fresh(t)])))
+def test_a_readme_sh_block_runs_as_pasted(index, shared_dev):
+    block = [t for t in runnable("sh") if not needs_fresh(t)][index]
+    check_block(block, shared_dev.directory, shared_dev.endpoints)
+
+
+def test_the_readme_shows_every_client_and_the_lock_command():
+    shown = "\n".join(runnable("python"))
+    for name in ("FencingClient(", "AsyncFencingClient(", ".lock(", "SqliteGuard(", "except StaleToken"):
         assert name in shown, f"no README Python block uses {name}"
-    for block in blocks:
+    assert any(line.startswith("fencingctl lock ") for t in runnable("sh") for line in t.splitlines()), (
+        "no README sh block runs `fencingctl lock`")
+    for block in runnable("python"):
         if "FencingClient(" in block:
             assert all(e in block for e in DEV_ENDPOINTS), f"a block names other endpoints:\n{block}"
 
 
-@pytest.fixture(scope="module")
-def dev_like_dir(tmp_path_factory):
-    """A working directory like the one ``fencingd dev`` was started in: the public key in
-    ``fencing-dev-data/token-signing.pub``, the private key beside it for the cluster."""
-    base = tmp_path_factory.mktemp("readme-py")
-    keys = base / "fencing-dev-data"
-    keys.mkdir()
-    proc = subprocess.run(
-        [sys.executable, "-m", "coordinator.server.fencingd", "keygen",
-         "--private-key", str(keys / "token-signing.pem"), "--public-key", str(keys / "token-signing.pub")],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return base
+# -- the toml blocks --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def signing_cluster(tmp_path_factory, request, dev_like_dir):
-    key = str(dev_like_dir / "fencing-dev-data" / "token-signing.pem")
-    yield from running_cluster(
-        str(tmp_path_factory.mktemp("readme-cluster")), request, settings={"token_signing_key_file": key}
-    )
+@pytest.mark.parametrize("index", range(len(runnable("toml"))))
+def test_a_readme_toml_block_is_a_configuration_fencingd_accepts(index, tmp_path):
+    path = tmp_path / "node.toml"
+    path.write_text(runnable("toml")[index], encoding="utf-8")
+    # Values only: the files it names live on the reader's machine.
+    proc = subprocess.run([sys.executable, "-m", "coordinator.server.fencingd", "check-config", "--values-only",
+                           str(path)], capture_output=True, text=True, timeout=60, env=user_env())
+    assert proc.returncode == 0 and proc.stdout == f"{path}: ok\n", proc.stderr
+
+
+# -- the Python blocks ------------------------------------------------------------------------
 
 
 def _with_endpoints(block: str, endpoints: list[str]) -> str:
@@ -180,15 +337,12 @@ def _with_endpoints(block: str, endpoints: list[str]) -> str:
     return block
 
 
-@pytest.mark.parametrize("index", range(len(python_blocks())))
-def test_the_readme_python_block_runs_as_written(index, signing_cluster, dev_like_dir):
-    signing_cluster.wait_ready()
-    block = python_blocks()[index]
-    script = _with_endpoints(block, [n.api_address for n in signing_cluster.nodes])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=dev_like_dir, env=env,
-    )
+@pytest.mark.parametrize("index", range(len(runnable("python"))))
+def test_a_readme_python_block_runs_as_written(index, shared_dev):
+    block = runnable("python")[index]
+    script = _with_endpoints(block, shared_dev.endpoints.split(","))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S,
+                          cwd=shared_dev.directory, env=user_env())
     assert proc.returncode == 0, f"README Python block {index} failed:\n{block}\n{proc.stdout}{proc.stderr}"
     if "except StaleToken" in block:
         assert "is stale" in proc.stdout, f"README Python block {index} printed no refusal:\n{proc.stdout}"
