@@ -9,6 +9,7 @@ polling with a deadline (``wait_until``), never by sleeping.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import subprocess
@@ -20,9 +21,9 @@ import grpc
 import pytest
 
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.client import FencingClient
+from coordinator.client import AsyncFencingClient, FencingClient
 from coordinator.client.election import Election
-from coordinator.client.exceptions import LeaseHeld, StaleToken
+from coordinator.client.exceptions import LeaseHeld, LockTimeout, StaleToken
 from coordinator.server.config import ServerConfig
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, TEST_SETTINGS
 from testsupport.supervisor import wait_until
@@ -339,3 +340,82 @@ def test_a_cancelled_lock_call_gives_its_waiter_slot_back_at_once(cluster):
         for waiter_id in ids:
             admin.cancel_lock(resource, waiter_id)
         held.release()
+
+
+# -- AsyncFencingClient.lock ---------------------------------------------------------------
+
+
+async def _eventually(check, timeout_s: float, what: str):
+    """Await ``check()`` until it is truthy (``wait_until`` for coroutines, no sleeping
+    thread): its value, or TimeoutError naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def test_async_lock_is_granted_in_line_and_a_timeout_or_cancel_leaves_the_queue(cluster):
+    resource = "lock/aio"
+    eps = _endpoints(cluster)
+
+    async def waiters(client) -> int:
+        return (await client.describe(resource)).waiters
+
+    async def scenario() -> None:
+        async with AsyncFencingClient(eps) as a, AsyncFencingClient(eps) as b:
+            first = await a.lock(resource, ttl_ms=30_000, holder="first")
+            # A timeout: LockTimeout, and the waiter is out of the line before lock() returns.
+            started = time.monotonic()
+            with pytest.raises(LockTimeout):
+                await b.lock(resource, ttl_ms=30_000, holder="gives-up", timeout_s=1.0)
+            assert time.monotonic() - started >= 1.0
+            assert await waiters(a) == 0
+            # A cancelled task: CancelledError as ever, and out of the line all the same.
+            cancelled = asyncio.ensure_future(b.lock(resource, ttl_ms=30_000, holder="cancelled", timeout_s=60))
+            await _eventually(lambda: waiters(a), GRANT_WAIT_S, "the waiter in line")
+            cancelled.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+            assert await waiters(a) == 0
+            # In line: granted by the release, with the next token, and the old one fenced.
+            second = asyncio.ensure_future(b.lock(resource, ttl_ms=30_000, holder="second", timeout_s=60))
+            await _eventually(lambda: waiters(a), GRANT_WAIT_S, "second in line")
+            assert not second.done()
+            await first.release()
+            lease = await asyncio.wait_for(second, GRANT_WAIT_S)
+            assert lease.holder == "second" and lease.token > first.token
+            with pytest.raises(StaleToken):
+                await a.write(resource, "k", b"late", token=first.token)
+            await lease.write("k", b"second's")
+            await lease.release()
+
+    asyncio.run(scenario())
+
+
+def test_async_lock_waiting_when_its_client_closes_raises_and_leaves_the_queue(cluster):
+    resource = "lock/aio-close"
+    eps = _endpoints(cluster)
+
+    async def waiters(client) -> int:
+        return (await client.describe(resource)).waiters
+
+    async def scenario() -> None:
+        async with AsyncFencingClient(eps) as a:
+            held = await a.lock(resource, ttl_ms=30_000, holder="held")
+            b = AsyncFencingClient(eps)
+            waiting = asyncio.ensure_future(b.lock(resource, ttl_ms=30_000, holder="closed", timeout_s=60))
+            await _eventually(lambda: waiters(a), GRANT_WAIT_S, "the waiter in line")
+            await b.close()
+            with pytest.raises(RuntimeError, match="closed"):
+                await asyncio.wait_for(waiting, GRANT_WAIT_S)
+            # Out of the line now, not when its slot expires (LOCK_WAITER_TTL_MS, 30 s) ...
+            assert await waiters(a) == 0
+            # ... so a release leaves the resource free instead of granting a closed client.
+            await held.release()
+            assert not (await a.describe(resource)).held
+
+    asyncio.run(scenario())
