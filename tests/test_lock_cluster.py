@@ -358,12 +358,13 @@ async def _eventually(check, timeout_s: float, what: str):
         await asyncio.sleep(0.05)
 
 
+async def _queued(client: AsyncFencingClient, resource: str) -> int:
+    return (await client.describe(resource)).waiters
+
+
 def test_async_lock_is_granted_in_line_and_a_timeout_or_cancel_leaves_the_queue(cluster):
     resource = "lock/aio"
     eps = _endpoints(cluster)
-
-    async def waiters(client) -> int:
-        return (await client.describe(resource)).waiters
 
     async def scenario() -> None:
         async with AsyncFencingClient(eps) as a, AsyncFencingClient(eps) as b:
@@ -373,17 +374,17 @@ def test_async_lock_is_granted_in_line_and_a_timeout_or_cancel_leaves_the_queue(
             with pytest.raises(LockTimeout):
                 await b.lock(resource, ttl_ms=30_000, holder="gives-up", timeout_s=1.0)
             assert time.monotonic() - started >= 1.0
-            assert await waiters(a) == 0
+            assert await _queued(a, resource) == 0
             # A cancelled task: CancelledError as ever, and out of the line all the same.
             cancelled = asyncio.ensure_future(b.lock(resource, ttl_ms=30_000, holder="cancelled", timeout_s=60))
-            await _eventually(lambda: waiters(a), GRANT_WAIT_S, "the waiter in line")
+            await _eventually(lambda: _queued(a, resource), GRANT_WAIT_S, "the waiter in line")
             cancelled.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await cancelled
-            assert await waiters(a) == 0
+            assert await _queued(a, resource) == 0
             # In line: granted by the release, with the next token, and the old one fenced.
             second = asyncio.ensure_future(b.lock(resource, ttl_ms=30_000, holder="second", timeout_s=60))
-            await _eventually(lambda: waiters(a), GRANT_WAIT_S, "second in line")
+            await _eventually(lambda: _queued(a, resource), GRANT_WAIT_S, "second in line")
             assert not second.done()
             await first.release()
             lease = await asyncio.wait_for(second, GRANT_WAIT_S)
@@ -400,20 +401,17 @@ def test_async_lock_waiting_when_its_client_closes_raises_and_leaves_the_queue(c
     resource = "lock/aio-close"
     eps = _endpoints(cluster)
 
-    async def waiters(client) -> int:
-        return (await client.describe(resource)).waiters
-
     async def scenario() -> None:
         async with AsyncFencingClient(eps) as a:
             held = await a.lock(resource, ttl_ms=30_000, holder="held")
             b = AsyncFencingClient(eps)
             waiting = asyncio.ensure_future(b.lock(resource, ttl_ms=30_000, holder="closed", timeout_s=60))
-            await _eventually(lambda: waiters(a), GRANT_WAIT_S, "the waiter in line")
+            await _eventually(lambda: _queued(a, resource), GRANT_WAIT_S, "the waiter in line")
             await b.close()
             with pytest.raises(RuntimeError, match="closed"):
                 await asyncio.wait_for(waiting, GRANT_WAIT_S)
             # Out of the line now, not when its slot expires (LOCK_WAITER_TTL_MS, 30 s) ...
-            assert await waiters(a) == 0
+            assert await _queued(a, resource) == 0
             # ... so a release leaves the resource free instead of granting a closed client.
             await held.release()
             assert not (await a.describe(resource)).held
