@@ -390,7 +390,7 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         # Not granted in time (or the caller went away): leave the line. A grant that lands
         # between the look above and this DEQUEUE is ended by the DEQUEUE itself (its lease is
         # released and the next waiter granted in the same entry) rather than returned: its
-        # token was never sent, and the answer below says what holds the resource now.
+        # token was never sent, and the last try below answers for the resource as it is now.
         self.core.run(commands.dequeue(resource=resource, waiter_id=waiter_id, stamp_ms=0), context, caller)
         if not context.is_active():
             raise held  # nobody to answer; the queue is left, which is what mattered
