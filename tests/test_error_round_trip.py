@@ -104,7 +104,7 @@ def server():
     proposer = _FailingProposer()
     core = service.Core(node, proposer, members={MEMBER_ID: "127.0.0.1:7100"})
     lease = service.LeaseServicer(
-        core, acquire_wait_poll_s=0.05, streams=StreamGate(streams_max=2, per_caller_max=2, idle_timeout_s=5.0),
+        core, streams=StreamGate(streams_max=2, per_caller_max=2, idle_timeout_s=5.0),
         waiters=waiter_gate(waiters_max=2, per_caller_max=2),
     )
     grpc_server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))

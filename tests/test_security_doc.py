@@ -2,8 +2,9 @@
 
 Every constant of ``coordinator/core/limits.py`` and ``coordinator/raft/limits.py``, every
 principals-file quota, the bounds ``server/auth.py`` and ``server/config.py`` hold of their
-files, and every numeric config setting that is not plain timing must have a row whose
-default is the code's: a new limit without a row, or a changed value, fails here.
+files, every numeric config setting that is not plain timing, and the numeric constants of
+the client modules in ``CLIENT_LIMIT_MODULES`` must have a row whose default is the code's:
+a new limit without a row, or a changed value, fails here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import re
 
 import pytest
 
+from coordinator.client import lockcmd
 from coordinator.core import limits as core_limits
 from coordinator.raft import limits as raft_limits
 from coordinator.server import auth, config as config_mod
@@ -25,7 +27,7 @@ TABLE_HEADING = "## Limits and quotas"
 # hold: each needs a reason to stay out of the table.
 NOT_LIMITS = {
     "propose_deadline_margin_s": "a margin kept back from the caller's own deadline",
-    "acquire_wait_poll_ms": "the cadence of a waiting Acquire's retries, under ACQUIRE_WAIT_MS_MAX",
+    "acquire_wait_poll_ms": "no effect: still accepted so older config files load",
     "shutdown_grace_s": "how long a stopping member lets running RPCs finish",
     "health_check_interval_s": "how often health is re-checked",
     "raft_min_timeout_s": "election timing",
@@ -33,6 +35,9 @@ NOT_LIMITS = {
     "leader_fallback_timeout_s": "election timing",
     "heartbeat_s": "election timing",
 }
+# Client modules whose every numeric constant is a limit on the client's own inputs (a
+# command's arguments), not pacing: the rest of the client's constants are retry timing.
+CLIENT_LIMIT_MODULES = (lockcmd,)
 SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
@@ -45,6 +50,8 @@ def expected_limits() -> dict[str, int | float]:
     out: dict[str, int | float] = {**_constants(core_limits), **_constants(raft_limits)}
     out["PRINCIPALS_MAX"] = auth.PRINCIPALS_MAX
     out["RAFT_SECRET_CHARS_MIN"] = config_mod.RAFT_SECRET_CHARS_MIN
+    for module in CLIENT_LIMIT_MODULES:
+        out.update({k: v for k, v in vars(module).items() if k.isupper() and type(v) in (int, float)})
     for field, default in auth.QUOTA_DEFAULTS.items():
         # A quota's row states its default's constant instead of having a row of its own.
         del out[quota_default_constant(field)]

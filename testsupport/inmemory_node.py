@@ -161,6 +161,11 @@ class InMemoryNode:
         with self.log.applied:
             return self.log.applied.wait_for(lambda: fn(self.log.state_machine), max(0.0, timeout_s))
 
+    def wake_waiters(self) -> None:
+        """RaftNode.wake_waiters: every ``wait_applied`` checks its ``fn`` again now."""
+        with self.log.applied:
+            self.log.applied.notify_all()
+
     def status(self) -> dict[str, Any]:
         with self.log.lock:
             index, leader = self.log.applied_index, self.log.leader

@@ -368,6 +368,8 @@ class _ClientBase:
             endpoint: Stubs(self._open_channel(endpoint, credentials)) for endpoint in self._endpoints
         }
         self._leases = self._lease_registry()
+        # lock() calls still waiting: close() takes their waiters out of line (asyncio client).
+        self._lock_waits: set[LockWait] = set()
 
     # What a subclass adds: its channel flavour, how it tracks open leases, and the loop.
     _lease_registry: Callable[[], Any]  # a set-like factory (weak for threads, strong for tasks)
@@ -807,6 +809,9 @@ class LockWait:
         self.granted_after = now
         self._sent_at = now
         self._wait_s = 0.0
+        # Set by a client's close() that has taken (or tried to take) this waiter out of the
+        # queue: the lock() loop makes no further call and ends with RuntimeError.
+        self.abandoned = False
 
     def next_call(self) -> Call | None:
         """The next Lock call, or None once the deadline has passed."""

@@ -64,14 +64,28 @@ class AsyncFencingClient(_ClientBase):
         return grpc.aio.secure_channel(endpoint, credentials, options=CHANNEL_OPTIONS)
 
     async def close(self) -> None:
-        """Stop the keep-alive of every open lease (they are not released), close channels."""
+        """Take every waiting ``lock()`` out of its queue (each then raises RuntimeError),
+        stop the keep-alive of every open lease (they are not released), close channels."""
         if self._closed:
             return
+        # While the channels are still open: a waiter left behind would stay in line until its
+        # slot expired (LOCK_WAITER_TTL_MS) and could be granted a lease nobody holds. A grant
+        # its lock() had not yet seen is released by the same DEQUEUE.
+        waits = list(self._lock_waits)
+        for wait in waits:
+            wait.abandoned = True  # before any await: its loop makes no further Lock call
+        await asyncio.gather(*(self._leave_line(wait) for wait in waits))
         self._closed = True
         for lease in list(self._leases):
             await lease._stop_keepalive()
         for stubs in self._stubs.values():
             await stubs.channel.close()
+
+    async def _leave_line(self, wait: LockWait) -> None:
+        try:
+            await self.cancel_lock(wait.resource, wait.waiter_id, timeout_s=self._attempt_timeout_s)
+        except (FencingError, RuntimeError) as error:  # its slot expires by itself
+            log.info("leaving the lock queue of %s failed: %r", wait.resource, error)
 
     async def __aenter__(self) -> AsyncFencingClient:
         return self
@@ -162,12 +176,17 @@ class AsyncFencingClient(_ClientBase):
         deadline passes (LockTimeout), the client closes (RuntimeError) or the task is
         cancelled; in every case but the grant the waiter leaves the queue."""
         wait = LockWait(self, resource, ttl_ms=ttl_ms, holder=holder, timeout_s=timeout_s)
+        self._lock_waits.add(wait)
         try:
             while True:
                 call = wait.next_call()
                 if call is None:
                     raise wait.timed_out()
+                if wait.abandoned:
+                    raise RuntimeError("the AsyncFencingClient was closed while lock() waited")
                 step = await self._execute(call)
+                if wait.abandoned:  # close() left the line meanwhile (and released a grant)
+                    raise RuntimeError("the AsyncFencingClient was closed while lock() waited")
                 if step.acquired is not None:
                     lease = AsyncLease(self, step.acquired, ttl_ms=ttl_ms, on_lost=on_lost, sent_at=wait.granted_after)
                     self._leases.add(lease)
@@ -177,6 +196,14 @@ class AsyncFencingClient(_ClientBase):
                 if pause_s > 0:
                     await asyncio.sleep(pause_s)
         except BaseException as exc:
+            if wait.abandoned:
+                # close() took the waiter out of line. Closing the channels cancels the Lock
+                # call in flight, which grpc.aio raises as CancelledError: that is the close,
+                # unless this task itself is being cancelled.
+                task = asyncio.current_task()
+                if isinstance(exc, RuntimeError) or (task is not None and task.cancelling()):
+                    raise
+                raise RuntimeError("the AsyncFencingClient was closed while lock() waited") from exc
             closed = self._closed
             if not closed:
                 try:
@@ -187,6 +214,8 @@ class AsyncFencingClient(_ClientBase):
             if closed and not isinstance(exc, (RuntimeError, asyncio.CancelledError)):
                 raise RuntimeError("the AsyncFencingClient was closed while lock() waited") from exc
             raise
+        finally:
+            self._lock_waits.discard(wait)
 
     def lease(
         self,

@@ -36,6 +36,9 @@ TOKEN_PROOF_ENV = "FENCING_TOKEN_PROOF"
 # a write and exit cleanly, short next to lease TTLs (its writes are refused meanwhile anyway).
 KILL_GRACE_S_DEFAULT = 10.0
 KILL_GRACE_S_MAX = 3600.0  # a grace past an hour is a typo, not a plan
+# --wait-s: longer than any wait a person or a cron job means (none: no deadline); past it
+# the number is a typo, e.g. milliseconds given as seconds.
+WAIT_S_MAX = 365 * 24 * 3600.0
 
 
 def add_parser(sub: Any, command: Any) -> None:
@@ -93,7 +96,7 @@ def parse(args: argparse.Namespace, cmd: list[str]) -> dict[str, Any]:
         raise LockUsage(str(error)) from None
     return {
         "resource": resource, "ttl_ms": ttl_ms, "holder": holder, "cmd": cmd,
-        "wait_s": _seconds("wait-s", args.wait_s, 365 * 24 * 3600.0),
+        "wait_s": _seconds("wait-s", args.wait_s, WAIT_S_MAX),
         "grace_s": _seconds("grace-s", args.grace_s, KILL_GRACE_S_MAX),
     }
 

@@ -167,6 +167,9 @@ LOCK_WAITERS_MAX = 10_000
 # after its last renewal: long enough for four server-side waits of LOCK_WAIT_MS_MAX plus an
 # election, short enough that a vanished client leaves the queue within half a minute.
 LOCK_WAITER_TTL_MS = 30_000
+# A waiting Acquire queues once (its op_id is its waiter id) and does not renew its slot, so
+# its longest wait must end before the slot would expire.
+assert ACQUIRE_WAIT_MS_MAX <= LOCK_WAITER_TTL_MS, "a waiting Acquire outlives its queue slot"
 # One Lock call waits server-side at most this long for its grant (it holds a gRPC worker
 # thread and an acquire_waiters_max slot), then answers "still queued" and the client calls
 # again: one ENQUEUE renewal entry per waiter per 5 s, never a poll per 100 ms.

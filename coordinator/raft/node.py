@@ -346,6 +346,12 @@ class RaftNode:
         with self._replica.applied:
             return self._replica.applied.wait_for(lambda: fn(self.state_machine), max(0.0, timeout_s))
 
+    def wake_waiters(self) -> None:
+        """Make every ``wait_applied`` check its ``fn`` again now, with no entry applied: for
+        a waiter whose ``fn`` also reads something outside the state (its RPC was cancelled)."""
+        with self._replica.applied:
+            self._replica.applied.notify_all()
+
     def digest(self) -> tuple[int, str]:
         with self._replica.lock:
             return self._replica.last_applied_index, self.state_machine.digest()

@@ -104,8 +104,7 @@ def add_services(
         node, proposer, members=members, authenticator=authenticator,
         proof_signer=config.proof_signer(),
     )
-    lease = LeaseServicer(core, acquire_wait_poll_s=config.acquire_wait_poll_ms / 1000, streams=stream_gate(config),
-                          waiters=acquire_waiter_gate(config))
+    lease = LeaseServicer(core, streams=stream_gate(config), waiters=acquire_waiter_gate(config))
     pb_grpc.add_LeaseServicer_to_server(lease, server)
     pb_grpc.add_FencedStoreServicer_to_server(FencedStoreServicer(core), server)
     pb_grpc.add_ClusterServicer_to_server(ClusterServicer(core), server)

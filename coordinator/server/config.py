@@ -136,8 +136,10 @@ class ServerConfig:
         metadata=_doc("proposals waiting for Raft at once; beyond it RESOURCE_EXHAUSTED/OVERLOADED"),
     )
     acquire_wait_poll_ms: int = dataclasses.field(
+        # Kept so config files that set it still load (unknown keys are refused): a waiting
+        # Acquire no longer polls, it waits in the lock queue for the entry that grants it.
         default=100,
-        metadata=_doc("ms: longest pause between tries of an Acquire with wait_ms (each try is a log entry)"),
+        metadata=_doc("no effect (a waiting Acquire waits in the lock queue, with no tries to pace); still accepted"),
     )
     # -- gRPC server ----------------------------------------------------------------------
     grpc_threads: int = dataclasses.field(
@@ -179,7 +181,7 @@ class ServerConfig:
     # -- waiting Acquires (issue 14: like streams, each holds a worker thread while it waits) --
     acquire_waiters_max: int = dataclasses.field(
         # An eighth of the default grpc_threads: with streams_max, 32 of 64 threads stay for
-        # health, Admin and unary calls; a waiter polls every acquire_wait_poll_ms, so 8 is plenty
+        # health, Admin and unary calls; a waiter makes no entries while it waits, and 8 is plenty
         # for the handful of resources that see contention at once.
         default=8,
         metadata=_doc(

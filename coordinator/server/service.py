@@ -309,11 +309,10 @@ def _unary(method):
 
 
 class LeaseServicer(pb_grpc.LeaseServicer):
-    def __init__(self, core: Core, *, acquire_wait_poll_s: float, streams: StreamGate, waiters: SlotGate) -> None:
+    def __init__(self, core: Core, *, streams: StreamGate, waiters: SlotGate) -> None:
         self.core = core
-        self.acquire_wait_poll_s = acquire_wait_poll_s
         self.streams = streams  # caps open KeepAliveStreams and closes idle ones
-        self.waiters = waiters  # caps Acquires waiting at once (each holds a worker thread)
+        self.waiters = waiters  # caps Acquires and Lock calls waiting at once (each holds a worker thread)
         self._batch_pool = concurrent.futures.ThreadPoolExecutor(
             KEEP_ALIVE_MANY_WORKERS, thread_name_prefix="keepalive-many"
         )
@@ -323,31 +322,14 @@ class LeaseServicer(pb_grpc.LeaseServicer):
 
     @_unary
     def Acquire(self, request: pb.AcquireRequest, context, caller: Principal | None) -> pb.AcquireResponse:
+        started = time.monotonic()
         command = commands.acquire(**_checked_request("Acquire", request), stamp_ms=0)
-        # Bounded server-side wait: retry LEASE_HELD until min(wait_ms, ACQUIRE_WAIT_MS_MAX)
-        # or the RPC deadline. Every try is a new entry with the same op_id; refusals are
-        # not recorded, so only a successful try enters the dedup table.
-        # The first try needs no slot; waiting does (acquire_waiters_max and its per-principal
-        # cap), and past either cap the answer is the first try's, as if wait_ms were 0.
-        wait_until = time.monotonic() + min(request.wait_ms, limits.ACQUIRE_WAIT_MS_MAX) / 1000
-        with contextlib.ExitStack() as slot:
-            waiting = False
-            while True:
-                try:
-                    result, index = self.core.run(command, context, caller)
-                    break
-                except ServiceError as error:
-                    if error.key is not Reason.LEASE_HELD:
-                        raise
-                    pause = self._wait_pause(error, wait_until, context)
-                    if pause is None:
-                        raise
-                    if not waiting:
-                        who = caller_key(None if caller is None else caller.name, context.peer())
-                        self._take_waiter_slot(error, who)
-                        slot.callback(self.waiters.give_back, who)
-                        waiting = True
-                    time.sleep(pause)
+        try:
+            result, index = self.core.run(command, context, caller)
+        except ServiceError as held:
+            if held.key is not Reason.LEASE_HELD:
+                raise
+            result, index = self._acquire_in_line(command, held, request.wait_ms, started, context, caller)
         return pb.AcquireResponse(
             header=self.core.header(index),
             token=result["token"],
@@ -355,6 +337,94 @@ class LeaseServicer(pb_grpc.LeaseServicer):
             expires_at_ms=result["expires_at_ms"],
             token_proof=self._proof(command.resource, result["token"]),
         )
+
+    def _acquire_in_line(
+        self, command: commands.Command, held: ServiceError, wait_ms: int, started: float, context,
+        caller: Principal | None,
+    ) -> tuple[dict, int]:
+        """After a LEASE_HELD try: the grant this Acquire gets by waiting in the resource's
+        FIFO queue (the same queue as Lock's) for up to min(wait_ms, ACQUIRE_WAIT_MS_MAX), or
+        ``held`` -- or the refusal of one last try -- when it does not.
+
+        Entries: one ENQUEUE (its op_id is its waiter id), then none while it waits -- the
+        RELEASE, FORCE_RELEASE or TICK that grants it wakes it -- and, if the wait ends
+        ungranted, one DEQUEUE and one last ACQUIRE: O(1) whatever wait_ms is. The wait needs
+        a slot of the waiter gate (acquire_waiters_max and its per-caller cap); without one
+        the answer is ``held``, as if wait_ms were 0, and nothing is queued.
+        """
+        resource, waiter_id = command.resource, command.body["op_id"]
+        node = self.core.node
+        # A retry of an Acquire that was granted through the queue but whose answer was lost:
+        # the lease names its op_id. (The refused try applied on this member, so this local
+        # read is at least as new as that entry.) A queue grant enters no dedup entry, so
+        # once that lease has ended a retry is a new Acquire.
+        mine = node.read(lambda sm: sm.lock_state(resource, waiter_id))
+        if mine["granted"]:
+            return mine, 0
+        wait_s = self._acquire_wait_s(wait_ms, started, context)
+        if wait_s <= 0:
+            raise held
+        who = caller_key(None if caller is None else caller.name, context.peer())
+        self._take_waiter_slot(held, who)
+        try:
+            fields = {k: command.body[k] for k in ("resource", "holder", "ttl_ms")}
+            try:
+                state, index = self.core.run(
+                    commands.enqueue(**fields, waiter_id=waiter_id, stamp_ms=0), context, caller
+                )
+            except ServiceError as refused:
+                if not isinstance(refused.key, Reason):
+                    raise  # no leader, overloaded, unknown outcome: the client retries with this op_id
+                # A full queue or the caller's quota: waiting is a convenience, the answer is
+                # the one wait_ms 0 would have had, saying why it did not wait.
+                raise ServiceError(held.key, f"{held.message} (not waiting: {refused.message})",
+                                   held.metadata, index=held.index) from None
+            if state["queued"]:
+                state = self._wait_for_grant(resource, waiter_id, self._acquire_wait_s(wait_ms, started, context),
+                                             context)
+                index = 0  # as of this member's applied index now
+            if state["granted"]:
+                return state, index
+        finally:
+            self.waiters.give_back(who)
+        # Not granted in time (or the caller went away): leave the line. A grant that lands
+        # between the look above and this DEQUEUE is ended by the DEQUEUE itself (its lease is
+        # released and the next waiter granted in the same entry) rather than returned: its
+        # token was never sent, and the last try below answers for the resource as it is now.
+        self.core.run(commands.dequeue(resource=resource, waiter_id=waiter_id, stamp_ms=0), context, caller)
+        if not context.is_active():
+            raise held  # nobody to answer; the queue is left, which is what mattered
+        # One last try, so the LEASE_HELD this answers with is the state's now (holder and
+        # expiry), and a lease that came free as the wait ended is granted, as before.
+        return self.core.run(command, context, caller)
+
+    def _acquire_wait_s(self, wait_ms: int, started: float, context) -> float:
+        """How long an Acquire that started at ``started`` may still wait: min(wait_ms,
+        ACQUIRE_WAIT_MS_MAX) from its start, leaving the proposer's margin and room for the
+        DEQUEUE and last try before the RPC's deadline."""
+        left = started + min(wait_ms, limits.ACQUIRE_WAIT_MS_MAX) / 1000 - time.monotonic()
+        rpc_left = context.time_remaining()
+        if rpc_left is not None:
+            left = min(left, rpc_left - self.core.proposer.deadline_margin_s - 2 * PROPOSE_TIMEOUT_S_MIN)
+        return left if context.is_active() else 0.0
+
+    def _wait_for_grant(self, resource: str, waiter_id: bytes, wait_s: float, context) -> dict[str, Any]:
+        """Wait, with no entry of its own, until ``waiter_id`` is no longer queued on
+        ``resource`` (granted, cancelled or dropped), ``wait_s`` passes or the call ends (the
+        client cancelled it or went away: the thread and waiter slot are freed at once, not
+        after the rest of the wait); then its ``lock_state``."""
+        node = self.core.node
+        ended = threading.Event()
+
+        def on_end() -> None:
+            ended.set()
+            node.wake_waiters()
+
+        if context.add_callback(on_end):  # False: the call has ended already
+            node.wait_applied(
+                lambda sm: ended.is_set() or not sm.lock_state(resource, waiter_id).get("queued"), wait_s
+            )
+        return node.read(lambda sm: sm.lock_state(resource, waiter_id))
 
     def _take_waiter_slot(self, held: ServiceError, who: str) -> None:
         """Take a waiter slot for ``who``, or raise ``held`` (LEASE_HELD, as with wait_ms 0)
@@ -372,24 +442,6 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         signer = self.core.proof_signer
         return b"" if signer is None else signer.sign(resource, token)
 
-    def _wait_pause(self, held: ServiceError, wait_until: float, context) -> float | None:
-        """How long to sleep before the next try, or None to give up with ``held``."""
-        now = time.monotonic()
-        left = wait_until - now
-        rpc_left = context.time_remaining()
-        if rpc_left is not None:
-            # Keep room for one more proposal before the client's deadline.
-            left = min(left, rpc_left - self.core.proposer.deadline_margin_s - 2 * PROPOSE_TIMEOUT_S_MIN)
-        if left <= 0 or not context.is_active():
-            return None
-        try:
-            until_expiry_s = int(held.metadata.get(ErrorMeta.EXPIRES_AT_MS, "0")) / 1000 - time.time()
-        except ValueError:
-            until_expiry_s = self.acquire_wait_poll_s
-        # Poll at most every acquire_wait_poll_s (a release ends a lease early), but not
-        # sooner than 10 ms even when the expiry looks already past (clocks differ).
-        return min(left, self.acquire_wait_poll_s, max(0.01, until_expiry_s))
-
     @_unary
     def Lock(self, request: pb.LockRequest, context, caller: Principal | None) -> pb.LockResponse:
         # One ENQUEUE entry per call (it queues the waiter, or renews its slot), then a wait
@@ -397,7 +449,9 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         # it -- with no entry of its own. The wait takes a slot of the same gate as a waiting
         # Acquire (acquire_waiters_max and its per-caller cap: each holds a worker thread);
         # past a cap, or with wait_ms 0, the answer is the ENQUEUE's at once and the client
-        # calls again.
+        # calls again. A cancelled call ends its wait at once but leaves the waiter queued:
+        # the client's next Lock call (after a reconnect, say) keeps its place, and its
+        # CancelLock or the waiter's slot expiry (LOCK_WAITER_TTL_MS) takes it out.
         fields = _checked_request("Lock", request)
         resource, waiter_id = fields["resource"], fields["waiter_id"]
         result, index = self.core.run(commands.enqueue(**fields, stamp_ms=0), context, caller)
@@ -410,9 +464,7 @@ class LeaseServicer(pb_grpc.LeaseServicer):
                 pass  # not waiting: the client's next call renews the slot and tries again
             else:
                 try:
-                    node = self.core.node
-                    node.wait_applied(lambda sm: not sm.lock_state(resource, waiter_id).get("queued"), wait_s)
-                    result = node.read(lambda sm: sm.lock_state(resource, waiter_id))
+                    result = self._wait_for_grant(resource, waiter_id, wait_s, context)
                     index = 0  # the answer is as of this member's applied index now
                 finally:
                     self.waiters.give_back(who)
