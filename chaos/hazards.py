@@ -49,6 +49,12 @@ from coordinator.core.snapshot_format import parse_snapshot
 KEY = "a"
 # A floor this far above the current epoch: clearly a jump, far below TOKEN_MAX for any run.
 FLOOR_GAP = 1000
+# A "never issued" token this far above the resource's hwm. Tokens come from one counter that
+# every acquire in the cluster moves: hwm + 1000 was reached in a 30-minute soak (about 60
+# tokens a second), and an acquire of the same resource was granted exactly that token while
+# the hostile write was in flight, so the write was rightly accepted and wrongly reported.
+# 2**40 is never reached by a run and still far from the huge-token hazard's 2**63.
+NEVER_ISSUED_GAP = 2**40
 
 
 def contention(rec: Recorder, resources: list[str], rng: random.Random, stop: threading.Event,
@@ -166,7 +172,7 @@ def hostile_op(rec: Recorder, channels: dict[str, grpc.Channel], kind: str, reso
             hwm = rec.client.describe(resource).hwm
         except exc_mod.FencingError:
             return None
-        return rec.write(resource, KEY, value, int(hwm) + FLOOR_GAP, hazard="hostile_never_issued",
+        return rec.write(resource, KEY, value, int(hwm) + NEVER_ISSUED_GAP, hazard="hostile_never_issued",
                          args=args, after=after)[0]
     if kind == "foreign_token":
         # A real token, issued for another resource: never equal to hwm(resource),

@@ -21,7 +21,7 @@ from testsupport.supervisor import wait_until
 
 # Why each hostile write must be refused: the reason the recorder takes from the refusal.
 EXPECTED_REASON = {
-    "hostile_never_issued": {"UNKNOWN_TOKEN"},  # hwm + 1000 was never issued for the resource
+    "hostile_never_issued": {"UNKNOWN_TOKEN"},  # hwm + 2**40 was never issued for the resource
     "hostile_foreign_token": {"UNKNOWN_TOKEN"},  # newer than the resource's hwm: not issued for it
     "hostile_huge_token": {"INVALID_ARGUMENT", "FAILED_PRECONDITION"},  # 2^63: out of range, or never issued
     "hostile_malformed": {"INVALID_ARGUMENT"},
