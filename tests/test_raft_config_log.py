@@ -67,3 +67,36 @@ def test_a_truncated_config_entry_after_the_snapshot_is_undone_and_a_new_one_tak
     raft_log += [_entry(102, 6, NEWER.encode_entry())]
     configs.sync(raft_log)
     assert [configs.at(i) for i in (100, 101, 102)] == [CONFIG, CONFIG, NEWER]
+
+
+class _Recorded(Exception):
+    pass
+
+
+class _Gate(MemberGate):
+    """Only what MemberGate.config() reads of a HardenedSyncObj."""
+
+    def __init__(self, tmp_path, cluster_id):
+        self._identity = member_identity.Identity("m1", 11, cluster_id)
+        self._identity_dir = str(tmp_path)
+        self._configs = ConfigLog()
+        self._SyncObj__raftLog = [_entry(1, 1), _entry(2, 1)]
+        self._SyncObj__needLoadDumpFile = False
+        self.fatal: list[str] = []
+
+    def _on_fatal(self, message, exit_code):
+        self.fatal.append(message)
+        raise _Recorded(message)
+
+
+def test_a_member_that_had_a_configuration_stops_rather_than_snapshot_without_one(tmp_path):
+    gate = _Gate(tmp_path, cluster_id="cluster-a")
+    with pytest.raises(_Recorded):
+        gate.config_plain_at(2)  # what the snapshot writer asks for
+    assert "lost its cluster configuration" in gate.fatal[0]
+
+
+def test_a_member_that_never_had_one_carries_on_without(tmp_path):
+    gate = _Gate(tmp_path, cluster_id=None)
+    assert gate.config_plain_at(2) is None
+    assert gate.fatal == []
