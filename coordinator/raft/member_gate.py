@@ -69,6 +69,17 @@ class MemberGate:
         """The configuration in effect (the last CONFIG entry the log or snapshot holds)."""
         self._configs.sync(self._SyncObj__raftLog)
         config = self._configs.current()
+        if config is None and self._identity.cluster_id is not None and self._loaded():
+            # It learned a configuration (its identity records the cluster id) and its log and
+            # snapshot no longer hold one: it would ask to bootstrap, refuse every configured
+            # peer's vote, and write snapshots without a configuration. Stop instead.
+            self._on_fatal(
+                f"member {self._identity.member_id} of cluster {self._identity.cluster_id} has lost its"
+                " cluster configuration (its log and snapshot hold none); stopping rather than"
+                " writing or serving without one",
+                EXIT_APPLY_FAILED,
+            )
+            raise RuntimeError("cluster configuration lost")
         if config is not None and self._identity.cluster_id != config.cluster_id:
             try:
                 self._identity = member_identity.with_cluster_id(self._identity_dir, self._identity, config.cluster_id)

@@ -193,12 +193,16 @@ class ConfigLog:
         self._configs: list[tuple[int, Configuration]] = []
         self._scanned_to = 0
         self._scanned_term: int | None = None
+        # The last loaded snapshot's index: everything up to it is committed, so no truncation
+        # reaches it, and its configuration (no CONFIG entry in the log holds it) is kept.
+        self._snapshot_index = 0
         self.refused = 0  # CONFIG entries that did not decode: skipped by every member alike
 
     def set_snapshot(self, index: int, term: int, config: Configuration | None) -> None:
         """A snapshot up to (index, term) was loaded: its configuration replaces everything."""
         self._configs = [(index, config)] if config is not None else []
         self._scanned_to, self._scanned_term = index, term
+        self._snapshot_index = index
 
     def sync(self, raft_log) -> None:
         n = len(raft_log)
@@ -207,8 +211,12 @@ class ConfigLog:
         first, last = raft_log[0][1], raft_log[n - 1][1]
         scanned = self._scanned_to
         if scanned > last or (scanned >= first and raft_log[scanned - first][2] != self._scanned_term):
-            self._configs = [c for c in self._configs if c[0] < first]
-            scanned = first - 1
+            # Keep what the log below its head and the snapshot hold: the log head is the
+            # snapshot's previous entry, so the snapshot's configuration sits at an index the
+            # log still holds, as an entry that is not a CONFIG entry; a rescan would not find it.
+            kept = max(first - 1, self._snapshot_index)
+            self._configs = [c for c in self._configs if c[0] <= kept]
+            scanned = kept
         for pos in range(max(scanned + 1, first) - first, n):
             entry, index, _term = raft_log[pos]
             if entry[:2] != raft_wire.CONFIG_ENTRY_HEAD:

@@ -119,6 +119,7 @@ SAFETY_VIOLATIONS = frozenset(
         "truncated_applied",  # syncobj.truncated_applied > 0
         "log_truncating_applied",  # pysyncobj logged 'truncating already-applied log entries'
         "fatal",  # on_fatal: the node stopped rather than diverge or lose data
+        "config_lost",  # a member that had a cluster configuration has none (RAFT.md "Member identity")
     }
 )
 OTHER_VIOLATIONS = frozenset(
@@ -768,6 +769,7 @@ class _Member:
         self.ticks = 0  # ticks of the current incarnation
         self.applied_len = 0  # length of the applied sequence as last checked
         self.truncated_seen = 0
+        self.had_config = False  # across incarnations: its disk is never wiped here
         self.armed_snapshots = None  # crash_after_snapshot: SM.snapshots when armed
         self.armed_fault: Fault | None = None
         self.armed_presync: Fault | None = None  # crash: dies at its next sync with unsynced bytes
@@ -1249,6 +1251,13 @@ class Simulation:
     def _check_member(self, m: _Member) -> None:
         sm = m.sm
         so = m.node.syncobj
+        if so._loaded():
+            # Once bootstrapped, a member's log or snapshot always holds the configuration.
+            if so.config() is not None:
+                m.had_config = True
+            elif m.had_config:
+                self._violate("config_lost", f"{m.label} had a cluster configuration and now has none")
+                return
         if so.truncated_applied > m.truncated_seen:
             m.truncated_seen = so.truncated_applied
             self._violate(

@@ -89,7 +89,9 @@ REGRESSION_SEEDS: tuple[Regression, ...] = (
         12589,
         "crashy",
         why="a follower restarted with a tail of an old term; stock backup (one index per "
-        "heartbeat, undone by pipelined sends) never catches it up",
+        "heartbeat, undone by pipelined sends) never catches it up. Also: a member's tail "
+        "truncated right after it loaded a snapshot (config_lost before ConfigLog kept the "
+        "snapshot's configuration)",
         exercised=("crashes_power_loss", "restarts", "snapshot_installs"),
     ),
 )
