@@ -685,12 +685,16 @@ def test_no_compaction_starts_while_the_state_machine_defers_snapshots(tmp_path)
     assert log_of(node)[0][0] > 1, "never compacted once snapshots were allowed again"
 
 
-def test_a_vote_from_another_cluster_is_refused_counted_and_logged(tmp_path, caplog):
+def test_a_vote_from_another_cluster_is_refused_counted_and_logged(tmp_path, caplog, monkeypatch):
     """A member of another cluster (two clusters' members pointed at each other, or a data dir
     from another cluster) is refused: no vote, no term change, a log line and a count, which
     the server exports as fencing_raft_refused_cluster_ids (test_metrics shows the series)."""
+    from coordinator.raft import member_gate, transport
     from coordinator.raft.membership import Configuration, Member
 
+    # A limiter of its own: the module's one is shared by every test in this process, and a
+    # warning another test logged within the last second would suppress this test's line.
+    monkeypatch.setattr(member_gate, "peer_warnings", transport.PeerWarnings(transport.log, 1_000))
     node = make_node(tmp_path)
     so = node.syncobj
     config = Configuration("cluster-a", (
