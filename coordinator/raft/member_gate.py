@@ -69,18 +69,11 @@ class MemberGate:
         """The configuration in effect (the last CONFIG entry the log or snapshot holds)."""
         self._configs.sync(self._SyncObj__raftLog)
         config = self._configs.current()
-        if config is None and self._identity.cluster_id is not None and self._loaded():
-            # It learned a configuration (its identity records the cluster id) and its log and
-            # snapshot no longer hold one: it would ask to bootstrap, refuse every configured
-            # peer's vote, and write snapshots without a configuration. Stop instead.
-            self._on_fatal(
-                f"member {self._identity.member_id} of cluster {self._identity.cluster_id} has lost its"
-                " cluster configuration (its log and snapshot hold none); stopping rather than"
-                " writing or serving without one",
-                EXIT_APPLY_FAILED,
-            )
-            raise RuntimeError("cluster configuration lost")
-        if config is not None and self._identity.cluster_id != config.cluster_id:
+        # Recorded once committed only: a bootstrap CONFIG appended but never committed (its
+        # leader lost power before a majority held it) can be cut, and the next bootstrap
+        # writes another cluster id (found by the simulation, seed 25902 crashy).
+        if (config is not None and self._identity.cluster_id != config.cluster_id
+                and self._configs.current_index() <= self._SyncObj__raftCommitIndex):
             try:
                 self._identity = member_identity.with_cluster_id(self._identity_dir, self._identity, config.cluster_id)
             except (member_identity.IdentityError, OSError) as exc:
@@ -93,8 +86,22 @@ class MemberGate:
         return not getattr(self, "_SyncObj__needLoadDumpFile", True)
 
     def config_plain_at(self, index: int):
+        """The configuration a snapshot at ``index`` records (the snapshot writer asks)."""
         self.config()
         config = self._configs.at(index)
+        if config is None and self._identity.cluster_id is not None:
+            # It learned a configuration (its identity records the cluster id), and a snapshot
+            # covers committed entries only, which held one: writing None would make this
+            # member forget its cluster at the next start. Stop instead. (Not checked in
+            # config(): a member that lost power may have lost an unsynced CONFIG entry it had
+            # appended, never acknowledged, and must simply catch up from the leader.)
+            self._on_fatal(
+                f"member {self._identity.member_id} of cluster {self._identity.cluster_id} has lost its"
+                " cluster configuration (its log and snapshot hold none); stopping rather than"
+                " writing a snapshot without one",
+                EXIT_APPLY_FAILED,
+            )
+            raise RuntimeError("cluster configuration lost")
         return config.to_plain() if config is not None else None
 
     def snapshot_config_loaded(self, index: int, term: int, plain) -> None:

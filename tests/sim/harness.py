@@ -769,7 +769,7 @@ class _Member:
         self.ticks = 0  # ticks of the current incarnation
         self.applied_len = 0  # length of the applied sequence as last checked
         self.truncated_seen = 0
-        self.had_config = False  # across incarnations: its disk is never wiped here
+        self.had_config = False  # across kills (its disk is never wiped here); reset by a power loss
         self.armed_snapshots = None  # crash_after_snapshot: SM.snapshots when armed
         self.armed_fault: Fault | None = None
         self.armed_presync: Fault | None = None  # crash: dies at its next sync with unsynced bytes
@@ -1016,6 +1016,10 @@ class Simulation:
         self.network.set_paused(m.address, False)
         m.paused_until = 0
         if power_loss:
+            # A CONFIG entry it appended but never synced (so never acknowledged) may be cut: it
+            # then catches up from the leader like any member. config_lost judges what it loads
+            # from here on (a loaded snapshot's configuration must never be forgotten again).
+            m.had_config = False
             self.stats["crashes_power_loss"] += 1
             if self.durable:
                 path = os.path.join(m.data_dir, JOURNAL_NAME)
