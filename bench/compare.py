@@ -3,6 +3,7 @@
     python -m bench compare                         # 1, 16, 64 clients; 4 workloads; 3 rounds; failover (~8 min)
     python -m bench compare --json out.json --chart out.png
     python -m bench compare --clients 1,16 --rounds 5 --trials 0
+    python -m bench compare --rounds 0                # failover trials only (~5 min)
 
 Benchmark-only: figures, never assertions. Owns the run: both clusters up side by side (three
 ``fencingd serve`` members with production timings, and three etcd members with etcd's
@@ -135,7 +136,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench compare", description=__doc__.split("\n\n")[1].strip())
     p.add_argument("--seconds", type=float, default=2.0, help="measured window per run (default 2)")
     p.add_argument("--warmup", type=float, default=0.5, help="warm-up per run, not counted (default 0.5)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds; every cell of both systems once per round (default 3)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds; every cell of both systems once per round (default 3; 0: failover trials only)")
     p.add_argument("--clients", default="1,16,64", help="client counts (default 1,16,64)")
     p.add_argument("--procs", type=int, default=4, help="client processes (default 4; 16 clients = 4 x 4 threads)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"subset of {','.join(WORKLOADS)}")
@@ -148,8 +150,10 @@ def parse_args(argv=None):
     bad = [w for w in args.workloads.split(",") if w not in WORKLOADS]
     if bad:
         p.error(f"--workloads: unknown {', '.join(bad)} (known: {', '.join(WORKLOADS)})")
-    if args.rounds < 1 or args.trials < 0 or args.procs < 1 or args.seconds <= 0:
-        p.error("--rounds and --procs must be >= 1, --trials >= 0, --seconds > 0")
+    if args.rounds < 0 or args.trials < 0 or args.procs < 1 or args.seconds <= 0:
+        p.error("--procs must be >= 1, --rounds and --trials >= 0, --seconds > 0")
+    if args.rounds == 0 and args.trials == 0:
+        p.error("--rounds 0 --trials 0 measures nothing")
     return args
 
 
@@ -237,7 +241,8 @@ def main(argv=None) -> int:
     if disturbed:
         print(f"{len(disturbed)} of {len(rows)} runs lost cores to the hypervisor (steal > 0.10) or to processes "
               f"not ours (other > 0.25): their figures are pessimistic; the JSON has them per run\n")
-    report.print_cells(cells)
+    if cells:
+        report.print_cells(cells)
     if fails:
         print("\nfailover: leader signalled -> next successful acquire + write (ms)")
         report.print_failover(fails)

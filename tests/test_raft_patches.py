@@ -73,6 +73,7 @@ PATCHED = sorted(
         "pysyncobj.tcp_connection.pickle",
         "pysyncobj.tcp_connection.TcpConnection._TcpConnection__processRead",
         "pysyncobj.tcp_connection.TcpConnection._TcpConnection__processParseMessage",
+        "pysyncobj.tcp_connection.TcpConnection._TcpConnection__processConnectionTimeout",
         "pysyncobj.tcp_connection.TcpConnection.connect",
         "pysyncobj.tcp_connection.TcpConnection.disconnect",
         "pysyncobj.tcp_connection.TcpConnection.send",
@@ -80,6 +81,7 @@ PATCHED = sorted(
         "pysyncobj.tcp_connection.TcpConnection.on_refused_frame",
         "pysyncobj.tcp_connection.TcpConnection.accepted_at",
         "pysyncobj.tcp_connection.TcpConnection.unnamed_connections",
+        "pysyncobj.tcp_connection.TcpConnection.awaiting_answer_since",
     ]
 )
 

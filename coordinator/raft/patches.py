@@ -7,8 +7,10 @@ Owns: the pinned version (``PYSYNCOBJ_VERSION_REQUIRED``, ``check_pysyncobj_vers
     ours goes through it any more);
   - TcpConnection's frame reader and writer (``transport.py``: the typed wire, bounded heads,
     bytearray buffers) and its per-connection defaults (including the set of unnamed
-    connections that the pre-authentication byte budget reads).
-Why each one is needed: RAFT.md ("A typed wire", "Bounded frames").
+    connections that the pre-authentication byte budget reads);
+  - TcpConnection's connection timeout: silence counts only while the peer owes an answer
+    (``transport.drop_if_unanswered``).
+Why each one is needed: RAFT.md ("A typed wire", "Bounded frames", "Idle is not dead").
 Must never: patch anything at import (importing any coordinator.raft module leaves pysyncobj
 stock; a test checks it), or patch a pysyncobj other than the pinned one: every replacement
 names that version's internals.
@@ -105,5 +107,6 @@ def _bound_frame_reads() -> None:
     conn._TcpConnection__processRead = transport.process_read_bounded
     conn._TcpConnection__processParseMessage = transport.parse_message_bounded
     conn.send = transport.send_typed
+    conn._TcpConnection__processConnectionTimeout = transport.drop_if_unanswered
     conn.connect = transport.restarting_frame_scan(conn.connect)
     conn.disconnect = transport.restarting_frame_scan(conn.disconnect)

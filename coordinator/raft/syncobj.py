@@ -234,7 +234,51 @@ class HardenedSyncObj(MemberChanges, MemberGate, SyncObj):
             self._pack_queued()
         finally:
             self._packing = False
+        if self._leader_unreachable():
+            self._fail_unsent_commands()
         SyncObj._checkCommandsToApply(self)
+
+    # -- forwarding to a leader that is gone ------------------------------------------
+
+    def _leader_unreachable(self) -> bool:
+        """A follower knows a leader but has no connection to it (a leader killed, or its
+        connection dropped): pysyncobj keeps that leader until the election timeout fires."""
+        leader = self._SyncObj__raftLeader
+        return (
+            leader is not None
+            and self._SyncObj__raftState != _ps._RAFT_STATE.LEADER
+            and leader not in self._SyncObj__connectedNodes
+        )
+
+    def _fail_unsent_commands(self) -> None:
+        # pysyncobj would "forward" each queued command to that leader (syncobj.py:554-566):
+        # transport.send drops it unsent and returns False, which pysyncobj ignores, so the
+        # command waited for the next election (LEADER_CHANGED, outcome unknown) or the
+        # caller's deadline (1-2 s of 'outcome unknown' in a failover). Nothing was sent, so
+        # nothing can apply: a definite MISSING_LEADER (NOT_LEADER to a member that forwarded
+        # one to us, as pysyncobj answers it), and the caller retries elsewhere at once.
+        queue = self._SyncObj__commandsQueue
+        while True:
+            try:
+                _, callback = queue.get_nowait()
+            except _ps.Queue.Empty:
+                return
+            reason = FAIL_REASON.NOT_LEADER if isinstance(callback, tuple) else FAIL_REASON.MISSING_LEADER
+            self._SyncObj__callErrCallback(reason, callback)
+
+    def _SyncObj__onNodeDisconnected(self, node):
+        SyncObj._SyncObj__onNodeDisconnected(self, node)
+        if node != self._SyncObj__raftLeader or self._SyncObj__raftState == _ps._RAFT_STATE.LEADER:
+            return
+        # Commands forwarded to the leader wait for its answer on this connection
+        # (syncobj.py:1044-1061), which is gone: they waited for the next election or the
+        # caller's deadline. They may have reached the leader and may still apply, so their
+        # outcome is unknown (LEADER_CHANGED, as pysyncobj reports them at the election),
+        # reported now so the caller retries with the same op_id without waiting.
+        waiting = self._SyncObj__commandsWaitingReply
+        self._SyncObj__commandsWaitingReply = {}
+        for request_id in sorted(waiting):
+            waiting[request_id](None, FAIL_REASON.LEADER_CHANGED)
 
     def _applyCommand(self, command, callback, commandType=None):
         if not self._packing:
