@@ -45,7 +45,8 @@ def follower(tmp_path):
     last = so._SyncObj__raftLog[-1]
     peer = RaftPeer(config.self_address).name(leader_address)
     peer.send(peer.frame({"type": "append_entries", "term": last[2] + 1, "commit_index": 0,
-                          "prevLogIdx": last[1], "prevLogTerm": last[2], "entries": ()}))
+                          "prevLogIdx": last[1], "prevLogTerm": last[2], "entries": (),
+                          "cluster": None, "incarnation": 42}))  # who sends it (member_gate.py)
     wait_until(lambda: node.leader_address() == leader_address, 10, what="the fake member to lead")
     try:
         yield node, leader_address, peer

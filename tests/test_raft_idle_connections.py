@@ -21,10 +21,10 @@ from coordinator.raft import transport
 from testsupport.supervisor import wait_until
 
 TIMEOUT_S = 3.5  # connectionTimeout as syncobj.py sets it for the production timings
-SENDER = {"cluster": None, "incarnation": 42}  # who votes or acknowledges (member_gate.py stamps it)
+SENDER = {"cluster": None, "incarnation": 42}  # who votes, appends or acknowledges (member_gate.py stamps it)
 VOTE = {"type": "request_vote", "term": 7, "last_log_index": 12, "last_log_term": 6, **SENDER}
 APPEND = {"type": "append_entries", "term": 7, "commit_index": 12, "prevLogIdx": 12, "prevLogTerm": 6,
-          "entries": ()}
+          "entries": (), **SENDER}
 ACK = {"type": "next_node_idx", "next_node_idx": 13, "reset": False, "success": True, **SENDER}
 
 
