@@ -3,7 +3,9 @@
 Owns: the epoch counter, every resource's high-water mark, lease and fenced key/value data,
 the dedup table of op_ids, the log clock, and the rules that change them one log entry at a
 time (DESIGN §3 I2-I7, I11); plus writing the canonical snapshot of all of it. The state's
-shapes are in ``state``, outcomes in ``outcomes``, snapshot reading in ``snapshot_format``.
+shapes are in ``state``, outcomes in ``outcomes``, snapshot reading in ``snapshot_format``, the
+lease expiry index in ``expiry``, the lock queue's bookkeeping in ``lock_queue`` and the staging
+of a backup restored in chunks in ``restore_staging``; the rules that use them stay here.
 Must never: read a clock, draw randomness, touch files, sockets or threads, or import grpc or
 the Raft library (time arrives inside each command); raise on bad input (refusals are ``Rejected``
 values); change anything, not even the log clock, when it refuses. The same entries in the
@@ -34,7 +36,8 @@ import msgpack
 
 from coordinator.core import limits
 from coordinator.core import validation
-from coordinator.core.expiry import ExpiryIndex, WaiterExpiryIndex
+from coordinator.core.expiry import ExpiryIndex
+from coordinator.core.lock_queue import LockQueue, lock_state
 from coordinator.core.outcomes import (
     Applied,
     Outcome,
@@ -49,16 +52,15 @@ from coordinator.core.snapshot_format import (
     SNAPSHOT_MAGIC,
     Counts,
     Parts,
-    SnapshotReader,
     parse_snapshot,
 )
+from coordinator.core.restore_staging import RestoreStaging
 from coordinator.core.state import (
     DedupEntry,
     Lease,
     ResourceState,
     StagedRestore,
     Usage,
-    Waiter,
     entry_bytes,
 )
 from coordinator.core.validation import InvalidField
@@ -248,15 +250,14 @@ class FencingStateMachine:
         self._log_clock_ms = 0
         self._resources: dict[str, ResourceState] = {}
         self._expiry = ExpiryIndex()  # derived from _resources: what a TICK expires, found fast
-        self._waiter_expiry = WaiterExpiryIndex()  # derived too: which queued waiters a TICK drops
-        self._waiters_total = 0  # queued lock waiters across all resources (derived)
+        self._queue = LockQueue()  # derived too: how many waiters, and which a TICK drops
         self._usage = Usage()
         self._dedup: collections.OrderedDict[bytes, DedupEntry] = collections.OrderedDict()
         # Keys and their bytes across all resources (derived, like usage), against the
         # cluster-wide bounds; and the backup being restored in chunks, if any.
         self._keys_total = 0
         self._stored_bytes_total = 0
-        self._staged: StagedRestore | None = None
+        self._staging = RestoreStaging()
         self._handlers: dict[Op, Callable[[int, dict[str, Any]], Outcome]] = {
             Op.ACQUIRE: self._acquire,
             Op.KEEP_ALIVE: self._keep_alive,
@@ -307,7 +308,8 @@ class FencingStateMachine:
     @property
     def staged_restore_bytes(self) -> int | None:
         """Bytes staged by the restore in progress, or None when none is."""
-        return None if self._staged is None else self._staged.staged_bytes
+        staged = self._staging.staged
+        return None if staged is None else staged.staged_bytes
 
     @property
     def snapshot_deferred(self) -> bool:
@@ -316,7 +318,7 @@ class FencingStateMachine:
         64 MiB journal growth: ~64, then ~128 MiB more of the largest backup, each on the
         Raft thread). Read by the Raft layer (coordinator/raft/interface.py); ends with the
         COMMIT, an ABORT, or a TICK after RESTORE_STAGING_IDLE_MS."""
-        return self._staged is not None
+        return self._staging.staged is not None
 
     @property
     def resources_count(self) -> int:
@@ -652,29 +654,21 @@ class FencingStateMachine:
         )
         self._expiry.add(res.lease.expires_at_ms, name)
 
-    def _drop_waiter(self, res: ResourceState, waiter_id: bytes) -> None:
-        del res.waiters[waiter_id]
-        self._waiters_total -= 1
-
     def _advance(self, name: str, res: ResourceState, now: int) -> None:
         """While ``name``'s lease is free (none, or expired by ``now``), grant it to the head
         waiter, in this same entry: one entry per grant, none per waiting client. A head
         waiter whose slot expired, or whose principal's quota no longer allows the lease, is
         dropped and the next one tried. With every token issued (TOKEN_MAX) nobody is granted.
         The caller removed ``res`` from the usage and adds it back (``_settle``)."""
-        while res.waiters and (res.lease is None or res.lease.expires_at_ms <= now):
-            waiter = next(iter(res.waiters.values()))
-            if waiter.expires_at_ms <= now:
-                self._drop_waiter(res, waiter.waiter_id)
-                continue
+        while (waiter := self._queue.live_head(res, now)) is not None:
             if self._epoch >= limits.TOKEN_MAX:
                 return
             if waiter.principal and waiter.quota:
                 refusal, _idle = self._quota_refusal(name, res, now, waiter.principal, waiter.quota)
                 if refusal is not None:
-                    self._drop_waiter(res, waiter.waiter_id)
+                    self._queue.drop(res, waiter.waiter_id)
                     continue
-            self._drop_waiter(res, waiter.waiter_id)
+            self._queue.drop(res, waiter.waiter_id)
             self._issue(name, res, now, waiter.holder, waiter.ttl_ms, waiter.principal, waiter.waiter_id)
             return
 
@@ -684,38 +678,7 @@ class FencingStateMachine:
         expiry), queued (with its 0-based position), or neither (never queued, cancelled,
         dropped, or its lease has ended since)."""
         now_ms = self._log_clock_ms if now_ms is None else now_ms
-        res = self._resources.get(resource)
-        if res is None:
-            return {"granted": False, "queued": False}
-        lease = res.lease
-        if lease is not None and lease.waiter_id == waiter_id and lease.expires_at_ms > now_ms:
-            return {
-                "granted": True,
-                "token": lease.token,
-                "expires_at_ms": lease.expires_at_ms,
-                "hwm": res.high_water_mark,
-            }
-        if waiter_id in res.waiters:
-            return {"granted": False, "queued": True, "position": list(res.waiters).index(waiter_id)}
-        return {"granted": False, "queued": False}
-
-    def _waiter_cap_refusal(self, resource: str, res: ResourceState | None, principal: str | None) -> Rejected | None:
-        """Why one more waiter cannot be queued on ``resource``, or None."""
-        queued = 0 if res is None else len(res.waiters)
-        mine = 0 if principal is None else self._usage.waiting.get(principal, 0)
-        for limit, count, maximum, whose in (
-            ("lock_waiters_per_resource", queued, limits.LOCK_WAITERS_PER_RESOURCE_MAX, f"{resource!r}"),
-            ("lock_waiters_per_principal", mine, limits.LOCK_WAITERS_PER_PRINCIPAL_MAX, f"principal {principal!r}"),
-            ("lock_waiters", self._waiters_total, limits.LOCK_WAITERS_MAX, "the cluster"),
-        ):
-            if count >= maximum:
-                return Rejected(
-                    op=Op.ENQUEUE,
-                    reason=Reason.LIMIT_EXCEEDED,
-                    message=f"{whose} already has {count} lock waiters queued (max {maximum})",
-                    details={"limit": limit, "max": maximum},
-                )
-        return None
+        return lock_state(self._resources.get(resource), waiter_id, now_ms)
 
     def _enqueue(self, now: int, args: dict[str, Any]) -> Outcome:
         resource, waiter_id = args["resource"], args["waiter_id"]
@@ -726,7 +689,8 @@ class FencingStateMachine:
         existing = None if res is None else res.waiters.get(waiter_id)
         principal = args["principal"]
         if existing is None:
-            refusal = self._waiter_cap_refusal(resource, res, principal)
+            waiting = 0 if principal is None else self._usage.waiting.get(principal, 0)
+            refusal = self._queue.cap_refusal(resource, res, principal, waiting)
             if refusal is not None:
                 return refusal
             if principal is not None and args["quota"]:
@@ -740,17 +704,9 @@ class FencingStateMachine:
             res = self._resources[resource] = ResourceState()
         else:
             self._usage.remove(resource, res)
-        expires_at_ms = now + limits.LOCK_WAITER_TTL_MS
-        if existing is not None:
-            # Renewed in place: a dict keeps its insertion order, so the waiter keeps its turn.
-            res.waiters[waiter_id] = dataclasses.replace(existing, expires_at_ms=expires_at_ms)
-        else:
-            res.waiters[waiter_id] = Waiter(
-                waiter_id=waiter_id, holder=args["holder"], ttl_ms=args["ttl_ms"],
-                expires_at_ms=expires_at_ms, principal=principal or "", quota=dict(args["quota"] or {}),
-            )
-            self._waiters_total += 1
-        self._waiter_expiry.add(expires_at_ms, resource, waiter_id)
+        self._queue.queue(
+            resource, res, now, waiter_id, args["holder"], args["ttl_ms"], principal or "", dict(args["quota"] or {})
+        )
         self._advance(resource, res, now)
         self._settle(resource, res)
         return Applied(op=Op.ENQUEUE, result=self.lock_state(resource, waiter_id, now_ms=now))
@@ -761,7 +717,7 @@ class FencingStateMachine:
         cancelled = released = False
         if res is not None and waiter_id in res.waiters:
             self._usage.remove(resource, res)
-            self._drop_waiter(res, waiter_id)
+            self._queue.drop(res, waiter_id)
             cancelled = True
         elif res is not None and res.lease is not None and res.lease.waiter_id == waiter_id:
             # Granted while its client gave up: the client never learnt the token, so the
@@ -937,20 +893,19 @@ class FencingStateMachine:
             for res in self._resources.values():
                 res.high_water_mark = new_epoch  # every token issued before is stale (I11)
                 res.lease = None
-                # Queued waiters go too: fencing everything is a stop for every holder, and a
-                # waiter granted now would hold a lease the admin meant to clear.
-                res.waiters = {}
-            self._waiters_total = 0
+            # Queued waiters go too: fencing everything is a stop for every holder, and a
+            # waiter granted now would hold a lease the admin meant to clear.
+            self._queue.clear(self._resources.values())
             self._usage = Usage.of(self._resources)  # no leases left
         return Applied(op=Op.SET_EPOCH_FLOOR, result={"epoch": new_epoch})
 
     def _tick(self, now: int, args: dict[str, Any]) -> Outcome:
         # The index, not a scan: the leader TICKs every second, and a pass over 100,000
         # resources held the Raft thread for ~100 ms each time.
-        for name, waiter_id in self._waiter_expiry.expired(self._resources, now, self._waiters_total):
+        for name, waiter_id in self._queue.expired(self._resources, now):
             res = self._resources[name]  # a queued waiter keeps its resource (_settle)
             self._usage.remove(name, res)
-            self._drop_waiter(res, waiter_id)  # its client stopped renewing its slot
+            self._queue.drop(res, waiter_id)  # its client stopped renewing its slot
             self._advance(name, res, now)
             self._settle(name, res)
         expired = self._expiry.expired(self._resources, now)
@@ -962,8 +917,7 @@ class FencingStateMachine:
             res.lease = None
             self._advance(name, res, now)  # the head waiter, in this TICK
             self._settle(name, res)  # an expired lease on no data: forgotten
-        if self._staged_is_stale(now):
-            self._staged = None  # an abandoned restore's chunks: memory back
+        self._staging.drop_if_stale(now)  # an abandoned restore's chunks: memory back
         return Applied(op=Op.TICK, result={"expired": len(expired)})
 
     def _restore(self, now: int, args: dict[str, Any]) -> Outcome:
@@ -1024,109 +978,33 @@ class FencingStateMachine:
         self._epoch = parts.epoch
         self._log_clock_ms = parts.log_clock_ms
         self._resources = parts.resources
-        self._waiters_total = sum(len(res.waiters) for res in parts.resources.values())
+        self._queue.recount(parts.resources)
         self._usage = Usage.of(parts.resources)
         self._dedup = parts.dedup
-        self._staged = parts.staged
-        if parts.staged is not None:
-            # A member's snapshot taken mid-restore: its chunks are read again, as when staged.
-            parts.staged.start_reading(self._staged_reader(parts.staged.size))
+        self._staging.load(parts.staged)  # mid-restore: its chunks are read again
         self._keys_total = sum(len(res.data) for res in parts.resources.values())
         self._stored_bytes_total = sum(res.stored_bytes for res in parts.resources.values())
 
     # -- a backup restored in chunks ---------------------------------------------------------
-    # BEGIN, CHUNK..., COMMIT are separate entries, each within the Raft entry bounds. Only one
-    # restore is staged at a time; a refusal at any step changes nothing (the proposer then
-    # ABORTs). Every check depends on the entries alone, so every replica stages and decides alike.
-
-    @staticmethod
-    def _staged_reader(size: int) -> SnapshotReader:
-        # Dedup entries are checked, not kept: the COMMIT empties the dedup table (_swap_in).
-        return SnapshotReader(size, keep_dedup=False)
-
-    def _staged_is_stale(self, now: int) -> bool:
-        staged = self._staged
-        return staged is not None and now - staged.touched_at_ms >= limits.RESTORE_STAGING_IDLE_MS
-
-    def _staged_refusal(self, op: Op, restore_id: bytes) -> Rejected | None:
-        if self._staged is not None and self._staged.restore_id == restore_id:
-            return None
-        return Rejected(
-            op=op,
-            reason=Reason.MALFORMED,
-            message=f"field 'restore_id': restore {restore_id.hex()} is not the one staged (no RESTORE_BEGIN, or replaced)",
-            details={"field": "restore_id"},
-        )
+    # BEGIN, CHUNK..., COMMIT are separate entries, each within the Raft entry bounds; the
+    # staging itself is ``restore_staging``'s. Only one restore is staged at a time; a refusal
+    # at any step changes nothing (the proposer then ABORTs). Every check depends on the
+    # entries alone, so every replica stages and decides alike.
 
     def _restore_begin(self, now: int, args: dict[str, Any]) -> Outcome:
-        if self._staged is not None and not self._staged_is_stale(now):
-            return Rejected(
-                op=Op.RESTORE_BEGIN,
-                reason=Reason.LIMIT_EXCEEDED,
-                message=(
-                    f"restore {self._staged.restore_id.hex()} is being staged; one restore at a time"
-                    f" (an abandoned one is replaced {limits.RESTORE_STAGING_IDLE_MS} ms after its last chunk)"
-                ),
-                details={"limit": "restores_staged", "max": 1},
-            )
-        refusal = self._floor_refusal(Op.RESTORE_BEGIN, args["epoch_floor"])
+        refusal = self._staging.busy_refusal(now) or self._floor_refusal(Op.RESTORE_BEGIN, args["epoch_floor"])
         if refusal is not None:
             return refusal
-        self._staged = StagedRestore(
-            restore_id=args["restore_id"],
-            size=args["size"],
-            digest=args["digest"],
-            epoch_floor=args["epoch_floor"],
-            touched_at_ms=now,
-        )
-        self._staged.start_reading(self._staged_reader(args["size"]))
+        self._staging.begin(now, args["restore_id"], args["size"], args["digest"], args["epoch_floor"])
         return Applied(op=Op.RESTORE_BEGIN, result={"size": args["size"]})
 
     def _restore_chunk(self, now: int, args: dict[str, Any]) -> Outcome:
-        refusal = self._staged_refusal(Op.RESTORE_CHUNK, args["restore_id"])
-        if refusal is not None:
-            return refusal
-        staged, seq, chunk = self._staged, args["seq"], args["chunk"]
-        if seq != len(staged.chunks):
-            return Rejected(
-                op=Op.RESTORE_CHUNK,
-                reason=Reason.MALFORMED,
-                message=f"field 'seq': chunk {seq} is out of order (chunk {len(staged.chunks)} is next)",
-                details={"field": "seq"},
-            )
-        if staged.staged_bytes + len(chunk) > staged.size:
-            return Rejected(
-                op=Op.RESTORE_CHUNK,
-                reason=Reason.MALFORMED,
-                message=(
-                    f"field 'chunk': {staged.staged_bytes} + {len(chunk)} bytes staged would exceed"
-                    f" the declared size {staged.size}"
-                ),
-                details={"field": "chunk"},
-            )
-        staged.stage(chunk)  # read and hashed as it is staged: the COMMIT does neither
-        staged.touched_at_ms = now
-        return Applied(op=Op.RESTORE_CHUNK, result={"staged_bytes": staged.staged_bytes})
+        return self._staging.chunk(now, args["restore_id"], args["seq"], args["chunk"])
 
     def _restore_commit(self, now: int, args: dict[str, Any]) -> Outcome:
-        refusal = self._staged_refusal(Op.RESTORE_COMMIT, args["restore_id"])
-        if refusal is not None:
-            return refusal
-        staged = self._staged
-        if staged.staged_bytes != staged.size:
-            return Rejected(
-                op=Op.RESTORE_COMMIT,
-                reason=Reason.MALFORMED,
-                message=f"field 'size': {staged.staged_bytes} bytes staged, {staged.size} declared",
-                details={"field": "size"},
-            )
-        if staged.hasher.digest() != staged.digest:
-            return Rejected(
-                op=Op.RESTORE_COMMIT,
-                reason=Reason.MALFORMED,
-                message="field 'digest': the staged bytes do not have the declared sha256",
-                details={"field": "digest"},
-            )
+        staged = self._staging.complete(args["restore_id"])
+        if isinstance(staged, Rejected):
+            return staged
         # The backup was read as its chunks were staged: what is left is the verdict, the
         # counts against this machine's limits, the fencing and the swap.
         return self._swap_in(
@@ -1134,11 +1012,7 @@ class FencingStateMachine:
         )  # drops the staging
 
     def _restore_abort(self, now: int, args: dict[str, Any]) -> Outcome:
-        # Never refused: a proposer aborts after any failure, not knowing how far it got.
-        aborted = self._staged is not None and self._staged.restore_id == args["restore_id"]
-        if aborted:
-            self._staged = None
-        return Applied(op=Op.RESTORE_ABORT, result={"aborted": aborted})
+        return Applied(op=Op.RESTORE_ABORT, result={"aborted": self._staging.abort(args["restore_id"])})
 
     # -- snapshots ------------------------------------------------------------------------
 
@@ -1155,7 +1029,7 @@ class FencingStateMachine:
         ``[[op_id, op, resource, outcome_wire, applied_at_ms, first_index], ...]``, staged
         nil or ``[restore_id, size, digest, epoch_floor, touched_at_ms, [chunk, ...]]``.
         """
-        return self._document(self._staged, with_queue=True)
+        return self._document(self._staging.staged, with_queue=True)
 
     def backup(self) -> bytes:
         """``snapshot()`` without the staged restore (nil) and without the lock queue: what
