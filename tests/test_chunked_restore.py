@@ -10,7 +10,7 @@ import msgpack
 import pytest
 
 from coordinator.core import commands as cmds
-from coordinator.core import limits
+from coordinator.core import limits, snapshot_format
 from coordinator.core.outcomes import Applied, Rejected
 from coordinator.core.state_machine import FencingStateMachine
 from testsupport.backups import backup_of_size
@@ -136,7 +136,7 @@ def test_the_staging_is_part_of_the_snapshot_and_a_restarted_member_finishes_ali
 def test_a_version_1_snapshot_still_loads():
     sm = busy()
     doc = msgpack.unpackb(sm.snapshot(), raw=False)
-    assert doc[1] == 2 and doc[6] is None
+    assert doc[1] == snapshot_format.SNAPSHOT_FORMAT_VERSION and doc[6] is None  # nothing staged
     old = msgpack.packb([doc[0], 1, *doc[2:6]], use_bin_type=True)
     copy = FencingStateMachine()
     copy.restore(old)
