@@ -38,7 +38,9 @@ def member(tmp_path, **settings) -> tuple[str, dict]:
     raft_port, api_port = pick_ports((HOST,))
     values = {"data_dir": str(tmp_path / "data"), "raft_address": f"{HOST}:{raft_port}",
               "members": [f"{HOST}:{raft_port}={HOST}:{api_port}"], "cpu_affinity": "off",
-              "log_level": "WARNING", **settings}  # WARNING: the failure is then the only line
+              "log_level": "WARNING",  # WARNING: the failure is then the only line
+              "initial_cluster_state": "new",  # a brand-new cluster: it may bootstrap (alone)
+              **settings}
     path = str(tmp_path / "member.toml")
     write_toml(path, values)
     return path, values
