@@ -1,4 +1,4 @@
-"""``python -m chaos run --profile ci [--out DIR]`` / ``--profile soak --minutes N [--seed S]``;
+"""``python -m chaos run --profile ci [--out DIR]`` / ``--profile soak --minutes N [--seed S] [--only KINDS]``;
 ``python -m chaos check HISTORY.jsonl`` runs the checker alone. Exit 0 iff no violations (and no
 harness errors such as a cluster that did not converge after heal)."""
 
@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", default=None, help="run directory (default chaos-runs/<profile>-<time>)")
     r.add_argument("--seed", type=int, default=None, help="soak: the same seed replays the fault schedule")
     r.add_argument("--minutes", type=float, default=30.0, help="soak duration")
+    r.add_argument("--only", default="", metavar="KINDS",
+                   help="soak: only these fault kinds or kind prefixes, comma-separated (disk_loss,pause_leader)")
     c = sub.add_parser("check", help="check a recorded history")
     c.add_argument("history")
     args = p.parse_args(argv)
@@ -26,15 +28,25 @@ def main(argv: list[str] | None = None) -> int:
         from chaos import check
 
         return check.main([args.history])
+    from chaos.runner import OutDirInUse, run_profile, unmatched_only
+
+    # Arguments first, so a typo is reported the same way with or without root.
+    only = frozenset(k.strip() for k in args.only.split(",") if k.strip())
+    if only and args.profile != "soak":
+        print("chaos run: --only applies to --profile soak (the ci profile runs every kind once)", file=sys.stderr)
+        return 2
+    bad = unmatched_only(only)
+    if bad:
+        print(f"chaos run: --only: no soak fault kind starts with {', '.join(bad)}", file=sys.stderr)
+        return 2
     if os.geteuid() != 0:
         print("chaos run needs root (nft rules, SIGSTOP of processes)", file=sys.stderr)
         return 2
     out = args.out or os.path.join("chaos-runs", f"{args.profile}-{time.strftime('%Y%m%d-%H%M%S')}")
-    from chaos.runner import OutDirInUse, run_profile
 
     try:
-        code, summary = run_profile(args.profile, out, seed=args.seed, minutes=args.minutes)
-    except OutDirInUse as exc:
+        code, summary = run_profile(args.profile, out, seed=args.seed, minutes=args.minutes, only=only)
+    except (OutDirInUse, ValueError) as exc:
         print(f"chaos run: {exc}", file=sys.stderr)
         return 2
     brief = {k: summary[k] for k in ("profile", "seed", "wall_s", "fault_count", "ops", "ops_by_outcome",

@@ -130,20 +130,29 @@ class DiskLoss(Fault):
         self.info = {"node": node.raft_address, "member_id": self.member_id,
                      "old_incarnation": self.old_incarnation, "new_incarnation": fresh}
 
-    def not_counted(self, c: ChaosCluster) -> bool:
-        """The others still name the lost incarnation, and the wiped member leads nothing."""
+    def not_counted(self, c: ChaosCluster) -> tuple[bool, str]:
+        """The others still name the lost incarnation, and the wiped member leads nothing;
+        with why not, when not (a soak once reported False without saying which)."""
         others = [n.index for n in c.nodes if n.index != self.i]
         config = _configuration(c, others)
-        if config is None or config.get(self.member_id, ("", 0, False))[1] != self.old_incarnation:
-            return False
-        return c.named_leader() != self.i
+        if config is None:
+            return False, "neither other member answered Status"
+        entry = config.get(self.member_id)
+        if entry is None or entry[1] != self.old_incarnation:
+            return False, f"the others' configuration names {self.member_id} as {entry}, not #{self.old_incarnation}"
+        if c.named_leader() == self.i:
+            return False, "the wiped member is named leader"
+        return True, ""
 
     def heal(self, c: ChaosCluster) -> None:
         if self.i < 0:
             return
         node = c.nodes[self.i]
         fresh = self.info.get("new_incarnation") or _incarnation(node.data_dir)
-        self.info["not_counted_before_replace"] = self.not_counted(c)
+        counted_ok, why = self.not_counted(c)
+        self.info["not_counted_before_replace"] = counted_ok
+        if why:
+            self.info["counted_because"] = why
         admin = make_client(c.endpoints, timeout_s=10.0)
         replace_ns = time.monotonic_ns()
         others = [n.index for n in c.nodes if n.index != self.i]
@@ -201,7 +210,10 @@ class DiskLoss(Fault):
                     return attempts  # it applied (the learner is in, maybe bound already)
                 if time.monotonic() > deadline:
                     raise
-                self.info.setdefault("replace_retried_after", []).append(type(exc).__name__)
+                leader = c.named_leader()
+                self.info.setdefault("replace_retried_after", []).append(
+                    f"{type(exc).__name__}: {str(exc)[:160]} (leader: "
+                    f"{'none' if leader is None else c.nodes[leader].raft_address})")
             address = c.nodes[self.i].raft_address
             time.sleep(0.5)  # an election or a commit in progress: give it a moment
 

@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 
 from chaos import check as check_mod
 from chaos import disk_clock_faults as DC
@@ -368,33 +369,70 @@ def deeper_faults(rng: random.Random, ci: bool) -> list[F.Fault]:
     ])()]
 
 
-def soak_plan(minutes: float):
+def soak_draw(run: Run) -> tuple[F.Fault, float]:
+    """One soak fault and its hold: a fifth clock or torn-disk faults, a twentieth lost disks,
+    the rest the classic kinds."""
+    clients = os.path.join(run.out, "clients")
+    pick = run.rng.random()
+    if pick < 0.2:
+        fault = deeper_faults(run.rng, ci=False)[0]
+    elif pick < 0.25:
+        fault = MF.random_disk_loss(run.rng, clients)
+    else:
+        fault = F.random_fault(run.rng, lambda: run.recorder("gc-owner"), clients, F.delay_available())
+    return fault, run.rng.uniform(5, 15)
+
+
+# ``--only``: redraws per fault before the plan gives up on the given kinds.
+ONLY_DRAWS_MAX = 10_000
+
+
+def soak_kinds(draws: int = 5_000) -> set[str]:
+    """Every fault kind a soak can draw, found by drawing from a throwaway seed (fault
+    constructors do no I/O), so ``--only`` is checked before a cluster starts."""
+    probe = types.SimpleNamespace(rng=random.Random(0), out="", recorder=lambda name: None)
+    return {soak_draw(probe)[0].kind for _ in range(draws)}
+
+
+def unmatched_only(only: frozenset[str]) -> list[str]:
+    """The ``--only`` entries that name no soak fault kind (nor a prefix of one)."""
+    kinds = soak_kinds()
+    return sorted(k for k in only if not any(kind.startswith(k) for kind in kinds))
+
+
+def soak_plan(minutes: float, only: frozenset[str] = frozenset()):
+    """Faults drawn at random until ``minutes`` pass. ``only``: kinds or kind prefixes
+    ("disk_loss", "pause_leader"); other draws are discarded (the schedule stays a function of
+    the seed)."""
+
     def plan(run: Run):
         end = time.monotonic() + minutes * 60
-        with_delay = F.delay_available()
         while time.monotonic() < end:
-            draw = run.rng.random()
-            if draw < 0.2:
-                fault = deeper_faults(run.rng, ci=False)[0]
-            elif draw < 0.25:
-                fault = MF.random_disk_loss(run.rng, os.path.join(run.out, "clients"))
+            for _ in range(ONLY_DRAWS_MAX):
+                fault, hold = soak_draw(run)
+                if not only or any(fault.kind.startswith(k) for k in only):
+                    break
             else:
-                fault = F.random_fault(run.rng, lambda: run.recorder("gc-owner"), os.path.join(run.out, "clients"),
-                                       with_delay)
-            yield fault, run.rng.uniform(5, 15)
+                raise ValueError(f"--only {','.join(sorted(only))}: no drawn fault kind matches")
+            yield fault, hold
 
     return plan
 
 
-def run_profile(profile: str, out_dir: str, seed: int | None = None, minutes: float = 30.0) -> tuple[int, dict]:
+def run_profile(profile: str, out_dir: str, seed: int | None = None, minutes: float = 30.0,
+                only: frozenset[str] = frozenset()) -> tuple[int, dict]:
     seed = seed if seed is not None else random.SystemRandom().randrange(1, 2**31)
+    bad = unmatched_only(only)
+    if bad:
+        raise ValueError(f"--only: no soak fault kind starts with {', '.join(bad)}; kinds: "
+                         + ", ".join(sorted(soak_kinds())))
     print(f"[chaos] profile={profile} seed={seed} out={out_dir}", flush=True)
     if profile == "ci":
         run = Run(out_dir, seed, hold_s=3.0)
         summary = run.execute("ci", ci_plan, budget_s=8 * 60)
     elif profile == "soak":
         run = Run(out_dir, seed, hold_s=5.0, converge_timeout_s=60.0)
-        summary = run.execute("soak", soak_plan(minutes), budget_s=minutes * 60 + 20 * 60)
+        summary = run.execute("soak", soak_plan(minutes, only), budget_s=minutes * 60 + 20 * 60)
     else:
         raise SystemExit(f"unknown profile {profile}")
     code = 0 if summary["violations"] == 0 and not summary["errors"] else 1
