@@ -146,6 +146,8 @@ def parse_args(argv=None):
     p.add_argument("--chart", metavar="PNG", default=os.path.join("runs", "compare.png"),
                    help="chart file (default runs/compare.png; runs/ is git-ignored)")
     p.add_argument("--data-dir", help="parent of both clusters' data (default: a temp dir, removed after)")
+    p.add_argument("--ours-setting", action="append", default=[], metavar="KEY=VALUE",
+                   help="a fencingd setting for our members (repeatable), for A/B runs: e.g. read_index=false")
     args = p.parse_args(argv)
     bad = [w for w in args.workloads.split(",") if w not in WORKLOADS]
     if bad:
@@ -154,6 +156,25 @@ def parse_args(argv=None):
         p.error("--procs must be >= 1, --rounds and --trials >= 0, --seconds > 0")
     if args.rounds == 0 and args.trials == 0:
         p.error("--rounds 0 --trials 0 measures nothing")
+    args.ours_settings = {}
+    for item in args.ours_setting:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            p.error(f"--ours-setting {item!r}: KEY=VALUE")
+        args.ours_settings[key.strip()] = _setting_value(value.strip())
+    return args
+
+
+def _setting_value(text: str):
+    """A --ours-setting value as its TOML type: true/false, an int, a float, else a string."""
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
     return args
 
 
@@ -171,7 +192,10 @@ def run_side_by_side(args, base_dir: str, started: float, rows: list[dict], tria
     with contextlib.ExitStack() as stack:
         workers = Workers(args.procs)
         stack.callback(workers.close)
-        ours = stack.enter_context(GrpcCluster(os.path.join(base_dir, "ours"), settings=CLUSTER_SETTINGS))
+        ours = stack.enter_context(GrpcCluster(
+            os.path.join(base_dir, "ours"), settings={**CLUSTER_SETTINGS, **args.ours_settings}))
+        if args.ours_settings:
+            log(f"ours: {args.ours_settings}")
         etcd = stack.enter_context(EtcdCluster(os.path.join(base_dir, "etcd")))
         ours.start_all(timeout_s=STARTUP_TIMEOUT_S)
         etcd.start_all(timeout_s=STARTUP_TIMEOUT_S)

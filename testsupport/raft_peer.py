@@ -112,6 +112,29 @@ class RaftPeer:
     def send(self, *frames: bytes) -> None:
         self.sock.sendall(b"".join(frames))
 
+    def receive(self, timeout_s: float):
+        """The next message the member sends on this connection (decoded, typed wire without a
+        secret), or None if none arrives within ``timeout_s``."""
+        buffer = getattr(self, "_received", b"")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(buffer) < _HEAD.size or len(buffer) < _HEAD.size + _HEAD.unpack_from(buffer)[0]:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.sock.settimeout(left)
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError("the member hung up")
+                buffer += chunk
+        except TimeoutError:
+            return None
+        finally:
+            self._received = buffer
+        (length,) = _HEAD.unpack_from(buffer)
+        body, self._received = buffer[_HEAD.size : _HEAD.size + length], buffer[_HEAD.size + length :]
+        return raft_wire.decode_frame(body)
+
     def hung_up(self, timeout_s: float) -> bool:
         """True once the member closed the connection within ``timeout_s`` (what it sent is discarded)."""
         deadline = time.monotonic() + timeout_s

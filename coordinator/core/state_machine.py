@@ -385,6 +385,23 @@ class FencingStateMachine:
             return Rejected(op=known_op, reason=Reason.MALFORMED, message=str(exc))
         return self._execute(op, cmd, index)
 
+    def read_now(self, cmd: Command) -> Outcome:
+        """What ``cmd``, a READ_BARRIER, would answer if it applied now, with nothing changed.
+
+        The read-index path (coordinator/raft/read_index.py) answers a read without a log
+        entry, once this member applied every entry acknowledged before the read arrived;
+        it calls the barrier's own handler at the log clock, where an applied READ_BARRIER
+        (stamp 0) reads it too, so both paths answer alike.
+        """
+        try:
+            op = validate_envelope(cmd.op, cmd.stamp_ms, cmd.body)
+            args = _parse_body(op, cmd.body)
+        except (MalformedCommand, InvalidField) as exc:
+            return Rejected(op=None, reason=Reason.MALFORMED, message=str(exc))
+        if op is not Op.READ_BARRIER:
+            return Rejected(op=op, reason=Reason.MALFORMED, message="only a READ_BARRIER reads without the log")
+        return self._read_barrier(max(self._log_clock_ms, cmd.stamp_ms), args)
+
     def _execute(self, op: Op, cmd: Command, index: int) -> Outcome:
         """``cmd`` with its envelope checked (``op`` is its Op): check the body, then run."""
         try:

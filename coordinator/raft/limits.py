@@ -122,6 +122,10 @@ RAFT_CLUSTER_ID_CHARS_MAX = 64
 # A member left out of the configuration says so (and what an operator must do) at most
 # once per this many milliseconds.
 RAFT_NOT_A_MEMBER_LOG_INTERVAL_MS = 5_000
+# Read-index reads (read_index.py) waiting on the leader at once; beyond it a read goes
+# through the log instead. Each is a few hundred bytes; the service's in-flight bound
+# (inflight_proposals_max) usually keeps them far below.
+RAFT_READ_INDEX_WAITING_MAX = 10_000
 
 # -- the lease clock -----------------------------------------------------------------
 # How far one leader stamp may move the log clock past the previous one (stamp_clock.py). A

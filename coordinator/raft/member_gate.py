@@ -38,7 +38,7 @@ def stamping_transport(transport_class, gate: MemberGate):
     class Stamped(transport_class):
         def send(self, node, message):
             if type(message) is dict and message.get("type") in STAMPED_TYPES:
-                message = {**message, **gate.sender_fields()}
+                message = {**message, **gate.outgoing_fields(message)}
             return super().send(node, message)
 
     Stamped.__name__ = f"Stamped{transport_class.__name__}"
@@ -110,6 +110,10 @@ class MemberGate:
     def sender_fields(self) -> dict:
         config = self._configs.current()
         return {"cluster": config.cluster_id if config else None, "incarnation": self._identity.incarnation}
+
+    def outgoing_fields(self, message: dict) -> dict:
+        """The fields the stamping transport adds to ``message`` (a STAMPED_TYPES one)."""
+        return self.sender_fields()
 
     def _self_address(self) -> str:
         return self._SyncObj__selfNode.address

@@ -51,6 +51,7 @@ from coordinator.raft.interface import (
 )
 from coordinator.raft.journal import JOURNAL_NAME, DurableJournal
 from coordinator.raft.leader_log import LeaderLog
+from coordinator.raft.read_index import ReadIndexOutcome
 from coordinator.raft.replica import Replica
 from coordinator.raft.stamp_clock import StampClock, monotonic_ms
 from coordinator.raft.syncobj import ALL_FIXES, HardenedSyncObj
@@ -339,6 +340,25 @@ class RaftNode:
         with self._replica.lock:
             return fn(self.state_machine)
 
+    def read_index(self, fn: Callable[[Any], Any], timeout_s: float) -> tuple[ReadIndexOutcome | None, Any, int]:
+        """A linearizable read without a log entry (read_index.py): on the leader, once a
+        majority confirmed its leadership after this call began and this member applied the
+        commit index of that moment, ``fn(state_machine)`` under the apply lock.
+
+        Returns (CONFIRMED, fn's value, index read at), or (another outcome, None, 0): then
+        nothing was read and the caller goes through the log; (None, None, 0): ``timeout_s``
+        passed first (nothing was read; a read changes nothing, so its outcome is no mystery).
+        """
+        pending = self._syncobj.request_read_index()
+        if not pending.done.wait(max(0.0, timeout_s)):
+            return None, None, 0
+        if pending.outcome is not ReadIndexOutcome.CONFIRMED:
+            return pending.outcome, None, 0
+        with self._replica.lock:
+            # Applied >= C (the Raft thread checked): the state holds every write
+            # acknowledged before the read arrived, and perhaps later ones.
+            return pending.outcome, fn(self.state_machine), max(pending.index, self._replica.last_applied_index)
+
     def wait_applied(self, fn: Callable[[Any], Any], timeout_s: float) -> Any:
         """``fn(state_machine)`` under the apply lock, again after every entry applied here,
         until it returns something truthy or ``timeout_s`` passes; its last value. The lock
@@ -394,6 +414,7 @@ class RaftNode:
             "refused_old_snapshots": so.refused_old_snapshots,
             "refused_peer_messages": so.refused_peer_messages,
             "refused_entries": so.refused_entries,
+            "read_index_rounds": so.read_index_rounds,
             **so.membership_status(),
         }
 

@@ -45,6 +45,7 @@ from coordinator.raft.leader_sync import LeaderSync
 from coordinator.raft.member_changes import MemberChanges
 from coordinator.raft.member_gate import STAMPED_TYPES, MemberGate, stamping_transport
 from coordinator.raft.peer_keys import PeerKeys
+from coordinator.raft.read_index import ReadIndex
 from coordinator.raft.replica import Replica
 from coordinator.raft.transport import peer_warnings
 
@@ -71,7 +72,7 @@ assert raft_wire.ENTRY_TYPE_REGULAR == _ps._COMMAND_TYPE.REGULAR
 assert raft_wire.NO_OP_ENTRY == _ps._bchr(_ps._COMMAND_TYPE.NO_OP)
 
 
-class HardenedSyncObj(MemberChanges, MemberGate, SyncObj):
+class HardenedSyncObj(ReadIndex, MemberChanges, MemberGate, SyncObj):
     """pysyncobj with the durability and safety holes of PYSYNCOBJ.md closed."""
 
     def __init__(
@@ -122,6 +123,7 @@ class HardenedSyncObj(MemberChanges, MemberGate, SyncObj):
         self._conflict_hint = None  # where to resume, for the append being handled
         self._compaction_bytes = config.log_compaction_min_bytes
         self._init_gate(identity, config.data_dir, config.bootstrap, member_ids)
+        self._init_read_index()
         self._init_changes(config.peer_addresses)
         replica.config_at = self.config_plain_at
         replica.on_snapshot_config = self.snapshot_config_loaded
@@ -358,7 +360,8 @@ class HardenedSyncObj(MemberChanges, MemberGate, SyncObj):
             nextNodeIdx = self._SyncObj__getCurrentLogIndex() + 1
         if reset and not success and self._conflict_hint is not None:
             nextNodeIdx = min(nextNodeIdx, self._conflict_hint)
-        self._pending_acks.append((node, reset, nextNodeIdx, success))
+        # The term and round of the append being answered, echoed for read-index reads.
+        self._pending_acks.append((node, reset, nextNodeIdx, success, self._echo_now))
 
     def _flush_tick(self):
         """Runs once per tick, after commands were appended and before polling.
@@ -373,17 +376,24 @@ class HardenedSyncObj(MemberChanges, MemberGate, SyncObj):
         entry appended later, during poll, cannot be acked before it is sent here,
         after which it is synced). Follower acks go out only after the sync.
         """
-        if self._append_pending and self._SyncObj__serializer._Serializer__pid == 0:
+        # Reads waiting on a round nobody sent yet: the round goes out now, not at the
+        # next heartbeat (read_index.py).
+        read_round = self.read_index_tick()
+        if (self._append_pending or read_round) and self._SyncObj__serializer._Serializer__pid == 0:
             # While a snapshot's result is not yet collected (pysyncobj does that at
             # the next tick's compaction check), a follower needing a snapshot gets
             # nothing to send and __sendAppendEntries spins for a whole
             # appendEntriesPeriod (syncobj.py:1266-1330). Wait one tick instead.
             if not self._isLeader():
                 self._append_pending = False
-            elif self._append_worth_sending():
+            elif read_round or self._append_worth_sending():
                 self._append_pending = False
                 self._commit_notify_at = None
+                if read_round:
+                    self.start_read_round()
                 SyncObj._SyncObj__sendAppendEntries(self)
+                if read_round:
+                    self.read_round_sent()
         leading = self._leader_sync is not None and self._isLeader()
         if self._pending_acks or not leading:
             self._sync_then_ack()
@@ -400,8 +410,12 @@ class HardenedSyncObj(MemberChanges, MemberGate, SyncObj):
             self._on_fatal(f"journal sync failed: {exc!r}", EXIT_DISK_FAILED)
             raise
         acks, self._pending_acks = self._pending_acks, []
-        for node, reset, index, success in acks:
-            SyncObj._SyncObj__sendNextNodeIdx(self, node, reset=reset, nextNodeIdx=index, success=success)
+        try:
+            for node, reset, index, success, echo in acks:
+                self._echo_sending = echo  # outgoing_fields (read_index.py) adds it
+                SyncObj._SyncObj__sendNextNodeIdx(self, node, reset=reset, nextNodeIdx=index, success=success)
+        finally:
+            self._echo_sending = None
 
     def _append_worth_sending(self) -> bool:
         """Send now: entries for someone, a heartbeat due, or a commit notice held long enough."""
@@ -494,6 +508,7 @@ class HardenedSyncObj(MemberChanges, MemberGate, SyncObj):
             return
         if kind == "append_entries":
             message = self._sanitize_append(message)
+            self.note_append_for_echo(message)
         next_index_before = None
         if kind == "next_node_idx" and message.get("success") and self._has("next_index_forward"):
             next_index_before = self._SyncObj__raftNextIndex.get(node)
@@ -505,6 +520,9 @@ class HardenedSyncObj(MemberChanges, MemberGate, SyncObj):
             SyncObj._SyncObj__onMessageReceived(self, node, message)
         finally:
             self._conflict_hint = None
+            self._echo_now = None
+        if kind == "next_node_idx":
+            self.read_echo(node, message)
         if next_index_before is not None and self._isLeader():
             # A late ack for an earlier batch set nextIndex back (syncobj.py:1079-1082),
             # re-sending entries the follower has and, across the compacted head,

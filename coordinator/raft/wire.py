@@ -298,10 +298,23 @@ _SCHEMAS: dict[int, tuple[str, tuple[tuple[str, Callable, bool], ...]]] = {
     10: ("apply_command_response", (("request_id", _int, False), ("error", _fail_code, False))),
     11: ("timeout_now", (("term", _int, False),)),
 }
+# Trailing fields a frame may leave out altogether (read-index rounds, read_index.py): all of a
+# kind's are present or none is, and a message without them is encoded without them, byte for
+# byte the frame of a member before them, so members of both versions read each other's
+# frames as long as nobody sends them. A member before them refuses a frame that carries
+# them (its field count is fixed): RAFT.md "Read-index reads" says when they are sent.
+# The leader's appends carry its last read round; a follower's acknowledgement echoes the
+# term and round of the append it answers.
+_TRAILING: dict[int, tuple[tuple[str, Callable, bool], ...]] = {
+    5: (("read_seq", _int, True),),
+    6: (("read_seq", _int, True),),
+    7: (("read_term", _int, True), ("read_seq", _int, True)),
+}
 KIND_NAMES = {KIND_KEY: "key", KIND_NAME: "name", **{k: v[0] for k, v in _SCHEMAS.items()}}
 _KIND_APPEND, _KIND_SNAPSHOT_CHUNK, _KIND_RESULT, _KIND_ERROR = 5, 6, 9, 10
 _KIND_OF_TYPE = {name: kind for kind, (name, _) in _SCHEMAS.items() if kind not in (_KIND_SNAPSHOT_CHUNK, _KIND_ERROR)}
 _FIELD_NAMES = {kind: tuple(f[0] for f in fields) for kind, (_, fields) in _SCHEMAS.items()}
+_TRAILING_NAMES = {kind: tuple(f[0] for f in fields) for kind, fields in _TRAILING.items()}
 
 
 def _kind_of(message) -> int:
@@ -331,9 +344,13 @@ def encode_frame(message, key: bytes | None = None) -> bytes:
     if kind in (KIND_KEY, KIND_NAME):
         return msgpack.packb((WIRE_VERSION, kind, key, message), use_bin_type=True)
     get = message.get
-    return msgpack.packb(
-        (WIRE_VERSION, kind, key, *[get(name) for name in _FIELD_NAMES[kind]]), use_bin_type=True
-    )
+    fields = [get(name) for name in _FIELD_NAMES[kind]]
+    trailing = [get(name) for name in _TRAILING_NAMES.get(kind, ())]
+    if any(value is not None for value in trailing):
+        if any(value is None for value in trailing):
+            raise ValueError(f"{message['type']}: {_TRAILING_NAMES[kind]} go together or not at all")
+        fields += trailing
+    return msgpack.packb((WIRE_VERSION, kind, key, *fields), use_bin_type=True)
 
 
 # A frame of pysyncobj's own wire is zlib (tcp_connection.py:144): its first byte is 0x78,
@@ -380,7 +397,10 @@ def decode_frame(data: bytes, key: bytes | None = None):
         raise PeerMessageRefused(f"unknown message kind {kind!r}")
     name, spec = schema
     if len(fields) != len(spec):
-        raise PeerMessageRefused(f"{name}: {len(fields)} fields, the schema has {len(spec)}")
+        trailing = _TRAILING.get(kind, ())
+        if not trailing or len(fields) != len(spec) + len(trailing):
+            raise PeerMessageRefused(f"{name}: {len(fields)} fields, the schema has {len(spec)}")
+        spec = spec + trailing
     message = {"type": name}
     for value, (field, check, optional) in zip(fields, spec):
         if not check(value):

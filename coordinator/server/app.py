@@ -102,7 +102,7 @@ def add_services(
     authenticator = Authenticator(principals, admin_token=admin_token) if principals else None
     core = Core(
         node, proposer, members=members, authenticator=authenticator,
-        proof_signer=config.proof_signer(),
+        proof_signer=config.proof_signer(), read_index=config.read_index,
     )
     lease = LeaseServicer(core, streams=stream_gate(config), waiters=acquire_waiter_gate(config))
     pb_grpc.add_LeaseServicer_to_server(lease, server)

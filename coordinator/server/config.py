@@ -229,6 +229,15 @@ class ServerConfig:
         default=1.5, metadata=_doc("seconds an isolated leader keeps leading before it steps down")
     )
     heartbeat_s: float = dataclasses.field(default=0.1, metadata=_doc("seconds between leader heartbeats"))
+    read_index: bool = dataclasses.field(
+        default=True,
+        metadata=_doc(
+            "true: the leader answers Read and Describe by a read-index barrier (a heartbeat round"
+            " a majority acknowledges, no log entry; RAFT.md \"Read-index reads\"); false: every"
+            " read writes a READ_BARRIER entry. Set false on every member while any member runs a"
+            " version without it (it refuses the round's field)"
+        ),
+    )
     commands_queue_size: int = dataclasses.field(
         default=10_000, metadata=_doc("commands queued for the Raft thread; beyond it OVERLOADED")
     )

@@ -311,6 +311,9 @@ class _MemberCollector:
          "the size bound, connections that named no member in time"),
         ("refused_entries", "fencing_raft_refused_entries",
          "Committed log entries skipped because no member of ours writes them (should stay 0)"),
+        ("read_index_rounds", "fencing_raft_read_index_rounds",
+         "Read-index confirmation rounds this member sent as leader (one per batch of reads; "
+         "read_index, RAFT.md)"),
         ("refused_cluster_ids", "fencing_raft_refused_cluster_ids",
          "Votes and acks refused because they named another cluster id (a member of another "
          "cluster, or one whose data dir belongs to another cluster; should stay 0)"),

@@ -12,7 +12,9 @@ does), queue proposals without bound, or report an unknown outcome as a failure.
 Every member serves every RPC. A follower proposes through its local Raft node, which
 forwards the entry to the leader, and the follower answers after it has applied the entry
 itself, so whatever it reads afterwards is at least that new. Reads (Describe, Read,
-Status.epoch, Snapshot) go through the log as a READ_BARRIER entry (DESIGN I9).
+Status.epoch, Snapshot) go through the log as a READ_BARRIER entry (DESIGN I9); on the leader,
+with ``read_index`` on, Read and Describe are answered by a read-index barrier instead, no entry
+written (coordinator/raft/read_index.py), and fall back to the entry whenever it cannot answer.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ from coordinator.server.metrics import Metrics
 from coordinator.server.streams import SlotGate, StreamGate, caller_key
 from coordinator.client.proof import ProofSigner
 from coordinator.core.names import ErrorMeta, Trailer
-from coordinator.raft.interface import ProposeOutcome, ProposeResult
+from coordinator.raft.interface import ProposeFailure, ProposeOutcome, ProposeResult
 from coordinator.raft.node import RaftNode
+from coordinator.raft.read_index import ReadIndexOutcome
 from coordinator.core.state_machine import Reason
 
 log = logging.getLogger(__name__)
@@ -163,6 +166,31 @@ class Proposer:
         raise errors.from_propose_failure(result, leader, leader_api)
 
 
+    def read_index(self, command: commands.Command, timeout_s: float) -> tuple[dict, int] | None:
+        """``command`` (a READ_BARRIER) answered by the read-index barrier: (result dict,
+        index), None when the leader cannot answer that way (the caller uses the log), or
+        ServiceError. Takes an in-flight slot like a proposal: a read waits like one."""
+        if not self._slots.acquire(blocking=False):
+            if self.metrics is not None:
+                self.metrics.proposal_done("overloaded", None)
+            raise ServiceError(Failure.OVERLOADED, "too many proposals in flight on this member; retry later")
+        try:
+            outcome, answer, index = self.node.read_index(lambda sm: sm.read_now(command), timeout_s)
+        finally:
+            self._slots.release()
+        if outcome is None:
+            # What the entry's wait gives at the deadline, for the same call (no proposal was
+            # made, so none is counted: fencing_raft_read_index_rounds_total counts these reads' rounds).
+            leader, leader_api = self.leader_hint()
+            raise errors.from_propose_failure(ProposeResult.failed(ProposeFailure.DEADLINE_EXCEEDED), leader, leader_api)
+        if outcome is not ReadIndexOutcome.CONFIRMED:
+            return None
+        if getattr(answer, "reason", None) is not None:
+            raise errors.from_refusal(answer, index)
+        self.barrier_applied.set()  # as fresh as an applied barrier: health may say SERVING
+        return answer.result, index
+
+
 class StreamSlots:
     """Open KeepAliveStreams per principal on this member, against each one's ``streams_max``.
 
@@ -215,8 +243,10 @@ class Core:
         members: dict[str, str],
         authenticator: Authenticator | None = None,
         proof_signer: ProofSigner | None = None,
+        read_index: bool = True,
     ) -> None:
         self.node = node
+        self.read_index = read_index  # Read and Describe on the leader without a log entry
         self.proposer = proposer
         self.member_id = node.config.self_address
         self.members = members
@@ -285,9 +315,24 @@ class Core:
         return result.value.result, result.index
 
     def barrier(
-        self, context, caller: Principal | None, resource: str | None = None, key: str | None = None
+        self, context, caller: Principal | None, resource: str | None = None, key: str | None = None,
+        *, read_index: bool = False,
     ) -> tuple[dict, int]:
-        return self.run(commands.read_barrier(stamp_ms=0, resource=resource, key=key), context, caller)
+        """A READ_BARRIER's result (DESIGN I9). ``read_index``: on the leader, with the setting
+        on, try the read-index barrier first (no log entry); the log whenever it cannot answer."""
+        command = commands.read_barrier(stamp_ms=0, resource=resource, key=key)
+        if read_index and self.read_index and self.node.is_leader():
+            self.authorize(caller, resource)
+            started = time.monotonic()
+            wait_s = self.proposer.timeout_s(context)
+            answered = self.proposer.read_index(command, wait_s)
+            if answered is not None:
+                return answered
+            # Not the leader (any more), no entry of its term committed yet, or too many
+            # waiting: the entry answers, within what is left of the deadline.
+            left = wait_s - (time.monotonic() - started)
+            return self.run(command, context, caller, timeout_s=max(PROPOSE_TIMEOUT_S_MIN, left))
+        return self.run(command, context, caller)
 
 
 def _unary(method):
@@ -581,7 +626,7 @@ class LeaseServicer(pb_grpc.LeaseServicer):
     @_unary
     def Describe(self, request: pb.DescribeRequest, context, caller: Principal | None) -> pb.DescribeResponse:
         resource = _checked_request("Describe", request)["resource"]
-        result, index = self.core.barrier(context, caller, resource)
+        result, index = self.core.barrier(context, caller, resource, read_index=True)
         lease = result.get("lease")
         return pb.DescribeResponse(
             header=self.core.header(index),
@@ -618,7 +663,7 @@ class FencedStoreServicer(pb_grpc.FencedStoreServicer):
     @_unary
     def Read(self, request: pb.ReadRequest, context, caller: Principal | None) -> pb.ReadResponse:
         fields = _checked_request("Read", request)
-        result, index = self.core.barrier(context, caller, fields["resource"], fields["key"])
+        result, index = self.core.barrier(context, caller, fields["resource"], fields["key"], read_index=True)
         value = result.get("value")
         return pb.ReadResponse(
             header=self.core.header(index),
