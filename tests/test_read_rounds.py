@@ -114,3 +114,14 @@ def test_reset_hands_back_the_waiting_reads_and_forgets_the_term():
     assert r.take_confirmed(PEERS, True, 3) == []  # b's echo was of term 5
     with pytest.raises(ValueError):
         r.add(5, "old")
+
+
+def test_a_read_missing_its_deadline_says_it_changed_nothing():
+    import grpc
+
+    from coordinator.server import errors
+
+    exc = errors.read_not_confirmed()
+    assert exc.key is errors.Failure.OUTCOME_UNKNOWN  # the status clients already retry
+    assert exc.code == grpc.StatusCode.ABORTED
+    assert "safe to retry" in str(exc) and "op_id" not in str(exc)

@@ -176,6 +176,13 @@ def from_propose_failure(result: ProposeResult, leader: str = "", leader_api: st
     return ServiceError(failure, f"not applied ({detail})", {"detail": detail})
 
 
+def read_not_confirmed() -> ServiceError:
+    """A read whose leadership confirmation missed the caller's deadline. The same status as
+    an entry's unknown outcome (clients already retry it), but a read changes nothing."""
+    detail = "read not confirmed by a majority before the deadline"
+    return ServiceError(Failure.OUTCOME_UNKNOWN, f"{detail}; a read changes nothing: safe to retry", {"detail": detail})
+
+
 def from_member_change(result: MemberChangeResult, leader: str = "", leader_api: str = "") -> ServiceError:
     """The error for a membership change that was refused, not applied or may still apply."""
     if result.refusal is None:

@@ -46,7 +46,7 @@ from coordinator.server.metrics import Metrics
 from coordinator.server.streams import SlotGate, StreamGate, caller_key
 from coordinator.client.proof import ProofSigner
 from coordinator.core.names import ErrorMeta, Trailer
-from coordinator.raft.interface import ProposeFailure, ProposeOutcome, ProposeResult
+from coordinator.raft.interface import ProposeOutcome, ProposeResult
 from coordinator.raft.node import RaftNode
 from coordinator.raft.read_index import ReadIndexOutcome
 from coordinator.core.state_machine import Reason
@@ -179,10 +179,9 @@ class Proposer:
         finally:
             self._slots.release()
         if outcome is None:
-            # What the entry's wait gives at the deadline, for the same call (no proposal was
-            # made, so none is counted: fencing_raft_read_index_rounds_total counts these reads' rounds).
-            leader, leader_api = self.leader_hint()
-            raise errors.from_propose_failure(ProposeResult.failed(ProposeFailure.DEADLINE_EXCEEDED), leader, leader_api)
+            # The status the entry path gives at its deadline, for the same call (no proposal
+            # was made, so none is counted: fencing_raft_read_index_rounds_total counts rounds).
+            raise errors.read_not_confirmed()
         if outcome is not ReadIndexOutcome.CONFIRMED:
             return None
         if getattr(answer, "reason", None) is not None:
