@@ -67,10 +67,11 @@ def test_a_wiped_member_and_a_stale_one_never_serve(cluster, tmp_path):
                        what="A and B answering")
 
             # The pair must not serve: every acquire fails (a token from it would be T again).
-            deadline = time.monotonic() + PAIR_WINDOW_S
+            deadline, refused = time.monotonic() + PAIR_WINDOW_S, 0
             while time.monotonic() < deadline:
                 got = _ok_token(rec.acquire("disk/b", ttl_ms=600_000, holder="h2"))
                 assert got is None, f"the wiped + stale pair served: token {got} (T was {token})"
+                refused += 1
 
             # C is back: B + C hold everything A + C acknowledged.
             cluster.start(C)
@@ -80,6 +81,8 @@ def test_a_wiped_member_and_a_stale_one_never_serve(cluster, tmp_path):
             assert later > token
             status, read = rec.read("disk/a", "k")
             assert status == "ok" and read.found and read.value == b"acked"
+            print(f"wiped A + stale B: {refused} acquires in {PAIR_WINDOW_S} s, none granted (T was {token});"
+                  f" B + C then granted {later} and read the acknowledged write back")
         finally:
             client.close()
     report = check_file(history)
@@ -143,6 +146,9 @@ def test_member_replace_brings_a_wiped_member_back_with_nothing_lost(cluster, tm
             later = wait_until(lambda: _ok_token(rec.acquire("disk/c", ttl_ms=600_000, holder="h3")), 30,
                                what="an acquire by A + C")
             assert later > token
+            with capsys.disabled():
+                print(f"replace m1: token {token} before the lost disk, {later} from the fresh A + C after it;"
+                      " the acknowledged write read back")
         finally:
             client.close()
     report = check_file(history)
