@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from coordinator.core import limits
 from coordinator.core.state_machine import FencingStateMachine, Rejected
 from coordinator.raft.interface import ProposeFailure, ProposeOutcome, ProposeResult
+from coordinator.raft.read_index import ReadIndexOutcome
 from coordinator.raft.stamp_clock import StampClock
 
 if TYPE_CHECKING:
@@ -155,6 +156,11 @@ class InMemoryNode:
     def read(self, fn: Callable[[FencingStateMachine], Any]) -> Any:
         with self.log.lock:
             return fn(self.log.state_machine)
+
+    def read_index(self, fn: Callable[[FencingStateMachine], Any], timeout_s: float) -> tuple[Any, Any, int]:
+        """RaftNode.read_index: no heartbeat rounds here, so always "use the log" (the READ_BARRIER
+        entry, where a queued fault can decide the read's fate as it decides a write's)."""
+        return ReadIndexOutcome.NOT_READY, None, 0
 
     def wait_applied(self, fn: Callable[[FencingStateMachine], Any], timeout_s: float) -> Any:
         """RaftNode.wait_applied: ``fn`` again after every entry, until truthy or timeout."""
