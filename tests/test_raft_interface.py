@@ -94,3 +94,15 @@ def test_the_fencing_state_machine_implements_the_protocol():
         wanted = list(inspect.signature(vars(StateMachine)[name]).parameters)[1:]  # without self
         inspect.signature(getattr(sm, name)).bind(*wanted)  # the Replica calls them positionally
     assert isinstance(sm.log_clock_ms, int)
+
+
+@pytest.mark.parametrize("failure", [f for f in ProposeFailure if f.outcome is ProposeOutcome.UNKNOWN],
+                         ids=lambda f: f.name)
+def test_a_member_change_of_unknown_outcome_points_at_the_member_list_not_an_op_id(failure):
+    from coordinator.raft.interface import MemberChangeResult
+
+    error = errors.from_member_change(MemberChangeResult(ProposeOutcome.UNKNOWN, failure=failure))
+    assert error.reason == R.OUTCOME_UNKNOWN
+    assert "member list" in error.message and "op_id" not in error.message
+    entry = errors.from_propose_failure(ProposeResult.failed(failure))
+    assert "retry with the same op_id" in entry.message

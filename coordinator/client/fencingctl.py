@@ -66,6 +66,7 @@ Exit codes (scripts may rely on them):
        conflict, epoch floor too low (nothing was applied)
     4  unavailable: no leader, no node reachable within the deadline (nothing was applied)
     5  outcome unknown: the mutation may have been applied; retry with the printed --op-id
+       (a member change has none: ``admin member list`` says whether it applied)
     6  unauthenticated or permission denied
     7  limit exceeded, epoch exhausted or overloaded
 
@@ -114,6 +115,7 @@ exit codes:
      op id conflict, epoch floor too low (nothing was applied)
   4  unavailable: no leader or no node reachable (nothing was applied)
   5  outcome unknown: may have been applied; retry with the same --op-id
+     (member add/remove/replace: `admin member list` says whether it applied)
   6  unauthenticated or permission denied
   7  limit exceeded, epoch exhausted or overloaded
 """

@@ -156,15 +156,17 @@ def from_refusal(refusal: Rejected, index: int = 0) -> ServiceError:
     return ServiceError(refusal.reason, refusal.message, dict(refusal.details), index=index)
 
 
-def from_propose_failure(result: ProposeResult, leader: str = "", leader_api: str = "") -> ServiceError:
+# What to do after an unknown outcome: an op_id makes a retry safe; a member change has none.
+RETRY_SAME_OP_ID = "the entry may still apply; retry with the same op_id"
+RETRY_AFTER_MEMBER_LIST = "the change may still apply; the member list says whether it did, check it before a retry"
+
+
+def from_propose_failure(result: ProposeResult, leader: str = "", leader_api: str = "", *,
+                         unknown_hint: str = RETRY_SAME_OP_ID) -> ServiceError:
     """The error for a NOT_APPLIED or UNKNOWN propose result."""
     failure, detail = PROPOSE_FAILURES[result.failure], result.detail
     if failure is Failure.OUTCOME_UNKNOWN:
-        return ServiceError(
-            failure,
-            f"the outcome is unknown ({detail}): the entry may still apply; retry with the same op_id",
-            {"detail": detail},
-        )
+        return ServiceError(failure, f"the outcome is unknown ({detail}): {unknown_hint}", {"detail": detail})
     if failure is Failure.NO_LEADER:
         return ServiceError(
             failure,
@@ -186,7 +188,8 @@ def read_not_confirmed() -> ServiceError:
 def from_member_change(result: MemberChangeResult, leader: str = "", leader_api: str = "") -> ServiceError:
     """The error for a membership change that was refused, not applied or may still apply."""
     if result.refusal is None:
-        return from_propose_failure(ProposeResult.failed(result.failure, result.detail), leader, leader_api)
+        return from_propose_failure(ProposeResult.failed(result.failure, result.detail), leader, leader_api,
+                                    unknown_hint=RETRY_AFTER_MEMBER_LIST)
     if result.refusal is MemberRefusal.INVALID:
         return invalid("member", result.detail)
     failure = Failure.UNKNOWN_MEMBER if result.refusal is MemberRefusal.UNKNOWN_MEMBER else Failure.MEMBER_CHANGE_REFUSED
