@@ -396,10 +396,12 @@ def test_a_frame_larger_than_the_socket_buffer_goes_out_whole_without_another_se
     # interest, as on every Raft connection once it is up.
     poller.poll(0.01)
     reader = threading.Thread(target=read, daemon=True)
-    reader.start()
     try:
         conn.send(message)  # the one send: nothing else is sent on this connection
+        # Nobody reads yet, so the kernel holds only its buffer's worth (a reader started
+        # earlier could drain it all during the send on a busy machine: nothing to show).
         assert conn.getSendBufferSize() > 0, "the kernel took the whole frame: the test shows nothing"
+        reader.start()
         wait_until(lambda: poller.poll(0.01) or len(received) == len(expected), 10,
                    what="the rest of the frame, on write events alone")
         reader.join(10)
