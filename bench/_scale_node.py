@@ -15,7 +15,7 @@ process only and without changing what they do:
     the tick body, the time the thread answers no message. A body longer than
     ``SLOW_TICK_MS`` is recorded.
 
-Every record is one JSON line appended to the file named by ``SCALE_TIMINGS_FILE`` (times from
+Every record is one JSON line (wall ``ms``; ``cpu_ms``, the thread's CPU time meanwhile) appended to the file named by ``SCALE_TIMINGS_FILE`` (times from
 ``time.monotonic``, CLOCK_MONOTONIC, so comparable with the bench process on the same host).
 
 SIGUSR1 asks the Raft node for a snapshot now (``forceLogCompaction``: the next tick takes it,
@@ -45,6 +45,9 @@ SLOW_TICK_MS = 20.0
 COMPACTION_RECORD_MS = 1.0
 
 _now = time.monotonic
+# CPU time of the calling thread: a record's ``cpu_ms`` beside its wall ``ms`` tells the work
+# from the wait for a CPU or the GIL (this machine is shared).
+_cpu = time.thread_time
 _lock = threading.Lock()
 _out = None
 _syncobjs: list = []
@@ -66,13 +69,14 @@ def _timed(kind: str, min_ms: float = 0.0, fields=None):
     def wrap(fn):
         @functools.wraps(fn)
         def timed(*args, **kwargs):
-            t0 = _now()
+            t0, c0 = _now(), _cpu()
             try:
                 return fn(*args, **kwargs)
             finally:
                 ms = (_now() - t0) * 1e3
                 if ms >= min_ms:
-                    _record(kind, t0=t0, ms=ms, **(fields(*args, **kwargs) if fields else {}))
+                    cpu_ms = (_cpu() - c0) * 1e3
+                    _record(kind, t0=t0, ms=ms, cpu_ms=cpu_ms, **(fields(*args, **kwargs) if fields else {}))
 
         return timed
 
@@ -90,14 +94,14 @@ def _wrap_compaction(fn):
     @functools.wraps(fn)
     def compaction(self):
         before = _serialized[0]
-        t0 = _now()
+        t0, c0 = _now(), _cpu()
         try:
             return fn(self)
         finally:
             ms = (_now() - t0) * 1e3
             took_snapshot = _serialized[0] != before
             if ms >= COMPACTION_RECORD_MS or took_snapshot:
-                _record("compaction", t0=t0, ms=ms, snapshot=took_snapshot)
+                _record("compaction", t0=t0, ms=ms, cpu_ms=(_cpu() - c0) * 1e3, snapshot=took_snapshot)
 
     return compaction
 
@@ -106,7 +110,7 @@ def _watch_poll(syncobj) -> None:
     """Time the Raft thread's tick bodies through its poller (one per SyncObj)."""
     poller = syncobj._poller
     inner = poller.poll
-    state = {"returned": None}
+    state = {"returned": None, "cpu": 0.0}
 
     def poll(timeout):
         start = _now()
@@ -114,11 +118,11 @@ def _watch_poll(syncobj) -> None:
         if returned is not None:
             ms = (start - returned) * 1e3
             if ms >= SLOW_TICK_MS:
-                _record("slow_tick", t0=returned, ms=ms)
+                _record("slow_tick", t0=returned, ms=ms, cpu_ms=(_cpu() - state["cpu"]) * 1e3)
         try:
             return inner(timeout)
         finally:
-            state["returned"] = _now()
+            state["returned"], state["cpu"] = _now(), _cpu()
 
     poller.poll = poll
 

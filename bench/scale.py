@@ -39,9 +39,11 @@ from bench._harness import (
     fdatasync_cost,
     fs_type,
     git_state,
+    host_cpu_s,
     percentile,
     proc_cpu_s,
     sigterm_as_interrupt,
+    wait_for_idle_host,
 )
 
 ensure_repo_on_path()
@@ -84,7 +86,7 @@ KEY = "k"
 SNAPSHOT_WAIT_S = 300.0
 RESTART_WAIT_S = 300.0
 # Writes timed before a forced snapshot (the trickle's usual latency) and after its end.
-TRICKLE_BEFORE_S = 1.0
+TRICKLE_BEFORE_S = 2.0
 TRICKLE_AFTER_S = 1.0
 RETRYABLE = ("UNAVAILABLE", "ABORTED", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
 
@@ -141,6 +143,32 @@ def rss(pid: int) -> dict:
 
 def serving(node) -> bool:
     return node.health_status(timeout_s=0.5) == SERVING
+
+
+class HostMeter:
+    """Cores the host spent over a phase: ours (members, client processes, this one), other
+    processes' (``other``: this machine is shared) and the hypervisor's (``steal``)."""
+
+    def __init__(self, cluster, pool) -> None:
+        self.cluster, self.pool = cluster, pool
+
+    def _ours_s(self) -> float:
+        pids = [n.proc.pid for n in self.cluster.nodes if n.alive]
+        pids += list(getattr(self.pool, "_processes", None) or {})  # the client processes
+        return sum(c for c in (proc_cpu_s(p) for p in [*pids, os.getpid()]) if c == c)
+
+    def __enter__(self):
+        self.t0, (self.busy0, self.steal0), self.ours0 = time.monotonic(), host_cpu_s(), self._ours_s()
+        self.cores: dict = {}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = time.monotonic() - self.t0
+        (busy, steal), ours = host_cpu_s(), self._ours_s()
+        self.cores.update({
+            "ours": (ours - self.ours0) / wall, "steal": (steal - self.steal0) / wall,
+            "other": max(0.0, (busy - self.busy0) - (steal - self.steal0) - (ours - self.ours0)) / wall,
+        })
 
 
 # -- client processes -------------------------------------------------------------------------
@@ -402,17 +430,22 @@ def snapshot_stall(cluster, leader: int, lease: tuple[str, int]) -> dict:
     ticks = cluster.timings(leader, "slow_tick", since=t_sig - 30.0)
     ticks = [t for t in ticks if t["t0"] + t["ms"] / 1e3 >= t_sig and t["t0"] <= t_end]
     write_ms = writes[0]["ms"] if writes else float("nan")
+    write_cpu_ms = writes[0]["cpu_ms"] if writes else float("nan")
     inside = max([c["ms"] for c in compactions] + [t["ms"] for t in ticks], default=float("nan"))
     return {
         "snapshot_ms": ser["ms"],
         "state_ms": ser["ms"] - write_ms,  # the state machine's snapshot() under the apply lock
         "write_ms": write_ms,  # msgpack, write, fsync
+        "snapshot_cpu_ms": ser["cpu_ms"],  # the Raft thread's CPU time in it: the work, not the waits
+        "state_cpu_ms": ser["cpu_ms"] - write_cpu_ms,
+        "write_cpu_ms": write_cpu_ms,
         "bytes": ser.get("bytes", 0),
         "signal_to_start_ms": (ser["t0"] - t_sig) * 1e3,
         "compaction_calls_ms": [c["ms"] for c in compactions],
         "slow_ticks_ms": [t["ms"] for t in ticks],
         "stall_inside_ms": inside,
         "trickle_p50_before_ms": percentile(before, 0.5),
+        "trickle_max_before_ms": before[-1] if before else float("nan"),  # the machine's own noise
         "trickle_max_during_ms": max(during, default=float("nan")),
         "trickle_writes": len(trickle.samples),
         "trickle_errors": trickle.errors,
@@ -445,6 +478,7 @@ def restore(cluster, follower: int) -> dict:
         "restart_to_serving_s": serving_s,
         "interpreter_start_s": (started[0]["t0"] - t_spawn) if started else float("nan"),
         "load_dump_ms": loads[0]["ms"] if loads else float("nan"),
+        "load_dump_cpu_ms": loads[0]["cpu_ms"] if loads else float("nan"),
         "deserialize_ms": deser[0]["ms"] if deser else float("nan"),
         "read_file_ms": reads[0]["ms"] if reads else float("nan"),
         "snapshot_bytes": deser[0].get("bytes", 0) if deser else 0,
@@ -465,13 +499,14 @@ def keepalive_phase(pool, cluster, leader: int, leases, args) -> dict:
         renew = (pool.submit(keepalive_run, target, leases, args.keepalive_threads, args.batch, t_start, t_end)
                  if with_keepalive else None)
         time.sleep(max(0.0, t_start - time.monotonic()))
-        cpu0 = {i: proc_cpu_s(pid) for i, pid in pids.items()}
-        w = writes.result()
-        r = renew.result() if renew is not None else None
-        t_done = max(t_end, r["t_done"]) if r else t_end
-        cpu1 = {i: proc_cpu_s(pid) for i, pid in pids.items()}
+        with HostMeter(cluster, pool) as host:
+            cpu0 = {i: proc_cpu_s(pid) for i, pid in pids.items()}
+            w = writes.result()
+            r = renew.result() if renew is not None else None
+            t_done = max(t_end, r["t_done"]) if r else t_end
+            cpu1 = {i: proc_cpu_s(pid) for i, pid in pids.items()}
         seconds = t_done - t_start
-        out = {"seconds": seconds, "cpu_s": {i: cpu1[i] - cpu0[i] for i in pids},
+        out = {"seconds": seconds, "cpu_s": {i: cpu1[i] - cpu0[i] for i in pids}, "cores": host.cores,
                "writes": _latency_summary(w["latencies"], args.window_s), "write_errors": w["errors"]}
         if r is not None:
             out["keepalive"] = {k: v for k, v in r.items() if k != "t_done"}
@@ -513,10 +548,12 @@ def figures(report: dict) -> dict:
         **{f"rss_mib_member{i}": m["VmRSS"] / 2**20 for i, m in sorted(members.items())},
         "rss_bytes_per_resource_leader": (members[leader]["VmRSS"] - rss0) / max(1, n),
         "snapshot_ms": max(s["snapshot_ms"] for s in stalls),
+        "snapshot_cpu_ms": min(s["snapshot_cpu_ms"] for s in stalls),
         "snapshot_mib": max(s["bytes"] for s in stalls) / 2**20,
         "stall_inside_ms": max(s["stall_inside_ms"] for s in stalls),
         "stall_outside_ms": max(s["trickle_max_during_ms"] for s in stalls),
         "restore_load_ms": report["restore"]["load_dump_ms"],
+        "restore_load_cpu_ms": report["restore"]["load_dump_cpu_ms"],
         "restart_to_serving_s": report["restore"]["restart_to_serving_s"],
         "renewals_per_s": ka["renewals_per_s"],
         "leader_cpu_ms_per_renewal": ka["leader_cpu_ms_per_renewal"],
@@ -535,18 +572,24 @@ def print_table(report: dict) -> None:
          f"{load_['loaded']:,} of {load_['resources']:,} in {load_['seconds']:.0f} s, {load_['clients']} clients"),
         *[(f"RSS member {i}{' (leader)' if i == info['leader'] else ''}",
            f"{m['VmRSS'] / 2**20:,.0f} MiB", f"peak {m['VmHWM'] / 2**20:,.0f} MiB, at start "
-           f"{report['rss_at_start'][i]['VmRSS'] / 2**20:,.0f} MiB")
+           f"{report['rss_at_start'][i]['VmRSS'] / 2**20:,.0f} MiB, after the load (log not compacted) "
+           f"{report['rss_after_load'][i]['VmRSS'] / 2**20:,.0f} MiB")
           for i, m in sorted(report["rss_at_n"].items())],
         ("RSS per resource (leader)", f"{f['rss_bytes_per_resource_leader']:,.0f} B", "(RSS at N - RSS at start) / N"),
         ("snapshot (leader)", f"{f['snapshot_ms']:,.0f} ms", f"{f['snapshot_mib']:.1f} MiB; slowest of "
          + ", ".join(f"{s['snapshot_ms']:.0f} (state {s['state_ms']:.0f} + write {s['write_ms']:.0f})"
                      for s in report["snapshots"])),
+        ("snapshot CPU (leader)", f"{f['snapshot_cpu_ms']:,.0f} ms", "least Raft-thread CPU of "
+         + ", ".join(f"{s['snapshot_cpu_ms']:.0f} (state {s['state_cpu_ms']:.0f} + write {s['write_cpu_ms']:.0f})"
+                     for s in report["snapshots"])),
         ("Raft-thread stall (inside)", f"{f['stall_inside_ms']:,.0f} ms", "slowest tick body / compaction call"),
         ("Raft-thread stall (outside)", f"{f['stall_outside_ms']:,.0f} ms",
-         "slowest sequential write meanwhile; p50 before "
-         + ", ".join(f"{s['trickle_p50_before_ms']:.1f}" for s in report["snapshots"]) + " ms"),
+         "slowest sequential write meanwhile; before it p50 / max "
+         + ", ".join(f"{s['trickle_p50_before_ms']:.1f} / {s['trickle_max_before_ms']:.0f}"
+                     for s in report["snapshots"]) + " ms"),
         ("restore (load snapshot)", f"{f['restore_load_ms']:,.0f} ms",
-         f"member {report['restore']['member']}, {report['restore']['snapshot_bytes'] / 2**20:.1f} MiB"),
+         f"member {report['restore']['member']}, {report['restore']['snapshot_bytes'] / 2**20:.1f} MiB, "
+         f"CPU {f['restore_load_cpu_ms']:,.0f} ms"),
         ("restart to SERVING", f"{f['restart_to_serving_s']:.2f} s",
          f"of which interpreter start {report['restore']['interpreter_start_s']:.2f} s"),
         ("KeepAliveMany renewals", f"{f['renewals_per_s']:,.0f}/s",
@@ -566,6 +609,11 @@ def print_table(report: dict) -> None:
     for name, value, note in rows:
         print(f"  {name:<{width}}  {value:>{vwidth}}  {note}")
     bg = report["background"]
+    phases = [("load", load_["cores"]), *(("snapshot", x["cores"]) for x in report["snapshots"]),
+              ("writes", ka["writes_alone"]["cores"]), ("keep-alives", ka["writes_with_keepalive"]["cores"])]
+    print("  cores used by other processes / stolen, by phase: "
+          + ", ".join(f"{name} {c['other']:.2f}/{c['steal']:.2f}" for name, c in phases)
+          + f" (ours: load {load_['cores']['ours']:.2f}); load average {info['loadavg'][0]:.1f} at the start")
     print(f"  during the load: {bg['snapshots']} snapshots on the members (slowest {bg['snapshot_ms_max']:.0f} ms), "
           f"slowest Raft tick {bg['slow_tick_ms_max']:.0f} ms; leader term {info['term_start']} -> {info['term_end']}")
 
@@ -581,6 +629,9 @@ def background(cluster, since: float, until: float) -> dict:
 
 def run(args, base_dir: str) -> dict:
     settings = {**CLUSTER_SETTINGS, **args.settings}
+    if args.wait_idle_s > 0:
+        busy = wait_for_idle_host(args.wait_idle_s, log=log)
+        log(f"scale: the host was busy {busy:.2f} cores when the run started")
     info = {"resources": args.resources, "git": git_state(), "nproc": os.cpu_count(), "cpu": cpu_model(),
             "fs": fs_type(base_dir), "fdatasync_ms": fdatasync_cost(base_dir)["p50_ms"], "settings": settings,
             "procs": args.procs, "threads": args.threads, "writers": args.writers, "loadavg": os.getloadavg()}
@@ -601,17 +652,28 @@ def run(args, base_dir: str) -> dict:
         log(f"scale: loading {args.resources:,} resources through {target} "
             f"({args.procs} processes x {args.threads} threads)")
         t_load = time.monotonic()
-        report["load"], leases = load(pool, target, args.resources, args.procs, args.threads)
+        with HostMeter(cluster, pool) as host:
+            report["load"], leases = load(pool, target, args.resources, args.procs, args.threads)
+        report["load"]["cores"] = host.cores
         log(f"scale: loaded {report['load']['loaded']:,} in {report['load']['seconds']:.0f} s "
             f"({report['load']['resources_per_s']:,.0f}/s); errors {report['load']['errors']}")
         if len(leases) <= args.writers:
             raise SystemExit(f"scale: only {len(leases)} resources loaded; see {cluster.base_dir}")
         wait_applied(cluster, leader)
         report["background"] = background(cluster, t_load, time.monotonic())
+        report["rss_after_load"] = {i: rss(n.proc.pid) for i, n in enumerate(cluster.nodes)}
+        for i in range(len(cluster.nodes)):
+            if i != leader:  # the leader's come next, under a trickle of writes
+                force_snapshot(cluster, i)  # its log compacted, as a member in service has it
+        log("scale: snapshots of the leader under a trickle of writes")
+        report["snapshots"] = []
+        for _ in range(args.snapshots):
+            with HostMeter(cluster, pool) as host:
+                report["snapshots"].append(snapshot_stall(cluster, leader, leases[0]))
+            report["snapshots"][-1]["cores"] = host.cores
+        # At N with every member's log compacted: the state, not the entries that built it.
         report["rss_at_n"] = {i: rss(n.proc.pid) for i, n in enumerate(cluster.nodes)}
         report["dump_bytes"] = {i: _size(os.path.join(n.data_dir, DUMP_NAME)) for i, n in enumerate(cluster.nodes)}
-        log("scale: snapshots of the leader under a trickle of writes")
-        report["snapshots"] = [snapshot_stall(cluster, leader, leases[0]) for _ in range(args.snapshots)]
         log("scale: keep-alives")
         report["keepalive"] = keepalive_phase(pool, cluster, leader, leases, args)
         follower = next(i for i in range(len(cluster.nodes)) if i != leader)
@@ -655,6 +717,8 @@ def parse_args(argv):
     p.add_argument("--snapshots", type=int, default=3, help="forced leader snapshots (default 3)")
     p.add_argument("--setting", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                    help="a fencingd setting for every member (repeatable)")
+    p.add_argument("--wait-idle-s", type=float, default=0.0,
+                   help="first wait up to this long for the host to be idle (this machine is shared)")
     p.add_argument("--dir", help="keep the cluster's data and logs here (default: a temporary directory)")
     args = p.parse_args(argv)
     args.settings = dict(_setting(s) for s in args.settings)
