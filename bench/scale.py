@@ -353,6 +353,12 @@ def load(pool, target: str, n: int, procs: int, threads: int) -> tuple[dict, lis
              "rpcs_per_s": 2 * len(leases) / seconds, "clients": procs * threads, "errors": errors}, leases)
 
 
+def leader_and_term(cluster) -> tuple[int, int]:
+    """The leader every member agrees on (waiting out an election) and its term."""
+    leader = cluster.wait_ready(timeout_s=60)
+    return leader, cluster.nodes[leader].status().term
+
+
 def wait_applied(cluster, leader: int, timeout_s: float = 120.0) -> None:
     """Every member applied what the leader had committed when this was called."""
     target = cluster.nodes[leader].status().commit_index
@@ -540,13 +546,12 @@ def figures(report: dict) -> dict:
     members = report["rss_at_n"]
     stalls = report["snapshots"]
     ka = report["keepalive"]
-    leader = report["info"]["leader"]
     n = report["load"]["loaded"]
-    rss0 = report["rss_at_start"][leader]["VmRSS"]
+    start = report["rss_at_start"]
     return {
         "load_resources_per_s": report["load"]["resources_per_s"],
         **{f"rss_mib_member{i}": m["VmRSS"] / 2**20 for i, m in sorted(members.items())},
-        "rss_bytes_per_resource_leader": (members[leader]["VmRSS"] - rss0) / max(1, n),
+        "rss_bytes_per_resource": max(m["VmRSS"] - start[i]["VmRSS"] for i, m in members.items()) / max(1, n),
         "snapshot_ms": max(s["snapshot_ms"] for s in stalls),
         "snapshot_cpu_ms": min(s["snapshot_cpu_ms"] for s in stalls),
         "snapshot_mib": max(s["bytes"] for s in stalls) / 2**20,
@@ -570,12 +575,12 @@ def print_table(report: dict) -> None:
     rows = [
         ("load", f"{f['load_resources_per_s']:,.0f} resources/s ({load_['rpcs_per_s']:,.0f} RPCs/s)",
          f"{load_['loaded']:,} of {load_['resources']:,} in {load_['seconds']:.0f} s, {load_['clients']} clients"),
-        *[(f"RSS member {i}{' (leader)' if i == info['leader'] else ''}",
+        *[(f"RSS member {i}{' (leader)' if i == report['keepalive']['leader'] else ''}",
            f"{m['VmRSS'] / 2**20:,.0f} MiB", f"peak {m['VmHWM'] / 2**20:,.0f} MiB, at start "
            f"{report['rss_at_start'][i]['VmRSS'] / 2**20:,.0f} MiB, after the load (log not compacted) "
            f"{report['rss_after_load'][i]['VmRSS'] / 2**20:,.0f} MiB")
           for i, m in sorted(report["rss_at_n"].items())],
-        ("RSS per resource (leader)", f"{f['rss_bytes_per_resource_leader']:,.0f} B", "(RSS at N - RSS at start) / N"),
+        ("RSS per resource", f"{f['rss_bytes_per_resource']:,.0f} B", "largest (RSS at N - RSS at start) / N of the members"),
         ("snapshot (leader)", f"{f['snapshot_ms']:,.0f} ms", f"{f['snapshot_mib']:.1f} MiB; slowest of "
          + ", ".join(f"{s['snapshot_ms']:.0f} (state {s['state_ms']:.0f} + write {s['write_ms']:.0f})"
                      for s in report["snapshots"])),
@@ -615,7 +620,13 @@ def print_table(report: dict) -> None:
           + ", ".join(f"{name} {c['other']:.2f}/{c['steal']:.2f}" for name, c in phases)
           + f" (ours: load {load_['cores']['ours']:.2f}); load average {info['loadavg'][0]:.1f} at the start")
     print(f"  during the load: {bg['snapshots']} snapshots on the members (slowest {bg['snapshot_ms_max']:.0f} ms), "
-          f"slowest Raft tick {bg['slow_tick_ms_max']:.0f} ms; leader term {info['term_start']} -> {info['term_end']}")
+          f"slowest Raft tick {bg['slow_tick_ms_max']:.0f} ms")
+    moved = [name for name, phase in (("load", load_), *(("snapshot", x) for x in report["snapshots"]),
+                                      ("keep-alives", ka), ("restart", report["restore"]))
+             if phase["terms"][0] != phase["terms"][1]]
+    print(f"  Raft term {info['term_start']} -> {info['term_end']}"
+          + (f"; leadership moved during: {', '.join(moved)} (its figures are not of one leader)" if moved else
+             "; the leader never changed"))
 
 
 def background(cluster, since: float, until: float) -> dict:
@@ -640,12 +651,12 @@ def run(args, base_dir: str) -> dict:
                 max_workers=max(args.procs, 2), mp_context=multiprocessing.get_context("spawn")) as pool:
         try:
             cluster.start_all(timeout_s=60)
-            leader = cluster.wait_ready(timeout_s=60)
+            leader, term = leader_and_term(cluster)
         except BaseException:
             print(cluster.logs(), file=sys.stderr)
             raise
         info["leader"] = leader
-        info["term_start"] = cluster.nodes[leader].status().term
+        info["term_start"] = term
         report: dict = {"info": info}
         report["rss_at_start"] = {i: rss(n.proc.pid) for i, n in enumerate(cluster.nodes)}
         target = cluster.nodes[leader].api_address
@@ -659,6 +670,10 @@ def run(args, base_dir: str) -> dict:
             f"({report['load']['resources_per_s']:,.0f}/s); errors {report['load']['errors']}")
         if len(leases) <= args.writers:
             raise SystemExit(f"scale: only {len(leases)} resources loaded; see {cluster.base_dir}")
+        # Leadership can move during a phase (a member starved of CPU on this shared machine
+        # misses its heartbeats): each phase finds the leader again and records the terms.
+        leader, term = leader_and_term(cluster)
+        report["load"]["terms"] = [info["term_start"], term]
         wait_applied(cluster, leader)
         report["background"] = background(cluster, t_load, time.monotonic())
         report["rss_after_load"] = {i: rss(n.proc.pid) for i, n in enumerate(cluster.nodes)}
@@ -668,18 +683,24 @@ def run(args, base_dir: str) -> dict:
         log("scale: snapshots of the leader under a trickle of writes")
         report["snapshots"] = []
         for _ in range(args.snapshots):
+            leader, term = leader_and_term(cluster)
             with HostMeter(cluster, pool) as host:
-                report["snapshots"].append(snapshot_stall(cluster, leader, leases[0]))
-            report["snapshots"][-1]["cores"] = host.cores
+                stall = snapshot_stall(cluster, leader, leases[0])
+            report["snapshots"].append({**stall, "cores": host.cores, "leader": leader,
+                                        "terms": [term, leader_and_term(cluster)[1]]})
         # At N with every member's log compacted: the state, not the entries that built it.
         report["rss_at_n"] = {i: rss(n.proc.pid) for i, n in enumerate(cluster.nodes)}
         report["dump_bytes"] = {i: _size(os.path.join(n.data_dir, DUMP_NAME)) for i, n in enumerate(cluster.nodes)}
         log("scale: keep-alives")
+        leader, term = leader_and_term(cluster)
         report["keepalive"] = keepalive_phase(pool, cluster, leader, leases, args)
+        report["keepalive"].update(leader=leader, terms=[term, leader_and_term(cluster)[1]])
+        leader, term = leader_and_term(cluster)
         follower = next(i for i in range(len(cluster.nodes)) if i != leader)
         log(f"scale: restarting member {follower}")
         report["restore"] = restore(cluster, follower)
-        info["term_end"] = cluster.nodes[leader].status().term
+        leader, info["term_end"] = leader_and_term(cluster)
+        report["restore"].update(leader=leader, terms=[term, info["term_end"]])
         report["figures"] = figures(report)
         return report
 

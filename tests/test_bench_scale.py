@@ -31,7 +31,7 @@ def test_scale_bench_reports_every_figure(tmp_path):
     assert {f"rss_mib_member{i}" for i in range(3)} <= set(figures)
     for name, value in figures.items():
         assert isinstance(value, (int, float)) and math.isfinite(value), (name, value)
-        if name != "rss_bytes_per_resource_leader":  # at 200 resources, noise of either sign
+        if name != "rss_bytes_per_resource":  # at 200 resources, noise of either sign
             assert value > 0, (name, value)
     assert report["keepalive"]["writes_with_keepalive"]["keepalive"]["refused"] == 0
     for row in ("snapshot (leader)", "Raft-thread stall (outside)", "restart to SERVING", "leader CPU per renewal"):
