@@ -427,7 +427,7 @@ def snapshot_stall(cluster, leader: int, lease: tuple[str, int]) -> dict:
         t_ser_end = ser["t0"] + ser["ms"] / 1e3
         time.sleep(TRICKLE_AFTER_S)  # the next tick drops the journal head; writes queued meanwhile land
         t_end = time.monotonic()
-    before = sorted(ms for t0, ms in trickle.samples if t0 < t_sig)
+    before = sorted(ms for t0, ms in trickle.samples if t0 + ms / 1e3 < t_sig)  # ended before the signal
     # Writes in flight at any moment from the signal to the end: one of them waited out the stall.
     during = [ms for t0, ms in trickle.samples if t0 <= t_end and t0 + ms / 1e3 >= t_sig]
     writes = cluster.timings(leader, "snapshot_write", since=t_sig)
