@@ -705,6 +705,82 @@ def run(args, base_dir: str) -> dict:
         return report
 
 
+# -- the state machine alone (--in-process) ---------------------------------------------------
+
+
+def in_process(n: int, base_dir: str) -> dict:
+    """The state machine alone, in this process, with ``n`` resources as the load leaves them
+    (an ACQUIRE and a WRITE each, applied directly): its memory, and the CPU of the steps of a
+    snapshot and a restore, each with the cyclic GC off as replica.py runs them. Not limited to
+    RESOURCES_MAX: the machine is built with ``resources_max=n`` (a constructor argument, not a
+    setting of fencingd), to see what a larger limit would cost before anyone raises it."""
+    import gc
+
+    import msgpack
+
+    from coordinator.core import commands
+    from coordinator.core.state_machine import FencingStateMachine
+    from coordinator.raft import snapshot_file
+
+    def own_rss() -> int:
+        return rss(os.getpid())["VmRSS"]
+
+    def timed(fn):
+        gc.disable()
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            value = fn()
+        finally:
+            gc.enable()
+        return value, {"ms": (time.perf_counter() - t0) * 1e3, "cpu_ms": (time.process_time() - c0) * 1e3}
+
+    gc.collect()
+    rss0 = own_rss()
+    sm = FencingStateMachine(resources_max=max(n, limits.RESOURCES_MAX), state_keys_max=max(n, limits.STATE_KEYS_MAX))
+    value, stamp, c0 = b"v" * VALUE_BYTES, 1_000, time.process_time()
+    for i in range(n):
+        name = resource_name(i)
+        got = sm.apply(commands.acquire(resource=name, holder="bench-scale", ttl_ms=LEASE_TTL_MS,
+                                        op_id=os.urandom(16), stamp_ms=stamp + 2 * i).encode(), 2 * i + 1)
+        sm.apply(commands.write(resource=name, key=KEY, value=value, token=got.result["token"],
+                                op_id=os.urandom(16), stamp_ms=stamp + 2 * i + 1).encode(), 2 * i + 2)
+    apply_cpu_s = time.process_time() - c0
+    gc.collect()
+    rss_n = own_rss()
+    out: dict = {"resources": n, "apply_us_per_command": apply_cpu_s / (2 * n) * 1e6,
+                 "rss_bytes": rss_n, "rss_bytes_per_resource": (rss_n - rss0) / n}
+    state, out["snapshot"] = timed(sm.snapshot)
+    out["state_bytes"] = len(state)
+    path = os.path.join(base_dir, DUMP_NAME)
+    last, prev = (b"", 2 * n, 1), (b"", 2 * n - 1, 1)
+    _, out["snapshot_write"] = timed(lambda: snapshot_file.write(path, last, prev, state, None))
+    body, out["snapshot_read"] = timed(lambda: snapshot_file.read_body(path))
+    parts, out["snapshot_decode"] = timed(lambda: snapshot_file.decode(body))
+    _, out["restore"] = timed(lambda: FencingStateMachine().restore(parts[2]))
+    del body, parts, state
+    out["msgpack_version"] = ".".join(map(str, msgpack.version))
+    return out
+
+
+def print_in_process(res: dict) -> None:
+    print(f"scale --in-process: the state machine alone, N={res['resources']:,} "
+          f"(apply {res['apply_us_per_command']:.1f} us/command)")
+    rows = [
+        ("RSS per resource", f"{res['rss_bytes_per_resource']:,.0f} B",
+         f"{res['rss_bytes'] / 2**20:,.0f} MiB in all (this process)"),
+        ("StateMachine.snapshot()", f"{res['snapshot']['cpu_ms']:,.0f} ms CPU",
+         f"{res['snapshot']['ms']:,.0f} ms wall; {res['state_bytes'] / 2**20:.1f} MiB"),
+        ("snapshot_file.write", f"{res['snapshot_write']['cpu_ms']:,.0f} ms CPU",
+         f"{res['snapshot_write']['ms']:,.0f} ms wall: msgpack, crc32, write, fsync"),
+        ("read + decode", f"{res['snapshot_read']['cpu_ms'] + res['snapshot_decode']['cpu_ms']:,.0f} ms CPU",
+         f"{res['snapshot_read']['ms'] + res['snapshot_decode']['ms']:,.0f} ms wall"),
+        ("StateMachine.restore()", f"{res['restore']['cpu_ms']:,.0f} ms CPU", f"{res['restore']['ms']:,.0f} ms wall"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    for name, value, note in rows:
+        print(f"  {name:<{width}}  {value:>14}  {note}")
+
+
 def _size(path: str) -> int:
     try:
         return os.path.getsize(path)
@@ -738,14 +814,16 @@ def parse_args(argv):
     p.add_argument("--snapshots", type=int, default=3, help="forced leader snapshots (default 3)")
     p.add_argument("--setting", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                    help="a fencingd setting for every member (repeatable)")
+    p.add_argument("--in-process", action="store_true",
+                   help="no cluster: the state machine alone in this process, at any N (even past RESOURCES_MAX)")
     p.add_argument("--wait-idle-s", type=float, default=0.0,
                    help="first wait up to this long for the host to be idle (this machine is shared)")
     p.add_argument("--dir", help="keep the cluster's data and logs here (default: a temporary directory)")
     args = p.parse_args(argv)
     args.settings = dict(_setting(s) for s in args.settings)
-    if not 0 < args.resources <= limits.RESOURCES_MAX:
+    if not 0 < args.resources <= limits.RESOURCES_MAX and not (args.in_process and args.resources > 0):
         p.error(f"--resources must be 1..{limits.RESOURCES_MAX:,}: RESOURCES_MAX is a constant of "
-                "coordinator/core/limits.py, not a setting")
+                "coordinator/core/limits.py, not a setting (--in-process measures the state machine alone past it)")
     if not 0 < args.batch <= limits.KEEP_ALIVE_BATCH_ITEMS_MAX:
         p.error(f"--batch must be 1..{limits.KEEP_ALIVE_BATCH_ITEMS_MAX}")
     return args
@@ -753,6 +831,14 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.in_process:
+        with tempfile.TemporaryDirectory(prefix="bench-scale-") as base:
+            report = {"in_process": in_process(args.resources, base)}
+        print_in_process(report["in_process"])
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                json.dump(report, f, indent=1, default=str)
+        return 0
     with sigterm_as_interrupt():
         if args.dir:
             os.makedirs(args.dir, exist_ok=True)

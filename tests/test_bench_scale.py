@@ -36,3 +36,17 @@ def test_scale_bench_reports_every_figure(tmp_path):
     assert report["keepalive"]["writes_with_keepalive"]["keepalive"]["refused"] == 0
     for row in ("snapshot (leader)", "Raft-thread stall (outside)", "restart to SERVING", "leader CPU per renewal"):
         assert row in proc.stdout, proc.stdout
+
+
+def test_scale_bench_in_process_reports_every_figure(tmp_path):
+    out = tmp_path / "state.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "scale", "--in-process", "--resources", "200", "--out", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())["in_process"]
+    assert res["resources"] == 200 and res["state_bytes"] > 0
+    for step in ("snapshot", "snapshot_write", "snapshot_read", "snapshot_decode", "restore"):
+        assert math.isfinite(res[step]["ms"]) and res[step]["ms"] > 0, (step, res[step])
+    assert math.isfinite(res["rss_bytes_per_resource"]), res  # at 200 resources, noise of either sign
