@@ -11,6 +11,8 @@ process only and without changing what they do:
   * ``HardenedSyncObj._SyncObj__loadDumpFile`` (a snapshot loaded at start or installed from
     the leader) and ``_SyncObj__tryLogCompaction`` (the call in the Raft tick that takes the
     snapshot, or at the next tick drops the compacted journal head);
+  * the cyclic GC: a pass longer than ``SLOW_TICK_MS`` is recorded, with its generation and
+    the thread it ran in;
   * the Raft thread's poll: the time between one poll's return and the next poll's call is
     the tick body, the time the thread answers no message. A body longer than
     ``SLOW_TICK_MS`` is recorded.
@@ -26,6 +28,7 @@ the stock action (end the process) is all this replaces.
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 import signal
@@ -137,10 +140,31 @@ def _wrap_init(init):
     return __init__
 
 
+def _watch_gc() -> None:
+    """Record every cyclic-GC pass longer than SLOW_TICK_MS: it runs in whichever thread
+    allocates, the Raft thread included, and a full pass walks every object of the state."""
+    started: dict = {}
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[threading.get_ident()] = (_now(), _cpu())
+            return
+        t0, c0 = started.pop(threading.get_ident(), (None, None))
+        if t0 is None:
+            return
+        ms = (_now() - t0) * 1e3
+        if ms >= SLOW_TICK_MS:
+            _record("gc", t0=t0, ms=ms, cpu_ms=(_cpu() - c0) * 1e3, generation=info.get("generation"),
+                    thread=threading.current_thread().name)
+
+    gc.callbacks.append(callback)
+
+
 def install(path: str) -> None:
     global _out
     _out = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the process's life
     _record("start", t0=_now())
+    _watch_gc()
     so = raft_syncobj.HardenedSyncObj
     so.__init__ = _wrap_init(so.__init__)
     so._SyncObj__tryLogCompaction = _wrap_compaction(so._SyncObj__tryLogCompaction)
