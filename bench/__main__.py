@@ -13,6 +13,7 @@ BENCHMARKS = {
     "grpc": ("bench.grpc_bench", "the product end to end, beside an in-memory gRPC server"),
     "raft": ("bench.raft_bench", "replicated commands in the leader, ours beside stock pysyncobj"),
     "profile": ("bench.profile_raft", "where a Raft op's time goes"),
+    "scale": ("bench.scale", "what the state's size costs: RSS, snapshot, restore, stall, keep-alives"),
 }
 
 
