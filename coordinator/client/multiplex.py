@@ -8,11 +8,12 @@ table do, exactly as for a plain Write), wait on a timer to let a batch grow, or
 attempt waiting without a sender coming for it.
 
 How a batch forms, with no linger: an attempt joins its endpoint's queue; if no batch is in
-flight to that endpoint, the thread that queued it sends one at once (so one client alone
-pays one WriteMany of one item: no added wait). While a batch is in flight, attempts queue;
-when it completes (on gRPC's callback thread), the queue is sent as the next batch, oldest
-first, up to limits.WRITE_MANY_ITEMS_MAX items and limits.WRITE_MANY_BYTES_MAX bytes; the
-rest waits for the one after. A batch's RPC deadline is the earliest of its attempts'; an
+flight to that endpoint, the thread that queued it sends one at once, itself, as a blocking
+call (so one client alone pays one WriteMany of one item: no added wait, no thread hop).
+While a batch is in flight, attempts queue; when it completes, its sender hands the
+outcomes out and passes the sending turn to the oldest queued attempt, whose thread sends
+the queue as the next batch, oldest first, up to limits.WRITE_MANY_ITEMS_MAX items and
+limits.WRITE_MANY_BYTES_MAX bytes; the rest waits for the one after. A batch's RPC deadline is the earliest of its attempts'; an
 attempt whose deadline passes while it waits is not sent and fails as a deadline would.
 """
 
@@ -29,9 +30,10 @@ import grpc
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.core import limits
 
-# Once its own deadline has passed, a caller whose attempt is in flight waits this much
-# longer for the batch's answer before it gives up on it: the batch's RPC deadline is never
-# later than the attempt's, so gRPC ends it by then; this only covers callback latency.
+# A waiting caller looks at its attempt again this long after the attempt's deadline: an
+# attempt still unsent then is taken out of the queue (a safety net: a sending turn always
+# comes, and expired attempts are dropped when a batch is taken); one in flight is left to
+# its RPC, whose deadline is never later than the attempt's.
 IN_FLIGHT_GRACE_S = 1.0
 
 
@@ -49,22 +51,28 @@ class ItemOutcome:
 
 
 class _Attempt:
-    __slots__ = ("request", "size", "deadline", "done", "outcome")
+    __slots__ = ("request", "size", "deadline", "wake", "outcome", "lead")
 
     def __init__(self, request: pb.WriteRequest, deadline: float) -> None:
         self.request = request
         self.size = request.ByteSize()  # what the server sums against WRITE_MANY_BYTES_MAX
         self.deadline = deadline
-        self.done = threading.Event()
+        self.wake = threading.Event()
         self.outcome: ItemOutcome | None = None
+        self.lead = False  # handed the endpoint's sending turn: send the next batch
 
     def finish(self, outcome: ItemOutcome) -> None:
         self.outcome = outcome
-        self.done.set()
+        self.wake.set()
 
 
 class WriteBatcher:
     """Coalesces concurrent write attempts into WriteMany calls, one in flight per endpoint.
+
+    The batch is sent by one of its own callers, in its own thread, as a plain blocking call
+    (no extra thread between a lone caller and its answer): the caller that finds nothing in
+    flight sends; when its answer is in, it hands each attempt its outcome and passes the
+    turn to the oldest attempt that queued meanwhile, which sends the next batch.
 
     ``write_many(endpoint)`` is the WriteMany stub method of that endpoint's channel;
     ``metadata`` goes on every call (the bearer credential)."""
@@ -74,7 +82,8 @@ class WriteBatcher:
         self._metadata = metadata
         self._lock = threading.Lock()  # never held across I/O
         self._queues: dict[str, collections.deque[_Attempt]] = {}
-        self._in_flight: set[str] = set()  # endpoints with a batch sent or being sent
+        # Endpoints whose sending turn is taken: a batch in flight, or an attempt handed the turn.
+        self._in_flight: set[str] = set()
         self._closed = False
 
     def write(self, endpoint: str, request: pb.WriteRequest, timeout_s: float) -> ItemOutcome:
@@ -85,12 +94,25 @@ class WriteBatcher:
             if self._closed:
                 return ItemOutcome(closed=True)
             self._queues.setdefault(endpoint, collections.deque()).append(attempt)
-            send = endpoint not in self._in_flight
-            if send:
+            attempt.lead = endpoint not in self._in_flight
+            if attempt.lead:
                 self._in_flight.add(endpoint)
-        if send:
-            self._send_next(endpoint)
-        return self._wait(endpoint, attempt)
+        while True:
+            if attempt.outcome is not None:
+                return attempt.outcome
+            if attempt.lead:
+                attempt.lead = False
+                attempt.wake.clear()
+                self._send_one(endpoint)
+                continue
+            if not attempt.wake.wait(max(0.0, attempt.deadline - time.monotonic()) + IN_FLIGHT_GRACE_S):
+                with self._lock:
+                    queue = self._queues.get(endpoint)
+                    if not attempt.lead and queue is not None and attempt in queue:
+                        # Still unsent past its deadline (a turn always comes; a safety net).
+                        queue.remove(attempt)
+                        attempt.finish(ItemOutcome(expired=True))
+                # Else it is in flight: the RPC's deadline, never later than its own, ends it.
 
     def close(self) -> None:
         """Every attempt not sent yet ends as ``closed``; those in flight end with their RPC
@@ -102,21 +124,9 @@ class WriteBatcher:
         for attempt in waiting:
             attempt.finish(ItemOutcome(closed=True))
 
-    def _wait(self, endpoint: str, attempt: _Attempt) -> ItemOutcome:
-        while not attempt.done.wait(max(0.0, attempt.deadline - time.monotonic()) + IN_FLIGHT_GRACE_S):
-            with self._lock:
-                queue = self._queues.get(endpoint)
-                if queue is not None and attempt in queue:
-                    # Still waiting to be sent (a sender always comes; this is the safety net).
-                    queue.remove(attempt)
-                    attempt.finish(ItemOutcome(expired=True))
-            # Else it is in flight: its RPC's deadline, never later than its own, ends it.
-        assert attempt.outcome is not None
-        return attempt.outcome
-
     def _take_batch(self, endpoint: str) -> tuple[list[_Attempt], list[_Attempt]]:
         """(the next batch, attempts whose deadline passed unsent); an empty batch gives the
-        endpoint's in-flight mark back. Called with the lock held."""
+        endpoint's turn back. Called with the lock held."""
         queue = self._queues.get(endpoint)
         batch: list[_Attempt] = []
         expired: list[_Attempt] = []
@@ -135,61 +145,58 @@ class WriteBatcher:
             self._in_flight.discard(endpoint)
         return batch, expired
 
-    def _send_next(self, endpoint: str) -> None:
-        """Send the endpoint's next batch (the caller holds its in-flight mark), or give the
-        mark back when nothing waits."""
-        while True:
-            with self._lock:
-                batch, expired = self._take_batch(endpoint)
-            for attempt in expired:
-                attempt.finish(ItemOutcome(expired=True))
-            if not batch:
-                return
-            timeout_s = min(a.deadline for a in batch) - time.monotonic()
-            request = pb.WriteManyRequest(writes=[a.request for a in batch])
-            try:
-                future = self._write_many(endpoint).future(
-                    request, timeout=max(0.0, timeout_s), metadata=self._metadata
-                )
-            except ValueError:  # grpc: "Cannot invoke RPC on closed channel!"
-                for attempt in batch:
-                    attempt.finish(ItemOutcome(closed=True))
-                continue
-            future.add_done_callback(lambda done, batch=batch: self._on_done(endpoint, batch, done))
+    def _send_one(self, endpoint: str) -> None:
+        """With the endpoint's turn: send its next batch, hand out the outcomes, then pass
+        the turn to the oldest attempt still queued (or give it back)."""
+        with self._lock:
+            batch, expired = self._take_batch(endpoint)
+        for attempt in expired:
+            attempt.finish(ItemOutcome(expired=True))
+        if not batch:
             return
-
-    def _on_done(self, endpoint: str, batch: list[_Attempt], future: Any) -> None:
-        """On gRPC's callback thread: hand each attempt its result, then send what queued
-        meanwhile."""
+        outcomes = [ItemOutcome(rpc_error=_SenderFailed("the thread sending this batch failed"))] * len(batch)
         try:
-            try:
-                response = future.result()
-            except grpc.RpcError as err:
-                for attempt in batch:
-                    attempt.finish(ItemOutcome(rpc_error=err))
-            except Exception as exc:  # noqa: BLE001 - a cancelled future: as a cancelled RPC
-                err = _CancelledError(str(exc) or type(exc).__name__)
-                for attempt in batch:
-                    attempt.finish(ItemOutcome(rpc_error=err))
-            else:
-                results = list(response.results)
-                for n, attempt in enumerate(batch):
-                    result = results[n] if n < len(results) else None
-                    if result is not None and result.WhichOneof("outcome") == "write":
-                        attempt.finish(ItemOutcome(response=result.write))
-                    elif result is not None and result.WhichOneof("outcome") == "error":
-                        attempt.finish(ItemOutcome(item_error=result.error, header=response.header))
-                    else:  # a server that answered fewer items than it was sent
-                        missing = pb.WriteItemError(
-                            code=grpc.StatusCode.INTERNAL.name, message="WriteMany returned no result for this item"
-                        )
-                        attempt.finish(ItemOutcome(item_error=missing, header=response.header))
-        finally:
-            self._send_next(endpoint)
+            outcomes = self._call(endpoint, batch)
+        finally:  # however the call ended, every attempt gets an outcome and the turn goes on
+            with self._lock:
+                queue = self._queues.get(endpoint)
+                if queue:
+                    queue[0].lead = True
+                    queue[0].wake.set()
+                else:
+                    self._in_flight.discard(endpoint)
+            for attempt, outcome in zip(batch, outcomes):
+                attempt.finish(outcome)
+
+    def _call(self, endpoint: str, batch: list[_Attempt]) -> list[ItemOutcome]:
+        """One WriteMany of ``batch``, its deadline the earliest of theirs: per attempt its outcome."""
+        timeout_s = max(0.0, min(a.deadline for a in batch) - time.monotonic())
+        request = pb.WriteManyRequest(writes=[a.request for a in batch])
+        try:
+            response = self._write_many(endpoint)(request, timeout=timeout_s, metadata=self._metadata)
+        except grpc.RpcError as err:
+            return [ItemOutcome(rpc_error=err)] * len(batch)
+        except ValueError:  # grpc: "Cannot invoke RPC on closed channel!"
+            return [ItemOutcome(closed=True)] * len(batch)
+        results = list(response.results)
+        outcomes = []
+        for n in range(len(batch)):
+            kind = results[n].WhichOneof("outcome") if n < len(results) else None
+            if kind == "write":
+                outcomes.append(ItemOutcome(response=results[n].write))
+            elif kind == "error":
+                outcomes.append(ItemOutcome(item_error=results[n].error, header=response.header))
+            else:  # a server that answered fewer items than it was sent
+                missing = pb.WriteItemError(
+                    code=grpc.StatusCode.INTERNAL.name, message="WriteMany returned no result for this item"
+                )
+                outcomes.append(ItemOutcome(item_error=missing, header=response.header))
+        return outcomes
 
 
-class _CancelledError(grpc.RpcError):
-    """A batch whose future ended without a status (cancelled): what a plain call reports."""
+class _SenderFailed(grpc.RpcError):
+    """The batch's sending thread raised before the call returned (interrupted): for its
+    attempts, a call whose fate is unknown, as a cancelled plain call reports."""
 
     def __init__(self, details: str) -> None:
         super().__init__(details)
