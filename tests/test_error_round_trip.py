@@ -136,6 +136,7 @@ def client(server):
 def mux_client(server):
     # The same, with writes multiplexed: each one travels as an item of a WriteMany.
     with FencingClient([server[1]], retry_max_attempts=1, timeout_s=5, multiplex_writes=True) as c:
+        c._batcher.single_as_write = False  # a lone write too goes as a WriteMany item
         yield c
 
 

@@ -154,34 +154,43 @@ def test_a_call_past_a_limit_is_refused_whole_and_applies_nothing(cluster):
     assert len(at_limit.results) == limits.WRITE_MANY_ITEMS_MAX and not refused, refused[:3]
 
 
+class _Store:
+    """A FencedStore stub whose Write and WriteMany run ``before(batch size)`` first."""
+
+    def __init__(self, real, before) -> None:
+        self.real, self.before = real, before
+
+    def Write(self, request, **kwargs):
+        self.before(1)
+        return self.real.Write(request, **kwargs)
+
+    def WriteMany(self, request, **kwargs):
+        self.before(len(request.writes))
+        return self.real.WriteMany(request, **kwargs)
+
+
 class _GatedFirstBatch:
-    """Wraps the batcher's WriteMany stub lookup: the first batch waits until ``hold_for``
-    more writes are queued behind it (so the next batch carries them together whatever the
-    scheduling), and every batch's size is recorded."""
+    """Wraps the batcher's stub lookup: the first batch waits until ``hold_for`` more writes
+    are queued behind it (so the next batch carries them together whatever the scheduling),
+    and every batch's size is recorded."""
 
     def __init__(self, client: FencingClient, hold_for: int) -> None:
         self.batcher = client._batcher
-        self.real = self.batcher._write_many
+        self.real = self.batcher._store_for
         self.hold_for = hold_for
         self.sizes: list[int] = []
-        self.batcher._write_many = self.lookup
+        self.batcher._store_for = lambda endpoint: _Store(self.real(endpoint), self.before)
 
     def queued(self) -> int:
         with self.batcher._lock:
             return sum(len(q) for q in self.batcher._queues.values())
 
-    def lookup(self, endpoint: str):
-        method = self.real(endpoint)
-
-        def call(request, **kwargs):
-            first = not self.sizes
-            self.sizes.append(len(request.writes))
-            if first:
-                wait_until(lambda: self.queued() >= self.hold_for, timeout_s=30,
-                           what=f"{self.hold_for} writes queued behind the first batch")
-            return method(request, **kwargs)
-
-        return call
+    def before(self, size: int) -> None:
+        first = not self.sizes
+        self.sizes.append(size)
+        if first:
+            wait_until(lambda: self.queued() >= self.hold_for, timeout_s=30,
+                       what=f"{self.hold_for} writes queued behind the first batch")
 
 
 def test_the_multiplexed_client_gives_each_of_32_threads_its_own_answer(cluster):
@@ -295,18 +304,9 @@ def test_close_fails_writes_still_waiting_to_be_sent(cluster):
     client.status()  # learn the leader first, so every write queues for the same endpoint
     released = threading.Event()
     batcher = client._batcher
-    real = batcher._write_many
-
-    def held(endpoint):
-        method = real(endpoint)
-
-        def call(request, **kwargs):
-            released.wait(timeout=30)  # the first batch stays in flight until the test says
-            return method(request, **kwargs)
-
-        return call
-
-    batcher._write_many = held
+    real = batcher._store_for
+    # The first batch stays in flight until the test says.
+    batcher._store_for = lambda endpoint: _Store(real(endpoint), lambda size: released.wait(timeout=30))
     outcomes: dict[int, object] = {}
 
     def writer(i: int) -> None:

@@ -9,7 +9,8 @@ attempt waiting without a sender coming for it.
 
 How a batch forms, with no linger: an attempt joins its endpoint's queue; if no batch is in
 flight to that endpoint, the thread that queued it sends one at once, itself, as a blocking
-call (so one client alone pays one WriteMany of one item: no added wait, no thread hop).
+call (so one client alone pays one plain Write, as without multiplexing: no added wait, no
+thread hop).
 While a batch is in flight, attempts queue; when it completes, its sender hands the
 outcomes out and passes the sending turn to the oldest queued attempt, whose thread sends
 the queue as the next batch, oldest first, up to limits.WRITE_MANY_ITEMS_MAX items and
@@ -74,12 +75,17 @@ class WriteBatcher:
     flight sends; when its answer is in, it hands each attempt its outcome and passes the
     turn to the oldest attempt that queued meanwhile, which sends the next batch.
 
-    ``write_many(endpoint)`` is the WriteMany stub method of that endpoint's channel;
-    ``metadata`` goes on every call (the bearer credential)."""
+    A batch of one goes as a plain ``Write`` (one writer alone pays exactly what a plain
+    client pays; its failure is that Write's own status); ``single_as_write = False`` sends
+    every batch as WriteMany (the tests do, to see each status as an item).
 
-    def __init__(self, write_many: Callable[[str], Any], metadata: tuple[tuple[str, str], ...]) -> None:
-        self._write_many = write_many
+    ``store_for(endpoint)`` is the FencedStore stub of that endpoint's channel; ``metadata``
+    goes on every call (the bearer credential)."""
+
+    def __init__(self, store_for: Callable[[str], Any], metadata: tuple[tuple[str, str], ...]) -> None:
+        self._store_for = store_for
         self._metadata = metadata
+        self.single_as_write = True
         self._lock = threading.Lock()  # never held across I/O
         self._queues: dict[str, collections.deque[_Attempt]] = {}
         # Endpoints whose sending turn is taken: a batch in flight, or an attempt handed the turn.
@@ -171,9 +177,12 @@ class WriteBatcher:
     def _call(self, endpoint: str, batch: list[_Attempt]) -> list[ItemOutcome]:
         """One WriteMany of ``batch``, its deadline the earliest of theirs: per attempt its outcome."""
         timeout_s = max(0.0, min(a.deadline for a in batch) - time.monotonic())
-        request = pb.WriteManyRequest(writes=[a.request for a in batch])
         try:
-            response = self._write_many(endpoint)(request, timeout=timeout_s, metadata=self._metadata)
+            store = self._store_for(endpoint)
+            if len(batch) == 1 and self.single_as_write:
+                return [ItemOutcome(response=store.Write(batch[0].request, timeout=timeout_s, metadata=self._metadata))]
+            request = pb.WriteManyRequest(writes=[a.request for a in batch])
+            response = store.WriteMany(request, timeout=timeout_s, metadata=self._metadata)
         except grpc.RpcError as err:
             return [ItemOutcome(rpc_error=err)] * len(batch)
         except ValueError:  # grpc: "Cannot invoke RPC on closed channel!"

@@ -163,6 +163,11 @@ class FencingClient(_ClientBase):
       file (README "Who may call"), or the admin token for Admin RPCs. ``admin_token`` is
       its older name.
     - ``credentials`` (None): ``grpc.ChannelCredentials`` for TLS/mTLS; None is plaintext.
+    - ``multiplex_writes`` (False): ``write()`` calls made at once from many threads travel
+      together as one ``FencedStore.WriteMany`` per member (``coordinator.client.multiplex``):
+      a write is sent at once when no batch is in flight there, else with the next batch as
+      soon as the one in flight returns; never held back to let a batch grow. Each write keeps
+      its own result or exception, op_id, deadline and retries, exactly as without it.
 
     Every method also takes ``timeout_s=`` to override the whole-call deadline once.
     Methods: acquire, keep_alive, keep_alive_many, release, describe, write, delete, read,
@@ -179,7 +184,7 @@ class FencingClient(_ClientBase):
         # one FencedStore.WriteMany per endpoint (coordinator/client/multiplex.py).
         self._batcher: WriteBatcher | None = None
         if multiplex_writes:
-            self._batcher = WriteBatcher(lambda endpoint: self._stubs[endpoint].store.WriteMany, self._metadata)
+            self._batcher = WriteBatcher(lambda endpoint: self._stubs[endpoint].store, self._metadata)
 
     def _open_channel(self, endpoint: str, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
         return open_channel(endpoint, credentials, options=CHANNEL_OPTIONS)
