@@ -9,6 +9,10 @@ the translation of every outcome through ``errors.STATUS_TABLE``.
 Must never: decide a domain rule (the state machine does), touch the Raft library (the Raft node
 does), queue proposals without bound, or report an unknown outcome as a failure.
 
+WriteMany (the multiplexed client's batch) is many Writes in one call: each item goes through
+exactly the Write path's checks and errors, and the items are proposed together
+(``Proposer.propose_many``), each answered on its own.
+
 Every member serves every RPC. A follower proposes through its local Raft node, which
 forwards the entry to the leader, and the follower answers after it has applied the entry
 itself, so whatever it reads afterwards is at least that new. Reads (Describe, Read,
