@@ -211,10 +211,8 @@ class Proposer:
                     continue
                 with lock:
                     pending += 1
-                self.node.propose_async(
-                    encoded,
-                    lambda result, error, i=i: settle(i, RaftNode._result_of(result, error)),
-                    batch_key=command.resource,
+                self.node.propose_async_result(
+                    encoded, lambda result, i=i: settle(i, result), batch_key=command.resource,
                 )
             with lock:
                 if pending == 0:
