@@ -333,3 +333,58 @@ def test_close_fails_writes_still_waiting_to_be_sent(cluster):
     assert isinstance(outcomes[0], (RuntimeError, E.FencingError)) or outcomes[0].version == 1, outcomes[0]
     for i in range(1, 4):
         assert not read(node, resource, f"k{i}").found
+
+
+class _HeldNode:
+    """A stand-in RaftNode for ``Proposer.propose_many``: the first proposal is refused at once,
+    in the proposing thread (as a full Raft queue answers), the rest are held until released."""
+
+    def __init__(self) -> None:
+        self.held: list = []
+        self.lock = threading.Lock()
+
+    def next_stamp_ms(self) -> int:
+        return 1
+
+    def propose_async_result(self, command: bytes, on_result, *, batch_key=None) -> None:
+        from coordinator.raft.interface import ProposeFailure, ProposeResult
+
+        with self.lock:
+            first = not self.held
+            self.held.append(on_result)
+        if first:
+            on_result(ProposeResult.failed(ProposeFailure.QUEUE_FULL))
+
+    def release_rest(self) -> None:
+        import types
+
+        from coordinator.raft.interface import ProposeOutcome, ProposeResult
+
+        for n, on_result in enumerate(self.held[1:], start=2):
+            on_result(ProposeResult(ProposeOutcome.APPLIED, value=types.SimpleNamespace(result={"n": n}), index=n))
+
+    def leader_address(self) -> str:
+        return ""
+
+
+def test_propose_many_waits_for_every_proposal_even_when_one_answers_at_once():
+    # A proposal answered before the next one is made (QUEUE_FULL calls back at once) must
+    # not end the wait for the others: they would come back OUTCOME_UNKNOWN without waiting.
+    from coordinator.core import commands, validation
+    from coordinator.server import errors as server_errors
+    from coordinator.server.service import Proposer
+
+    node = _HeldNode()
+    proposer = Proposer(node, inflight_max=8, timeout_max_s=5.0, deadline_margin_s=0.1, members={})
+    fields = {"resource": "orders/1", "key": "k", "value": b"v", "token": 1}
+    batch = [commands.write(**validation.check_request("Write", {**fields, "op_id": op_id()}), stamp_ms=0)
+             for _ in range(3)]
+    answers: list = []
+    waiting = threading.Thread(target=lambda: answers.extend(proposer.propose_many(batch, 30.0)))
+    waiting.start()
+    wait_until(lambda: len(node.held) == 3, timeout_s=30, what="all three proposed")
+    assert waiting.is_alive(), f"propose_many returned before two of its proposals settled: {answers}"
+    node.release_rest()
+    waiting.join(timeout=30)
+    assert isinstance(answers[0], server_errors.ServiceError) and answers[0].reason == R.OVERLOADED
+    assert [a.value.result for a in answers[1:]] == [{"n": 2}, {"n": 3}]

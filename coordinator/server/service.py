@@ -181,7 +181,11 @@ class Proposer:
         across resources (batch_key), never within one, and keep their order."""
         started = time.perf_counter()
         outcomes: list[ProposeResult | ServiceError | None] = [None] * len(commands_)
-        pending = 0
+        settled_s = [0.0] * len(commands_)  # each proposal's time to its fate, for the metrics
+        # Proposals not settled yet, plus one for the loop below while it still proposes: a
+        # callback that runs before the last proposal is made (a fast commit, or QUEUE_FULL,
+        # which calls back at once) must not end the wait for the ones after it.
+        pending = 1
         lock = threading.Lock()
         all_done = threading.Event()
         slots = 0
@@ -191,6 +195,7 @@ class Proposer:
             with lock:
                 if outcomes[i] is None:
                     outcomes[i] = result
+                    settled_s[i] = time.perf_counter() - started
                 pending -= 1
                 if pending == 0:
                     all_done.set()
@@ -215,6 +220,7 @@ class Proposer:
                     encoded, lambda result, i=i: settle(i, result), batch_key=command.resource,
                 )
             with lock:
+                pending -= 1  # the loop's own count: every proposal is made
                 if pending == 0:
                     all_done.set()
             all_done.wait(max(0.0, timeout_s))
@@ -228,11 +234,11 @@ class Proposer:
             for i in range(len(outcomes)):
                 if outcomes[i] is None:
                     outcomes[i] = late  # a callback after this point changes nothing
-        elapsed_s = time.perf_counter() - started
+                    settled_s[i] = time.perf_counter() - started
         if self.metrics is not None:
-            for outcome in settled:
+            for outcome, seconds in zip(settled, settled_s):
                 if not isinstance(outcome, ServiceError):  # OVERLOADED was counted above
-                    self.metrics.proposal_done(outcome.outcome.value, elapsed_s)
+                    self.metrics.proposal_done(outcome.outcome.value, seconds)
         leader: tuple[str, str] | None = None
         answers: list[ProposeResult | ServiceError] = []
         for command, outcome in zip(commands_, settled):
