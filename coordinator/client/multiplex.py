@@ -103,22 +103,40 @@ class WriteBatcher:
             attempt.lead = endpoint not in self._in_flight
             if attempt.lead:
                 self._in_flight.add(endpoint)
-        while True:
-            if attempt.outcome is not None:
-                return attempt.outcome
+        try:
+            while True:
+                if attempt.outcome is not None:
+                    return attempt.outcome
+                if attempt.lead:
+                    attempt.wake.clear()
+                    self._send_one(endpoint, attempt)
+                    continue
+                if not attempt.wake.wait(max(0.0, attempt.deadline - time.monotonic()) + IN_FLIGHT_GRACE_S):
+                    with self._lock:
+                        queue = self._queues.get(endpoint)
+                        if not attempt.lead and queue is not None and attempt in queue:
+                            # Still unsent past its deadline (a turn always comes; a safety net).
+                            queue.remove(attempt)
+                            attempt.finish(ItemOutcome(expired=True))
+                    # Else it is in flight: the RPC's deadline, never later than its own, ends it.
+        except BaseException:
+            self._leave(endpoint, attempt)  # interrupted: never take the turn away with it
+            raise
+
+    def _leave(self, endpoint: str, attempt: _Attempt) -> None:
+        """``attempt``'s caller is gone before its outcome: out of the queue, and a sending
+        turn it was handed but did not use goes to the next attempt (else nobody would send)."""
+        with self._lock:
+            queue = self._queues.get(endpoint)
+            if queue is not None and attempt in queue:
+                queue.remove(attempt)
             if attempt.lead:
                 attempt.lead = False
-                attempt.wake.clear()
-                self._send_one(endpoint)
-                continue
-            if not attempt.wake.wait(max(0.0, attempt.deadline - time.monotonic()) + IN_FLIGHT_GRACE_S):
-                with self._lock:
-                    queue = self._queues.get(endpoint)
-                    if not attempt.lead and queue is not None and attempt in queue:
-                        # Still unsent past its deadline (a turn always comes; a safety net).
-                        queue.remove(attempt)
-                        attempt.finish(ItemOutcome(expired=True))
-                # Else it is in flight: the RPC's deadline, never later than its own, ends it.
+                if queue:
+                    queue[0].lead = True
+                    queue[0].wake.set()
+                else:
+                    self._in_flight.discard(endpoint)
 
     def close(self) -> None:
         """Every attempt not sent yet ends as ``closed``; those in flight end with their RPC
@@ -151,28 +169,29 @@ class WriteBatcher:
             self._in_flight.discard(endpoint)
         return batch, expired
 
-    def _send_one(self, endpoint: str) -> None:
-        """With the endpoint's turn: send its next batch, hand out the outcomes, then pass
-        the turn to the oldest attempt still queued (or give it back)."""
+    def _send_one(self, endpoint: str, sender: _Attempt) -> None:
+        """``sender`` holds the endpoint's turn: send its next batch, hand out the outcomes,
+        then pass the turn to the oldest attempt still queued (or give it back)."""
         with self._lock:
+            sender.lead = False  # the turn now rides with the batch taken here
             batch, expired = self._take_batch(endpoint)
-        for attempt in expired:
-            attempt.finish(ItemOutcome(expired=True))
-        if not batch:
-            return
         outcomes = [ItemOutcome(rpc_error=_SenderFailed("the thread sending this batch failed"))] * len(batch)
         try:
-            outcomes = self._call(endpoint, batch)
+            for attempt in expired:
+                attempt.finish(ItemOutcome(expired=True))
+            if batch:
+                outcomes = self._call(endpoint, batch)
         finally:  # however the call ended, every attempt gets an outcome and the turn goes on
-            with self._lock:
-                queue = self._queues.get(endpoint)
-                if queue:
-                    queue[0].lead = True
-                    queue[0].wake.set()
-                else:
-                    self._in_flight.discard(endpoint)
-            for attempt, outcome in zip(batch, outcomes):
-                attempt.finish(outcome)
+            if batch:
+                with self._lock:
+                    queue = self._queues.get(endpoint)
+                    if queue:
+                        queue[0].lead = True
+                        queue[0].wake.set()
+                    else:
+                        self._in_flight.discard(endpoint)
+                for attempt, outcome in zip(batch, outcomes):
+                    attempt.finish(outcome)
 
     def _call(self, endpoint: str, batch: list[_Attempt]) -> list[ItemOutcome]:
         """One WriteMany of ``batch``, its deadline the earliest of theirs: per attempt its outcome."""
