@@ -388,3 +388,52 @@ def test_propose_many_waits_for_every_proposal_even_when_one_answers_at_once():
     waiting.join(timeout=30)
     assert isinstance(answers[0], server_errors.ServiceError) and answers[0].reason == R.OVERLOADED
     assert [a.value.result for a in answers[1:]] == [{"n": 2}, {"n": 3}]
+
+
+class _Boom(BaseException):
+    """What interrupts the thread sending the first batch (a KeyboardInterrupt, say)."""
+
+
+def test_a_sender_interrupted_mid_call_passes_the_turn_on_and_the_others_are_sent():
+    from coordinator.client.multiplex import WriteBatcher
+
+    calls: list[int] = []
+    batcher: WriteBatcher
+
+    def queued() -> int:
+        with batcher._lock:
+            return sum(len(q) for q in batcher._queues.values())
+
+    class Store:
+        def Write(self, request, **kwargs):
+            calls.append(1)
+            wait_until(lambda: queued() == 2, timeout_s=30, what="two writes queued behind the first")
+            raise _Boom()
+
+        def WriteMany(self, request, **kwargs):
+            calls.append(len(request.writes))
+            return pb.WriteManyResponse(results=[
+                pb.WriteManyResult(write=pb.WriteResponse(version=n + 1)) for n in range(len(request.writes))])
+
+    batcher = WriteBatcher(lambda endpoint: Store(), ())
+    request = pb.WriteRequest(resource="r", key="k", value=b"v", token=1, op_id=op_id())
+    outcomes: dict[str, object] = {}
+
+    def write(name: str) -> None:
+        try:
+            outcomes[name] = batcher.write("e", request, 30.0)
+        except _Boom as exc:
+            outcomes[name] = exc
+
+    first = threading.Thread(target=write, args=("first",))
+    first.start()
+    wait_until(lambda: calls, timeout_s=30, what="the first batch sent")
+    rest = [threading.Thread(target=write, args=(name,)) for name in ("second", "third")]
+    for t in rest:
+        t.start()
+    for t in (first, *rest):
+        t.join(timeout=30)
+    assert isinstance(outcomes["first"], _Boom)
+    assert calls == [1, 2], calls  # the two queued writes went out together, after the interruption
+    assert sorted(o.response.version for o in (outcomes["second"], outcomes["third"])) == [1, 2]
+    assert not batcher._in_flight  # the turn was given back
