@@ -19,6 +19,15 @@ WORKLOAD_TITLES = {
     "read": "linearizable read",
 }
 SYSTEMS = ("ours", "etcd")
+# Each way our clients can call (bench.compare --ours-client) is a system of its own, beside
+# etcd; "ours" is the raw stubs, the default.
+OURS_SYSTEMS = ("ours", "ours-lib", "ours-mux")
+
+
+def systems_of(rows: list[dict]) -> list[str]:
+    """The systems measured, ours first (in OURS_SYSTEMS order), etcd last."""
+    present = {r["system"] for r in rows}
+    return [s for s in OURS_SYSTEMS if s in present] + ["etcd"]
 CHART_HINT = "matplotlib is missing: pip install '.[bench]' (or -e '.[bench]') to draw the chart"
 
 
@@ -32,10 +41,11 @@ def cells(rows: list[dict]) -> list[dict]:
     over rounds of ours/etcd ops/s measured in the same round (the runs alternate)."""
     out = []
     keys = list(dict.fromkeys((r["workload"], r["clients"]) for r in rows))
+    systems = systems_of(rows)
     for workload, clients in keys:
         mine = [r for r in rows if (r["workload"], r["clients"]) == (workload, clients)]
-        cell = {"workload": workload, "clients": clients}
-        for system in SYSTEMS:
+        cell = {"workload": workload, "clients": clients, "systems": systems}
+        for system in systems:
             rs = [r for r in mine if r["system"] == system]
             cell[system] = {
                 "runs": len(rs),
@@ -50,10 +60,15 @@ def cells(rows: list[dict]) -> list[dict]:
         by_round = {}
         for r in mine:
             by_round.setdefault(r["round"], {})[r["system"]] = r["ops_per_s"]
-        ratios = [d["ours"] / d["etcd"] for d in by_round.values()
-                  if "ours" in d and d.get("etcd", 0) > 0]
-        cell["ratio"] = _median(ratios)
-        cell["ratios"] = [round(x, 2) for x in ratios]
+        # Per ours-system: the median of its per-round ratios to etcd; "ratio"/"ratios" are
+        # the first one's (the raw stubs' when they ran).
+        cell["ratio_by_system"], cell["ratios_by_system"] = {}, {}
+        for system in systems[:-1]:
+            ratios = [d[system] / d["etcd"] for d in by_round.values() if system in d and d.get("etcd", 0) > 0]
+            cell["ratio_by_system"][system] = _median(ratios)
+            cell["ratios_by_system"][system] = [round(x, 2) for x in ratios]
+        cell["ratio"] = cell["ratio_by_system"][systems[0]]
+        cell["ratios"] = cell["ratios_by_system"][systems[0]]
         out.append(cell)
     return out
 
@@ -72,19 +87,25 @@ def failover_cells(trials: list[dict]) -> list[dict]:
 
 
 def print_cells(cs: list[dict]) -> None:
-    header = (f"{'workload':18s} {'clients':>7s} {'ours/etcd':>9s}  {'ops/s ours':>10s} {'etcd':>7s}  "
+    header = (f"{'workload':18s} {'clients':>7s} {'ours as':8s} {'ours/etcd':>9s}  {'ops/s ours':>10s} {'etcd':>7s}  "
               f"{'p50 ms ours':>11s} {'etcd':>6s}  {'p99 ms ours':>11s} {'etcd':>6s}  "
               f"{'CPU ms/op servers ours':>22s} {'etcd':>6s}  {'clients ours':>12s} {'etcd':>6s}  errors")
     print(header)
     print("-" * len(header))
     for c in cs:
-        o, e = c["ours"], c["etcd"]
-        errors = f"{o['errors']}/{e['errors']}" if o["errors"] or e["errors"] else "-"
-        print(f"{WORKLOAD_TITLES.get(c['workload'], c['workload']):18s} {c['clients']:7d} {c['ratio']:9.2f}  "
-              f"{o['ops_per_s']:10.0f} {e['ops_per_s']:7.0f}  {o['p50_ms']:11.2f} {e['p50_ms']:6.2f}  "
-              f"{o['p99_ms']:11.2f} {e['p99_ms']:6.2f}  {o['server_cpu_ms_per_op']:22.3f} "
-              f"{e['server_cpu_ms_per_op']:6.3f}  {o['client_cpu_ms_per_op']:12.3f} "
-              f"{e['client_cpu_ms_per_op']:6.3f}  {errors}")
+        for system in c.get("systems", SYSTEMS)[:-1]:
+            _print_line(c, system)
+
+
+def _print_line(c: dict, system: str) -> None:
+    o, e = c[system], c["etcd"]
+    ratio = c.get("ratio_by_system", {}).get(system, c["ratio"])
+    errors = f"{o['errors']}/{e['errors']}" if o["errors"] or e["errors"] else "-"
+    print(f"{WORKLOAD_TITLES.get(c['workload'], c['workload']):18s} {c['clients']:7d} {system:8s} {ratio:9.2f}  "
+          f"{o['ops_per_s']:10.0f} {e['ops_per_s']:7.0f}  {o['p50_ms']:11.2f} {e['p50_ms']:6.2f}  "
+          f"{o['p99_ms']:11.2f} {e['p99_ms']:6.2f}  {o['server_cpu_ms_per_op']:22.3f} "
+          f"{e['server_cpu_ms_per_op']:6.3f}  {o['client_cpu_ms_per_op']:12.3f} "
+          f"{e['client_cpu_ms_per_op']:6.3f}  {errors}")
 
 
 def print_failover(fs: list[dict]) -> None:
@@ -106,15 +127,16 @@ def chart(cs: list[dict], fs: list[dict], path: str, title: str) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return CHART_HINT
-    colors = {"ours": "#1f77b4", "etcd": "#ff7f0e"}
+    colors = {"ours": "#1f77b4", "ours-lib": "#17becf", "ours-mux": "#2ca02c", "etcd": "#ff7f0e"}
+    systems = cs[0].get("systems", list(SYSTEMS)) if cs else list(SYSTEMS)
     labels = [f"{WORKLOAD_TITLES.get(c['workload'], c['workload'])}\n{c['clients']} cl." for c in cs]
     xs = range(len(cs))
-    width = 0.38
+    width = 0.76 / len(systems)
     fig, axes = plt.subplots(3, 1, figsize=(max(10, 0.9 * len(cs) + 3), 13),
                              gridspec_kw={"height_ratios": [3, 2, 2]})
     ops, cpu, fail = axes
-    for k, system in enumerate(SYSTEMS):
-        shift = (k - 0.5) * width
+    for k, system in enumerate(systems):
+        shift = (k - (len(systems) - 1) / 2) * width
         ops.bar([x + shift for x in xs], [c[system]["ops_per_s"] for c in cs], width, label=system,
                 color=colors[system])
         server = [c[system]["server_cpu_ms_per_op"] for c in cs]
@@ -123,9 +145,10 @@ def chart(cs: list[dict], fs: list[dict], path: str, title: str) -> str | None:
         cpu.bar([x + shift for x in xs], client, width, bottom=server, color=colors[system], alpha=0.45,
                 hatch="//", label=f"{system} clients")
     for x, c in zip(xs, cs):
-        top = max(c["ours"]["ops_per_s"], c["etcd"]["ops_per_s"])
+        top = max(c[system]["ops_per_s"] for system in systems)
         if not math.isnan(c["ratio"]) and not math.isnan(top):
-            ops.annotate(f"x{c['ratio']:.2f}", (x, top), ha="center", va="bottom", fontsize=8)
+            label = " ".join(f"x{c.get('ratio_by_system', {}).get(s, c['ratio']):.2f}" for s in systems[:-1])
+            ops.annotate(label, (x, top), ha="center", va="bottom", fontsize=8)
     ops.set_ylabel("ops/s (median of rounds)")
     ops.set_title(title + "\nlabel: ours/etcd ops/s, median of per-round ratios", fontsize=10)
     cpu.set_ylabel("CPU ms per op")

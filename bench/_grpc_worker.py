@@ -11,7 +11,9 @@ run after another over its pipe:
     parent -> {"cmd": "exit"}
 
 Every client thread has its own client: a ``FencingClient`` (mode ``lib``) or a raw generated
-stub on its own ``grpc.Channel`` (mode ``raw``); with ``"system": "etcd"`` in the spec
+stub on its own ``grpc.Channel`` (mode ``raw``), or, in mode ``mux``, the threads of a process
+share one ``FencingClient(multiplex_writes=True)``, so their concurrent writes travel as
+WriteMany batches; with ``"system": "etcd"`` in the spec
 (bench.compare) a ``bench._etcd_client.EtcdClient``, which does the same workloads against
 etcd, so both systems run in the same processes, threads and timing loop. Only operations
 *completed* inside the measured window are counted; their latency is end minus start of that
@@ -94,8 +96,13 @@ class _Client:
             from coordinator.client.exceptions import FencingError
 
             self.error_types = (FencingError,)
-            self.client = FencingClient([target])
-            self.client.status()  # connect and learn the leader before the clock starts
+            if self.mode == "mux":
+                # The process's one multiplexing client (``_run`` made it): this thread's
+                # writes join the others' WriteMany batches.
+                self.client = spec["shared_client"]
+            else:
+                self.client = FencingClient([target])
+                self.client.status()  # connect and learn the leader before the clock starts
 
     # -- setup / teardown (not timed) ------------------------------------------------------
 
@@ -126,7 +133,7 @@ class _Client:
             pass
         if self.mode == "raw":
             self.channel.close()
-        else:
+        elif self.mode != "mux":  # the shared client is closed by ``_run`` after every thread
             self.client.close()
 
     # -- operations ------------------------------------------------------------------------
@@ -281,6 +288,21 @@ def _client_thread(spec: dict, name: str, ready: threading.Barrier, go: threadin
 
 def _run(spec: dict, conn) -> None:
     threads_n = spec["threads"]
+    shared = None
+    if spec["mode"] == "mux":
+        from coordinator.client import FencingClient
+
+        shared = FencingClient([spec["target"]], multiplex_writes=True)
+        shared.status()  # connect and learn the leader before the clock starts
+        spec = {**spec, "shared_client": shared}
+    try:
+        _run_threads(spec, conn, threads_n)
+    finally:
+        if shared is not None:
+            shared.close()
+
+
+def _run_threads(spec: dict, conn, threads_n: int) -> None:
     out = {"latencies": array.array("d"), "errors": collections.Counter(),
            "setup_errors": collections.Counter()}
     lock = threading.Lock()

@@ -48,18 +48,28 @@ from ._harness import (
 )
 
 WORKLOADS = ("write", "acqrel", "cycle", "read")
-SYSTEMS = report.SYSTEMS
 STARTUP_TIMEOUT_S = 60.0
 LEADER_TIMEOUT_S = 30.0
 
 
-class Side:
-    """One system under test: its cluster and where its leader is."""
+# How our clients call (--ours-client), each measured as a system of its own, named here:
+# raw generated stubs with one channel per client thread (etcd's clients are the same), the
+# library's FencingClient one per thread, or one FencingClient(multiplex_writes=True) per
+# client process shared by its threads (their concurrent writes go out as WriteMany batches).
+OURS_CLIENTS = {"raw": "ours", "lib": "ours-lib", "multiplex": "ours-mux"}
+OURS_MODES = {"raw": "raw", "lib": "lib", "multiplex": "mux"}
 
-    def __init__(self, name: str, cluster) -> None:
-        self.name = name
+
+class Side:
+    """One system under test: its cluster, where its leader is, and how clients call it."""
+
+    def __init__(self, name: str, cluster, *, system: str | None = None, mode: str = "raw",
+                 leader: int | None = None) -> None:
+        self.name = name  # the row's system: ours, ours-lib, ours-mux or etcd
+        self.system = system or name  # which cluster the worker talks to: ours or etcd
+        self.mode = mode
         self.cluster = cluster
-        self.leader = cluster.wait_ready(STARTUP_TIMEOUT_S)
+        self.leader = cluster.wait_ready(STARTUP_TIMEOUT_S) if leader is None else leader
 
     def follow_leader(self) -> None:
         """A run goes to the current leader (an election between runs moves it)."""
@@ -75,7 +85,8 @@ class Side:
 def _snapshot(sides: dict, workers) -> dict:
     return {
         "t": time.monotonic(), "host": host_cpu_s(),
-        "servers": {name: sum(proc_cpu_s(p) for p in side.server_pids()) for name, side in sides.items()},
+        # Per cluster (every ours-client side shares ours): each process counted once.
+        "servers": {side.system: sum(proc_cpu_s(p) for p in side.server_pids()) for side in sides.values()},
         "clients": sum(proc_cpu_s(p.pid) for p in workers.procs),
         "driver": proc_cpu_s(os.getpid()),
     }
@@ -86,7 +97,7 @@ def measure(side: Side, sides: dict, workers, args, workload: str, clients: int,
     from .grpc_bench import steal_and_other
 
     side.follow_leader()
-    spec = {"system": side.name, "mode": "raw", "workload": workload, "run_id": run_id,
+    spec = {"system": side.system, "mode": side.mode, "workload": workload, "run_id": run_id,
             "target": side.cluster.nodes[side.leader].api_address, "fixed_token": 0,
             "warmup": args.warmup, "seconds": args.seconds}
     snaps: dict = {}
@@ -113,7 +124,7 @@ def measure(side: Side, sides: dict, workers, args, workload: str, clients: int,
            "server_cpu_ms_per_op": nan, "client_cpu_ms_per_op": nan, "cores": {}}
     if a and b and ops:
         wall = b["t"] - a["t"]
-        server_s = b["servers"][side.name] - a["servers"][side.name]
+        server_s = b["servers"][side.system] - a["servers"][side.system]
         client_s = b["clients"] - a["clients"]
         # Every process of this benchmark (both clusters, clients, this driver): the rest is "other".
         bench_s = sum(b["servers"].values()) - sum(a["servers"].values()) + client_s + b["driver"] - a["driver"]
@@ -125,7 +136,7 @@ def measure(side: Side, sides: dict, workers, args, workload: str, clients: int,
         # Fewer clients ran than asked: the row stays, counted and printed as errors.
         log(f"  {side.name} {workload} x{clients}: client setup failed: {res['setup_errors']}")
     c = row["cores"]
-    log(f"  {side.name:4s} {workload:6s} c={clients:<3d} {row['ops_per_s']:7.0f} ops/s  p50 {row['p50_ms']:6.2f} "
+    log(f"  {side.name:8s} {workload:6s} c={clients:<3d} {row['ops_per_s']:7.0f} ops/s  p50 {row['p50_ms']:6.2f} "
         f"p99 {row['p99_ms']:7.2f} ms  CPU/op srv {row['server_cpu_ms_per_op']:.3f} cli "
         f"{row['client_cpu_ms_per_op']:.3f} ms  steal {c.get('steal', nan):.2f} other {c.get('other', nan):.2f}"
         + (f"  errors {row['errors']}" if row["errors"] else ""))
@@ -148,7 +159,16 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", help="parent of both clusters' data (default: a temp dir, removed after)")
     p.add_argument("--ours-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a fencingd setting for our members (repeatable), for A/B runs: e.g. read_index=false")
+    p.add_argument("--ours-client", default="raw", metavar="KINDS",
+                   help="how our clients call, comma-separated, each measured beside etcd in the same rounds: "
+                        "raw (generated stubs, a channel per client; the default), lib (a FencingClient per "
+                        "client), multiplex (one FencingClient(multiplex_writes=True) per client process: "
+                        "concurrent writes share WriteMany calls); e.g. raw,multiplex for an A/B")
     args = p.parse_args(argv)
+    args.ours_clients = [k.strip() for k in args.ours_client.split(",") if k.strip()]
+    unknown = [k for k in args.ours_clients if k not in OURS_CLIENTS]
+    if unknown or not args.ours_clients or len(set(args.ours_clients)) != len(args.ours_clients):
+        p.error(f"--ours-client: a comma-separated subset of {','.join(OURS_CLIENTS)}, each once")
     bad = [w for w in args.workloads.split(",") if w not in WORKLOADS]
     if bad:
         p.error(f"--workloads: unknown {', '.join(bad)} (known: {', '.join(WORKLOADS)})")
@@ -199,16 +219,22 @@ def run_side_by_side(args, base_dir: str, started: float, rows: list[dict], tria
         etcd = stack.enter_context(EtcdCluster(os.path.join(base_dir, "etcd")))
         ours.start_all(timeout_s=STARTUP_TIMEOUT_S)
         etcd.start_all(timeout_s=STARTUP_TIMEOUT_S)
-        sides = {"ours": Side("ours", ours), "etcd": Side("etcd", etcd)}
-        log(f"both clusters up in {time.monotonic() - started:.1f} s")
+        ours_leader = ours.wait_ready(STARTUP_TIMEOUT_S)
+        sides = {OURS_CLIENTS[kind]: Side(OURS_CLIENTS[kind], ours, system="ours", mode=OURS_MODES[kind],
+                                          leader=ours_leader)
+                 for kind in args.ours_clients}
+        sides["etcd"] = Side("etcd", etcd)
+        systems = list(sides)
+        log(f"both clusters up in {time.monotonic() - started:.1f} s; measured: {', '.join(systems)}")
         run_no = 0
         for round_no in range(1, args.rounds + 1):
             log(f"round {round_no} of {args.rounds}")
             cell_no = 0
             for workload in workloads:
                 for clients in clients_list:
-                    first = (round_no + cell_no) % 2
-                    for system in (SYSTEMS[first], SYSTEMS[1 - first]):
+                    # Rotate which system goes first from cell to cell and round to round.
+                    first = (round_no + cell_no) % len(systems)
+                    for system in systems[first:] + systems[:first]:
                         run_no += 1
                         row = measure(sides[system], sides, workers, args, workload, clients, f"r{run_no}")
                         row["round"] = round_no

@@ -186,6 +186,19 @@ def acquire_as_orders(node, resource: str) -> int:
     return node.lease.Acquire(request, timeout=T, metadata=bearer(ORDERS)).token
 
 
+def test_write_many_refuses_each_foreign_item_alone(cluster):
+    node = cluster.nodes[0]
+    token = acquire_as_orders(node, "orders/write-many")
+    items = [pb.WriteRequest(resource="orders/write-many", key="k", value=b"v", token=token, op_id=os.urandom(16)),
+             pb.WriteRequest(resource="billing/write-many", key="k", value=b"v", token=1, op_id=os.urandom(16))]
+    reply = node.store.WriteMany(pb.WriteManyRequest(writes=items), timeout=T, metadata=bearer(ORDERS))
+    assert reply.results[0].WhichOneof("outcome") == "write"
+    refused = reply.results[1].error
+    assert (refused.code, refused.reason) == ("PERMISSION_DENIED", ErrorReason.PERMISSION_DENIED)
+    # Without a credential the whole call is refused, as a Write would be.
+    assert code_of(node.store.WriteMany, pb.WriteManyRequest(writes=items[:1])) is grpc.StatusCode.UNAUTHENTICATED
+
+
 def test_keep_alive_many_refuses_each_foreign_item_alone(cluster):
     node = cluster.nodes[0]
     token = acquire_as_orders(node, "orders/many")

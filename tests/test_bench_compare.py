@@ -15,6 +15,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROTO = "bench/etcdpb/rpc.proto"
 GENERATED = ("rpc_pb2.py", "rpc_pb2.pyi", "rpc_pb2_grpc.py")
@@ -89,6 +91,27 @@ def test_the_ratio_is_the_median_of_same_round_ratios():
     (cell,) = cells(rows)
     assert cell["ratio"] == 1.0 and sorted(cell["ratios"]) == [0.5, 1.0, 3.0]
     assert cell["ours"]["ops_per_s"] == 200 and cell["etcd"]["ops_per_s"] == 100
+
+
+def test_each_ours_client_kind_gets_its_own_ratio_to_etcd_of_the_same_round():
+    from bench._compare_report import cells
+    from bench.compare import parse_args
+
+    def row(system, rnd, ops):
+        return {"system": system, "workload": "write", "clients": 64, "round": rnd, "ops_per_s": ops,
+                "p50_ms": 1.0, "p99_ms": 2.0, "server_cpu_ms_per_op": 1.0, "client_cpu_ms_per_op": 0.5,
+                "errors": {}, "setup_errors": {}}
+
+    rows = [row("ours-mux", 1, 300), row("ours", 1, 100), row("etcd", 1, 200),
+            row("ours", 2, 100), row("etcd", 2, 100), row("ours-mux", 2, 150)]
+    (cell,) = cells(rows)
+    assert cell["systems"] == ["ours", "ours-mux", "etcd"]
+    assert cell["ratios_by_system"] == {"ours": [0.5, 1.0], "ours-mux": [1.5, 1.5]}
+    assert cell["ratio_by_system"] == {"ours": 0.75, "ours-mux": 1.5} and cell["ratio"] == 0.75
+    assert parse_args(["--ours-client", "raw,multiplex"]).ours_clients == ["raw", "multiplex"]
+    for bad in ("raw,raw", "grpc", ""):
+        with pytest.raises(SystemExit):
+            parse_args(["--ours-client", bad])
 
 
 def test_generated_etcd_stubs_are_up_to_date(tmp_path):

@@ -5,7 +5,9 @@ every Failure) a real gRPC server on loopback, running the real servicers, answe
 with that failure: the servicer's error handling, ``errors.rich_status`` and the trailers
 are the production ones; only the Raft node and the proposer are stand-ins, and the
 proposer raises the failure. The real ``FencingClient`` then has to raise the class
-``EXPECTED`` names, with the ErrorInfo metadata and the who-answered trailers parsed.
+``EXPECTED`` names, with the ErrorInfo metadata and the who-answered trailers parsed; and so
+must a multiplexed client, whose write travels as an item of a WriteMany whose answer carries
+the same status and ErrorInfo per item.
 
 ``EXPECTED`` is written here, apart from both tables, on purpose: a new Reason or Failure,
 or a new ErrorInfo reason, fails these tests until someone decides which client class it is
@@ -93,6 +95,10 @@ class _FailingProposer:
         assert self.error is not None, "the test sets the failure before calling"
         raise self.error
 
+    def propose_many(self, commands, timeout_s: float):
+        assert self.error is not None, "the test sets the failure before calling"
+        return [self.error] * len(commands)  # WriteMany: every item fails with it
+
 
 @pytest.fixture(scope="module")
 def server():
@@ -123,6 +129,14 @@ def server():
 def client(server):
     # One attempt: a retryable failure (NoLeader, Overloaded) is raised as it came.
     with FencingClient([server[1]], retry_max_attempts=1, timeout_s=5) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def mux_client(server):
+    # The same, with writes multiplexed: each one travels as an item of a WriteMany.
+    with FencingClient([server[1]], retry_max_attempts=1, timeout_s=5, multiplex_writes=True) as c:
+        c._batcher.single_as_write = False  # a lone write too goes as a WriteMany item
         yield c
 
 
@@ -174,6 +188,32 @@ def test_every_status_table_entry_reaches_a_keep_alive_many_item_as_its_class(se
 
     assert not item.ok and item.reason == errors.STATUS_TABLE[key][1]
     assert type(item.error) is cls
+
+
+@pytest.mark.parametrize("key", ALL_KEYS, ids=lambda key: f"{type(key).__name__}.{key.name}")
+def test_every_status_table_entry_reaches_a_multiplexed_write_as_its_class(server, mux_client, key):
+    # A WriteMany item carries the status code name, reason, message and metadata the Write
+    # alone would have had; the multiplexed client must raise what the plain write raises.
+    proposer, _ = server
+    cls, metadata, attributes = _expected(key)
+    code, reason = errors.STATUS_TABLE[key]
+    proposer.error = _failure(key, metadata)
+
+    with pytest.raises(E.FencingError) as caught:
+        mux_client.write("orders/7", "k", b"v", token=3)
+
+    assert type(caught.value) is cls, f"{key!r}: {type(caught.value).__name__}: {caught.value}"
+    answer = caught.value  # the item's own exception: the innermost FencingError of the chain
+    while isinstance(answer.__cause__, E.FencingError):
+        answer = answer.__cause__
+    assert type(answer) is cls
+    assert (answer.code, answer.reason) == (code, reason)
+    assert answer.metadata == {str(k): v for k, v in metadata.items()}
+    assert answer.server_message == f"refused by the test ({key.name})"
+    assert answer.header == E.Header(member_id=MEMBER_ID, raft_term=TERM, applied_index=APPLIED)
+    assert answer.request["op_id"] == caught.value.request["op_id"] and answer.request["rpc"] == "write"
+    for name, value in attributes.items():
+        assert getattr(answer, name) == value, name
 
 
 def test_the_client_table_names_every_pair_the_server_sends():

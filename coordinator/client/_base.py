@@ -208,6 +208,9 @@ class Call:
     # attempt) and ``convert`` gets their list. STREAM_IN: ``request`` makes each attempt's
     # message iterator (an attempt may be resent, and an iterator is read once).
     shape: Shape = Shape.UNARY
+    # A Write a multiplexing client may send inside a WriteMany batch (FencingClient's
+    # ``multiplex_writes``); retried by the same rules either way.
+    batchable: bool = False
 
 
 def send(call: Call, rpc: Callable[..., Any], timeout_s: float, metadata: Any) -> Any:
@@ -245,9 +248,14 @@ class Attempts:
     def failed(self, err: grpc.RpcError, endpoint: str) -> float:
         """Record a failed attempt. Returns the pause before the next one, or raises the
         exception the caller gets (a refusal, or OutcomeUnknown after a maybe-applied try)."""
-        call = self.call
-        exc = from_rpc_error(err, endpoint=endpoint, request=call.context)
+        exc = from_rpc_error(err, endpoint=endpoint, request=self.call.context)
         exc.__cause__ = err
+        return self.failed_with(exc, endpoint)
+
+    def failed_with(self, exc: FencingError, endpoint: str) -> float:
+        """``failed`` for an attempt whose exception is built already: one item of a
+        multiplexed batch (its own error, or the batch RPC's, from the same table)."""
+        call = self.call
         verdict = classify(exc, call.kind)
         self.maybe_applied = self.maybe_applied or verdict.maybe_applied
         self.client._log.debug(
@@ -623,7 +631,7 @@ class _ClientBase:
         )
         return self._execute(Call(
             "store", "Write", req, Kind.DEDUP, ctx,
-            lambda r: results.write_result(r, op_id=op_id), timeout_s=timeout_s,
+            lambda r: results.write_result(r, op_id=op_id), timeout_s=timeout_s, batchable=True,
         ))
 
     def delete(

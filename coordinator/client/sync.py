@@ -86,7 +86,9 @@ from coordinator.client.results import (
     WriteResult,
 )
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.client.exceptions import FencingError, LeaseLost, Refused
+from coordinator.client.exceptions import FencingError, LeaseLost, Refused, error_for_reason
+from coordinator.client.multiplex import ItemOutcome, WriteBatcher
+from coordinator.client.results import header_from_pb
 
 __all__ = [
     "DEFAULT_ENDPOINTS",
@@ -161,6 +163,11 @@ class FencingClient(_ClientBase):
       file (README "Who may call"), or the admin token for Admin RPCs. ``admin_token`` is
       its older name.
     - ``credentials`` (None): ``grpc.ChannelCredentials`` for TLS/mTLS; None is plaintext.
+    - ``multiplex_writes`` (False): ``write()`` calls made at once from many threads travel
+      together as one ``FencedStore.WriteMany`` per member (``coordinator.client.multiplex``):
+      a write is sent at once when no batch is in flight there, else with the next batch as
+      soon as the one in flight returns; never held back to let a batch grow. Each write keeps
+      its own result or exception, op_id, deadline and retries, exactly as without it.
 
     Every method also takes ``timeout_s=`` to override the whole-call deadline once.
     Methods: acquire, keep_alive, keep_alive_many, release, describe, write, delete, read,
@@ -171,6 +178,14 @@ class FencingClient(_ClientBase):
     # Weak: a Lease dropped without close() is no reason to keep it (its thread stops it).
     _lease_registry = weakref.WeakSet
 
+    def __init__(self, endpoints: Sequence[str] | str, *, multiplex_writes: bool = False, **options: Any) -> None:
+        super().__init__(endpoints, **options)
+        # multiplex_writes: write() calls made at once from many threads travel together as
+        # one FencedStore.WriteMany per endpoint (coordinator/client/multiplex.py).
+        self._batcher: WriteBatcher | None = None
+        if multiplex_writes:
+            self._batcher = WriteBatcher(lambda endpoint: self._stubs[endpoint].store, self._metadata)
+
     def _open_channel(self, endpoint: str, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
         return open_channel(endpoint, credentials, options=CHANNEL_OPTIONS)
 
@@ -180,6 +195,8 @@ class FencingClient(_ClientBase):
             if self._closed:
                 return
             self._closed = True
+        if self._batcher is not None:
+            self._batcher.close()  # writes not sent yet raise RuntimeError, as after close
         for lease in list(self._leases):
             lease._stop_keepalive()
         for stubs in self._stubs.values():
@@ -196,6 +213,8 @@ class FencingClient(_ClientBase):
     def _execute(self, call: Call) -> Any:
         if self._closed:
             raise RuntimeError("the FencingClient is closed")
+        if call.batchable and self._batcher is not None and call.endpoint is None:
+            return self._execute_batched(call)
         attempts = Attempts(self, call)
         while True:
             endpoint = call.endpoint or self._pick_endpoint(attempts.deadline)
@@ -217,6 +236,48 @@ class FencingClient(_ClientBase):
                     raise RuntimeError("the FencingClient is closed") from None
                 raise
             return call.convert(response)
+
+    def _execute_batched(self, call: Call) -> Any:
+        """``_execute`` for a Write of a multiplexing client: the same attempts, deadlines,
+        endpoint choice and retry rules; each attempt rides in a WriteMany batch, and its own
+        item's answer (or the batch RPC's failure) is judged as a plain Write's would be."""
+        attempts = Attempts(self, call)
+        while True:
+            if self._closed:
+                raise RuntimeError("the FencingClient is closed")
+            endpoint = self._pick_endpoint(attempts.deadline)
+            attempt_s = attempts.begin()
+            if attempt_s is None:
+                raise attempts.exhausted()
+            outcome = self._batcher.write(endpoint, call.request, attempt_s)
+            if outcome.response is not None:
+                return call.convert(outcome.response)
+            if outcome.closed:
+                raise RuntimeError("the FencingClient is closed")
+            if outcome.rpc_error is not None:
+                pause_s = attempts.failed(outcome.rpc_error, endpoint)  # raises when it is final
+            else:
+                pause_s = attempts.failed_with(self._item_exception(call, outcome, endpoint), endpoint)
+            if pause_s > 0:
+                time.sleep(pause_s)
+
+    @staticmethod
+    def _item_exception(call: Call, outcome: ItemOutcome, endpoint: str) -> FencingError:
+        """The exception of one batch item: the one a plain Write answered with the same
+        status and ErrorInfo raises (the client's one table, ``error_for_reason``); an item
+        whose deadline passed before it was sent, as a plain call's DEADLINE_EXCEEDED."""
+        if outcome.expired:
+            return error_for_reason(
+                "", "Deadline Exceeded (before the batch carrying this write was sent)",
+                code=grpc.StatusCode.DEADLINE_EXCEEDED, endpoint=endpoint, request=call.context,
+            )
+        error = outcome.item_error
+        code = getattr(grpc.StatusCode, error.code, None) if error.code else None
+        return error_for_reason(
+            error.reason, error.message, code=code if isinstance(code, grpc.StatusCode) else None,
+            metadata=dict(error.metadata), endpoint=endpoint,
+            header=None if outcome.header is None else header_from_pb(outcome.header), request=call.context,
+        )
 
     def _pick_endpoint(self, deadline: float) -> str:
         leader, discover = self._known_or_discover()

@@ -152,6 +152,14 @@ ACQUIRE_WAIT_MS_MAX = 30_000
 # Items in one KeepAliveMany call: each item is one Raft entry; 1,000 keep-alives fit in
 # well under a second and bound the work one call can queue.
 KEEP_ALIVE_BATCH_ITEMS_MAX = 1_000
+# Items in one WriteMany call: each item takes one of a member's inflight_proposals_max slots
+# (default 256) while it waits for its entry, so one call can hold at most a quarter of them;
+# 64 is also the most concurrent writers one client process is expected to coalesce.
+WRITE_MANY_ITEMS_MAX = 64
+# Encoded WriteRequest bytes in one WriteMany call (the items' serialized sizes summed): 16
+# writes of the largest value, far under GRPC_MESSAGE_BYTES_MAX, so one call cannot make a
+# member decode and hold megabytes at once; a client splits larger batches.
+WRITE_MANY_BYTES_MAX = 1024 * 1024
 
 # -- the lock wait queue (FIFO waiters per resource; state_machine ENQUEUE/DEQUEUE) ---------
 # Waiters queued on one resource: a queue longer than this waits minutes behind short leases,

@@ -266,6 +266,14 @@ class RaftNode:
             batch_key = None  # an admin restore: always alone
         self._syncobj.queue_command(command, batch_key, callback)
 
+    def propose_async_result(
+        self, command: bytes, on_result: Callable[[ProposeResult], None], *, batch_key: Any = None
+    ) -> None:
+        """``propose_async`` whose callback gets the typed ``ProposeResult`` (as ``propose``
+        returns it), on the Raft thread; for callers that wait for many proposals at once."""
+        self.propose_async(command, lambda result, error: on_result(self._result_of(result, error)),
+                           batch_key=batch_key)
+
     @staticmethod
     def _result_of(result, error) -> ProposeResult:
         """Turn a pysyncobj callback's (result, fail reason) into a ProposeResult."""

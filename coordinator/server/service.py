@@ -9,6 +9,10 @@ the translation of every outcome through ``errors.STATUS_TABLE``.
 Must never: decide a domain rule (the state machine does), touch the Raft library (the Raft node
 does), queue proposals without bound, or report an unknown outcome as a failure.
 
+WriteMany (the multiplexed client's batch) is many Writes in one call: each item goes through
+exactly the Write path's checks and errors, and the items are proposed together
+(``Proposer.propose_many``), each answered on its own.
+
 Every member serves every RPC. A follower proposes through its local Raft node, which
 forwards the entry to the leader, and the follower answers after it has applied the entry
 itself, so whatever it reads afterwards is at least that new. Reads (Describe, Read,
@@ -46,7 +50,7 @@ from coordinator.server.metrics import Metrics
 from coordinator.server.streams import SlotGate, StreamGate, caller_key
 from coordinator.client.proof import ProofSigner
 from coordinator.core.names import ErrorMeta, Trailer
-from coordinator.raft.interface import ProposeOutcome, ProposeResult
+from coordinator.raft.interface import ProposeFailure, ProposeOutcome, ProposeResult
 from coordinator.raft.node import RaftNode
 from coordinator.raft.read_index import ReadIndexOutcome
 from coordinator.core.state_machine import Reason
@@ -165,6 +169,89 @@ class Proposer:
         leader, leader_api = self.leader_hint()
         raise errors.from_propose_failure(result, leader, leader_api)
 
+
+    def propose_many(
+        self, commands_: list[commands.Command], timeout_s: float
+    ) -> list[ProposeResult | ServiceError]:
+        """Propose every command at once through the node's async path and wait, at most
+        ``timeout_s`` in all, for each one's fate: per command its APPLIED result or the
+        ServiceError ``propose`` would have raised for it. Each takes an in-flight slot as a
+        proposal of its own would (none left: that one is OVERLOADED, the others go on), and
+        each is sized and stamped as ``propose`` does; concurrent ones may share an entry
+        across resources (batch_key), never within one, and keep their order."""
+        started = time.perf_counter()
+        outcomes: list[ProposeResult | ServiceError | None] = [None] * len(commands_)
+        settled_s = [0.0] * len(commands_)  # each proposal's time to its fate, for the metrics
+        # Proposals not settled yet, plus one for the loop below while it still proposes: a
+        # callback that runs before the last proposal is made (a fast commit, or QUEUE_FULL,
+        # which calls back at once) must not end the wait for the ones after it.
+        pending = 1
+        lock = threading.Lock()
+        all_done = threading.Event()
+        slots = 0
+
+        def settle(i: int, result: ProposeResult) -> None:
+            nonlocal pending
+            with lock:
+                if outcomes[i] is None:
+                    outcomes[i] = result
+                    settled_s[i] = time.perf_counter() - started
+                pending -= 1
+                if pending == 0:
+                    all_done.set()
+
+        try:
+            for i, command in enumerate(commands_):
+                if not self._slots.acquire(blocking=False):
+                    if self.metrics is not None:
+                        self.metrics.proposal_done("overloaded", None)
+                    outcomes[i] = ServiceError(
+                        Failure.OVERLOADED, "too many proposals in flight on this member; retry later"
+                    )
+                    continue
+                slots += 1
+                encoded = dataclasses.replace(command, stamp_ms=self.node.next_stamp_ms()).encode()
+                if len(encoded) > limits.COMMAND_BYTES_MAX:
+                    outcomes[i] = ProposeResult.failed(ProposeFailure.COMMAND_TOO_LARGE)
+                    continue
+                with lock:
+                    pending += 1
+                self.node.propose_async_result(
+                    encoded, lambda result, i=i: settle(i, result), batch_key=command.resource,
+                )
+            with lock:
+                pending -= 1  # the loop's own count: every proposal is made
+                if pending == 0:
+                    all_done.set()
+            all_done.wait(max(0.0, timeout_s))
+        finally:
+            for _ in range(slots):
+                self._slots.release()
+        with lock:
+            # Still pending at the deadline: the entry may still commit (only its op_id can tell).
+            late = ProposeResult.failed(ProposeFailure.DEADLINE_EXCEEDED)
+            settled = [late if o is None else o for o in outcomes]
+            for i in range(len(outcomes)):
+                if outcomes[i] is None:
+                    outcomes[i] = late  # a callback after this point changes nothing
+                    settled_s[i] = time.perf_counter() - started
+        if self.metrics is not None:
+            for outcome, seconds in zip(settled, settled_s):
+                if not isinstance(outcome, ServiceError):  # OVERLOADED was counted above
+                    self.metrics.proposal_done(outcome.outcome.value, seconds)
+        leader: tuple[str, str] | None = None
+        answers: list[ProposeResult | ServiceError] = []
+        for command, outcome in zip(commands_, settled):
+            if isinstance(outcome, ServiceError) or outcome.outcome is ProposeOutcome.APPLIED:
+                if not isinstance(outcome, ServiceError) and command.op is commands.Op.READ_BARRIER:
+                    self.barrier_applied.set()
+                answers.append(outcome)
+            elif outcome.outcome is ProposeOutcome.REFUSED:
+                answers.append(errors.from_refusal(outcome.value, outcome.index))
+            else:
+                leader = leader or self.leader_hint()
+                answers.append(errors.from_propose_failure(outcome, *leader))
+        return answers
 
     def read_index(self, command: commands.Command, timeout_s: float) -> tuple[dict, int] | None:
         """``command`` (a READ_BARRIER) answered by the read-index barrier: (result dict,
@@ -654,6 +741,39 @@ class FencedStoreServicer(pb_grpc.FencedStoreServicer):
         return pb.WriteResponse(header=self.core.header(index), version=result["version"], hwm=result["hwm"])
 
     @_unary
+    def WriteMany(self, request: pb.WriteManyRequest, context, caller: Principal | None) -> pb.WriteManyResponse:
+        """Each item as the same Write alone: checked, authorized and charged on its own, then
+        every item that passed is proposed at once (``Proposer.propose_many``) within the
+        call's deadline; per item its WriteResponse or the error that Write would have had."""
+        _check_write_many_limits(request)
+        answers: list[pb.WriteManyResult | None] = [None] * len(request.writes)
+        proposed: list[tuple[int, commands.Command]] = []
+        for i, item in enumerate(request.writes):
+            try:
+                command = commands.write(**_checked_request("Write", item), stamp_ms=0)
+                self.core.authorize(caller, command.resource)
+            except ServiceError as error:
+                answers[i] = _item_error(error)
+                continue
+            if caller is not None:
+                command = commands.charged(command, principal=caller.name, quota=caller.quota.replicated())
+            proposed.append((i, command))
+        index = 0
+        if proposed:
+            outcomes = self.core.proposer.propose_many([c for _, c in proposed], self.core.proposer.timeout_s(context))
+            for (i, _), outcome in zip(proposed, outcomes):
+                if isinstance(outcome, ServiceError):
+                    answers[i] = _item_error(outcome)
+                    index = max(index, outcome.index)
+                    continue
+                result = outcome.value.result
+                index = max(index, outcome.index)
+                answers[i] = pb.WriteManyResult(write=pb.WriteResponse(
+                    header=self.core.header(outcome.index), version=result["version"], hwm=result["hwm"],
+                ))
+        return pb.WriteManyResponse(header=self.core.header(index), results=answers)
+
+    @_unary
     def Delete(self, request: pb.DeleteRequest, context, caller: Principal | None) -> pb.DeleteResponse:
         command = commands.delete(**_checked_request("Delete", request), stamp_ms=0)
         result, index = self.core.run(command, context, caller)
@@ -671,6 +791,31 @@ class FencedStoreServicer(pb_grpc.FencedStoreServicer):
             version=result.get("version", 0),
             hwm=result["hwm"],
         )
+
+
+def _check_write_many_limits(request: pb.WriteManyRequest) -> None:
+    """INVALID_ARGUMENT (field ``writes``; metadata ``limit`` and ``max`` name the limit) for a
+    WriteMany past WRITE_MANY_ITEMS_MAX items or WRITE_MANY_BYTES_MAX encoded bytes: checked
+    before any item, so nothing of such a call is applied."""
+    count = len(request.writes)
+    size = sum(item.ByteSize() for item in request.writes) if count <= limits.WRITE_MANY_ITEMS_MAX else 0
+    for name, value, maximum, unit in (
+        ("write_many_items", count, limits.WRITE_MANY_ITEMS_MAX, "writes"),
+        ("write_many_bytes", size, limits.WRITE_MANY_BYTES_MAX, "bytes of writes"),
+    ):
+        if value > maximum:
+            raise ServiceError(
+                Failure.INVALID_INPUT,
+                f"{value} {unit} in one WriteMany, more than {name.upper()}_MAX ({maximum}); nothing was applied",
+                {ErrorMeta.FIELD: "writes", ErrorMeta.LIMIT: name, ErrorMeta.MAX: maximum},
+            )
+
+
+def _item_error(error: ServiceError) -> pb.WriteManyResult:
+    """One WriteMany item's failure: the status and ErrorInfo a Write alone would have had."""
+    return pb.WriteManyResult(error=pb.WriteItemError(
+        code=error.code.name, reason=error.reason, message=error.message, metadata=error.metadata,
+    ))
 
 
 # -- Cluster -----------------------------------------------------------------------------

@@ -172,6 +172,47 @@ class WriteResponse(_message.Message):
     hwm: int
     def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., version: _Optional[int] = ..., hwm: _Optional[int] = ...) -> None: ...
 
+class WriteManyRequest(_message.Message):
+    __slots__ = ("writes",)
+    WRITES_FIELD_NUMBER: _ClassVar[int]
+    writes: _containers.RepeatedCompositeFieldContainer[WriteRequest]
+    def __init__(self, writes: _Optional[_Iterable[_Union[WriteRequest, _Mapping]]] = ...) -> None: ...
+
+class WriteItemError(_message.Message):
+    __slots__ = ("code", "reason", "message", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    reason: str
+    message: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, code: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class WriteManyResult(_message.Message):
+    __slots__ = ("write", "error")
+    WRITE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    write: WriteResponse
+    error: WriteItemError
+    def __init__(self, write: _Optional[_Union[WriteResponse, _Mapping]] = ..., error: _Optional[_Union[WriteItemError, _Mapping]] = ...) -> None: ...
+
+class WriteManyResponse(_message.Message):
+    __slots__ = ("header", "results")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    results: _containers.RepeatedCompositeFieldContainer[WriteManyResult]
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[WriteManyResult, _Mapping]]] = ...) -> None: ...
+
 class DeleteRequest(_message.Message):
     __slots__ = ("resource", "key", "token", "op_id")
     RESOURCE_FIELD_NUMBER: _ClassVar[int]

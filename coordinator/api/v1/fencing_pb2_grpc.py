@@ -428,6 +428,11 @@ class FencedStoreStub:
                 request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.WriteRequest.SerializeToString,
                 response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.WriteResponse.FromString,
                 _registered_method=True)
+        self.WriteMany = channel.unary_unary(
+                '/fencing.v1.FencedStore/WriteMany',
+                request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.WriteManyRequest.SerializeToString,
+                response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.WriteManyResponse.FromString,
+                _registered_method=True)
         self.Delete = channel.unary_unary(
                 '/fencing.v1.FencedStore/Delete',
                 request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.DeleteRequest.SerializeToString,
@@ -447,6 +452,21 @@ class FencedStoreServicer:
 
     def Write(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteMany(self, request, context):
+        """Many writes in one call (the multiplexed client's batch). Each item succeeds or fails
+        on its own, exactly as the same Write alone would (validation, authorization, quotas,
+        the token check, dedup by op_id, limits), and the results come back in request order.
+        The items are proposed concurrently and may share Raft entries across resources; items
+        on one resource apply in request order. At most 64 items and 1 MiB of encoded items per
+        call (coordinator/core/limits.py WRITE_MANY_ITEMS_MAX, WRITE_MANY_BYTES_MAX): a call past
+        either is refused whole with INVALID_ARGUMENT (field "writes", naming the limit) and
+        nothing is applied. The call's deadline bounds every item: an item still in flight at
+        the deadline is OUTCOME_UNKNOWN (retry it with the same op_id).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -471,6 +491,11 @@ def add_FencedStoreServicer_to_server(servicer, server):
                     servicer.Write,
                     request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.WriteRequest.FromString,
                     response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.WriteResponse.SerializeToString,
+            ),
+            'WriteMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteMany,
+                    request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.WriteManyRequest.FromString,
+                    response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.WriteManyResponse.SerializeToString,
             ),
             'Delete': grpc.unary_unary_rpc_method_handler(
                     servicer.Delete,
@@ -512,6 +537,33 @@ class FencedStore:
             '/fencing.v1.FencedStore/Write',
             coordinator_dot_api_dot_v1_dot_fencing__pb2.WriteRequest.SerializeToString,
             coordinator_dot_api_dot_v1_dot_fencing__pb2.WriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.FencedStore/WriteMany',
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.WriteManyRequest.SerializeToString,
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.WriteManyResponse.FromString,
             options,
             channel_credentials,
             insecure,
