@@ -195,7 +195,6 @@ def _setting_value(text: str):
         except ValueError:
             pass
     return text
-    return args
 
 
 def run_side_by_side(args, base_dir: str, started: float, rows: list[dict], trials: list[dict]) -> None:
