@@ -135,8 +135,8 @@ def client(server):
 @pytest.fixture(scope="module")
 def mux_client(server):
     # The same, with writes multiplexed: each one travels as an item of a WriteMany.
-    with FencingClient([server[1]], retry_max_attempts=1, timeout_s=5, multiplex_writes=True) as c:
-        c._batcher.single_as_write = False  # a lone write too goes as a WriteMany item
+    with FencingClient([server[1]], retry_max_attempts=1, timeout_s=5, multiplex=True) as c:
+        c._batcher.single_as_plain = False  # a lone call too goes as an item of a batch
         yield c
 
 

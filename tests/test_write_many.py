@@ -3,7 +3,7 @@ processes.
 
 Each WriteMany item must come out as the same Write alone would (its status, ErrorInfo and
 effect), retries of an item are deduplicated by its op_id, a call past a limit applies
-nothing, and ``FencingClient(multiplex_writes=True)`` gives every one of many threads its own
+nothing, and ``FencingClient(multiplex=True)`` gives every one of many threads its own
 answer: its result, or the exception a plain write raises. The threads' history goes through
 the chaos checker. Every wait is a poll with a deadline; no timing is asserted.
 """
@@ -176,10 +176,10 @@ class _GatedFirstBatch:
 
     def __init__(self, client: FencingClient, hold_for: int) -> None:
         self.batcher = client._batcher
-        self.real = self.batcher._store_for
+        self.real = self.batcher._stub_for
         self.hold_for = hold_for
         self.sizes: list[int] = []
-        self.batcher._store_for = lambda endpoint: _Store(self.real(endpoint), self.before)
+        self.batcher._stub_for = lambda endpoint, service: _Store(self.real(endpoint, service), self.before)
 
     def queued(self) -> int:
         with self.batcher._lock:
@@ -229,7 +229,7 @@ def test_the_multiplexed_client_gives_each_of_32_threads_its_own_answer(cluster)
         recorded_release(r, old)
         tokens[r] = (old, recorded_acquire(r))
 
-    client = FencingClient(cluster.endpoints, multiplex_writes=True)
+    client = FencingClient(cluster.endpoints, multiplex=True)
     client.status()  # learn the leader first: batches form per endpoint, and all go there then
     gate = _GatedFirstBatch(client, hold_for=threads_n - 1)
     start = threading.Barrier(threads_n)
@@ -300,13 +300,13 @@ def test_close_fails_writes_still_waiting_to_be_sent(cluster):
     node = cluster.nodes[0]
     resource = unique("close")
     token = acquire(node, resource)
-    client = FencingClient(cluster.endpoints, multiplex_writes=True)
+    client = FencingClient(cluster.endpoints, multiplex=True)
     client.status()  # learn the leader first, so every write queues for the same endpoint
     released = threading.Event()
     batcher = client._batcher
-    real = batcher._store_for
+    real = batcher._stub_for
     # The first batch stays in flight until the test says.
-    batcher._store_for = lambda endpoint: _Store(real(endpoint), lambda size: released.wait(timeout=30))
+    batcher._stub_for = lambda endpoint, service: _Store(real(endpoint, service), lambda size: released.wait(timeout=30))
     outcomes: dict[int, object] = {}
 
     def writer(i: int) -> None:
@@ -395,10 +395,10 @@ class _Boom(BaseException):
 
 
 def test_a_sender_interrupted_mid_call_passes_the_turn_on_and_the_others_are_sent():
-    from coordinator.client.multiplex import WriteBatcher
+    from coordinator.client.multiplex import Batcher
 
     calls: list[int] = []
-    batcher: WriteBatcher
+    batcher: Batcher
 
     def queued() -> int:
         with batcher._lock:
@@ -415,7 +415,7 @@ def test_a_sender_interrupted_mid_call_passes_the_turn_on_and_the_others_are_sen
             return pb.WriteManyResponse(results=[
                 pb.WriteManyResult(write=pb.WriteResponse(version=n + 1)) for n in range(len(request.writes))])
 
-    batcher = WriteBatcher(lambda endpoint: Store(), ())
+    batcher = Batcher(lambda endpoint, service: Store(), ())
     request = pb.WriteRequest(resource="r", key="k", value=b"v", token=1, op_id=op_id())
     outcomes: dict[str, object] = {}
 
