@@ -2,21 +2,23 @@
 releases of one process travel together, one ``WriteMany``, ``AcquireMany`` or ``ReleaseMany``
 call per kind and endpoint.
 
-Owns: ``Batcher`` (per endpoint and kind, the queue of attempts waiting to be sent, the one
-batch in flight, and handing each attempt its own outcome), ``BatchKind`` (what a kind's
+Owns: ``Batcher`` (per endpoint and kind, the queue of attempts waiting to be sent, the
+batches in flight -- at most BATCHES_IN_FLIGHT_MAX -- and handing each attempt its own outcome), ``BatchKind`` (what a kind's
 plain and batch RPCs are called and its limits) and ``ItemOutcome``.
 Must never: retry, classify or translate an error (the client's retry loop and its one error
 table do, exactly as for the plain call), wait on a timer to let a batch grow, or leave an
 attempt waiting without a sender coming for it.
 
-How a batch forms, with no linger: an attempt joins its (endpoint, kind) queue; if no batch of
-that kind is in flight to that endpoint, the thread that queued it sends one at once, itself,
-as a blocking call (so one client alone pays one plain call, as without multiplexing: no
-added wait, no thread hop). Kinds do not wait for each other: an acquire batch and a write
-batch may be in flight to one endpoint at once.
-While a batch is in flight, attempts queue; when it completes, its sender hands the
-outcomes out and passes the sending turn to the oldest queued attempt, whose thread sends
-the queue as the next batch, oldest first, up to the kind's items limit (and bytes limit,
+How a batch forms, with no linger: an attempt joins its (endpoint, kind) queue; if fewer than
+BATCHES_IN_FLIGHT_MAX batches of that kind are in flight to that endpoint, the thread that
+queued it takes a sending turn and sends at once, itself, as a blocking call (so one client
+alone pays one plain call, as without multiplexing: no added wait, no thread hop). Kinds do
+not wait for each other: an acquire batch and a write batch may be in flight to one endpoint
+at once.
+While every turn is taken, attempts queue; when a batch completes, its sender hands the
+outcomes out and passes its turn to the oldest queued attempt without one, whose thread sends
+the queue as the next batch (an attempt holding a turn that another sender takes into its
+batch passes that turn on the same way), oldest first, up to the kind's items limit (and bytes limit,
 for writes); the rest waits for the one after. A batch's RPC deadline is the earliest of its
 attempts'; an attempt whose deadline passes while it waits is not sent and fails as a
 deadline would.
@@ -61,6 +63,12 @@ RELEASE = BatchKind("release", "lease", "Release", "ReleaseMany", pb.ReleaseMany
                     limits.RELEASE_MANY_ITEMS_MAX)
 KINDS = {kind.name: kind for kind in (WRITE, ACQUIRE, RELEASE)}
 
+# Batches of one kind in flight to one endpoint at once. 1 makes the biggest batches, but a
+# caller that arrives while one is in flight waits for its whole round trip before its own
+# starts; with few threads per process (4 in bench compare's 16 clients) that wait costs more
+# than batching saves. 2 lets a second batch start at once.
+BATCHES_IN_FLIGHT_MAX = 2
+
 # A waiting caller looks at its attempt again this long after the attempt's deadline: an
 # attempt still unsent then is taken out of the queue (a safety net: a sending turn always
 # comes, and expired attempts are dropped when a batch is taken); one in flight is left to
@@ -90,7 +98,7 @@ class _Attempt:
         self.deadline = deadline
         self.wake = threading.Event()
         self.outcome: ItemOutcome | None = None
-        self.lead = False  # handed the endpoint's sending turn: send the next batch
+        self.lead = False  # holds a sending turn of its (endpoint, kind): send the next batch
 
     def finish(self, outcome: ItemOutcome) -> None:
         self.outcome = outcome
@@ -98,8 +106,8 @@ class _Attempt:
 
 
 class Batcher:
-    """Coalesces concurrent attempts of one kind into batch calls, one in flight per
-    endpoint and kind.
+    """Coalesces concurrent attempts of one kind into batch calls, at most
+    ``batches_in_flight_max`` (BATCHES_IN_FLIGHT_MAX) in flight per endpoint and kind.
 
     The batch is sent by one of its own callers, in its own thread, as a plain blocking call
     (no extra thread between a lone caller and its answer): the caller that finds nothing in
@@ -118,10 +126,12 @@ class Batcher:
         self._stub_for = stub_for
         self._metadata = metadata
         self.single_as_plain = True
+        self.batches_in_flight_max = BATCHES_IN_FLIGHT_MAX
         self._lock = threading.Lock()  # never held across I/O
         self._queues: dict[tuple[str, BatchKind], collections.deque[_Attempt]] = {}
-        # (endpoint, kind)s whose sending turn is taken: a batch in flight, or an attempt handed the turn.
-        self._in_flight: set[tuple[str, BatchKind]] = set()
+        # Per (endpoint, kind), the sending turns taken (batches in flight, or attempts handed
+        # a turn), at most batches_in_flight_max; a key with none taken is absent.
+        self._in_flight: dict[tuple[str, BatchKind], int] = {}
         self._closed = False
 
     def send(self, kind: BatchKind, endpoint: str, request: Any, timeout_s: float) -> ItemOutcome:
@@ -133,9 +143,10 @@ class Batcher:
             if self._closed:
                 return ItemOutcome(closed=True)
             self._queues.setdefault(key, collections.deque()).append(attempt)
-            attempt.lead = key not in self._in_flight
+            taken = self._in_flight.get(key, 0)
+            attempt.lead = taken < self.batches_in_flight_max
             if attempt.lead:
-                self._in_flight.add(key)
+                self._in_flight[key] = taken + 1
         try:
             while True:
                 if attempt.outcome is not None:
@@ -169,11 +180,7 @@ class Batcher:
                 queue.remove(attempt)
             if attempt.lead:
                 attempt.lead = False
-                if queue:
-                    queue[0].lead = True
-                    queue[0].wake.set()
-                else:
-                    self._in_flight.discard(key)
+                self._pass_turn(key)
 
     def close(self) -> None:
         """Every attempt not sent yet ends as ``closed``; those in flight end with their RPC
@@ -194,23 +201,58 @@ class Batcher:
         expired: list[_Attempt] = []
         size = 0
         now = time.monotonic()
+        handed = 0  # turns that attempts taken here held without having used them yet
         while queue and len(batch) < kind.items_max:
             attempt = queue[0]
             if attempt.deadline <= now:
-                expired.append(queue.popleft())
+                handed += self._take_turn(queue.popleft())
+                expired.append(attempt)
                 continue
             if batch and kind.bytes_max is not None and size + attempt.size > kind.bytes_max:
                 break
-            batch.append(queue.popleft())
+            handed += self._take_turn(queue.popleft())
+            batch.append(attempt)
             size += attempt.size
+        for _ in range(handed):  # such a turn goes to an attempt still queued, or back
+            self._pass_turn(key)
         if not batch:
-            self._in_flight.discard(key)
+            self._give_back_turn(key)
         return batch, expired
+
+    @staticmethod
+    def _take_turn(attempt: _Attempt) -> int:
+        """1 if ``attempt``, taken into another sender's batch, held a turn it had not used
+        (with two batches in flight, the turn the other one passed on): it is its sender's no
+        more. Called with the lock held."""
+        if not attempt.lead:
+            return 0
+        attempt.lead = False
+        attempt.wake.clear()  # woken for the turn: now it waits for its outcome
+        return 1
+
+    def _pass_turn(self, key: tuple[str, BatchKind]) -> None:
+        """Hand a sending turn of ``key`` to its oldest queued attempt that has none, or give
+        it back. Called with the lock held."""
+        for attempt in self._queues.get(key, ()):
+            if not attempt.lead:
+                attempt.lead = True
+                attempt.wake.set()
+                return
+        self._give_back_turn(key)
+
+    def _give_back_turn(self, key: tuple[str, BatchKind]) -> None:
+        left = self._in_flight.get(key, 0) - 1
+        if left > 0:
+            self._in_flight[key] = left
+        else:
+            self._in_flight.pop(key, None)
 
     def _send_one(self, key: tuple[str, BatchKind], sender: _Attempt) -> None:
         """``sender`` holds the turn of ``key``: send its next batch, hand out the outcomes,
         then pass the turn to the oldest attempt still queued (or give it back)."""
         with self._lock:
+            if not sender.lead:
+                return  # its turn was taken with it into another sender's batch (``_take_turn``)
             sender.lead = False  # the turn now rides with the batch taken here
             batch, expired = self._take_batch(key)
         outcomes = [ItemOutcome(rpc_error=_SenderFailed("the thread sending this batch failed"))] * len(batch)
@@ -222,12 +264,7 @@ class Batcher:
         finally:  # however the call ended, every attempt gets an outcome and the turn goes on
             if batch:
                 with self._lock:
-                    queue = self._queues.get(key)
-                    if queue:
-                        queue[0].lead = True
-                        queue[0].wake.set()
-                    else:
-                        self._in_flight.discard(key)
+                    self._pass_turn(key)
                 for attempt, outcome in zip(batch, outcomes):
                     attempt.finish(outcome)
 

@@ -168,9 +168,9 @@ class FencingClient(_ClientBase):
     - ``multiplex`` (False): ``write()``, ``acquire()`` and ``release()`` calls made at once
       from many threads travel together, one ``FencedStore.WriteMany``,
       ``Lease.AcquireMany`` or ``Lease.ReleaseMany`` per kind and member
-      (``coordinator.client.multiplex``): a call is sent at once when no batch of its kind is
-      in flight there, else with the next batch as soon as the one in flight returns; never
-      held back to let a batch grow. Each call keeps its own result or exception, op_id,
+      (``coordinator.client.multiplex``): a call is sent at once when fewer than two
+      batches of its kind are in flight there, else with the next batch as soon as one
+      returns; never held back to let a batch grow. Each call keeps its own result or exception, op_id,
       deadline and retries, exactly as without it. An ``acquire(wait_ms=...)`` that waits
       goes on its own; the lease helpers (``lease()``, ``lock()``) and every other method
       call as usual, ``lease()``'s acquire and release riding the batches like any other.
