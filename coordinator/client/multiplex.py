@@ -3,8 +3,9 @@ releases of one process travel together, one ``WriteMany``, ``AcquireMany`` or `
 call per kind and endpoint.
 
 Owns: ``Batcher`` (per endpoint and kind, the queue of attempts waiting to be sent, the
-batches in flight -- at most BATCHES_IN_FLIGHT_MAX -- and handing each attempt its own outcome), ``BatchKind`` (what a kind's
-plain and batch RPCs are called and its limits) and ``ItemOutcome``.
+batches in flight -- at most BATCHES_IN_FLIGHT_MAX -- and handing each attempt its own
+outcome), ``BatchKind`` (what a kind's plain and batch RPCs are called and its limits) and
+``ItemOutcome``.
 Must never: retry, classify or translate an error (the client's retry loop and its one error
 table do, exactly as for the plain call), wait on a timer to let a batch grow, or leave an
 attempt waiting without a sender coming for it.
