@@ -12,8 +12,8 @@ run after another over its pipe:
 
 Every client thread has its own client: a ``FencingClient`` (mode ``lib``) or a raw generated
 stub on its own ``grpc.Channel`` (mode ``raw``), or, in mode ``mux``, the threads of a process
-share one ``FencingClient(multiplex_writes=True)``, so their concurrent writes travel as
-WriteMany batches; with ``"system": "etcd"`` in the spec
+share one ``FencingClient(multiplex=True)``, so their concurrent writes, acquires and
+releases travel as WriteMany, AcquireMany and ReleaseMany batches; with ``"system": "etcd"`` in the spec
 (bench.compare) a ``bench._etcd_client.EtcdClient``, which does the same workloads against
 etcd, so both systems run in the same processes, threads and timing loop. Only operations
 *completed* inside the measured window are counted; their latency is end minus start of that
@@ -98,7 +98,7 @@ class _Client:
             self.error_types = (FencingError,)
             if self.mode == "mux":
                 # The process's one multiplexing client (``_run`` made it): this thread's
-                # writes join the others' WriteMany batches.
+                # writes, acquires and releases join the others' batches.
                 self.client = spec["shared_client"]
             else:
                 self.client = FencingClient([target])
@@ -292,7 +292,7 @@ def _run(spec: dict, conn) -> None:
     if spec["mode"] == "mux":
         from coordinator.client import FencingClient
 
-        shared = FencingClient([spec["target"]], multiplex_writes=True)
+        shared = FencingClient([spec["target"]], multiplex=True)
         shared.status()  # connect and learn the leader before the clock starts
         spec = {**spec, "shared_client": shared}
     try:

@@ -54,8 +54,9 @@ LEADER_TIMEOUT_S = 30.0
 
 # How our clients call (--ours-client), each measured as a system of its own, named here:
 # raw generated stubs with one channel per client thread (etcd's clients are the same), the
-# library's FencingClient one per thread, or one FencingClient(multiplex_writes=True) per
-# client process shared by its threads (their concurrent writes go out as WriteMany batches).
+# library's FencingClient one per thread, or one FencingClient(multiplex=True) per client
+# process shared by its threads (their concurrent writes, acquires and releases go out as
+# WriteMany, AcquireMany and ReleaseMany batches).
 OURS_CLIENTS = {"raw": "ours", "lib": "ours-lib", "multiplex": "ours-mux"}
 OURS_MODES = {"raw": "raw", "lib": "lib", "multiplex": "mux"}
 
@@ -162,8 +163,9 @@ def parse_args(argv=None):
     p.add_argument("--ours-client", default="raw", metavar="KINDS",
                    help="how our clients call, comma-separated, each measured beside etcd in the same rounds: "
                         "raw (generated stubs, a channel per client; the default), lib (a FencingClient per "
-                        "client), multiplex (one FencingClient(multiplex_writes=True) per client process: "
-                        "concurrent writes share WriteMany calls); e.g. raw,multiplex for an A/B")
+                        "client), multiplex (one FencingClient(multiplex=True) per client process: concurrent "
+                        "writes, acquires and releases share WriteMany, AcquireMany and ReleaseMany calls); "
+                        "e.g. raw,multiplex for an A/B")
     args = p.parse_args(argv)
     args.ours_clients = [k.strip() for k in args.ours_client.split(",") if k.strip()]
     unknown = [k for k in args.ours_clients if k not in OURS_CLIENTS]

@@ -199,6 +199,25 @@ def test_write_many_refuses_each_foreign_item_alone(cluster):
     assert code_of(node.store.WriteMany, pb.WriteManyRequest(writes=items[:1])) is grpc.StatusCode.UNAUTHENTICATED
 
 
+def test_acquire_many_and_release_many_refuse_each_foreign_item_alone(cluster):
+    node = cluster.nodes[0]
+    items = [pb.AcquireRequest(resource="orders/acquire-many", holder="h", ttl_ms=60_000, op_id=os.urandom(16)),
+             pb.AcquireRequest(resource="billing/acquire-many", holder="h", ttl_ms=60_000, op_id=os.urandom(16))]
+    reply = node.lease.AcquireMany(pb.AcquireManyRequest(acquires=items), timeout=T, metadata=bearer(ORDERS))
+    assert reply.results[0].WhichOneof("outcome") == "acquire"
+    refused = reply.results[1].error
+    assert (refused.code, refused.reason) == ("PERMISSION_DENIED", ErrorReason.PERMISSION_DENIED)
+    token = reply.results[0].acquire.token
+    releases = [pb.ReleaseRequest(resource="orders/acquire-many", token=token, op_id=os.urandom(16)),
+                pb.ReleaseRequest(resource="billing/acquire-many", token=1, op_id=os.urandom(16))]
+    released = node.lease.ReleaseMany(pb.ReleaseManyRequest(releases=releases), timeout=T, metadata=bearer(ORDERS))
+    assert released.results[0].release.released
+    assert released.results[1].error.reason == ErrorReason.PERMISSION_DENIED
+    # Without a credential the whole call is refused, as an Acquire or Release would be.
+    assert code_of(node.lease.AcquireMany, pb.AcquireManyRequest(acquires=items[:1])) is grpc.StatusCode.UNAUTHENTICATED
+    assert code_of(node.lease.ReleaseMany, pb.ReleaseManyRequest(releases=releases[:1])) is grpc.StatusCode.UNAUTHENTICATED
+
+
 def test_keep_alive_many_refuses_each_foreign_item_alone(cluster):
     node = cluster.nodes[0]
     token = acquire_as_orders(node, "orders/many")

@@ -6,8 +6,8 @@ with that failure: the servicer's error handling, ``errors.rich_status`` and the
 are the production ones; only the Raft node and the proposer are stand-ins, and the
 proposer raises the failure. The real ``FencingClient`` then has to raise the class
 ``EXPECTED`` names, with the ErrorInfo metadata and the who-answered trailers parsed; and so
-must a multiplexed client, whose write travels as an item of a WriteMany whose answer carries
-the same status and ErrorInfo per item.
+must a multiplexed client, whose write, acquire or release travels as an item of a WriteMany,
+AcquireMany or ReleaseMany whose answer carries the same status and ErrorInfo per item.
 
 ``EXPECTED`` is written here, apart from both tables, on purpose: a new Reason or Failure,
 or a new ErrorInfo reason, fails these tests until someone decides which client class it is
@@ -97,7 +97,7 @@ class _FailingProposer:
 
     def propose_many(self, commands, timeout_s: float):
         assert self.error is not None, "the test sets the failure before calling"
-        return [self.error] * len(commands)  # WriteMany: every item fails with it
+        return [self.error] * len(commands)  # a batch RPC: every item fails with it
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +106,9 @@ def server():
     node = types.SimpleNamespace(
         config=types.SimpleNamespace(self_address=MEMBER_ID),
         term_and_applied=lambda: (TERM, APPLIED),
+        # An Acquire refused LEASE_HELD looks up whether its op_id was granted through the
+        # lock queue (a lost answer's retry); here it never was.
+        read=lambda query: query(types.SimpleNamespace(lock_state=lambda resource, waiter_id: {"granted": False})),
     )
     proposer = _FailingProposer()
     core = service.Core(node, proposer, members={MEMBER_ID: "127.0.0.1:7100"})
@@ -135,8 +138,8 @@ def client(server):
 @pytest.fixture(scope="module")
 def mux_client(server):
     # The same, with writes multiplexed: each one travels as an item of a WriteMany.
-    with FencingClient([server[1]], retry_max_attempts=1, timeout_s=5, multiplex_writes=True) as c:
-        c._batcher.single_as_write = False  # a lone write too goes as a WriteMany item
+    with FencingClient([server[1]], retry_max_attempts=1, timeout_s=5, multiplex=True) as c:
+        c._batcher.single_as_plain = False  # a lone call too goes as an item of a batch
         yield c
 
 
@@ -212,6 +215,36 @@ def test_every_status_table_entry_reaches_a_multiplexed_write_as_its_class(serve
     assert answer.server_message == f"refused by the test ({key.name})"
     assert answer.header == E.Header(member_id=MEMBER_ID, raft_term=TERM, applied_index=APPLIED)
     assert answer.request["op_id"] == caught.value.request["op_id"] and answer.request["rpc"] == "write"
+    for name, value in attributes.items():
+        assert getattr(answer, name) == value, name
+
+
+@pytest.mark.parametrize("rpc", ["acquire", "release"])
+@pytest.mark.parametrize("key", ALL_KEYS, ids=lambda key: f"{type(key).__name__}.{key.name}")
+def test_every_status_table_entry_reaches_a_multiplexed_acquire_or_release_as_its_class(server, mux_client, key, rpc):
+    # An AcquireMany or ReleaseMany item carries what the Acquire or Release alone would have
+    # had; the multiplexed client must raise what the plain call raises.
+    proposer, _ = server
+    cls, metadata, attributes = _expected(key)
+    code, reason = errors.STATUS_TABLE[key]
+    proposer.error = _failure(key, metadata)
+
+    with pytest.raises(E.FencingError) as caught:
+        if rpc == "acquire":
+            mux_client.acquire("orders/7", ttl_ms=5000)
+        else:
+            mux_client.release("orders/7", 3)
+
+    assert type(caught.value) is cls, f"{key!r}: {type(caught.value).__name__}: {caught.value}"
+    answer = caught.value
+    while isinstance(answer.__cause__, E.FencingError):
+        answer = answer.__cause__
+    assert type(answer) is cls
+    assert (answer.code, answer.reason) == (code, reason)
+    assert answer.metadata == {str(k): v for k, v in metadata.items()}
+    assert answer.server_message == f"refused by the test ({key.name})"
+    assert answer.header == E.Header(member_id=MEMBER_ID, raft_term=TERM, applied_index=APPLIED)
+    assert answer.request["op_id"] == caught.value.request["op_id"] and answer.request["rpc"] == rpc
     for name, value in attributes.items():
         assert getattr(answer, name) == value, name
 

@@ -3,7 +3,7 @@ processes.
 
 Each WriteMany item must come out as the same Write alone would (its status, ErrorInfo and
 effect), retries of an item are deduplicated by its op_id, a call past a limit applies
-nothing, and ``FencingClient(multiplex_writes=True)`` gives every one of many threads its own
+nothing, and ``FencingClient(multiplex=True)`` gives every one of many threads its own
 answer: its result, or the exception a plain write raises. The threads' history goes through
 the chaos checker. Every wait is a poll with a deadline; no timing is asserted.
 """
@@ -176,10 +176,11 @@ class _GatedFirstBatch:
 
     def __init__(self, client: FencingClient, hold_for: int) -> None:
         self.batcher = client._batcher
-        self.real = self.batcher._store_for
+        self.batcher.batches_in_flight_max = 1  # so the queue builds behind the held batch
+        self.real = self.batcher._stub_for
         self.hold_for = hold_for
         self.sizes: list[int] = []
-        self.batcher._store_for = lambda endpoint: _Store(self.real(endpoint), self.before)
+        self.batcher._stub_for = lambda endpoint, service: _Store(self.real(endpoint, service), self.before)
 
     def queued(self) -> int:
         with self.batcher._lock:
@@ -229,7 +230,7 @@ def test_the_multiplexed_client_gives_each_of_32_threads_its_own_answer(cluster)
         recorded_release(r, old)
         tokens[r] = (old, recorded_acquire(r))
 
-    client = FencingClient(cluster.endpoints, multiplex_writes=True)
+    client = FencingClient(cluster.endpoints, multiplex=True)
     client.status()  # learn the leader first: batches form per endpoint, and all go there then
     gate = _GatedFirstBatch(client, hold_for=threads_n - 1)
     start = threading.Barrier(threads_n)
@@ -300,13 +301,14 @@ def test_close_fails_writes_still_waiting_to_be_sent(cluster):
     node = cluster.nodes[0]
     resource = unique("close")
     token = acquire(node, resource)
-    client = FencingClient(cluster.endpoints, multiplex_writes=True)
+    client = FencingClient(cluster.endpoints, multiplex=True)
     client.status()  # learn the leader first, so every write queues for the same endpoint
     released = threading.Event()
     batcher = client._batcher
-    real = batcher._store_for
+    batcher.batches_in_flight_max = 1  # the writes after the first queue behind it
+    real = batcher._stub_for
     # The first batch stays in flight until the test says.
-    batcher._store_for = lambda endpoint: _Store(real(endpoint), lambda size: released.wait(timeout=30))
+    batcher._stub_for = lambda endpoint, service: _Store(real(endpoint, service), lambda size: released.wait(timeout=30))
     outcomes: dict[int, object] = {}
 
     def writer(i: int) -> None:
@@ -395,10 +397,10 @@ class _Boom(BaseException):
 
 
 def test_a_sender_interrupted_mid_call_passes_the_turn_on_and_the_others_are_sent():
-    from coordinator.client.multiplex import WriteBatcher
+    from coordinator.client.multiplex import Batcher
 
     calls: list[int] = []
-    batcher: WriteBatcher
+    batcher: Batcher
 
     def queued() -> int:
         with batcher._lock:
@@ -415,7 +417,8 @@ def test_a_sender_interrupted_mid_call_passes_the_turn_on_and_the_others_are_sen
             return pb.WriteManyResponse(results=[
                 pb.WriteManyResult(write=pb.WriteResponse(version=n + 1)) for n in range(len(request.writes))])
 
-    batcher = WriteBatcher(lambda endpoint: Store(), ())
+    batcher = Batcher(lambda endpoint, service: Store(), ())
+    batcher.batches_in_flight_max = 1  # the two writes after the first queue behind it
     request = pb.WriteRequest(resource="r", key="k", value=b"v", token=1, op_id=op_id())
     outcomes: dict[str, object] = {}
 
@@ -437,3 +440,89 @@ def test_a_sender_interrupted_mid_call_passes_the_turn_on_and_the_others_are_sen
     assert calls == [1, 2], calls  # the two queued writes went out together, after the interruption
     assert sorted(o.response.version for o in (outcomes["second"], outcomes["third"])) == [1, 2]
     assert not batcher._in_flight  # the turn was given back
+
+
+def test_a_second_batch_starts_while_one_is_in_flight_and_the_rest_queue():
+    # BATCHES_IN_FLIGHT_MAX (2): a caller that finds one batch in flight sends at once; one
+    # that finds two queues and goes with the next batch; every turn is given back after.
+    from coordinator.client import multiplex
+
+    assert multiplex.BATCHES_IN_FLIGHT_MAX == 2
+    calls: list[int] = []
+    go = threading.Event()
+
+    class Store:
+        def Write(self, request, **kwargs):
+            calls.append(1)
+            go.wait(timeout=30)
+            return pb.WriteResponse(version=1)
+
+        def WriteMany(self, request, **kwargs):
+            calls.append(len(request.writes))
+            return pb.WriteManyResponse(results=[
+                pb.WriteManyResult(write=pb.WriteResponse(version=n + 1)) for n in range(len(request.writes))])
+
+    batcher = multiplex.Batcher(lambda endpoint, service: Store(), ())
+    request = pb.WriteRequest(resource="r", key="k", value=b"v", token=1, op_id=op_id())
+    outcomes: list = []
+    threads = [threading.Thread(target=lambda: outcomes.append(batcher.write("e", request, 30.0))) for _ in range(5)]
+    threads[0].start()
+    wait_until(lambda: len(calls) == 1, timeout_s=30, what="the first batch sent")
+    threads[1].start()
+    wait_until(lambda: len(calls) == 2, timeout_s=30, what="a second batch sent while the first is in flight")
+    for t in threads[2:]:
+        t.start()
+
+    def queued() -> int:
+        with batcher._lock:
+            return sum(len(q) for q in batcher._queues.values())
+
+    wait_until(lambda: queued() == 3, timeout_s=30, what="three writes queued behind two batches")
+    assert calls == [1, 1]
+    go.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(outcomes) == 5 and all(o.response is not None for o in outcomes), outcomes
+    assert sum(calls) == 5 and max(calls) > 1, calls  # the three queued ones went together (at most two batches)
+    assert not batcher._in_flight  # every turn was given back
+
+
+def test_many_threads_through_two_turns_each_get_their_own_answer_and_every_turn_comes_back():
+    # The turn accounting with two batches in flight: attempts handed a turn are taken into
+    # the other sender's batch, expire, or send themselves; none is lost and none left over.
+    import random
+
+    from coordinator.client import multiplex
+
+    rng = random.Random(20261205)
+    print("seed 20261205")
+
+    class Store:
+        def Write(self, request, **kwargs):
+            return pb.WriteResponse(version=int(request.key))
+
+        def WriteMany(self, request, **kwargs):
+            if rng.random() < 0.5:
+                threading.Event().wait(rng.random() / 1000)  # let queues build now and then
+            return pb.WriteManyResponse(results=[
+                pb.WriteManyResult(write=pb.WriteResponse(version=int(w.key))) for w in request.writes])
+
+    batcher = multiplex.Batcher(lambda endpoint, service: Store(), ())
+    errors: list[str] = []
+
+    def writer(i: int) -> None:
+        for n in range(50):
+            key = i * 1000 + n
+            request = pb.WriteRequest(resource="r", key=str(key), value=b"v", token=1, op_id=op_id())
+            outcome = batcher.write("e", request, 30.0)
+            if outcome.response is None or outcome.response.version != key:
+                errors.append(f"{i}/{n}: {outcome}")
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors[:5]
+    assert not batcher._in_flight and not any(batcher._queues.values())

@@ -208,9 +208,11 @@ class Call:
     # attempt) and ``convert`` gets their list. STREAM_IN: ``request`` makes each attempt's
     # message iterator (an attempt may be resent, and an iterator is read once).
     shape: Shape = Shape.UNARY
-    # A Write a multiplexing client may send inside a WriteMany batch (FencingClient's
-    # ``multiplex_writes``); retried by the same rules either way.
-    batchable: bool = False
+    # The batch kind (coordinator/client/multiplex.py KINDS: "write", "acquire", "release") a
+    # multiplexing client (FencingClient's ``multiplex``) may send this call in, as an item of
+    # a WriteMany, AcquireMany or ReleaseMany; None: always a call of its own. Retried by the
+    # same rules either way.
+    batch: str | None = None
 
 
 def send(call: Call, rpc: Callable[..., Any], timeout_s: float, metadata: Any) -> Any:
@@ -497,6 +499,9 @@ class _ClientBase:
             "lease", "Acquire", req, Kind.DEDUP, ctx,
             lambda r: results.acquire_result(r, resource=resource, holder=holder, op_id=op_id),
             timeout_s=timeout_s, extra_attempt_s=wait_ms / 1000,
+            # An Acquire that waits in line goes on its own: AcquireMany refuses items with a
+            # wait (one would hold every other item's answer for up to its wait).
+            batch="acquire" if wait_ms == 0 else None,
         ))
 
     def keep_alive(
@@ -566,6 +571,7 @@ class _ClientBase:
         req = _request(pb.ReleaseRequest, ctx, resource=resource, token=token, op_id=op_id)
         return self._execute(Call(
             "lease", "Release", req, Kind.DEDUP, ctx, results.release_result, timeout_s=timeout_s,
+            batch="release",
         ))
 
     def _lock_call(self, resource: str, *, ttl_ms: int, holder: str, waiter_id: bytes, wait_ms: int) -> Call:
@@ -631,7 +637,7 @@ class _ClientBase:
         )
         return self._execute(Call(
             "store", "Write", req, Kind.DEDUP, ctx,
-            lambda r: results.write_result(r, op_id=op_id), timeout_s=timeout_s, batchable=True,
+            lambda r: results.write_result(r, op_id=op_id), timeout_s=timeout_s, batch="write",
         ))
 
     def delete(

@@ -47,6 +47,7 @@ import logging
 import queue
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -87,7 +88,8 @@ from coordinator.client.results import (
 )
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client.exceptions import FencingError, LeaseLost, Refused, error_for_reason
-from coordinator.client.multiplex import ItemOutcome, WriteBatcher
+from coordinator.client.multiplex import KINDS as BATCH_KINDS
+from coordinator.client.multiplex import Batcher, ItemOutcome
 from coordinator.client.results import header_from_pb
 
 __all__ = [
@@ -163,11 +165,17 @@ class FencingClient(_ClientBase):
       file (README "Who may call"), or the admin token for Admin RPCs. ``admin_token`` is
       its older name.
     - ``credentials`` (None): ``grpc.ChannelCredentials`` for TLS/mTLS; None is plaintext.
-    - ``multiplex_writes`` (False): ``write()`` calls made at once from many threads travel
-      together as one ``FencedStore.WriteMany`` per member (``coordinator.client.multiplex``):
-      a write is sent at once when no batch is in flight there, else with the next batch as
-      soon as the one in flight returns; never held back to let a batch grow. Each write keeps
-      its own result or exception, op_id, deadline and retries, exactly as without it.
+    - ``multiplex`` (False): ``write()``, ``acquire()`` and ``release()`` calls made at once
+      from many threads travel together, one ``FencedStore.WriteMany``,
+      ``Lease.AcquireMany`` or ``Lease.ReleaseMany`` per kind and member
+      (``coordinator.client.multiplex``): a call is sent at once when fewer than two
+      batches of its kind are in flight there, else with the next batch as soon as one
+      returns; never held back to let a batch grow. Each call keeps its own result or exception, op_id,
+      deadline and retries, exactly as without it. An ``acquire(wait_ms=...)`` that waits
+      goes on its own; the lease helpers (``lease()``, ``lock()``) and every other method
+      call as usual, ``lease()``'s acquire and release riding the batches like any other.
+      ``multiplex_writes=True`` is its older, deprecated name (it multiplexed writes only;
+      it now means ``multiplex=True``, with a DeprecationWarning).
 
     Every method also takes ``timeout_s=`` to override the whole-call deadline once.
     Methods: acquire, keep_alive, keep_alive_many, release, describe, write, delete, read,
@@ -178,13 +186,22 @@ class FencingClient(_ClientBase):
     # Weak: a Lease dropped without close() is no reason to keep it (its thread stops it).
     _lease_registry = weakref.WeakSet
 
-    def __init__(self, endpoints: Sequence[str] | str, *, multiplex_writes: bool = False, **options: Any) -> None:
+    def __init__(
+        self, endpoints: Sequence[str] | str, *, multiplex: bool = False, multiplex_writes: bool | None = None,
+        **options: Any,
+    ) -> None:
+        if multiplex_writes is not None:
+            warnings.warn(
+                "FencingClient(multiplex_writes=...) is deprecated: use multiplex=..., which batches "
+                "acquire() and release() as well as write()", DeprecationWarning, stacklevel=2,
+            )
+            multiplex = multiplex or bool(multiplex_writes)
         super().__init__(endpoints, **options)
-        # multiplex_writes: write() calls made at once from many threads travel together as
-        # one FencedStore.WriteMany per endpoint (coordinator/client/multiplex.py).
-        self._batcher: WriteBatcher | None = None
-        if multiplex_writes:
-            self._batcher = WriteBatcher(lambda endpoint: self._stubs[endpoint].store, self._metadata)
+        # multiplex: write(), acquire() and release() calls made at once from many threads
+        # travel together, one batch call per kind and endpoint (coordinator/client/multiplex.py).
+        self._batcher: Batcher | None = None
+        if multiplex:
+            self._batcher = Batcher(lambda endpoint, service: getattr(self._stubs[endpoint], service), self._metadata)
 
     def _open_channel(self, endpoint: str, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
         return open_channel(endpoint, credentials, options=CHANNEL_OPTIONS)
@@ -196,7 +213,7 @@ class FencingClient(_ClientBase):
                 return
             self._closed = True
         if self._batcher is not None:
-            self._batcher.close()  # writes not sent yet raise RuntimeError, as after close
+            self._batcher.close()  # calls not sent yet raise RuntimeError, as after close
         for lease in list(self._leases):
             lease._stop_keepalive()
         for stubs in self._stubs.values():
@@ -213,7 +230,7 @@ class FencingClient(_ClientBase):
     def _execute(self, call: Call) -> Any:
         if self._closed:
             raise RuntimeError("the FencingClient is closed")
-        if call.batchable and self._batcher is not None and call.endpoint is None:
+        if call.batch is not None and self._batcher is not None and call.endpoint is None:
             return self._execute_batched(call)
         attempts = Attempts(self, call)
         while True:
@@ -238,9 +255,11 @@ class FencingClient(_ClientBase):
             return call.convert(response)
 
     def _execute_batched(self, call: Call) -> Any:
-        """``_execute`` for a Write of a multiplexing client: the same attempts, deadlines,
-        endpoint choice and retry rules; each attempt rides in a WriteMany batch, and its own
-        item's answer (or the batch RPC's failure) is judged as a plain Write's would be."""
+        """``_execute`` for a batchable call (a write, an acquire that does not wait, a release)
+        of a multiplexing client: the same attempts, deadlines, endpoint choice and retry
+        rules; each attempt rides in a batch of its kind, and its own item's answer (or the
+        batch RPC's failure) is judged as the plain call's would be."""
+        kind = BATCH_KINDS[call.batch]
         attempts = Attempts(self, call)
         while True:
             if self._closed:
@@ -249,7 +268,7 @@ class FencingClient(_ClientBase):
             attempt_s = attempts.begin()
             if attempt_s is None:
                 raise attempts.exhausted()
-            outcome = self._batcher.write(endpoint, call.request, attempt_s)
+            outcome = self._batcher.send(kind, endpoint, call.request, attempt_s)
             if outcome.response is not None:
                 return call.convert(outcome.response)
             if outcome.closed:
@@ -263,12 +282,12 @@ class FencingClient(_ClientBase):
 
     @staticmethod
     def _item_exception(call: Call, outcome: ItemOutcome, endpoint: str) -> FencingError:
-        """The exception of one batch item: the one a plain Write answered with the same
+        """The exception of one batch item: the one the plain call answered with the same
         status and ErrorInfo raises (the client's one table, ``error_for_reason``); an item
         whose deadline passed before it was sent, as a plain call's DEADLINE_EXCEEDED."""
         if outcome.expired:
             return error_for_reason(
-                "", "Deadline Exceeded (before the batch carrying this write was sent)",
+                "", f"Deadline Exceeded (before the batch carrying this {call.batch} was sent)",
                 code=grpc.StatusCode.DEADLINE_EXCEEDED, endpoint=endpoint, request=call.context,
             )
         error = outcome.item_error

@@ -160,6 +160,12 @@ WRITE_MANY_ITEMS_MAX = 64
 # writes of the largest value, far under GRPC_MESSAGE_BYTES_MAX, so one call cannot make a
 # member decode and hold megabytes at once; a client splits larger batches.
 WRITE_MANY_BYTES_MAX = 1024 * 1024
+# Items in one AcquireMany / ReleaseMany call: the same bound as WRITE_MANY_ITEMS_MAX for the
+# same reason (each item holds an inflight_proposals_max slot while its entry commits). No
+# bytes cap of their own: an item's fields are bounded (resource, holder, op_id), so 64 items
+# are at most a few tens of KiB.
+ACQUIRE_MANY_ITEMS_MAX = 64
+RELEASE_MANY_ITEMS_MAX = 64
 
 # -- the lock wait queue (FIFO waiters per resource; state_machine ENQUEUE/DEQUEUE) ---------
 # Waiters queued on one resource: a queue longer than this waits minutes behind short leases,

@@ -9,9 +9,10 @@ the translation of every outcome through ``errors.STATUS_TABLE``.
 Must never: decide a domain rule (the state machine does), touch the Raft library (the Raft node
 does), queue proposals without bound, or report an unknown outcome as a failure.
 
-WriteMany (the multiplexed client's batch) is many Writes in one call: each item goes through
-exactly the Write path's checks and errors, and the items are proposed together
-(``Proposer.propose_many``), each answered on its own.
+WriteMany, AcquireMany and ReleaseMany (the multiplexed client's batches) are many Writes,
+Acquires or Releases in one call: each item goes through exactly its call's checks and
+errors, and the items are proposed together (``Proposer.propose_many``), each answered on its
+own; the fan-out, the limits and the per-item error are written once (``_serve_many``).
 
 Every member serves every RPC. A follower proposes through its local Raft node, which
 forwards the entry to the leader, and the follower answers after it has applied the entry
@@ -32,7 +33,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import grpc
 
@@ -461,6 +462,9 @@ class LeaseServicer(pb_grpc.LeaseServicer):
             if held.key is not Reason.LEASE_HELD:
                 raise
             result, index = self._acquire_in_line(command, held, request.wait_ms, started, context, caller)
+        return self._acquire_response(command, result, index)
+
+    def _acquire_response(self, command: commands.Command, result: dict, index: int) -> pb.AcquireResponse:
         return pb.AcquireResponse(
             header=self.core.header(index),
             token=result["token"],
@@ -468,6 +472,34 @@ class LeaseServicer(pb_grpc.LeaseServicer):
             expires_at_ms=result["expires_at_ms"],
             token_proof=self._proof(command.resource, result["token"]),
         )
+
+    @_unary
+    def AcquireMany(self, request: pb.AcquireManyRequest, context, caller: Principal | None) -> pb.AcquireManyResponse:
+        """Each item as the same Acquire alone with wait_ms 0 (``_serve_many``): an item that
+        asks to wait is refused alone (INVALID_ARGUMENT, field wait_ms) -- a wait would hold
+        every other item's answer and a worker thread for up to ACQUIRE_WAIT_MS_MAX, which is
+        what a waiting Acquire of its own is for. A LEASE_HELD item is answered as Acquire
+        answers one: its op_id's grant through the lock queue if that is what it had, else
+        LEASE_HELD."""
+        started = time.monotonic()
+
+        def build(item: pb.AcquireRequest) -> commands.Command:
+            command = commands.acquire(**_checked_request("Acquire", item), stamp_ms=0)
+            if item.wait_ms:
+                raise errors.invalid(
+                    "wait_ms", f"must be 0 in AcquireMany (got {item.wait_ms}): an Acquire that waits goes on its own"
+                )
+            return command
+
+        def answer(command: commands.Command, outcome: tuple[dict, int] | ServiceError) -> tuple[Any, int]:
+            if isinstance(outcome, ServiceError) and outcome.key is Reason.LEASE_HELD:
+                result, index = self._acquire_in_line(command, outcome, 0, started, context, caller)
+            else:
+                result, index = _applied(outcome)
+            return self._acquire_response(command, result, index), index
+
+        results, index = _serve_many(self.core, ACQUIRE_MANY, request.acquires, context, caller, build, answer)
+        return pb.AcquireManyResponse(header=self.core.header(index), results=results)
 
     def _acquire_in_line(
         self, command: commands.Command, held: ServiceError, wait_ms: int, started: float, context,
@@ -710,6 +742,21 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         return pb.ReleaseResponse(header=self.core.header(index), released=result["released"], hwm=result["hwm"])
 
     @_unary
+    def ReleaseMany(self, request: pb.ReleaseManyRequest, context, caller: Principal | None) -> pb.ReleaseManyResponse:
+        """Each item as the same Release alone (``_serve_many``)."""
+
+        def build(item: pb.ReleaseRequest) -> commands.Command:
+            return commands.release(**_checked_request("Release", item), stamp_ms=0)
+
+        def answer(command: commands.Command, outcome: tuple[dict, int] | ServiceError) -> tuple[Any, int]:
+            result, index = _applied(outcome)
+            response = pb.ReleaseResponse(header=self.core.header(index), released=result["released"], hwm=result["hwm"])
+            return response, index
+
+        results, index = _serve_many(self.core, RELEASE_MANY, request.releases, context, caller, build, answer)
+        return pb.ReleaseManyResponse(header=self.core.header(index), results=results)
+
+    @_unary
     def Describe(self, request: pb.DescribeRequest, context, caller: Principal | None) -> pb.DescribeResponse:
         resource = _checked_request("Describe", request)["resource"]
         result, index = self.core.barrier(context, caller, resource, read_index=True)
@@ -742,36 +789,18 @@ class FencedStoreServicer(pb_grpc.FencedStoreServicer):
 
     @_unary
     def WriteMany(self, request: pb.WriteManyRequest, context, caller: Principal | None) -> pb.WriteManyResponse:
-        """Each item as the same Write alone: checked, authorized and charged on its own, then
-        every item that passed is proposed at once (``Proposer.propose_many``) within the
-        call's deadline; per item its WriteResponse or the error that Write would have had."""
-        _check_write_many_limits(request)
-        answers: list[pb.WriteManyResult | None] = [None] * len(request.writes)
-        proposed: list[tuple[int, commands.Command]] = []
-        for i, item in enumerate(request.writes):
-            try:
-                command = commands.write(**_checked_request("Write", item), stamp_ms=0)
-                self.core.authorize(caller, command.resource)
-            except ServiceError as error:
-                answers[i] = _item_error(error)
-                continue
-            if caller is not None:
-                command = commands.charged(command, principal=caller.name, quota=caller.quota.replicated())
-            proposed.append((i, command))
-        index = 0
-        if proposed:
-            outcomes = self.core.proposer.propose_many([c for _, c in proposed], self.core.proposer.timeout_s(context))
-            for (i, _), outcome in zip(proposed, outcomes):
-                if isinstance(outcome, ServiceError):
-                    answers[i] = _item_error(outcome)
-                    index = max(index, outcome.index)
-                    continue
-                result = outcome.value.result
-                index = max(index, outcome.index)
-                answers[i] = pb.WriteManyResult(write=pb.WriteResponse(
-                    header=self.core.header(outcome.index), version=result["version"], hwm=result["hwm"],
-                ))
-        return pb.WriteManyResponse(header=self.core.header(index), results=answers)
+        """Each item as the same Write alone (``_serve_many``); per item its WriteResponse or
+        the error that Write would have had."""
+
+        def build(item: pb.WriteRequest) -> commands.Command:
+            return commands.write(**_checked_request("Write", item), stamp_ms=0)
+
+        def answer(command: commands.Command, outcome: tuple[dict, int] | ServiceError) -> tuple[pb.WriteResponse, int]:
+            result, index = _applied(outcome)
+            return pb.WriteResponse(header=self.core.header(index), version=result["version"], hwm=result["hwm"]), index
+
+        results, index = _serve_many(self.core, WRITE_MANY, request.writes, context, caller, build, answer)
+        return pb.WriteManyResponse(header=self.core.header(index), results=results)
 
     @_unary
     def Delete(self, request: pb.DeleteRequest, context, caller: Principal | None) -> pb.DeleteResponse:
@@ -793,29 +822,108 @@ class FencedStoreServicer(pb_grpc.FencedStoreServicer):
         )
 
 
-def _check_write_many_limits(request: pb.WriteManyRequest) -> None:
-    """INVALID_ARGUMENT (field ``writes``; metadata ``limit`` and ``max`` name the limit) for a
-    WriteMany past WRITE_MANY_ITEMS_MAX items or WRITE_MANY_BYTES_MAX encoded bytes: checked
+@dataclasses.dataclass(frozen=True)
+class ManyRpc:
+    """One of the batch RPCs (WriteMany, AcquireMany, ReleaseMany): its request's repeated
+    field, its limits (named with their units, as the ErrorInfo ``limit`` says them) and
+    the result message its items go into (``ok``: the oneof field of a success)."""
+
+    name: str
+    field: str
+    items_max: int
+    items_limit: str
+    bytes_max: int | None
+    bytes_limit: str
+    result: Any
+    ok: str
+
+
+WRITE_MANY = ManyRpc("WriteMany", "writes", limits.WRITE_MANY_ITEMS_MAX, "write_many_items",
+                     limits.WRITE_MANY_BYTES_MAX, "write_many_bytes", pb.WriteManyResult, "write")
+ACQUIRE_MANY = ManyRpc("AcquireMany", "acquires", limits.ACQUIRE_MANY_ITEMS_MAX, "acquire_many_items",
+                       None, "", pb.AcquireManyResult, "acquire")
+RELEASE_MANY = ManyRpc("ReleaseMany", "releases", limits.RELEASE_MANY_ITEMS_MAX, "release_many_items",
+                       None, "", pb.ReleaseManyResult, "release")
+
+
+def _check_many_limits(rpc: ManyRpc, items: Any) -> None:
+    """INVALID_ARGUMENT (field ``rpc.field``; metadata ``limit`` and ``max`` name the limit)
+    for a batch past its items limit or its bytes limit (encoded items, summed): checked
     before any item, so nothing of such a call is applied."""
-    count = len(request.writes)
-    size = sum(item.ByteSize() for item in request.writes) if count <= limits.WRITE_MANY_ITEMS_MAX else 0
-    for name, value, maximum, unit in (
-        ("write_many_items", count, limits.WRITE_MANY_ITEMS_MAX, "writes"),
-        ("write_many_bytes", size, limits.WRITE_MANY_BYTES_MAX, "bytes of writes"),
-    ):
+    count = len(items)
+    checks = [(rpc.items_limit, count, rpc.items_max, rpc.field)]
+    if rpc.bytes_max is not None:
+        size = sum(item.ByteSize() for item in items) if count <= rpc.items_max else 0
+        checks.append((rpc.bytes_limit, size, rpc.bytes_max, f"bytes of {rpc.field}"))
+    for name, value, maximum, unit in checks:
         if value > maximum:
             raise ServiceError(
                 Failure.INVALID_INPUT,
-                f"{value} {unit} in one WriteMany, more than {name.upper()}_MAX ({maximum}); nothing was applied",
-                {ErrorMeta.FIELD: "writes", ErrorMeta.LIMIT: name, ErrorMeta.MAX: maximum},
+                f"{value} {unit} in one {rpc.name}, more than {name.upper()}_MAX ({maximum}); nothing was applied",
+                {ErrorMeta.FIELD: rpc.field, ErrorMeta.LIMIT: name, ErrorMeta.MAX: maximum},
             )
 
 
-def _item_error(error: ServiceError) -> pb.WriteManyResult:
-    """One WriteMany item's failure: the status and ErrorInfo a Write alone would have had."""
-    return pb.WriteManyResult(error=pb.WriteItemError(
+def _applied(outcome: tuple[dict, int] | ServiceError) -> tuple[dict, int]:
+    """An item's (result dict, index), or raise the ServiceError it ended with."""
+    if isinstance(outcome, ServiceError):
+        raise outcome
+    return outcome
+
+
+def _item_error(error: ServiceError) -> pb.WriteItemError:
+    """One batch item's failure: the status and ErrorInfo the call alone would have had."""
+    return pb.WriteItemError(
         code=error.code.name, reason=error.reason, message=error.message, metadata=error.metadata,
-    ))
+    )
+
+
+def _serve_many(
+    core: Core,
+    rpc: ManyRpc,
+    items: Any,
+    context,
+    caller: Principal | None,
+    build: Callable[[Any], commands.Command],
+    answer: Callable[[commands.Command, tuple[dict, int] | ServiceError], tuple[Any, int]],
+) -> tuple[list[Any], int]:
+    """The one fan-out of every batch RPC: each item judged as the same call alone.
+
+    Past a limit the call is refused whole before any item (``_check_many_limits``). Each
+    item is then built (``build``: its checks; a ServiceError refuses that item alone),
+    authorized and charged to the caller's quotas as ``Core.run`` does, and every item that
+    passed is proposed at once (``Proposer.propose_many``) within the call's deadline.
+    ``answer(command, outcome)`` turns an item's outcome -- (result dict, index) or the
+    ServiceError the call alone would have raised -- into (its success message, its index),
+    or raises the ServiceError the call alone would have ended with. Returns (the result
+    messages in request order, the highest index any item reached)."""
+    _check_many_limits(rpc, items)
+    answers: list[Any] = [None] * len(items)
+    proposed: list[tuple[int, commands.Command]] = []
+    for i, item in enumerate(items):
+        try:
+            command = build(item)
+            core.authorize(caller, command.resource)
+        except ServiceError as error:
+            answers[i] = rpc.result(error=_item_error(error))
+            continue
+        if caller is not None:
+            command = commands.charged(command, principal=caller.name, quota=caller.quota.replicated())
+        proposed.append((i, command))
+    index = 0
+    if proposed:
+        outcomes = core.proposer.propose_many([c for _, c in proposed], core.proposer.timeout_s(context))
+        for (i, command), outcome in zip(proposed, outcomes):
+            settled = outcome if isinstance(outcome, ServiceError) else (outcome.value.result, outcome.index)
+            try:
+                message, at = answer(command, settled)
+            except ServiceError as error:
+                answers[i] = rpc.result(error=_item_error(error))
+                index = max(index, error.index)
+                continue
+            answers[i] = rpc.result(**{rpc.ok: message})
+            index = max(index, at)
+    return answers, index
 
 
 # -- Cluster -----------------------------------------------------------------------------

@@ -44,6 +44,28 @@ class AcquireResponse(_message.Message):
     token_proof: bytes
     def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., token: _Optional[int] = ..., lease_id: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., token_proof: _Optional[bytes] = ...) -> None: ...
 
+class AcquireManyRequest(_message.Message):
+    __slots__ = ("acquires",)
+    ACQUIRES_FIELD_NUMBER: _ClassVar[int]
+    acquires: _containers.RepeatedCompositeFieldContainer[AcquireRequest]
+    def __init__(self, acquires: _Optional[_Iterable[_Union[AcquireRequest, _Mapping]]] = ...) -> None: ...
+
+class AcquireManyResult(_message.Message):
+    __slots__ = ("acquire", "error")
+    ACQUIRE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    acquire: AcquireResponse
+    error: WriteItemError
+    def __init__(self, acquire: _Optional[_Union[AcquireResponse, _Mapping]] = ..., error: _Optional[_Union[WriteItemError, _Mapping]] = ...) -> None: ...
+
+class AcquireManyResponse(_message.Message):
+    __slots__ = ("header", "results")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    results: _containers.RepeatedCompositeFieldContainer[AcquireManyResult]
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[AcquireManyResult, _Mapping]]] = ...) -> None: ...
+
 class KeepAliveRequest(_message.Message):
     __slots__ = ("resource", "token", "lease_id", "ttl_ms")
     RESOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +139,28 @@ class ReleaseResponse(_message.Message):
     released: bool
     hwm: int
     def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., released: _Optional[bool] = ..., hwm: _Optional[int] = ...) -> None: ...
+
+class ReleaseManyRequest(_message.Message):
+    __slots__ = ("releases",)
+    RELEASES_FIELD_NUMBER: _ClassVar[int]
+    releases: _containers.RepeatedCompositeFieldContainer[ReleaseRequest]
+    def __init__(self, releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ...) -> None: ...
+
+class ReleaseManyResult(_message.Message):
+    __slots__ = ("release", "error")
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    release: ReleaseResponse
+    error: WriteItemError
+    def __init__(self, release: _Optional[_Union[ReleaseResponse, _Mapping]] = ..., error: _Optional[_Union[WriteItemError, _Mapping]] = ...) -> None: ...
+
+class ReleaseManyResponse(_message.Message):
+    __slots__ = ("header", "results")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    results: _containers.RepeatedCompositeFieldContainer[ReleaseManyResult]
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[ReleaseManyResult, _Mapping]]] = ...) -> None: ...
 
 class DescribeRequest(_message.Message):
     __slots__ = ("resource",)

@@ -41,6 +41,11 @@ class LeaseStub:
                 request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.AcquireRequest.SerializeToString,
                 response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.AcquireResponse.FromString,
                 _registered_method=True)
+        self.AcquireMany = channel.unary_unary(
+                '/fencing.v1.Lease/AcquireMany',
+                request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.AcquireManyRequest.SerializeToString,
+                response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.AcquireManyResponse.FromString,
+                _registered_method=True)
         self.KeepAlive = channel.unary_unary(
                 '/fencing.v1.Lease/KeepAlive',
                 request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.KeepAliveRequest.SerializeToString,
@@ -60,6 +65,11 @@ class LeaseStub:
                 '/fencing.v1.Lease/Release',
                 request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
+        self.ReleaseMany = channel.unary_unary(
+                '/fencing.v1.Lease/ReleaseMany',
+                request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.ReleaseManyRequest.SerializeToString,
+                response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.ReleaseManyResponse.FromString,
                 _registered_method=True)
         self.Describe = channel.unary_unary(
                 '/fencing.v1.Lease/Describe',
@@ -91,6 +101,21 @@ class LeaseServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AcquireMany(self, request, context):
+        """Many Acquires in one call (the multiplexed client's batch), in the shape of
+        FencedStore.WriteMany: each item succeeds or fails on its own, exactly as the same
+        Acquire alone would (validation, authorization, quotas, LEASE_HELD, dedup by op_id), and
+        the results come back in request order. An item may not wait in line: wait_ms must be 0
+        (else that item alone is INVALID_ARGUMENT, field "wait_ms"; send a waiting Acquire on its
+        own), so no item holds the others' answers back. At most 64 items per call
+        (coordinator/core/limits.py ACQUIRE_MANY_ITEMS_MAX): past it the call is refused whole
+        with INVALID_ARGUMENT (field "acquires", naming the limit) and nothing is applied. An item
+        still in flight at the call's deadline is OUTCOME_UNKNOWN (retry it with the same op_id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def KeepAlive(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -113,6 +138,15 @@ class LeaseServicer:
 
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseMany(self, request, context):
+        """Many Releases in one call, as WriteMany and AcquireMany: per item the Release alone's
+        outcome, in request order; at most 64 items (RELEASE_MANY_ITEMS_MAX; past it INVALID_ARGUMENT,
+        field "releases", nothing applied).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -147,6 +181,11 @@ def add_LeaseServicer_to_server(servicer, server):
                     request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.AcquireRequest.FromString,
                     response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.AcquireResponse.SerializeToString,
             ),
+            'AcquireMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcquireMany,
+                    request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.AcquireManyRequest.FromString,
+                    response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.AcquireManyResponse.SerializeToString,
+            ),
             'KeepAlive': grpc.unary_unary_rpc_method_handler(
                     servicer.KeepAlive,
                     request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.KeepAliveRequest.FromString,
@@ -166,6 +205,11 @@ def add_LeaseServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.ReleaseRequest.FromString,
                     response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'ReleaseMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseMany,
+                    request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.ReleaseManyRequest.FromString,
+                    response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.ReleaseManyResponse.SerializeToString,
             ),
             'Describe': grpc.unary_unary_rpc_method_handler(
                     servicer.Describe,
@@ -212,6 +256,33 @@ class Lease:
             '/fencing.v1.Lease/Acquire',
             coordinator_dot_api_dot_v1_dot_fencing__pb2.AcquireRequest.SerializeToString,
             coordinator_dot_api_dot_v1_dot_fencing__pb2.AcquireResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AcquireMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.Lease/AcquireMany',
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.AcquireManyRequest.SerializeToString,
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.AcquireManyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -320,6 +391,33 @@ class Lease:
             '/fencing.v1.Lease/Release',
             coordinator_dot_api_dot_v1_dot_fencing__pb2.ReleaseRequest.SerializeToString,
             coordinator_dot_api_dot_v1_dot_fencing__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.Lease/ReleaseMany',
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.ReleaseManyRequest.SerializeToString,
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.ReleaseManyResponse.FromString,
             options,
             channel_credentials,
             insecure,
