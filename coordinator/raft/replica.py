@@ -82,10 +82,51 @@ class Replica(SyncObjConsumer):
         return bool(getattr(self._sm, "snapshot_deferred", False))
 
     def serialize(self, path: str, data) -> None:
+        """Write the snapshot at ``data``'s last entry to ``path`` now (the stock serializer's
+        hook, on the Raft thread: nothing is applied meanwhile)."""
+        self.snapshot_job(data)(path, lambda: None)
+
+    def snapshot_job(self, data) -> Callable[[str, Callable[[], None]], None]:
+        """On the Raft thread, the moment a snapshot at ``data``'s last entry (the last applied
+        one) is decided: what it needs from that thread (the configuration at that index), and
+        the rest as a job ``job(path, captured)`` another thread may run (snapshot_writer.py).
+
+        The job reads the state in pieces, taking the apply lock for each, and calls
+        ``captured()`` once it has read the last one (or failed), then writes the file. The
+        caller must apply nothing from the moment it asks for the job until ``captured()``
+        is called: that is what makes the pieces one point-in-time state, the one at ``last``.
+        """
         last, prev, _cluster = data
-        with self.lock, _gc_paused():
-            state = self._sm.snapshot()
-        snapshot_file.write(path, last, prev, state, self.config_at(last[1]))
+        config = self.config_at(last[1])
+
+        def job(path: str, captured: Callable[[], None]) -> None:
+            pieces_of = getattr(self._sm, "snapshot_pieces", None)
+            try:
+                with _gc_paused():
+                    if pieces_of is None:
+                        with self.lock:
+                            state = self._sm.snapshot()
+                    else:
+                        pieces = self._read_in_pieces(pieces_of)
+            finally:
+                captured()
+            if pieces_of is None:
+                snapshot_file.write(path, last, prev, state, config)
+            else:
+                snapshot_file.write_pieces(path, last, prev, pieces, config)
+
+        return job
+
+    def _read_in_pieces(self, pieces_of: Callable[[], Any]) -> list[bytes]:
+        pieces = []
+        with self.lock:
+            produce = iter(pieces_of())
+        while True:
+            with self.lock:  # readers get in between pieces; the state itself does not change
+                piece = next(produce, None)
+            if piece is None:
+                return pieces
+            pieces.append(piece)
 
     def deserialize(self, path: str):
         body = snapshot_file.read_body(path)

@@ -1,0 +1,159 @@
+"""Snapshots written on a thread of their own: the Raft thread only decides one and collects it.
+
+Owns: ``BackgroundSerializer``, the pysyncobj ``Serializer`` that ``patches.install()`` puts in
+place for a ``Replica``'s serializer hook (``serializer_for``), and the snapshot duration it
+records. pysyncobj's own asynchronous protocol is kept: ``serialize`` starts the work and
+returns, ``checkSerializing`` (called by every tick's compaction check) answers SERIALIZING
+until the work is done, then SUCCESS or FAILED once; pysyncobj compacts the journal only on
+SUCCESS (syncobj.py:1425-1428), so never before the file is durable and in place.
+Must never: let the Raft thread apply an entry while the state is being read (``capturing``:
+HardenedSyncObj skips applying while it is set), rename a file that was not fully written and
+fsynced, or rename its file over a snapshot installed from the leader meanwhile
+(``setTransmissionData`` waits for a running write first).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from pysyncobj.atomic_replace import atomicReplace
+from pysyncobj.config import SERIALIZER_STATE
+from pysyncobj.serializer import Serializer
+
+from coordinator.raft.replica import Replica
+
+log = logging.getLogger(__name__)
+
+# pysyncobj reads ``_Serializer__pid != 0`` as "a snapshot's result is not collected yet"
+# (getTransmissionData refuses to send a file then; so do syncobj.py's checks); the fork path
+# stores a child's pid there, the inline path -1/-2. A running thread is this value.
+_RUNNING = -3
+
+
+def serializer_for(fileName, transmissionBatchSize, tryUseFork, serializer, deserializer, serializeChecker):
+    """What syncobj.py constructs as ``Serializer``: ours for a Replica's hook, stock otherwise."""
+    replica = getattr(serializer, "__self__", None)
+    if isinstance(replica, Replica) and fileName is not None and serializeChecker is None:
+        return BackgroundSerializer(replica, fileName, transmissionBatchSize, serializer, deserializer)
+    return Serializer(fileName, transmissionBatchSize, tryUseFork, serializer, deserializer, serializeChecker)
+
+
+class BackgroundSerializer(Serializer):
+    """pysyncobj's Serializer with ``serialize`` run by a thread (see the module docstring)."""
+
+    def __init__(self, replica: Replica, fileName, transmissionBatchSize, serializer, deserializer):
+        super().__init__(fileName, transmissionBatchSize, False, serializer, deserializer, None)
+        self._replica = replica
+        self._thread: threading.Thread | None = None
+        self._outcome: Any = None  # SERIALIZER_STATE.SUCCESS / FAILED once the thread is done
+        # Set by the Raft thread when it starts a snapshot, cleared by the writer thread once
+        # it has read the whole state: while set, HardenedSyncObj applies nothing.
+        self.capturing = False
+        self.last_duration_s: float | None = None  # of the last successful snapshot
+        self.last_capture_s: float | None = None  # of its state read (applying paused)
+        self.on_written: Callable[[float], None] = lambda seconds: None
+        # Run the job on the calling (Raft) thread instead: a node ticked by hand (the
+        # simulation) must stay deterministic; its result is still collected at the next check.
+        self.inline = False
+
+    def serialize(self, data, id):
+        if self._Serializer__pid != 0:
+            return
+        self._Serializer__currentID = id
+        job = self._replica.snapshot_job(data[1:])  # here, on the Raft thread
+        self._outcome = None
+        self._Serializer__pid = _RUNNING
+        self.capturing = True
+        if self.inline:
+            self._write(job)
+            return
+        self._thread = threading.Thread(
+            target=self._write, args=(job,), name="raft-snapshot-writer", daemon=True
+        )
+        try:
+            self._thread.start()
+        except RuntimeError:  # no thread to be had: reported FAILED by the next check, retried later
+            log.exception("cannot start the snapshot writer thread")
+            self.capturing = False
+            self._thread = None
+            self._Serializer__pid = -2
+
+    def _write(self, job) -> None:
+        path = self._Serializer__fileName
+        tmp = path + ".tmp"
+        started = time.monotonic()
+
+        def captured() -> None:
+            self.last_capture_s = time.monotonic() - started
+            self.capturing = False
+
+        try:
+            job(tmp, captured)  # the file is fsynced before this returns
+            atomicReplace(tmp, path)
+            _fsync_directory(path)
+        except Exception:  # noqa: BLE001 - reported as FAILED, tried again later
+            log.exception("writing the snapshot failed; the previous one stays in place")
+            self.capturing = False
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            self._outcome = SERIALIZER_STATE.FAILED
+            return
+        finally:
+            self.capturing = False
+        seconds = time.monotonic() - started
+        self.last_duration_s = seconds
+        try:
+            self.on_written(seconds)
+        except Exception:  # noqa: BLE001 - a metric must not fail a snapshot
+            log.exception("snapshot duration callback failed")
+        self._outcome = SERIALIZER_STATE.SUCCESS
+
+    def checkSerializing(self):
+        pid = self._Serializer__pid
+        if pid == 0:
+            return SERIALIZER_STATE.NOT_SERIALIZING, None
+        if pid == -2:  # the thread could not be started
+            self._Serializer__pid = 0
+            return SERIALIZER_STATE.FAILED, self._Serializer__currentID
+        outcome = self._outcome
+        if outcome is None:
+            return SERIALIZER_STATE.SERIALIZING, self._Serializer__currentID
+        if self._thread is not None:
+            self._thread.join()  # already finished: its outcome is its last act
+            self._thread = None
+        self._outcome = None
+        self._Serializer__pid = 0
+        if outcome == SERIALIZER_STATE.SUCCESS:
+            self._Serializer__transmissions = {}
+        return outcome, self._Serializer__currentID
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait for a running write to end (True when none runs any more)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+            return not thread.is_alive()
+        return True
+
+    def setTransmissionData(self, data):
+        if data is not None and data[2]:
+            # The last chunk of a snapshot from the leader renames it into place and loads
+            # it: a write of ours still running would otherwise rename an older file over it,
+            # or read state the install replaces. Rare (a lagging follower snapshotting), and
+            # bounded by one snapshot's write.
+            self.wait()
+        return super().setTransmissionData(data)
+
+
+def _fsync_directory(path: str) -> None:
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
