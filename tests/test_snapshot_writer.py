@@ -7,6 +7,7 @@ a failed write is reported FAILED and leaves the previous file in place.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import threading
@@ -175,3 +176,52 @@ def test_a_snapshot_from_the_leader_waits_for_a_running_write(tmp_path):
     assert serializer.setTransmissionData((b"", False, True)) is True
     opener.join()
     assert snapshot_file.verify(path) == (90, 4)
+
+
+def test_the_permanent_generation_follows_the_live_state_not_the_operations():
+    """freeze_long_lived after every snapshot: objects frozen while alive are still freed by
+    their reference counts, so churning the same resources (keys written and deleted, leases
+    taken and released, the dedup table turning over) keeps the frozen count level."""
+    from coordinator.raft.replica import freeze_long_lived
+
+    gc.unfreeze()
+    gc.collect()
+    try:
+        sm = FencingStateMachine(dedup_entries_max=200)
+        names = [f"churn/{i}" for i in range(100)]
+        stamp = 1_000
+        counts = []
+        for round_ in range(30):
+            for name in names:
+                stamp += 1
+                token = sm.execute(cmds.acquire(resource=name, holder="h", ttl_ms=60_000,
+                                                op_id=next(_op_ids), stamp_ms=stamp)).result["token"]
+                for k in range(3):
+                    key = f"k{round_}-{k}"
+                    sm.execute(cmds.write(resource=name, key=key, value=b"v" * 64, token=token,
+                                          op_id=next(_op_ids), stamp_ms=stamp))
+                    if round_ and k:
+                        sm.execute(cmds.delete(resource=name, key=f"k{round_ - 1}-{k}", token=token,
+                                               op_id=next(_op_ids), stamp_ms=stamp))
+                sm.execute(cmds.release(resource=name, token=token, op_id=next(_op_ids), stamp_ms=stamp))
+            try:  # a cycle of the kind that must not pile up: an exception and its traceback
+                raise ValueError(round_)
+            except ValueError as exc:
+                held = exc  # noqa: F841 - the frame holds the exception, the exception the frame
+            b"".join(sm.snapshot_pieces())
+            freeze_long_lived()
+            counts.append(gc.get_freeze_count())
+        # Live state after the first rounds: the same resources, one key each kept per round
+        # (k0), so it grows by 100 small keys a round; the operations grow by ~900 a round.
+        grown = counts[-1] - counts[4]
+        per_round = grown / (len(counts) - 5)
+        assert per_round < 100 * 8, f"the frozen count grew {per_round:.0f} objects a round: {counts}"
+        # The control: live state that grows does show (each resource holds tracked objects).
+        for i in range(1_000):
+            stamp += 1
+            sm.execute(cmds.acquire(resource=f"more/{i}", holder="h", ttl_ms=60_000, op_id=next(_op_ids),
+                                    stamp_ms=stamp))
+        freeze_long_lived()
+        assert gc.get_freeze_count() - counts[-1] >= 1_000
+    finally:
+        gc.unfreeze()

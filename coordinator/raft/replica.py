@@ -37,6 +37,23 @@ def _gc_paused():
             gc.enable()
 
 
+def freeze_long_lived() -> None:
+    """Move every object alive now into the cyclic GC's permanent generation, which no
+    collection scans: a full collection then walks only what was made since (measured at
+    100,000 resources: 51 passes over 20 ms during a load, the slowest 371 ms, each walking
+    the whole state, in whichever thread allocated, the Raft thread included).
+
+    Called when the state was just read or loaded in full (after a snapshot is written, after
+    one is restored), so what is frozen is mostly the state. Young cyclic garbage is collected
+    first (a collection of the two young generations: bounded work); a cycle that became
+    garbage after reaching the old generation and before this call stays frozen for good, and
+    an object frozen while alive is still freed by its reference count when it dies (the
+    state's objects hold no cycles: tests/test_snapshot_writer.py churns the state machine
+    and checks that the permanent generation follows the live state, not the operations)."""
+    gc.collect(1)
+    gc.freeze()
+
+
 class Replica(SyncObjConsumer):
     """Holds the state machine; ``apply_entry`` takes a typed entry's command bytes."""
 
@@ -136,6 +153,7 @@ class Replica(SyncObjConsumer):
                 self._sm.restore(state)
                 self.last_applied_index = last[1]
                 self.applied.notify_all()
+            freeze_long_lived()
             self.on_snapshot_config(last[1], last[2], config)
         except BaseException as exc:  # noqa: BLE001
             # pysyncobj swallows loader errors (syncobj.py:1510); a half-restored

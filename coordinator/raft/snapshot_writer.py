@@ -24,7 +24,7 @@ from pysyncobj.atomic_replace import atomicReplace
 from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.serializer import Serializer
 
-from coordinator.raft.replica import Replica
+from coordinator.raft.replica import Replica, freeze_long_lived
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class BackgroundSerializer(Serializer):
         self.capturing = False
         self.last_duration_s: float | None = None  # of the last successful snapshot
         self.last_capture_s: float | None = None  # of its state read (applying paused)
+        self.failures = 0  # writes that failed (each reported FAILED, retried later)
         self.on_written: Callable[[float], None] = lambda seconds: None
         # Run the job on the calling (Raft) thread instead: a node ticked by hand (the
         # simulation) must stay deterministic; its result is still collected at the next check.
@@ -102,12 +103,14 @@ class BackgroundSerializer(Serializer):
                 os.unlink(tmp)
             except OSError:
                 pass
+            self.failures += 1
             self._outcome = SERIALIZER_STATE.FAILED
             return
         finally:
             self.capturing = False
         seconds = time.monotonic() - started
         self.last_duration_s = seconds
+        freeze_long_lived()
         try:
             self.on_written(seconds)
         except Exception:  # noqa: BLE001 - a metric must not fail a snapshot
