@@ -136,6 +136,10 @@ class BackgroundSerializer(Serializer):
             self._Serializer__transmissions = {}
         return outcome, self._Serializer__currentID
 
+    def writing(self) -> bool:
+        """Whether the writer thread is still running (not merely its result uncollected)."""
+        return self._thread is not None and self._outcome is None
+
     def wait(self, timeout_s: float | None = None) -> bool:
         """Wait for a running write to end (True when none runs any more)."""
         thread = self._thread

@@ -558,11 +558,16 @@ class HardenedSyncObj(ReadIndex, MemberChanges, MemberGate, SyncObj):
         return SyncObj._SyncObj__applyLogEntries(self)
 
     def _snapshot_blocks_sends(self) -> bool:
-        """Whether a snapshot's result is still uncollected while a follower needs a snapshot
-        sent: pysyncobj has nothing to send it then (getTransmissionData), and sending on every
-        tick would spin (see _flush_tick)."""
-        if self._SyncObj__serializer._Serializer__pid == 0:
+        """Whether a snapshot's result is still uncollected (and, while the writer thread still
+        runs, a follower needs a snapshot sent): pysyncobj has nothing to send it then
+        (getTransmissionData), and sending on every tick would spin (see _flush_tick). While a
+        write runs (hundreds of ms), followers that need entries only are still sent them."""
+        serializer = self._SyncObj__serializer
+        if serializer._Serializer__pid == 0:
             return False
+        writer = self._snapshot_writer()
+        if writer is None or not writer.writing():
+            return True  # a result waiting for the next check: one tick, as pysyncobj's inline path
         log_ = self._SyncObj__raftLog
         first = log_[0][1] if len(log_) else 0
         nxt = self._SyncObj__raftNextIndex
