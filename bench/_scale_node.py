@@ -38,7 +38,7 @@ import threading
 import time
 
 from coordinator.raft import replica as raft_replica
-from coordinator.raft import snapshot_file
+from coordinator.raft import snapshot_file, snapshot_writer
 from coordinator.raft import syncobj as raft_syncobj
 
 # A tick body longer than this is recorded: the issue's goal for a snapshot's stall is 20 ms,
@@ -95,9 +95,8 @@ def _file_bytes(path) -> dict:
 
 
 def _timed_snapshot_job(job_of):
-    """``Replica.snapshot_job`` (every snapshot, written on the writer thread or, stock, inline):
-    the job's wall and CPU time as ``serialize``, and the time to its ``captured()`` call (the
-    state read, applying paused) as ``snapshot_capture``."""
+    """``Replica.snapshot_job`` (every snapshot): the time from the job's start to its
+    ``captured()`` call (the state read, applying paused) as ``snapshot_capture``."""
 
     @functools.wraps(job_of)
     def timed_job_of(self, data):
@@ -111,15 +110,28 @@ def _timed_snapshot_job(job_of):
                 _record("snapshot_capture", t0=t0, ms=(_now() - t0) * 1e3, cpu_ms=(_cpu() - c0) * 1e3)
                 captured()
 
-            try:
-                return job(path, timed_captured)
-            finally:
-                _record("serialize", t0=t0, ms=(_now() - t0) * 1e3, cpu_ms=(_cpu() - c0) * 1e3,
-                        thread=threading.current_thread().name, **_file_bytes(path))
+            return job(path, timed_captured)
 
         return timed_job
 
     return timed_job_of
+
+
+def _timed_snapshot_write(write):
+    """``BackgroundSerializer._write`` (the job, then the rename and the directory's fsync; on
+    the writer thread, or inline when ticked by hand) as ``serialize``: recorded once the file
+    is in place, so a member killed right after ``force_snapshot`` restarts from it."""
+
+    @functools.wraps(write)
+    def timed_write(self, job):
+        t0, c0 = _now(), _cpu()
+        try:
+            return write(self, job)
+        finally:
+            _record("serialize", t0=t0, ms=(_now() - t0) * 1e3, cpu_ms=(_cpu() - c0) * 1e3,
+                    thread=threading.current_thread().name, **_file_bytes(self._Serializer__fileName))
+
+    return timed_write
 
 
 def _wrap_compaction(fn):
@@ -202,6 +214,8 @@ def install(path: str) -> None:
     )(so._SyncObj__loadDumpFile)
     rep = raft_replica.Replica
     rep.snapshot_job = _timed_snapshot_job(rep.snapshot_job)
+    writer = snapshot_writer.BackgroundSerializer
+    writer._write = _timed_snapshot_write(writer._write)
     rep.deserialize = _timed("deserialize", fields=lambda self, path: _file_bytes(path))(rep.deserialize)
     # replica.py calls these through the module, so the module attributes are what to wrap.
     snapshot_file.write = _timed("snapshot_write")(snapshot_file.write)
