@@ -579,6 +579,8 @@ class HardenedSyncObj(ReadIndex, MemberChanges, MemberGate, SyncObj):
         # already use; a snapshot write takes seconds at most (RAFT.md), so this waits long.
         if writer is not None and not writer.wait(timeout_s=_SNAPSHOT_WRITER_JOIN_S):
             log.warning("raft: the snapshot writer is still running at shutdown")
+        if writer is not None:
+            writer.stop()
         SyncObj._doDestroy(self)
 
     def _SyncObj__doApplyCommand(self, command):
