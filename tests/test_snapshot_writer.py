@@ -225,3 +225,17 @@ def test_the_permanent_generation_follows_the_live_state_not_the_operations():
         assert gc.get_freeze_count() - counts[-1] >= 1_000
     finally:
         gc.unfreeze()
+
+
+def test_a_snapshot_that_cannot_start_is_reported_failed_and_applying_goes_on(tmp_path):
+    serializer, replica, path = background(tmp_path, GatedMachine())
+
+    def config_at(index):
+        raise RuntimeError("no configuration")
+
+    replica.config_at = config_at
+    serializer.serialize((None, LAST, PREV, set()), LAST[1])  # on the Raft thread: must not raise
+    assert not serializer.capturing
+    assert serializer.checkSerializing() == (SERIALIZER_STATE.FAILED, LAST[1])
+    assert serializer.checkSerializing() == (SERIALIZER_STATE.NOT_SERIALIZING, None)
+    assert not os.path.exists(path)

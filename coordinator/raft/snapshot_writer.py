@@ -15,8 +15,8 @@ fsynced, or rename its file over a snapshot installed from the leader meanwhile
 from __future__ import annotations
 
 import logging
-import queue
 import os
+import queue
 import threading
 import time
 from typing import Any
@@ -68,7 +68,12 @@ class BackgroundSerializer(Serializer):
         if self._Serializer__pid != 0:
             return
         self._Serializer__currentID = id
-        job = self._replica.snapshot_job(data[1:])  # here, on the Raft thread
+        try:
+            job = self._replica.snapshot_job(data[1:])  # here, on the Raft thread
+        except Exception:  # noqa: BLE001 - as pysyncobj's inline path: FAILED, retried later
+            log.exception("cannot start a snapshot")
+            self._Serializer__pid = -2
+            return
         self._outcome = None
         self._Serializer__pid = _RUNNING
         self.capturing = True
@@ -96,7 +101,12 @@ class BackgroundSerializer(Serializer):
             job = self._jobs.get()
             if job is None:
                 return
-            self._write(job)  # sets _idle, then publishes its outcome, as its last acts
+            try:
+                self._write(job)  # sets _idle, then publishes its outcome, as its last acts
+            except BaseException:  # noqa: BLE001 - never leave the Raft thread waiting forever
+                log.exception("the snapshot writer failed")
+                self.capturing = False
+                self._finish(SERIALIZER_STATE.FAILED)
 
     def stop(self) -> None:
         """End the writer thread once a running write is done (closing the node)."""
@@ -143,7 +153,7 @@ class BackgroundSerializer(Serializer):
         pid = self._Serializer__pid
         if pid == 0:
             return SERIALIZER_STATE.NOT_SERIALIZING, None
-        if pid == -2:  # the thread could not be started
+        if pid == -2:  # the job or the thread could not be started
             self._Serializer__pid = 0
             return SERIALIZER_STATE.FAILED, self._Serializer__currentID
         outcome = self._outcome
