@@ -5,8 +5,9 @@
 Benchmark-only. Before running ``coordinator.server.fencingd.main`` it wraps, inside this
 process only and without changing what they do:
 
-  * ``Replica.serialize`` (a snapshot: the state machine's ``snapshot()`` under the apply lock,
-    then ``snapshot_file.write``: msgpack, write, fsync) and ``snapshot_file.write`` alone;
+  * ``Replica.snapshot_job``'s job (a snapshot, on the snapshot writer thread: the state read
+    in pieces with applying paused, recorded apart as ``snapshot_capture``, then
+    ``snapshot_file.write_pieces``: msgpack, write, fsync) and the file write alone;
   * ``Replica.deserialize`` (restoring a snapshot) and ``snapshot_file.read_body`` alone;
   * ``HardenedSyncObj._SyncObj__loadDumpFile`` (a snapshot loaded at start or installed from
     the leader) and ``_SyncObj__tryLogCompaction`` (the call in the Raft tick that takes the
@@ -37,7 +38,7 @@ import threading
 import time
 
 from coordinator.raft import replica as raft_replica
-from coordinator.raft import snapshot_file
+from coordinator.raft import snapshot_file, snapshot_writer
 from coordinator.raft import syncobj as raft_syncobj
 
 # A tick body longer than this is recorded: the issue's goal for a snapshot's stall is 20 ms,
@@ -91,6 +92,46 @@ def _file_bytes(path) -> dict:
         return {"bytes": os.path.getsize(path)}
     except OSError:
         return {}
+
+
+def _timed_snapshot_job(job_of):
+    """``Replica.snapshot_job`` (every snapshot): the time from the job's start to its
+    ``captured()`` call (the state read, applying paused) as ``snapshot_capture``."""
+
+    @functools.wraps(job_of)
+    def timed_job_of(self, data):
+        _serialized[0] += 1
+        job = job_of(self, data)
+
+        def timed_job(path, captured):
+            t0, c0 = _now(), _cpu()
+
+            def timed_captured():
+                _record("snapshot_capture", t0=t0, ms=(_now() - t0) * 1e3, cpu_ms=(_cpu() - c0) * 1e3)
+                captured()
+
+            return job(path, timed_captured)
+
+        return timed_job
+
+    return timed_job_of
+
+
+def _timed_snapshot_write(write):
+    """``BackgroundSerializer._write`` (the job, then the rename and the directory's fsync; on
+    the writer thread, or inline when ticked by hand) as ``serialize``: recorded once the file
+    is in place, so a member killed right after ``force_snapshot`` restarts from it."""
+
+    @functools.wraps(write)
+    def timed_write(self, job):
+        t0, c0 = _now(), _cpu()
+        try:
+            return write(self, job)
+        finally:
+            _record("serialize", t0=t0, ms=(_now() - t0) * 1e3, cpu_ms=(_cpu() - c0) * 1e3,
+                    thread=threading.current_thread().name, **_file_bytes(self._Serializer__fileName))
+
+    return timed_write
 
 
 def _wrap_compaction(fn):
@@ -172,17 +213,13 @@ def install(path: str) -> None:
         "load_dump", fields=lambda self, clearJournal: {"installing": bool(clearJournal)}
     )(so._SyncObj__loadDumpFile)
     rep = raft_replica.Replica
-    serialize = _timed("serialize", fields=lambda self, path, data: _file_bytes(path))(rep.serialize)
-
-    @functools.wraps(serialize)
-    def counted_serialize(self, path, data):
-        _serialized[0] += 1
-        return serialize(self, path, data)
-
-    rep.serialize = counted_serialize
+    rep.snapshot_job = _timed_snapshot_job(rep.snapshot_job)
+    writer = snapshot_writer.BackgroundSerializer
+    writer._write = _timed_snapshot_write(writer._write)
     rep.deserialize = _timed("deserialize", fields=lambda self, path: _file_bytes(path))(rep.deserialize)
     # replica.py calls these through the module, so the module attributes are what to wrap.
     snapshot_file.write = _timed("snapshot_write")(snapshot_file.write)
+    snapshot_file.write_pieces = _timed("snapshot_write")(snapshot_file.write_pieces)
     snapshot_file.read_body = _timed("snapshot_read")(snapshot_file.read_body)
 
     def force_snapshot(*_):

@@ -431,6 +431,7 @@ def snapshot_stall(cluster, leader: int, lease: tuple[str, int]) -> dict:
     # Writes in flight at any moment from the signal to the end: one of them waited out the stall.
     during = [ms for t0, ms in trickle.samples if t0 <= t_end and t0 + ms / 1e3 >= t_sig]
     writes = cluster.timings(leader, "snapshot_write", since=t_sig)
+    captures = cluster.timings(leader, "snapshot_capture", since=t_sig)
     compactions = cluster.timings(leader, "compaction", since=t_sig - 1.0)
     compactions = [c for c in compactions if c["t0"] + c["ms"] / 1e3 >= t_sig and c["t0"] <= t_end]
     ticks = cluster.timings(leader, "slow_tick", since=t_sig - 30.0)
@@ -446,6 +447,10 @@ def snapshot_stall(cluster, leader: int, lease: tuple[str, int]) -> dict:
         "state_cpu_ms": ser["cpu_ms"] - write_cpu_ms,
         "write_cpu_ms": write_cpu_ms,
         "bytes": ser.get("bytes", 0),
+        # Applying paused while the writer thread read the state (snapshot_writer.py);
+        # NaN for a build that reads it on the Raft thread.
+        "capture_ms": captures[0]["ms"] if captures else float("nan"),
+        "snapshot_thread": ser.get("thread", ""),
         "signal_to_start_ms": (ser["t0"] - t_sig) * 1e3,
         "compaction_calls_ms": [c["ms"] for c in compactions],
         "slow_ticks_ms": [t["ms"] for t in ticks],
@@ -556,6 +561,7 @@ def figures(report: dict) -> dict:
         "snapshot_cpu_ms": min(s["snapshot_cpu_ms"] for s in stalls),
         "snapshot_mib": max(s["bytes"] for s in stalls) / 2**20,
         "stall_inside_ms": max(s["stall_inside_ms"] for s in stalls),
+        "snapshot_capture_ms": max(s.get("capture_ms", float("nan")) for s in stalls),
         "stall_outside_ms": max(s["trickle_max_during_ms"] for s in stalls),
         "restore_load_ms": report["restore"]["load_dump_ms"],
         "restore_load_cpu_ms": report["restore"]["load_dump_cpu_ms"],
@@ -584,7 +590,9 @@ def print_table(report: dict) -> None:
         ("snapshot (leader)", f"{f['snapshot_ms']:,.0f} ms", f"{f['snapshot_mib']:.1f} MiB; slowest of "
          + ", ".join(f"{s['snapshot_ms']:.0f} (state {s['state_ms']:.0f} + write {s['write_ms']:.0f})"
                      for s in report["snapshots"])),
-        ("snapshot CPU (leader)", f"{f['snapshot_cpu_ms']:,.0f} ms", "least Raft-thread CPU of "
+        ("applying paused (leader)", f"{f['snapshot_capture_ms']:,.0f} ms",
+         "longest state read by the snapshot writer thread (entries commit meanwhile, apply after)"),
+        ("snapshot CPU (leader)", f"{f['snapshot_cpu_ms']:,.0f} ms", "least CPU of the snapshotting thread of "
          + ", ".join(f"{s['snapshot_cpu_ms']:.0f} (state {s['state_cpu_ms']:.0f} + write {s['write_cpu_ms']:.0f})"
                      for s in report["snapshots"])),
         ("Raft-thread stall (inside)", f"{f['stall_inside_ms']:,.0f} ms", "slowest tick body / compaction call"),
@@ -727,6 +735,7 @@ def in_process(n: int, base_dir: str) -> dict:
     from coordinator.core import commands
     from coordinator.core.state_machine import FencingStateMachine
     from coordinator.raft import snapshot_file
+    from coordinator.raft.replica import freeze_long_lived
 
     def own_rss() -> int:
         return rss(os.getpid())["VmRSS"]
@@ -760,6 +769,26 @@ def in_process(n: int, base_dir: str) -> dict:
     path = os.path.join(base_dir, DUMP_NAME)
     last, prev = (b"", 2 * n, 1), (b"", 2 * n - 1, 1)
     _, out["snapshot_write"] = timed(lambda: snapshot_file.write(path, last, prev, state, None))
+    # What the snapshot writer thread does instead (snapshot_writer.py): the state in pieces,
+    # each one a stretch the GIL is held for (the longest is what the Raft thread can wait on
+    # it), then the file written from the pieces.
+    piece_ms: list[float] = []
+
+    def read_pieces() -> list[bytes]:
+        pieces, produce = [], iter(sm.snapshot_pieces())
+        while True:
+            t0 = time.perf_counter()
+            piece = next(produce, None)
+            piece_ms.append((time.perf_counter() - t0) * 1e3)
+            if piece is None:
+                return pieces
+            pieces.append(piece)
+
+    pieces, out["snapshot_pieces"] = timed(read_pieces)
+    out["snapshot_pieces"].update(count=len(pieces), longest_ms=max(piece_ms))
+    _, out["snapshot_write_pieces"] = timed(
+        lambda: snapshot_file.write_pieces(path, last, prev, pieces, None))
+    del pieces
     body, out["snapshot_read"] = timed(lambda: snapshot_file.read_body(path))
     parts, out["snapshot_decode"] = timed(lambda: snapshot_file.decode(body))
     _, out["restore"] = timed(lambda: FencingStateMachine().restore(parts[2]))
@@ -768,6 +797,11 @@ def in_process(n: int, base_dir: str) -> dict:
     # thread allocates when it is due, the Raft thread included (replica.py pauses it only
     # around snapshots and restores).
     _, out["gc_full"] = timed(gc.collect)
+    # What a member does after each snapshot and restore (replica.freeze_long_lived): the
+    # state moves to the permanent generation, and a full pass walks only what is not frozen.
+    _, out["gc_freeze"] = timed(freeze_long_lived)
+    _, out["gc_full_after_freeze"] = timed(gc.collect)
+    gc.unfreeze()
     out["msgpack_version"] = ".".join(map(str, msgpack.version))
     return out
 
@@ -782,10 +816,19 @@ def print_in_process(res: dict) -> None:
          f"{res['snapshot']['ms']:,.0f} ms wall; {res['state_bytes'] / 2**20:.1f} MiB"),
         ("snapshot_file.write", f"{res['snapshot_write']['cpu_ms']:,.0f} ms CPU",
          f"{res['snapshot_write']['ms']:,.0f} ms wall: msgpack, crc32, write, fsync"),
+        *([("snapshot_pieces()", f"{res['snapshot_pieces']['cpu_ms']:,.0f} ms CPU",
+            f"{res['snapshot_pieces']['ms']:,.0f} ms wall, {res['snapshot_pieces']['count']:,} pieces, "
+            f"longest {res['snapshot_pieces']['longest_ms']:.1f} ms (applying paused meanwhile)"),
+           ("snapshot_file.write_pieces", f"{res['snapshot_write_pieces']['cpu_ms']:,.0f} ms CPU",
+            f"{res['snapshot_write_pieces']['ms']:,.0f} ms wall: crc32, write, fsync (writer thread)")]
+          if "snapshot_pieces" in res else []),
         ("read + decode", f"{res['snapshot_read']['cpu_ms'] + res['snapshot_decode']['cpu_ms']:,.0f} ms CPU",
          f"{res['snapshot_read']['ms'] + res['snapshot_decode']['ms']:,.0f} ms wall"),
         ("StateMachine.restore()", f"{res['restore']['cpu_ms']:,.0f} ms CPU", f"{res['restore']['ms']:,.0f} ms wall"),
         ("a full GC pass", f"{res['gc_full']['cpu_ms']:,.0f} ms CPU", f"{res['gc_full']['ms']:,.0f} ms wall (gc.collect())"),
+        *([("a full GC pass, state frozen", f"{res['gc_full_after_freeze']['cpu_ms']:,.0f} ms CPU",
+            f"{res['gc_full_after_freeze']['ms']:,.0f} ms wall, after freeze_long_lived() "
+            f"({res['gc_freeze']['ms']:,.1f} ms)")] if "gc_full_after_freeze" in res else []),
     ]
     width = max(len(r[0]) for r in rows)
     for name, value, note in rows:

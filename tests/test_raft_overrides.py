@@ -727,3 +727,23 @@ def test_a_vote_from_another_cluster_is_refused_counted_and_logged(tmp_path, cap
         "type": "request_vote", "term": term_before + 5, "last_log_index": 10, "last_log_term": term_before + 4,
     })
     assert node.status()["refused_cluster_ids"] == 2
+
+
+def test_nothing_is_applied_while_a_snapshot_reads_the_state(tmp_path):
+    """snapshot_writer.py: from the tick that starts a snapshot until its writer thread has
+    read the last piece, committed entries wait in the journal, so the file holds exactly
+    the state at its last index; they are applied once the read is done."""
+    node = make_node(tmp_path)
+    writer = node.syncobj._snapshot_writer()
+    assert writer is not None and writer.inline, "a node ticked by hand writes on its own thread"
+    fill_follower(node, last=5, commit=3)
+    node.tick(0)
+    applied = list(node.state_machine.applied)
+    writer.capturing = True  # as between BackgroundSerializer.serialize and its captured()
+    append(node, 5, 1, [], commit=5)
+    node.tick(0)
+    assert node.state_machine.applied == applied
+    assert node.syncobj._SyncObj__raftCommitIndex == 5
+    writer.capturing = False
+    node.tick(0)
+    assert len(node.state_machine.applied) == len(applied) + 2

@@ -70,6 +70,7 @@ PATCHED = sorted(
     [
         "pysyncobj.syncobj.createJournal",
         "pysyncobj.syncobj.pickle",
+        "pysyncobj.syncobj.Serializer",
         "pysyncobj.tcp_connection.pickle",
         "pysyncobj.tcp_connection.TcpConnection._TcpConnection__processRead",
         "pysyncobj.tcp_connection.TcpConnection._TcpConnection__processParseMessage",

@@ -40,6 +40,10 @@ class StateMachine(Protocol):
 
     # Optional: a ``snapshot_deferred`` property, True while a snapshot would free nothing
     # (it would hold what the journal entries it replaces hold): no compaction starts then.
+    # Optional: ``snapshot_pieces()``, an iterator of bytes whose concatenation is ``snapshot()``
+    # (which must then return bytes). The snapshot writer thread takes the apply lock for
+    # each piece and nothing is applied until the last one is read (replica.py), so a
+    # snapshot no longer holds the Raft thread for the whole state.
 
 
 class ProposeOutcome(enum.Enum):

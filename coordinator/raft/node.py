@@ -423,7 +423,18 @@ class RaftNode:
             "refused_peer_messages": so.refused_peer_messages,
             "refused_entries": so.refused_entries,
             "read_index_rounds": so.read_index_rounds,
+            **self._snapshot_status(),
             **so.membership_status(),
+        }
+
+    def _snapshot_status(self) -> dict[str, Any]:
+        writer = self._syncobj._snapshot_writer()
+        if writer is None:
+            return {}
+        return {
+            "snapshot_seconds": writer.last_duration_s,
+            "snapshot_apply_paused_seconds": writer.last_capture_s,
+            "snapshot_failures": writer.failures,
         }
 
     def _caught_up(self) -> bool:

@@ -9,7 +9,9 @@ Owns: the pinned version (``PYSYNCOBJ_VERSION_REQUIRED``, ``check_pysyncobj_vers
     bytearray buffers) and its per-connection defaults (including the set of unnamed
     connections that the pre-authentication byte budget reads);
   - TcpConnection's connection timeout: silence counts only while the peer owes an answer
-    (``transport.drop_if_unanswered``).
+    (``transport.drop_if_unanswered``);
+  - ``syncobj.Serializer``: a Replica's snapshots are written on a thread of their own
+    (``snapshot_writer.serializer_for``; other serializers stay stock).
 Why each one is needed: RAFT.md ("A typed wire", "Bounded frames", "Idle is not dead").
 Must never: patch anything at import (importing any coordinator.raft module leaves pysyncobj
 stock; a test checks it), or patch a pysyncobj other than the pinned one: every replacement
@@ -26,7 +28,7 @@ import pysyncobj.tcp_connection as _ps_tcp
 import pysyncobj.version
 from pysyncobj.journal import Journal
 
-from coordinator.raft import transport
+from coordinator.raft import snapshot_writer, transport
 from coordinator.raft import wire as raft_wire
 
 PYSYNCOBJ_VERSION_REQUIRED = "0.3.17"
@@ -63,6 +65,9 @@ def install() -> None:
         _ps.pickle = _NoPickle
         _ps_tcp.pickle = _NoPickle
         _bound_frame_reads()
+        # syncobj.py builds its Serializer in SyncObj.__init__, before its tick thread starts
+        # (syncobj.py:198, 283): replacing the name is the only way in before a tick runs.
+        _ps.Serializer = snapshot_writer.serializer_for
         _installed = True
 
 

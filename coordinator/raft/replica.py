@@ -37,6 +37,29 @@ def _gc_paused():
             gc.enable()
 
 
+def freeze_long_lived(*, collect_young: bool = True) -> None:
+    """Move every object alive now into the cyclic GC's permanent generation, which no
+    collection scans: a full collection then walks only what was made since (measured at
+    100,000 resources: 51 passes over 20 ms during a load, the slowest 371 ms, each walking
+    the whole state, in whichever thread allocated, the Raft thread included).
+
+    Called when the state was just read or loaded in full (after a snapshot is written, after
+    one is restored), so what is frozen is mostly the state. Young cyclic garbage is collected
+    first (a collection of the two young generations: bounded work); a cycle that became
+    garbage after reaching the old generation and before this call stays frozen for good, and
+    an object frozen while alive is still freed by its reference count when it dies (the
+    state's objects hold no cycles: tests/test_snapshot_writer.py churns the state machine
+    and checks that the permanent generation follows the live state, not the operations).
+
+    ``collect_young=False`` right after a restore: the restore ran with the GC off, so the
+    whole new state sits in the youngest generation and collecting it would walk all of it
+    (58 ms measured for 100,000 resources with a lease each, on the Raft thread); it holds
+    no garbage cycles."""
+    if collect_young:
+        gc.collect(1)
+    gc.freeze()
+
+
 class Replica(SyncObjConsumer):
     """Holds the state machine; ``apply_entry`` takes a typed entry's command bytes."""
 
@@ -82,10 +105,51 @@ class Replica(SyncObjConsumer):
         return bool(getattr(self._sm, "snapshot_deferred", False))
 
     def serialize(self, path: str, data) -> None:
+        """Write the snapshot at ``data``'s last entry to ``path`` now (the stock serializer's
+        hook, on the Raft thread: nothing is applied meanwhile)."""
+        self.snapshot_job(data)(path, lambda: None)
+
+    def snapshot_job(self, data) -> Callable[[str, Callable[[], None]], None]:
+        """On the Raft thread, the moment a snapshot at ``data``'s last entry (the last applied
+        one) is decided: what it needs from that thread (the configuration at that index), and
+        the rest as a job ``job(path, captured)`` another thread may run (snapshot_writer.py).
+
+        The job reads the state in pieces, taking the apply lock for each, and calls
+        ``captured()`` once it has read the last one (or failed), then writes the file. The
+        caller must apply nothing from the moment it asks for the job until ``captured()``
+        is called: that is what makes the pieces one point-in-time state, the one at ``last``.
+        """
         last, prev, _cluster = data
-        with self.lock, _gc_paused():
-            state = self._sm.snapshot()
-        snapshot_file.write(path, last, prev, state, self.config_at(last[1]))
+        config = self.config_at(last[1])
+
+        def job(path: str, captured: Callable[[], None]) -> None:
+            pieces_of = getattr(self._sm, "snapshot_pieces", None)
+            try:
+                with _gc_paused():
+                    if pieces_of is None:
+                        with self.lock:
+                            state = self._sm.snapshot()
+                    else:
+                        pieces = self._read_in_pieces(pieces_of)
+            finally:
+                captured()
+            if pieces_of is None:
+                snapshot_file.write(path, last, prev, state, config)
+            else:
+                snapshot_file.write_pieces(path, last, prev, pieces, config)
+
+        return job
+
+    def _read_in_pieces(self, pieces_of: Callable[[], Any]) -> list[bytes]:
+        pieces = []
+        with self.lock:
+            produce = iter(pieces_of())
+        while True:
+            with self.lock:  # readers get in between pieces; the state itself does not change
+                piece = next(produce, None)
+            if piece is None:
+                return pieces
+            pieces.append(piece)
 
     def deserialize(self, path: str):
         body = snapshot_file.read_body(path)
@@ -95,6 +159,7 @@ class Replica(SyncObjConsumer):
                 self._sm.restore(state)
                 self.last_applied_index = last[1]
                 self.applied.notify_all()
+            freeze_long_lived(collect_young=False)
             self.on_snapshot_config(last[1], last[2], config)
         except BaseException as exc:  # noqa: BLE001
             # pysyncobj swallows loader errors (syncobj.py:1510); a half-restored

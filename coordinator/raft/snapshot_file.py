@@ -30,13 +30,44 @@ def write(path: str, last: Entry, prev: Entry, state: Any, config: Any = None) -
     ``config``: the cluster configuration in effect at ``last`` (membership.py's plain form),
     or None; the CONFIG entry that set it is compacted away with the journal."""
     body = msgpack.packb([list(last), list(prev), state, config], use_bin_type=True)
-    head = _HEAD.pack(_MAGIC, _VERSION, last[1], last[2], zlib.crc32(body))
+    _write_durably(path, last, [body])
+
+
+def write_pieces(path: str, last: Entry, prev: Entry, state_pieces: list[bytes], config: Any = None) -> None:
+    """``write`` for a state given as pieces of bytes (``StateMachine.snapshot_pieces``): the
+    same file as ``write(path, last, prev, b"".join(state_pieces), config)``, without joining
+    the pieces or packing the state into a second copy."""
+    packer = msgpack.Packer(use_bin_type=True)
+    state_bytes = sum(len(piece) for piece in state_pieces)
+    head = b"".join([packer.pack_array_header(4), packer.pack(list(last)), packer.pack(list(prev))])
+    body = [head + _bin_header(state_bytes), *state_pieces, packer.pack(config)]
+    _write_durably(path, last, body)
+
+
+def _bin_header(size: int) -> bytes:
+    # msgpack's bin 8/16/32 header (use_bin_type=True packs bytes so); the library has no
+    # public call for the header alone.
+    if size < 1 << 8:
+        return b"\xc4" + struct.pack(">B", size)
+    if size < 1 << 16:
+        return b"\xc5" + struct.pack(">H", size)
+    if size < 1 << 32:
+        return b"\xc6" + struct.pack(">I", size)
+    raise ValueError(f"a snapshot state of {size} bytes exceeds msgpack's bin 32")
+
+
+def _write_durably(path: str, last: Entry, body: list[bytes]) -> None:
+    crc = 0
+    for piece in body:
+        crc = zlib.crc32(piece, crc)
+    head = _HEAD.pack(_MAGIC, _VERSION, last[1], last[2], crc)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(head + body)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)  # pysyncobj renames it into place (serializer.py:93)
+        for piece in (head, *body):
+            view = memoryview(piece)
+            while view:
+                view = view[os.write(fd, view) :]
+        os.fsync(fd)  # renamed into place after this (serializer.py:93, snapshot_writer.py)
     finally:
         os.close(fd)
 

@@ -54,6 +54,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# How long closing a node waits for a snapshot write still running: the longest measured
+# (1,000,000 resources, bench/README.md) takes a few seconds; a disk slower than this is
+# reported and left behind.
+_SNAPSHOT_WRITER_JOIN_S = 60.0
+
 ALL_FIXES = frozenset(
     {
         "durable_journal",
@@ -176,6 +181,9 @@ class HardenedSyncObj(ReadIndex, MemberChanges, MemberGate, SyncObj):
                 exit_code=EXIT_DISK_FAILED,
             )
         self.addOnTickCallback(self._flush_tick)
+        writer = self._snapshot_writer()
+        if writer is not None and not conf.autoTick:
+            writer.inline = True  # ticked by hand (the simulation): stay deterministic
 
     @property
     def encryptor(self):
@@ -379,11 +387,12 @@ class HardenedSyncObj(ReadIndex, MemberChanges, MemberGate, SyncObj):
         # Reads waiting on a round nobody sent yet: the round goes out now, not at the
         # next heartbeat (read_index.py).
         read_round = self.read_index_tick()
-        if (self._append_pending or read_round) and self._SyncObj__serializer._Serializer__pid == 0:
+        if (self._append_pending or read_round) and not self._snapshot_blocks_sends():
             # While a snapshot's result is not yet collected (pysyncobj does that at
-            # the next tick's compaction check), a follower needing a snapshot gets
-            # nothing to send and __sendAppendEntries spins for a whole
-            # appendEntriesPeriod (syncobj.py:1266-1330). Wait one tick instead.
+            # the compaction check once the writer is done), a follower needing a snapshot
+            # gets nothing to send and __sendAppendEntries spins for a whole
+            # appendEntriesPeriod (syncobj.py:1266-1330). Wait for the result instead;
+            # followers that need entries only are sent them meanwhile.
             if not self._isLeader():
                 self._append_pending = False
             elif read_round or self._append_worth_sending():
@@ -530,6 +539,49 @@ class HardenedSyncObj(ReadIndex, MemberChanges, MemberGate, SyncObj):
             nxt = self._SyncObj__raftNextIndex
             if node in nxt and nxt[node] < next_index_before:
                 nxt[node] = next_index_before
+
+    # -- snapshots written off the Raft thread (snapshot_writer.py) -------------------
+
+    def _snapshot_writer(self):
+        """The BackgroundSerializer, or None where pysyncobj's stock one is in place."""
+        serializer = self._SyncObj__serializer
+        return serializer if hasattr(serializer, "capturing") else None
+
+    def _SyncObj__applyLogEntries(self):
+        # While the snapshot writer reads the state (from the moment the Raft thread started
+        # it until the last piece is read) nothing is applied: the pieces then describe the
+        # state at the snapshot's last index exactly. Committed entries wait in the journal;
+        # elections, heartbeats, appends and commits go on.
+        writer = self._snapshot_writer()
+        if writer is not None and writer.capturing:
+            return False
+        return SyncObj._SyncObj__applyLogEntries(self)
+
+    def _snapshot_blocks_sends(self) -> bool:
+        """Whether a snapshot's result is still uncollected (and, while the writer thread still
+        runs, a follower needs a snapshot sent): pysyncobj has nothing to send it then
+        (getTransmissionData), and sending on every tick would spin (see _flush_tick). While a
+        write runs (hundreds of ms), followers that need entries only are still sent them."""
+        serializer = self._SyncObj__serializer
+        if serializer._Serializer__pid == 0:
+            return False
+        writer = self._snapshot_writer()
+        if writer is None or not writer.writing():
+            return True  # a result waiting for the next check: one tick, as pysyncobj's inline path
+        log_ = self._SyncObj__raftLog
+        first = log_[0][1] if len(log_) else 0
+        nxt = self._SyncObj__raftNextIndex
+        return any(nxt.get(node, first + 1) <= first for node in self._SyncObj__otherNodes)
+
+    def _doDestroy(self):
+        writer = self._snapshot_writer()
+        # A write still running would rename its file into a data dir the next process may
+        # already use; a snapshot write takes seconds at most (RAFT.md), so this waits long.
+        if writer is not None and not writer.wait(timeout_s=_SNAPSHOT_WRITER_JOIN_S):
+            log.warning("raft: the snapshot writer is still running at shutdown")
+        if writer is not None:
+            writer.stop()
+        SyncObj._doDestroy(self)
 
     def _SyncObj__doApplyCommand(self, command):
         # Every entry a member of ours writes is a NO_OP (a new leader's first entry) or a typed

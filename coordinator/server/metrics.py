@@ -296,6 +296,12 @@ class _MemberCollector:
         ("ready", "fencing_raft_ready", "1 once this member applied a commit of the current term since start"),
         ("serving", "fencing_serving", "1 while the health service reports SERVING"),
         ("epoch", "fencing_epoch", "Last fencing token issued, as applied on this member (a local read)"),
+        ("snapshot_seconds", "fencing_raft_snapshot_seconds",
+         "Wall time of this member's last snapshot, state read to file fsynced and renamed "
+         "(on the snapshot writer thread, beside the Raft thread)"),
+        ("snapshot_apply_paused_seconds", "fencing_raft_snapshot_apply_paused_seconds",
+         "Of the last snapshot, the time its state was read in: committed entries are applied "
+         "only after it (writes wait that long; the Raft thread does not)"),
     )
     _COUNTERS = (
         ("journal_syncs", "fencing_journal_syncs", "fdatasync calls of this member's Raft journal"),
@@ -317,6 +323,9 @@ class _MemberCollector:
         ("refused_cluster_ids", "fencing_raft_refused_cluster_ids",
          "Votes and acks refused because they named another cluster id (a member of another "
          "cluster, or one whose data dir belongs to another cluster; should stay 0)"),
+        ("snapshot_failures", "fencing_raft_snapshot_failures",
+         "Snapshot writes that failed (the previous snapshot stays; the journal is not compacted; "
+         "tried again later). Above 0: look at the disk"),
     )
 
     def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
