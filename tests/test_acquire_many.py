@@ -12,7 +12,6 @@ with a deadline; no timing is asserted.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -31,17 +30,10 @@ from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
 from testsupport.supervisor import wait_until
 
 from tests.test_server import failure
+from tests.test_write_many import op_id, unique
 
 T = RPC_TIMEOUT_S
 TTL_MS = 60_000  # no lease of these tests expires while it runs
-
-
-def op_id() -> bytes:
-    return os.urandom(16)
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}/{os.urandom(4).hex()}"
 
 
 @pytest.fixture(scope="module")
