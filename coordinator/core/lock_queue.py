@@ -19,7 +19,7 @@ from coordinator.core import limits
 from coordinator.core.commands import Op
 from coordinator.core.expiry import WaiterExpiryIndex
 from coordinator.core.outcomes import Reason, Rejected
-from coordinator.core.state import ResourceState, Waiter
+from coordinator.core.state import NO_WAITERS, ResourceState, Waiter
 
 
 def lock_state(res: ResourceState | None, waiter_id: bytes, now_ms: int) -> dict[str, Any]:
@@ -84,6 +84,8 @@ class LockQueue:
             # Renewed in place: a dict keeps its insertion order, so the waiter keeps its turn.
             res.waiters[waiter_id] = dataclasses.replace(existing, expires_at_ms=expires_at_ms)
         else:
+            if not res.waiters:
+                res.waiters = {}  # the first waiter: the resource's own dict, not NO_WAITERS
             res.waiters[waiter_id] = Waiter(
                 waiter_id=waiter_id, holder=holder, ttl_ms=ttl_ms,
                 expires_at_ms=expires_at_ms, principal=principal, quota=quota,
@@ -93,12 +95,14 @@ class LockQueue:
 
     def drop(self, res: ResourceState, waiter_id: bytes) -> None:
         del res.waiters[waiter_id]
+        if not res.waiters:
+            res.waiters = NO_WAITERS
         self.total -= 1
 
     def clear(self, resources: Iterable[ResourceState]) -> None:
         """Drop every waiter of every resource."""
         for res in resources:
-            res.waiters = {}
+            res.waiters = NO_WAITERS
         self.total = 0
 
     def expired(self, resources: Mapping[str, ResourceState], now: int) -> list[tuple[str, bytes]]:

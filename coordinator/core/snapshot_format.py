@@ -23,7 +23,7 @@ from coordinator.core import limits
 from coordinator.core import validation
 from coordinator.core.commands import Op
 from coordinator.core.outcomes import Applied, is_flat_map, is_int, outcome_from_wire, outcome_to_wire
-from coordinator.core.state import DedupEntry, Lease, ResourceState, StagedRestore, Waiter, entry_bytes
+from coordinator.core.state import NO_WAITERS, DedupEntry, KeyData, Lease, ResourceState, StagedRestore, Waiter, entry_bytes, shared
 from coordinator.core.validation import InvalidField
 
 # Version of the snapshot layout written by snapshot(); 2 added the staged restore (a 7th item);
@@ -277,7 +277,7 @@ def _read_resource(item: object, previous_name: str | None, epoch: int, log_cloc
         _need(token == hwm and is_int(token), "lease token of %r must equal its hwm", name)
         ttl_ms = _need_field(validation.check_ttl_ms, ttl_ms, "lease ttl_ms of %r", name)
         lease = Lease(
-            holder=holder,
+            holder=shared(holder),
             token=token,
             ttl_ms=ttl_ms,
             # Set to now + ttl_ms at a now no later than the log clock.
@@ -287,7 +287,7 @@ def _read_resource(item: object, previous_name: str | None, epoch: int, log_cloc
             waiter_id=waiter_id,
         )
     _need(isinstance(raw_data, list), "data of %r must be an array", name)
-    data: dict[str, tuple[bytes, int]] = {}
+    data = KeyData()
     previous_key: str | None = None
     versions: set[int] = set()
     for entry in raw_data:
@@ -300,16 +300,16 @@ def _read_resource(item: object, previous_name: str | None, epoch: int, log_cloc
         key_version = _need_int(key_version, 1, revision, "version of %r/%r", name, key)
         _need(key_version not in versions, "two keys of %r share a version", name)
         versions.add(key_version)
-        data[key] = (value, key_version)
+        data[shared(key)] = (value, key_version)
     if len(item) == 6 or (len(item) == 7 and owner != ""):
         try:
             validation.check_principal(owner)
         except InvalidField as exc:
             raise ValueError(f"bad snapshot: owner of {name!r}: {exc}") from None
-    waiters = {} if raw_waiters is None else _read_waiters(raw_waiters, name, log_clock_ms)
+    waiters = NO_WAITERS if raw_waiters is None else _read_waiters(raw_waiters, name, log_clock_ms)
     stored_bytes = sum(entry_bytes(key, value) for key, (value, _) in data.items())
     res = ResourceState(
-        high_water_mark=hwm, lease=lease, revision=revision, data=data, owner=owner, stored_bytes=stored_bytes,
+        high_water_mark=hwm, lease=lease, revision=revision, data=data, owner=shared(owner), stored_bytes=stored_bytes,
         waiters=waiters,
     )
     return res, name

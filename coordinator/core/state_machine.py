@@ -57,12 +57,14 @@ from coordinator.core.snapshot_format import (
 )
 from coordinator.core.restore_staging import RestoreStaging
 from coordinator.core.state import (
+    NO_WAITERS,
     DedupEntry,
     Lease,
     ResourceState,
     StagedRestore,
     Usage,
     entry_bytes,
+    shared,
 )
 from coordinator.core.validation import InvalidField
 from coordinator.core.commands import (
@@ -682,11 +684,11 @@ class FencingStateMachine:
                waiter_id: bytes = b"") -> None:
         """Grant ``name``'s lease with a new token (the caller checked the epoch and removed
         ``res`` from the usage; it adds it back)."""
-        res.owner = principal
+        res.owner = shared(principal)
         self._epoch += 1
         res.high_water_mark = self._epoch  # fence on acquire (I2)
         res.lease = Lease(
-            holder=holder, token=self._epoch, ttl_ms=ttl_ms, expires_at_ms=now + ttl_ms, waiter_id=waiter_id
+            holder=shared(holder), token=self._epoch, ttl_ms=ttl_ms, expires_at_ms=now + ttl_ms, waiter_id=waiter_id
         )
         self._expiry.add(res.lease.expires_at_ms, name)
 
@@ -841,7 +843,7 @@ class FencingStateMachine:
                 return self._quota_rejected(Op.WRITE, res.owner, "stored_bytes", stored_bytes_max, total)
         self._usage.remove(resource, res)
         res.revision += 1
-        res.data[key] = (value, res.revision)
+        res.data[shared(key)] = (value, res.revision)
         res.stored_bytes += grows_by
         self._keys_total += current is None
         self._stored_bytes_total += grows_by
@@ -1003,7 +1005,7 @@ class FencingStateMachine:
         for res in parts.resources.values():
             res.high_water_mark = new_epoch  # every token issued before is stale (I11)
             res.lease = None
-            res.waiters = {}  # waiters belong to clients of the state being replaced
+            res.waiters = NO_WAITERS  # waiters belong to clients of the state being replaced
         parts.epoch, parts.log_clock_ms = new_epoch, self._log_clock_ms
         parts.dedup, parts.staged = collections.OrderedDict(), None
         self._install(parts)
