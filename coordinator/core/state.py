@@ -28,14 +28,12 @@ from coordinator.core.outcomes import Applied, outcome_from_wire
 NO_WAITERS: Mapping[bytes, Any] = types.MappingProxyType({})
 
 
-def shared(text: str) -> str:
-    """``text`` as the one copy every resource that stores it shares (``sys.intern``).
-
-    Holders, keys and owners repeat across resources (a service's hosts, a schema's key names, a
-    tenant), yet each command decodes its own copy, ~50-60 B a resource each. Interned strings
-    are freed once no resource holds them, and interning is deterministic: replicas stay equal.
-    """
-    return sys.intern(text)
+# ``shared(text)``: ``text`` as the one copy every resource that stores it shares. Holders, keys
+# and owners repeat across resources (a service's hosts, a schema's key names, a tenant), yet
+# each command decodes its own copy, ~50-60 B a resource each. Interned strings are freed once
+# no resource holds them, and interning changes no value: replicas stay equal. sys.intern
+# itself, not a wrapper: a restore calls it for every resource.
+shared = sys.intern
 
 
 class KeyData(MutableMapping):
