@@ -38,9 +38,11 @@ def fullest_backup() -> bytes:
     epoch = clock = BIG
     ttl = limits.LEASE_TTL_MS_MAX
     keys_per = -(-limits.STATE_KEYS_MAX // limits.RESOURCES_MAX)
-    key_bytes = limits.STATE_KEYS_MAX * limits.KEY_BYTES_MAX
-    value_bytes = limits.STATE_STORED_BYTES_MAX - key_bytes
-    assert value_bytes >= 0, "the keys alone exceed the stored-bytes limit"
+    # Keys as long as the stored-bytes limit lets every one of them be (KEY_BYTES_MAX, or less
+    # when STATE_KEYS_MAX keys of that length would exceed it); values take the rest. Keys and
+    # values count alike, so the split does not change the backup's size.
+    key_len = min(limits.KEY_BYTES_MAX, limits.STATE_STORED_BYTES_MAX // limits.STATE_KEYS_MAX)
+    value_bytes = limits.STATE_STORED_BYTES_MAX - limits.STATE_KEYS_MAX * key_len
     value_each, value_extra = divmod(value_bytes, limits.STATE_KEYS_MAX)
     resources = []
     keys_left = limits.STATE_KEYS_MAX
@@ -48,7 +50,7 @@ def fullest_backup() -> bytes:
         data = []
         for k in range(min(keys_per, keys_left)):
             size = value_each + (1 if keys_left <= value_extra else 0)
-            data.append([_name("k", k, limits.KEY_BYTES_MAX), b"v" * size, BIG + k])
+            data.append([_name("k", k, key_len), b"v" * size, BIG + k])
             keys_left -= 1
         resources.append([
             _name("r", i, limits.RESOURCE_NAME_BYTES_MAX), epoch, BIG + keys_per,

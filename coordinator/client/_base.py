@@ -84,9 +84,9 @@ DISCOVERY_INTERVAL_S = 0.5
 # leader for this long, even if the others still name it: a killed or paused leader is
 # named by its followers until they elect another one (1-2 s).
 SUSPECT_S = 2.0
-# A backup (snapshot or restore, up to limits.BACKUP_BYTES_MAX, ~181 MB) in one attempt: the
-# transfer, the check of the whole backup and ~175 chunk entries through the log take tens of
-# seconds at the largest; five minutes leaves room on a slow disk yet ends a stuck transfer.
+# A backup (snapshot or restore, up to limits.BACKUP_BYTES_MAX, ~727 MB) in one attempt: the
+# transfer, the check of the whole backup and ~694 chunk entries through the log take a minute
+# or two at the largest; five minutes leaves room on a slow disk yet ends a stuck transfer.
 BACKUP_TIMEOUT_S_DEFAULT = 300.0
 # Channel options. Message size: a unary snapshot or restore is the largest message. Reconnect
 # backoff: a restarted node is used again within 1 s (gRPC's default backoff grows to 120 s).

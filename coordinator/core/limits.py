@@ -33,14 +33,19 @@ LEASE_TTL_MS_MAX = 60 * 60 * 1000
 DEDUP_RETENTION_MS = 10 * 60 * 1000
 DEDUP_ENTRIES_MAX = 100_000
 
-# State-size bounds, so a misbehaving client cannot grow every replica without limit.
-RESOURCES_MAX = 100_000
+# State-size bounds, so a misbehaving client cannot grow every replica without limit. A million
+# resources with a live lease and one short key each keep a member near 0.9 GiB (bench/README.md,
+# "python -m bench scale"); every byte of name, holder or owner beyond short ones adds its byte a
+# resource.
+RESOURCES_MAX = 1_000_000
 KEYS_PER_RESOURCE_MAX = 1_024
 
 # -- per-principal quotas (a principals file entry may set its own; DESIGN §8) ----------
 # Defaults for a non-admin principal that sets none. Admin principals and a cluster without a
 # principals file have no quota of their own (only the cluster-wide limits above).
-# A tenth of RESOURCES_MAX: one tenant alone cannot take the cluster's resource limit.
+# A hundredth of RESOURCES_MAX: one tenant alone cannot take the cluster's resource limit. Not
+# raised with it: a principal at its quota has its resources counted live by each Acquire it
+# sends (state_machine._quota_refusal), a scan that grows with this number on every member.
 PRINCIPAL_RESOURCES_MAX = 10_000
 # Every live lease is one resource at least, so no more leases than resources.
 PRINCIPAL_LEASES_MAX = 10_000
@@ -80,9 +85,9 @@ RAFT_INDEX_MAX = 2**63 - 1
 STATE_STORED_BYTES_MAX = 64 * 1024 * 1024
 # Keys across all resources: an empty value costs its key's bytes only, so without a count 64 MiB
 # of one-byte keys would be 67M keys (~200 B of a member's memory and up to 24 B of snapshot
-# framing each). 250,000 keys average 268 B each at the byte limit; past it a write of a new key
-# is refused LIMIT_EXCEEDED (limit "state_keys").
-STATE_KEYS_MAX = 250_000
+# framing each). One key for each of RESOURCES_MAX resources, 67 B each on average at the byte
+# limit; past it a write of a new key is refused LIMIT_EXCEEDED (limit "state_keys").
+STATE_KEYS_MAX = 1_000_000
 
 # -- the largest snapshot (derived: tests/test_backup_size.py builds the fullest state) ---------
 # msgpack framing maxima, written out below: an array, str or bin head is at most 5 bytes,
@@ -104,7 +109,8 @@ SNAPSHOT_DEDUP_ENTRY_BYTES_MAX = (
 )
 # The document around them: magic, format version, epoch, log clock, array heads, no staging.
 SNAPSHOT_FRAME_BYTES_MAX = 1024
-# The largest backup (a snapshot without a restore in progress) the limits allow, ~181 MB. A
+# The largest backup (a snapshot without a restore in progress) the limits allow, ~727 MB (a
+# million resources of the longest names, holders and owners; short ones make ~60 MB). A
 # restore may be no larger; a member's own snapshot may be up to twice it while a restore is
 # staged (the staged backup is part of it).
 BACKUP_BYTES_MAX = (
@@ -119,7 +125,7 @@ BACKUP_BYTES_MAX = (
 # Snapshots and restores travel in chunks of at most this many bytes: each SnapshotStream and
 # RestoreStream message, and each RESTORE_CHUNK entry of the log. 1 MiB keeps a gRPC message far
 # under GRPC_MESSAGE_BYTES_MAX and an entry far under the Raft batch size (never split), while
-# the largest backup is only ~175 entries.
+# the largest backup is ~694 entries.
 BACKUP_CHUNK_BYTES = 1024 * 1024
 # A RESTORE_CHUNK command: the chunk plus its envelope and fields.
 RESTORE_CHUNK_COMMAND_BYTES_MAX = BACKUP_CHUNK_BYTES + 4 * 1024
@@ -132,7 +138,8 @@ RESTORE_ID_BYTES = 16
 # a member that died mid-restore blocks the next one no longer than that.
 RESTORE_STAGING_IDLE_MS = 60_000
 # Backup transfers (snapshots and restores, streamed or unary) one member runs at once: each holds
-# up to BACKUP_BYTES_MAX in memory, so two bound that to ~360 MB; a third is refused OVERLOADED.
+# up to BACKUP_BYTES_MAX in memory, so two bound that to ~1.5 GB at the worst the limits allow
+# (~120 MB at a million short-named resources); a third is refused OVERLOADED.
 BACKUP_TRANSFERS_MAX = 2
 # The unary Admin.Snapshot and Admin.Restore carry a backup in one gRPC message, and a RESTORE
 # entry written by an older member carries one in one Raft entry (still applied from old logs):
