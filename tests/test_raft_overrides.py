@@ -486,14 +486,18 @@ def test_old_snapshot_never_rolls_state_back(tmp_path, fixes):
         assert len(node.state_machine.applied) == 3  # applied state went backwards
 
 
-def test_installing_a_snapshot_restarts_the_election_timer(tmp_path, monkeypatch):
+@pytest.mark.parametrize("installing", [True, False], ids=["install", "startup"])
+def test_loading_a_snapshot_restarts_the_election_timer(tmp_path, monkeypatch, installing):
+    """Installing the leader's snapshot, or loading one's own at start-up (pysyncobj set the
+    timer in __init__, before the first tick loads): either way a load that outlasts the
+    election timeout must not call an election the moment it ends."""
     new = snapshot_of(tmp_path, upto=8)
     node = make_node(tmp_path)
     fill_follower(node, last=3)
     so = node.syncobj
     clock = [1000.0]
     monkeypatch.setattr(ps_syncobj, "monotonicTime", lambda: clock[0])
-    so._SyncObj__raftElectionDeadline = clock[0] + node.config.raft_min_timeout_s  # as the append set it
+    so._SyncObj__raftElectionDeadline = clock[0] + node.config.raft_min_timeout_s  # as the append / __init__ set it
     restore = node._replica.deserialize
 
     def slow_restore(path):
@@ -504,9 +508,9 @@ def test_installing_a_snapshot_restarts_the_election_timer(tmp_path, monkeypatch
     so._SyncObj__serializer._Serializer__deserializer = slow_restore
     with open(so.conf.fullDumpFile, "wb") as f:
         f.write(new)
-    so._SyncObj__loadDumpFile(clearJournal=True)  # as on snapshot install
-    assert len(node.state_machine.applied) == 7  # installed
-    # The timer counts from the end of the install, not from the message that carried it.
+    so._SyncObj__loadDumpFile(clearJournal=installing)
+    assert len(node.state_machine.applied) == 7  # loaded
+    # The timer counts from the end of the load, not from the message or start that preceded it.
     assert so._SyncObj__raftElectionDeadline >= clock[0] + node.config.raft_min_timeout_s
 
 

@@ -743,11 +743,13 @@ class HardenedSyncObj(ReadIndex, MemberChanges, MemberGate, SyncObj):
             # dump (syncobj.py:1489-1495), dropping acknowledged entries.
             clearJournal = False
         loaded = SyncObj._SyncObj__loadDumpFile(self, clearJournal)
-        if installing:
-            # The leader's election timer started when its message arrived (syncobj.py:952);
-            # restoring a full state takes about a second (RAFT.md), and a follower that
-            # spent it installing the leader's own snapshot must not then depose it.
-            self._SyncObj__raftElectionDeadline = _ps.monotonicTime() + self._SyncObj__generateRaftTimeout()
+        # The election timer restarts once the state is loaded. Installing: it started when the
+        # leader's message arrived (syncobj.py:952), and a follower that spent the restore on
+        # the leader's own snapshot must not then depose it. Starting: pysyncobj set it in
+        # __init__ (syncobj.py:162) and loads in the first tick; a load that outlasts it (~7 s
+        # at a million resources, RAFT.md) would call an election the moment it ends and,
+        # with no pre-vote, depose a healthy leader at every restart.
+        self._SyncObj__raftElectionDeadline = _ps.monotonicTime() + self._SyncObj__generateRaftTimeout()
         return loaded
 
     def _align_journal_head(self, index: int, term: int) -> bool:
