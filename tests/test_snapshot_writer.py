@@ -99,6 +99,8 @@ class GatedMachine:
 
     def __init__(self, fail: bool = False):
         self.state = [b"one", b"two", b"three"]
+        self.start = threading.Event()  # the first piece waits for it
+        self.start.set()
         self.gate = threading.Event()
         self.first_read = threading.Event()
         self.fail = fail
@@ -107,6 +109,7 @@ class GatedMachine:
         return b"".join(self.state)
 
     def snapshot_pieces(self):
+        assert self.start.wait(WAIT_S), "the test never let the first piece go"
         state = list(self.state)
         yield state[0]
         self.first_read.set()
@@ -118,10 +121,14 @@ class GatedMachine:
 
 def test_the_raft_thread_only_starts_a_snapshot_and_collects_it(tmp_path):
     machine = GatedMachine()
+    machine.start.clear()
     serializer, _replica, path = background(tmp_path, machine)
     serializer.serialize((None, LAST, PREV, set()), LAST[1])  # returns while the writer waits
-    assert serializer.capturing, "applying must stay paused until the whole state is read"
+    assert serializer.capturing, "applying must stay paused until the first piece fixes the state"
+    machine.start.set()
     assert machine.first_read.wait(WAIT_S)
+    # The state is fixed: applying resumes while the rest is read (the machine keeps it).
+    poll(lambda: not serializer.capturing, "applying to resume after the first piece")
     assert serializer.checkSerializing() == (SERIALIZER_STATE.SERIALIZING, LAST[1])
     assert not os.path.exists(path), "renamed into place before it was written"
     machine.gate.set()

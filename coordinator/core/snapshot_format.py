@@ -23,7 +23,7 @@ from coordinator.core import limits
 from coordinator.core import validation
 from coordinator.core.commands import Op
 from coordinator.core.outcomes import Applied, is_flat_map, is_int, outcome_from_wire, outcome_to_wire
-from coordinator.core.state import NO_WAITERS, DedupEntry, KeyData, Lease, ResourceState, StagedRestore, Waiter, entry_bytes, shared
+from coordinator.core.state import NO_WAITERS, DedupEntry, KeyData, Lease, ResourceState, ResourceTable, StagedRestore, Waiter, entry_bytes, shared
 from coordinator.core.validation import InvalidField
 
 # Version of the snapshot layout written by snapshot(); 2 added the staged restore (a 7th item);
@@ -225,7 +225,7 @@ def _read_steps(tallies: dict[str, Any], keep_dedup: bool):
     # The resources whose key count beats every earlier one's: the first of them over a limit
     # is the first resource over it, whatever the limit (finish checks them in order).
     tallies["keys_records"] = keys_records = []
-    resources: dict[str, ResourceState] = {}
+    resources = ResourceTable()
     previous_name: str | None = None
     keys_total = stored_bytes_total = 0
     labels: dict[str, str] = {}  # holders and keys checked already, each as shared() stores it

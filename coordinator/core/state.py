@@ -102,6 +102,12 @@ class KeyData(MutableMapping):
     def __repr__(self) -> str:
         return f"KeyData({dict(self.items())!r})"
 
+    def copy(self) -> KeyData:
+        twin = KeyData()
+        twin._key, twin._value, twin._version = self._key, self._value, self._version
+        twin._more = None if self._more is None else dict(self._more)
+        return twin
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Lease:
@@ -148,6 +154,99 @@ class ResourceState:
     # The lock wait queue, in arrival order (FIFO): waiter_id -> Waiter. NO_WAITERS (read-only)
     # while nobody waits; only LockQueue and whole-state replacements assign it.
     waiters: dict[bytes, Waiter] = dataclasses.field(default_factory=lambda: NO_WAITERS)  # type: ignore[arg-type]
+
+
+    def copy(self) -> ResourceState:
+        """A copy the original's later changes do not reach: the lease and waiters are
+        immutable values (replaced, never changed), the key map and the queue are copied."""
+        return ResourceState(
+            high_water_mark=self.high_water_mark, lease=self.lease, revision=self.revision,
+            data=self.data.copy(), owner=self.owner, stored_bytes=self.stored_bytes,
+            waiters=self.waiters if self.waiters is NO_WAITERS else dict(self.waiters),
+        )
+
+
+class ResourceTable(dict):
+    """The resources by name: a dict that keeps, while a snapshot is read (``capture``), the
+    state each resource had when the snapshot started, so the state machine need not stop
+    applying for the read (copy-on-write).
+
+    The state machine changes a resource only after taking it from this table with ``get``,
+    ``[]``, ``pop``, ``del`` or ``[] =`` in the same entry; while a capture runs, each of them
+    first keeps a copy of the resource as it was (or None: absent) unless one is kept already.
+    A change of every resource (fencing all) calls ``preserve_all`` first. Iterating, ``in``
+    and ``len`` keep nothing: the snapshot's names are listed when it starts, and a read-only
+    pass needs no copy. What the state machine reads for a client (``peek``) keeps nothing.
+    tests/test_state_capture.py applies random commands between a capture's pieces and holds
+    the pieces to the snapshot taken when it started.
+    """
+
+    __slots__ = ("capture",)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        # name -> the resource as the running snapshot started with it (None: absent then)
+        self.capture: dict[str, ResourceState | None] | None = None
+
+    def _keep(self, name: str) -> None:
+        kept = self.capture
+        if kept is not None and name not in kept:
+            res = dict.get(self, name)
+            kept[name] = None if res is None else res.copy()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        if self.capture is not None:
+            self._keep(name)
+        return dict.get(self, name, default)
+
+    def __getitem__(self, name: str) -> ResourceState:
+        if self.capture is not None:
+            self._keep(name)
+        return dict.__getitem__(self, name)
+
+    def __setitem__(self, name: str, res: ResourceState) -> None:
+        if self.capture is not None:
+            self._keep(name)
+        dict.__setitem__(self, name, res)
+
+    def __delitem__(self, name: str) -> None:
+        if self.capture is not None:
+            self._keep(name)
+        dict.__delitem__(self, name)
+
+    def pop(self, name: str, *default: Any) -> Any:
+        if self.capture is not None:
+            self._keep(name)
+        return dict.pop(self, name, *default)
+
+    def peek(self, name: str) -> ResourceState | None:
+        """The resource, for reading only: nothing kept."""
+        return dict.get(self, name)
+
+    def preserve_all(self) -> None:
+        """Keep every resource as it is now (a change of all of them follows)."""
+        if self.capture is not None:
+            for name in dict.keys(self):
+                self._keep(name)
+
+    def as_captured(self, name: str) -> ResourceState | None:
+        """The resource as the running capture started with it."""
+        kept = self.capture
+        if kept is not None and name in kept:
+            return kept[name]
+        return dict.get(self, name)
+
+    def setdefault(self, *args: Any) -> Any:  # not used by the state machine: a change unseen
+        raise NotImplementedError("ResourceTable: use get and [] =")
+
+    def popitem(self) -> Any:
+        raise NotImplementedError("ResourceTable: use pop")
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError("ResourceTable: use [] =")
+
+    def clear(self) -> None:
+        raise NotImplementedError("ResourceTable: replace the table")
 
 
 def entry_bytes(key: str, value: bytes) -> int:

@@ -115,9 +115,10 @@ class Replica(SyncObjConsumer):
         the rest as a job ``job(path, captured)`` another thread may run (snapshot_writer.py).
 
         The job reads the state in pieces, taking the apply lock for each, and calls
-        ``captured()`` once it has read the last one (or failed), then writes the file. The
-        caller must apply nothing from the moment it asks for the job until ``captured()``
-        is called: that is what makes the pieces one point-in-time state, the one at ``last``.
+        ``captured()`` once the state it holds is fixed (``snapshot_pieces``: its first piece
+        is read; ``snapshot()``: all of it), or it failed; then it reads the rest and writes
+        the file. The caller must apply nothing from the moment it asks for the job until
+        ``captured()`` is called: that is what makes the pieces the state at ``last``.
         """
         last, prev, _cluster = data
         config = self.config_at(last[1])
@@ -130,9 +131,9 @@ class Replica(SyncObjConsumer):
                         with self.lock:
                             state = self._sm.snapshot()
                     else:
-                        pieces = self._read_in_pieces(pieces_of)
+                        pieces = self._read_in_pieces(pieces_of, captured)
             finally:
-                captured()
+                captured()  # once only: a second call does nothing
             if pieces_of is None:
                 snapshot_file.write(path, last, prev, state, config)
             else:
@@ -140,16 +141,24 @@ class Replica(SyncObjConsumer):
 
         return job
 
-    def _read_in_pieces(self, pieces_of: Callable[[], Any]) -> list[bytes]:
+    def _read_in_pieces(self, pieces_of: Callable[[], Any], captured: Callable[[], None]) -> list[bytes]:
         pieces = []
         with self.lock:
             produce = iter(pieces_of())
-        while True:
-            with self.lock:  # readers get in between pieces; the state itself does not change
-                piece = next(produce, None)
-            if piece is None:
-                return pieces
-            pieces.append(piece)
+        try:
+            while True:
+                # Entries are applied and readers served between pieces, never during one: the
+                # state machine keeps what the snapshot started with (copy-on-write).
+                with self.lock:
+                    piece = next(produce, None)
+                if piece is None:
+                    return pieces
+                if not pieces:
+                    captured()  # the first piece fixed the state: applying may resume
+                pieces.append(piece)
+        finally:
+            with self.lock:
+                produce.close()  # ends a capture left early (a failure): no-op after the last piece
 
     def deserialize(self, path: str):
         body = snapshot_file.read_body(path)

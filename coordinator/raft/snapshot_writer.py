@@ -6,8 +6,9 @@ records. pysyncobj's own asynchronous protocol is kept: ``serialize`` starts the
 returns, ``checkSerializing`` (called by every tick's compaction check) answers SERIALIZING
 until the work is done, then SUCCESS or FAILED once; pysyncobj compacts the journal only on
 SUCCESS (syncobj.py:1425-1428), so never before the file is durable and in place.
-Must never: let the Raft thread apply an entry while the state is being read (``capturing``:
-HardenedSyncObj skips applying while it is set), rename a file that was not fully written and
+Must never: let the Raft thread apply an entry before the state a snapshot holds is fixed
+(``capturing``: HardenedSyncObj skips applying while it is set; the state machine's first piece
+fixes it, and it keeps what later entries change as it was: copy-on-write), rename a file that was not fully written and
 fsynced, or rename its file over a snapshot installed from the leader meanwhile
 (``setTransmissionData`` waits for a running write first).
 """
@@ -55,10 +56,11 @@ class BackgroundSerializer(Serializer):
         self._idle.set()
         self._outcome: Any = None  # SERIALIZER_STATE.SUCCESS / FAILED once the thread is done
         # Set by the Raft thread when it starts a snapshot, cleared by the writer thread once
-        # it has read the whole state: while set, HardenedSyncObj applies nothing.
+        # the state the snapshot holds is fixed (its first piece read; the whole state for a
+        # state machine without pieces): while set, HardenedSyncObj applies nothing.
         self.capturing = False
         self.last_duration_s: float | None = None  # of the last successful snapshot
-        self.last_capture_s: float | None = None  # of its state read (applying paused)
+        self.last_capture_s: float | None = None  # of its start until the state was fixed (applying paused)
         self.failures = 0  # writes that failed (each reported FAILED, retried later)
         # Run the job on the calling (Raft) thread instead: a node ticked by hand (the
         # simulation) must stay deterministic; its result is still collected at the next check.
@@ -119,8 +121,9 @@ class BackgroundSerializer(Serializer):
         started = time.monotonic()
 
         def captured() -> None:
-            self.last_capture_s = time.monotonic() - started
-            self.capturing = False
+            if self.capturing:  # the first call: the state is fixed (a later one changes nothing)
+                self.last_capture_s = time.monotonic() - started
+                self.capturing = False
 
         try:
             job(tmp, captured)  # the file is fsynced before this returns

@@ -548,9 +548,10 @@ class HardenedSyncObj(ReadIndex, MemberChanges, MemberGate, SyncObj):
         return serializer if hasattr(serializer, "capturing") else None
 
     def _SyncObj__applyLogEntries(self):
-        # While the snapshot writer reads the state (from the moment the Raft thread started
-        # it until the last piece is read) nothing is applied: the pieces then describe the
-        # state at the snapshot's last index exactly. Committed entries wait in the journal;
+        # From the moment the Raft thread starts a snapshot until the writer thread has read
+        # its first piece (which fixes the state it holds; the state machine keeps what later
+        # entries change as it was) nothing is applied: the pieces then describe the state at
+        # the snapshot's last index exactly. Committed entries wait in the journal meanwhile;
         # elections, heartbeats, appends and commits go on.
         writer = self._snapshot_writer()
         if writer is not None and writer.capturing:
