@@ -623,8 +623,8 @@ def print_table(report: dict) -> None:
         ("snapshot (leader)", f"{f['snapshot_ms']:,.0f} ms", f"{f['snapshot_mib']:.1f} MiB; slowest of "
          + ", ".join(f"{s['snapshot_ms']:.0f} (state {s['state_ms']:.0f} + write {s['write_ms']:.0f})"
                      for s in report["snapshots"])),
-        ("applying paused (leader)", f"{f['snapshot_capture_ms']:,.0f} ms",
-         "longest state read by the snapshot writer thread (entries commit meanwhile, apply after)"),
+        ("applying paused (leader)", f"{f['snapshot_capture_ms']:,.1f} ms",
+         "longest wait of committed entries for a snapshot: from its start until its first piece fixed the state"),
         ("snapshot CPU (leader)", f"{f['snapshot_cpu_ms']:,.0f} ms", "least CPU of the snapshotting thread of "
          + ", ".join(f"{s['snapshot_cpu_ms']:.0f} (state {s['state_cpu_ms']:.0f} + write {s['write_cpu_ms']:.0f})"
                      for s in report["snapshots"])),

@@ -43,6 +43,9 @@ CORE_ALLOWED_OUTSIDE = {
     "__future__", "abc", "bisect", "collections", "dataclasses", "enum", "functools", "hashlib",
     "heapq", "itertools", "math", "msgpack", "operator", "re", "struct", "typing",
 }
+# Single pure functions of an otherwise impure module, imported by name (``from sys import
+# intern``): the state machine interns repeated labels (core/state.py ``shared``).
+CORE_ALLOWED_NAMES = {"sys.intern"}
 
 HARNESS_PACKAGES = {"testsupport", "tests", "chaos", "bench"}
 
@@ -78,7 +81,8 @@ def imports_of(package_dir: pathlib.Path, path: pathlib.Path) -> set[str]:
                 base = ".".join(base_parts + ([node.module] if node.module else []))
             else:
                 base = node.module or ""
-            found.add(base)
+            if not all(f"{base}.{alias.name}" in CORE_ALLOWED_NAMES for alias in node.names):
+                found.add(base)
             for alias in node.names:  # `from coordinator.core import limits` names a module
                 found.add(f"{base}.{alias.name}")
         elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "__import__":
@@ -105,7 +109,7 @@ def violations(package_dir: pathlib.Path) -> list[str]:
                 target = _layer_of(name)
                 if target and target != layer and target not in ALLOWED_LAYERS.get(layer, set()):
                     found.append(f"{module} ({layer}) imports {name} ({target})")
-            elif layer == "core" and top not in CORE_ALLOWED_OUTSIDE:
+            elif layer == "core" and top not in CORE_ALLOWED_OUTSIDE and name not in CORE_ALLOWED_NAMES:
                 found.append(f"{module} (core) imports {top}, which is not pure")
     return sorted(set(found))
 
@@ -190,7 +194,13 @@ def test_checker_passes_a_clean_tree(tmp_path):
          "coordinator.client.c (client) imports coordinator.server (server)"),
         ({"server/s.py": "from testsupport.cluster import ProcessCluster\n"},
          "coordinator.server.s imports the test harness testsupport.cluster"),
+        ({"core/sm.py": "import sys\n"}, "coordinator.core.sm (core) imports sys, which is not pure"),
+        ({"core/sm.py": "from sys import intern, exit\n"}, "coordinator.core.sm (core) imports sys, which is not pure"),
     ],
 )
 def test_checker_reports_each_kind_of_violation(tmp_path, files, expected):
     assert expected in violations(_tree(tmp_path, files))
+
+
+def test_checker_lets_core_import_only_the_named_pure_function_of_sys(tmp_path):
+    assert violations(_tree(tmp_path, {"core/sm.py": "from sys import intern\n"})) == []

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import sys
-import types
-from collections.abc import Iterator, MutableMapping
-from typing import Any, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
+from sys import intern
+from typing import Any
 
 import msgpack
 
@@ -25,7 +24,23 @@ from coordinator.core.outcomes import Applied, outcome_from_wire
 # resources). LockQueue gives a resource a dict of its own when a first waiter queues and puts
 # this back when the last one leaves; writing to it raises, so a missed swap cannot leak a waiter
 # into every resource.
-NO_WAITERS: Mapping[bytes, Any] = types.MappingProxyType({})
+class _NoWaiters(Mapping):
+    __slots__ = ()
+
+    def __getitem__(self, waiter_id: bytes) -> Any:
+        raise KeyError(waiter_id)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "NO_WAITERS"
+
+
+NO_WAITERS: Mapping[bytes, Any] = _NoWaiters()
 
 
 # ``shared(text)``: ``text`` as the one copy every resource that stores it shares. Holders, keys
@@ -33,7 +48,7 @@ NO_WAITERS: Mapping[bytes, Any] = types.MappingProxyType({})
 # each command decodes its own copy, ~50-60 B a resource each. Interned strings are freed once
 # no resource holds them, and interning changes no value: replicas stay equal. sys.intern
 # itself, not a wrapper: a restore calls it for every resource.
-shared = sys.intern
+shared = intern
 
 
 class KeyData(MutableMapping):
