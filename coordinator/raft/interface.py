@@ -41,9 +41,9 @@ class StateMachine(Protocol):
     # Optional: a ``snapshot_deferred`` property, True while a snapshot would free nothing
     # (it would hold what the journal entries it replaces hold): no compaction starts then.
     # Optional: ``snapshot_pieces()``, an iterator of bytes whose concatenation is ``snapshot()``
-    # as it was when the first piece was read (which must then return bytes). The snapshot
-    # writer thread takes the apply lock for each piece; nothing is applied until the first
-    # is read, and entries are applied between the later ones, so the state machine must keep
+    # as it was when the first non-empty piece was read (which must then return bytes). The
+    # snapshot writer thread takes the apply lock for each piece; nothing is applied until the
+    # first non-empty one is read, and entries are applied between the later ones, so the state machine must keep
     # what they change as it was (copy-on-write; replica.py). A snapshot then holds neither
     # the Raft thread nor applying for the whole state.
 

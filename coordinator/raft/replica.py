@@ -115,8 +115,8 @@ class Replica(SyncObjConsumer):
         the rest as a job ``job(path, captured)`` another thread may run (snapshot_writer.py).
 
         The job reads the state in pieces, taking the apply lock for each, and calls
-        ``captured()`` once the state it holds is fixed (``snapshot_pieces``: its first piece
-        is read; ``snapshot()``: all of it), or it failed; then it reads the rest and writes
+        ``captured()`` once the state it holds is fixed (``snapshot_pieces``: its first
+        non-empty piece is read; ``snapshot()``: all of it), or it failed; then it reads the rest and writes
         the file. The caller must apply nothing from the moment it asks for the job until
         ``captured()`` is called: that is what makes the pieces the state at ``last``.
         """
@@ -153,9 +153,10 @@ class Replica(SyncObjConsumer):
                     piece = next(produce, None)
                 if piece is None:
                     return pieces
-                if not pieces:
-                    captured()  # the first piece fixed the state: applying may resume
-                pieces.append(piece)
+                if piece and not pieces:
+                    captured()  # the first non-empty piece fixed the state: applying may resume
+                if piece:
+                    pieces.append(piece)
         finally:
             with self.lock:
                 produce.close()  # ends a capture left early (a failure): no-op after the last piece
