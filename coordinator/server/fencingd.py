@@ -131,6 +131,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     placement.start()  # before any thread starts: threads inherit where they were started
     _name_os_threads()
     from coordinator.server.app import FencingServer, StartupError  # imports grpc and the Raft layer: after config checks
+    from coordinator.raft.replica import freeze_after_slow_full_passes
+
+    freeze_after_slow_full_passes()  # the GC's full passes stay short as the state grows (replica.py)
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
