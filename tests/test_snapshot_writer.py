@@ -246,3 +246,48 @@ def test_a_snapshot_that_cannot_start_is_reported_failed_and_applying_goes_on(tm
     assert serializer.checkSerializing() == (SERIALIZER_STATE.FAILED, LAST[1])
     assert serializer.checkSerializing() == (SERIALIZER_STATE.NOT_SERIALIZING, None)
     assert not os.path.exists(path)
+
+
+class ManyPieces:
+    """A state machine of many pieces, each some work, that notes how many applies it saw."""
+
+    def __init__(self, replica_box: list, pieces: int = 200):
+        self.replica_box = replica_box
+        self.pieces = pieces
+        self.applied = 0  # counted by the applier thread, under the apply lock
+        self.seen: list[int] = []
+
+    def snapshot(self) -> bytes:
+        return b"x" * self.pieces
+
+    def snapshot_pieces(self):
+        for _ in range(self.pieces):
+            sum(range(20_000))  # a piece's work, GIL held, as packing resources is
+            self.seen.append(self.applied)
+            yield b"x"
+
+
+def test_a_thread_waiting_for_the_apply_lock_gets_it_between_pieces(tmp_path):
+    """The Raft thread applies between pieces (copy-on-write): the writer must hand it the lock,
+    not take it back at once for the next piece (a follower's tick waited out ~1 s reads)."""
+    box: list = []
+    machine = ManyPieces(box)
+    serializer, replica, path = background(tmp_path, machine)
+    stop = threading.Event()
+
+    def applier():
+        while not stop.is_set():
+            with replica.lock:
+                machine.applied += 1
+
+    thread = threading.Thread(target=applier, daemon=True)
+    thread.start()
+    try:
+        serializer.serialize((None, LAST, PREV, set()), LAST[1])
+        poll(lambda: serializer.checkSerializing()[0] == SERIALIZER_STATE.SUCCESS, "the snapshot")
+    finally:
+        stop.set()
+        thread.join(WAIT_S)
+    between = sum(1 for a, b in zip(machine.seen, machine.seen[1:]) if b > a)
+    print(f"the applier got the lock between {between} of {len(machine.seen) - 1} pairs of pieces")
+    assert between >= (len(machine.seen) - 1) // 2
