@@ -90,6 +90,18 @@ def _write_all(fd: int, data: bytes, offset: int) -> None:
         offset += written
 
 
+def _read_exactly(fd: int, size: int, offset: int) -> bytes:
+    parts = []
+    while size:
+        part = os.pread(fd, size, offset)
+        if not part:
+            raise OSError(f"journal: {size} bytes missing at offset {offset}")
+        parts.append(part)
+        size -= len(part)
+        offset += len(part)
+    return b"".join(parts)
+
+
 # The journal is read at start through a buffer of this many bytes: large enough that a
 # journal of tens of MiB takes few reads, small against any journal worth streaming.
 _LOAD_READ_BYTES = 1024 * 1024
@@ -136,6 +148,9 @@ class DurableJournal(Journal):
         self._track_synced = track_synced
         self._entries: list[tuple[bytes, int, int]] = []
         self._offsets: list[int] = []
+        # Whether every record in the file encodes its entry as held in memory: false after a
+        # load upgraded a pre-typed entry, until a compaction has written them all anew.
+        self._records_are_entries = True
         self._committed_through = 0
         self._end = _HEADER.size
         self._synced_end = _HEADER.size
@@ -225,7 +240,11 @@ class DurableJournal(Journal):
                         f"{self._path}: record at offset {offset} has index {index}, expected {previous_index + 1}"
                     )
                 previous_index = index
-                self._entries.append((self._typed_entry(payload[_ENTRY_HEAD.size :], index), index, term))
+                command = payload[_ENTRY_HEAD.size :]
+                typed = self._typed_entry(command, index)
+                if typed != command:
+                    self._records_are_entries = False
+                self._entries.append((typed, index, term))
                 self._offsets.append(offset)
                 offset += _RECORD_HEAD.size + length
         self._end = offset
@@ -335,24 +354,45 @@ class DurableJournal(Journal):
         fsync_directory(self._dir, self._fsync)
         kept = self._entries[entryTo:]
         committed = max(self._committed_through, kept[0][1] if kept else 0)
-        self._rewrite(kept, committed_through=committed)
+        with self._io_lock:
+            if kept and self._records_are_entries:
+                # The kept records' bytes are copied, not encoded again: this runs on the Raft
+                # thread when a snapshot is collected, and encoding every entry applied during
+                # the snapshot's read took ~20-30 ms of it at 1,000,000 resources (bench scale).
+                start = self._offsets[entryTo]
+                records = _read_exactly(self._fd, self._end - start, start)
+                shift = _HEADER.size - start
+                offsets = [offset + shift for offset in self._offsets[entryTo:]]
+                self._rewrite_locked(kept, committed, tail=(records, offsets))
+            else:
+                self._rewrite_locked(kept, committed)
 
     def _rewrite(self, entries: list[tuple[bytes, int, int]], committed_through: int) -> None:
         with self._io_lock:
             self._rewrite_locked(entries, committed_through)
 
-    def _rewrite_locked(self, entries: list[tuple[bytes, int, int]], committed_through: int) -> None:
+    def _rewrite_locked(
+        self, entries: list[tuple[bytes, int, int]], committed_through: int,
+        tail: tuple[bytes, list[int]] | None = None,
+    ) -> None:
+        """A new file of ``entries``: encoded, or ``tail`` = (their records' bytes as this file
+        holds them, their offsets in the new file)."""
         tmp = self._path + ".compact"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             chunks = [_HEADER.pack(_MAGIC, _FORMAT_VERSION, 0, committed_through)]
-            offsets = []
-            end = _HEADER.size
-            for command, idx, term in entries:
-                record = _encode_record(command, idx, term)
-                offsets.append(end)
-                chunks.append(record)
-                end += len(record)
+            if tail is None:
+                offsets = []
+                end = _HEADER.size
+                for command, idx, term in entries:
+                    record = _encode_record(command, idx, term)
+                    offsets.append(end)
+                    chunks.append(record)
+                    end += len(record)
+            else:
+                records, offsets = tail
+                chunks.append(records)
+                end = _HEADER.size + len(records)
             _write_all(fd, b"".join(chunks), 0)
             self._fsync(fd)
         except BaseException:
@@ -364,6 +404,7 @@ class DurableJournal(Journal):
         self._fd = fd
         self._entries = list(entries)
         self._offsets = offsets
+        self._records_are_entries = True
         self._end = end
         self._synced_end = end
         self._end_after_compaction = end
