@@ -110,9 +110,9 @@ SNAPSHOT_DEDUP_ENTRY_BYTES_MAX = (
 # The document around them: magic, format version, epoch, log clock, array heads, no staging.
 SNAPSHOT_FRAME_BYTES_MAX = 1024
 # The largest backup (a snapshot without a restore in progress) the limits allow, ~727 MB (a
-# million resources of the longest names, holders and owners; short ones make ~60 MB). A
-# restore may be no larger; a member's own snapshot may be up to twice it while a restore is
-# staged (the staged backup is part of it).
+# million resources of the longest names, holders and owners; short ones with a 32-byte value
+# each make ~92 MB, bench scale). A restore may be no larger; a member's own snapshot may be
+# up to twice it while a restore is staged (the staged backup is part of it).
 BACKUP_BYTES_MAX = (
     SNAPSHOT_FRAME_BYTES_MAX
     + RESOURCES_MAX * SNAPSHOT_RESOURCE_BYTES_MAX
@@ -139,7 +139,7 @@ RESTORE_ID_BYTES = 16
 RESTORE_STAGING_IDLE_MS = 60_000
 # Backup transfers (snapshots and restores, streamed or unary) one member runs at once: each holds
 # up to BACKUP_BYTES_MAX in memory, so two bound that to ~1.5 GB at the worst the limits allow
-# (~120 MB at a million short-named resources); a third is refused OVERLOADED.
+# (~185 MB at a million short-named resources); a third is refused OVERLOADED.
 BACKUP_TRANSFERS_MAX = 2
 # The unary Admin.Snapshot and Admin.Restore carry a backup in one gRPC message, and a RESTORE
 # entry written by an older member carries one in one Raft entry (still applied from old logs):
