@@ -751,3 +751,30 @@ def test_nothing_is_applied_while_a_snapshot_reads_the_state(tmp_path):
     writer.capturing = False
     node.tick(0)
     assert len(node.state_machine.applied) == len(applied) + 2
+
+
+def test_a_member_without_configuration_stops_campaigning_once_a_peer_shows_a_cluster(tmp_path):
+    """A wiped member (no configuration, allowed to bootstrap) whose peers are configured: each
+    campaign is refused and raised its term past the cluster's, until the cluster's leader could
+    not reach it any more (test_member_identity). Once a peer's message names a cluster it
+    stands for no election, and its term stays where the cluster's leader can reach it."""
+    node = make_node(tmp_path)
+    so = node.syncobj
+    transport = so._SyncObj__transport
+    for peer in (LEADER, OTHER):
+        transport._onNodeConnected(TCPNode(peer))
+    node.tick(0)  # loads (nothing): the gate decides from here on
+    assert so.is_voter(), "before any peer shows a cluster it may bootstrap"
+    so._SyncObj__raftElectionDeadline = 0
+    node.tick(0)
+    campaigned = so.raftCurrentTerm
+    assert campaigned >= 1
+    # A configured peer campaigns too: its vote request carries its cluster id.
+    so._SyncObj__onMessageReceived(TCPNode(LEADER), {
+        "type": "request_vote", "term": campaigned, "last_log_index": 0, "last_log_term": 0,
+        "cluster": "c" * 32, "incarnation": PEER_INCARNATIONS[LEADER]})
+    assert not so.is_voter()
+    for _ in range(5):
+        so._SyncObj__raftElectionDeadline = 0
+        node.tick(0)
+    assert so.raftCurrentTerm == campaigned, "no campaign raised the term"

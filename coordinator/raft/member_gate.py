@@ -58,6 +58,9 @@ class MemberGate:
         self._acked_index: dict[str, int] = {}  # address -> highest index it acknowledged
         self._bootstrap_votes: dict[str, int] = {}  # address -> incarnation, this term
         self._bootstrap_term = -1
+        # A cluster id a peer's message carried while this member had no configuration: the
+        # peers are configured, so no unanimous bootstrap can include this member any more.
+        self._peer_cluster: str | None = None
         self._not_member_logged_at = 0.0
         self.refused_votes = 0  # votes asked or granted by incarnations the configuration does not name
         self.refused_cluster_ids = 0  # votes or acks from members of another cluster
@@ -124,7 +127,12 @@ class MemberGate:
             return False
         config = self.config()
         if config is None:
-            return self._bootstrap
+            # Not once a peer showed a cluster of its own: every campaign would be refused (the
+            # configured peers count votes of the configuration's incarnations only), and each
+            # would raise this member's term past the cluster's, so the cluster's leader could
+            # never reach it with the configuration that says what an operator must do (a
+            # wiped member whose term ran ahead kept campaigning for good, test_member_identity).
+            return self._bootstrap and self._peer_cluster is None
         return config.counts(self._self_address(), self._identity.incarnation)
 
     # -- votes ----------------------------------------------------------------------
@@ -136,6 +144,10 @@ class MemberGate:
         address = node.address
         config = self.config()
         ours = config.cluster_id if config is not None else None
+        if cluster is not None and ours is None and self._peer_cluster is None:
+            self._peer_cluster = cluster
+            log.warning("raft: peer %s belongs to cluster %s; this member has no configuration: it stands for"
+                        " no election and waits for that cluster's leader", address, cluster)
         if cluster is not None and ours is not None and cluster != ours:
             self.refused_cluster_ids += 1
             peer_warnings.warning(
@@ -251,10 +263,12 @@ class MemberGate:
         self._not_member_logged_at = now
         config = self._configs.current()
         if config is None:
+            why = ("initial_cluster_state = 'existing'" if self._peer_cluster is None
+                   else f"its peers already belong to cluster {self._peer_cluster}")
             log.warning(
                 "raft: member %s (incarnation %d) has no cluster configuration and may not bootstrap one"
-                " (initial_cluster_state = 'existing'): waiting to be added (`fencingctl admin member add`)",
-                self._identity.member_id, self._identity.incarnation,
+                " (%s): waiting to be added (`fencingctl admin member add`) or to hear the cluster's leader",
+                self._identity.member_id, self._identity.incarnation, why,
             )
             return
         listed = config.by_address(self._self_address())
