@@ -218,3 +218,116 @@ def test_a_loaded_pre_typed_entry_makes_the_next_compaction_encode_every_record(
     assert legacy not in body, "the compacted file holds the typed entry, not the pickled one"
     j2._destroy()
     assert [e[0] for e in DurableJournal(str(tmp_path))[:]] == [e[0] for e in j2[:]]
+
+
+# -- compaction prepared by the snapshot writer (prepare_compaction) -------------------------
+
+
+def _filled(where, last: int = 50) -> DurableJournal:
+    j = DurableJournal(str(where))
+    for idx in range(1, last + 1):
+        j.add(b"cmd-%d" % idx * (idx % 7), idx, 1 + idx // 20)
+    j.sync()
+    return j
+
+
+def _same_journals(a_dir, a: DurableJournal, b_dir, b: DurableJournal) -> None:
+    assert (a_dir / JOURNAL_NAME).read_bytes() == (b_dir / JOURNAL_NAME).read_bytes()
+    assert a[:] == b[:] and a._offsets == b._offsets
+    assert (a._end, a.synced_length, a.bytes_since_compaction) == (b._end, b.synced_length, b.bytes_since_compaction)
+
+
+@pytest.mark.parametrize("appended_between", [0, 1, 9])
+def test_a_prepared_compaction_leaves_the_file_an_unprepared_one_leaves(tmp_path, appended_between, monkeypatch):
+    from coordinator.raft import journal as journal_module
+
+    prepared_dir, plain_dir = tmp_path / "prepared", tmp_path / "plain"
+    prepared, plain = _filled(prepared_dir), _filled(plain_dir)
+    assert prepared.prepare_compaction(31) is True
+    assert (prepared_dir / (JOURNAL_NAME + ".prepared")).exists()
+    for j in (prepared, plain):
+        for idx in range(51, 51 + appended_between):
+            j.add(b"between-%d" % idx, idx, 3)
+    # What the Raft thread reads at compaction: only the records appended since the prepare.
+    reads = []
+    real_read = journal_module._read_exactly
+    monkeypatch.setattr(journal_module, "_read_exactly", lambda fd, size, off: reads.append(size) or real_read(fd, size, off))
+    prepared.deleteEntriesTo(30)
+    delta = sum(reads)
+    assert delta == sum(len(journal_module._encode_record(*prepared[i])) for i in range(20, 20 + appended_between))
+    plain.deleteEntriesTo(30)
+    assert (prepared.prepared_compactions, plain.prepared_compactions) == (1, 0)
+    assert not (prepared_dir / (JOURNAL_NAME + ".prepared")).exists()
+    _same_journals(prepared_dir, prepared, plain_dir, plain)
+    for j in (prepared, plain):
+        j.add(b"after", 51 + appended_between, 3)
+        j.sync()
+    _same_journals(prepared_dir, prepared, plain_dir, plain)
+    for j in (prepared, plain):
+        j._destroy()
+    reopened = DurableJournal(str(prepared_dir))
+    assert [e[1] for e in reopened[:]] == list(range(31, 52 + appended_between))
+    assert reopened.getRaftCommitIndex() == 31
+
+
+def test_a_truncation_after_the_prepare_voids_it(tmp_path):
+    prepared_dir, plain_dir = tmp_path / "prepared", tmp_path / "plain"
+    prepared, plain = _filled(prepared_dir), _filled(plain_dir)
+    assert prepared.prepare_compaction(31)
+    for j in (prepared, plain):
+        j.deleteEntriesFrom(40)  # entries 41.. replaced by a new leader's
+        j.add(b"new-leader", 41, 4)
+        j.deleteEntriesTo(30)
+    assert prepared.prepared_compactions == 0
+    _same_journals(prepared_dir, prepared, plain_dir, plain)
+    assert prepared[-1] == (b"new-leader", 41, 4)
+
+
+def test_a_compaction_to_another_point_voids_the_prepare(tmp_path):
+    prepared_dir, plain_dir = tmp_path / "prepared", tmp_path / "plain"
+    prepared, plain = _filled(prepared_dir), _filled(plain_dir)
+    assert prepared.prepare_compaction(31)
+    for j in (prepared, plain):
+        j.deleteEntriesTo(20)  # keeps 21..
+    assert prepared.prepared_compactions == 0
+    _same_journals(prepared_dir, prepared, plain_dir, plain)
+
+
+def test_nothing_is_prepared_for_a_point_the_file_does_not_hold(tmp_path):
+    j = _filled(tmp_path)
+    assert j.prepare_compaction(51) is False  # past the last entry
+    assert j.prepare_compaction(0) is False  # before the first
+    assert j.prepare_compaction(50) is True  # the last entry: kept alone
+    j.deleteEntriesTo(49)
+    assert j.prepared_compactions == 1 and j[:] == [(b"cmd-50" * 1, 50, 3)]
+
+
+def test_appends_during_the_prepare_are_copied_at_the_compaction(tmp_path):
+    """The writer thread prepares while the Raft thread appends: whatever the interleaving,
+    the compacted journal holds every entry from the point on, once, in order."""
+    import threading
+
+    for round_ in range(5):
+        where = tmp_path / f"round-{round_}"
+        j = _filled(where, last=200)
+        stop = threading.Event()
+        appended = [200]
+
+        def append():
+            while not stop.is_set() and appended[0] < 5_000:
+                appended[0] += 1
+                j.add(b"x" * (appended[0] % 300), appended[0], 5)
+
+        appender = threading.Thread(target=append)
+        appender.start()
+        try:
+            assert j.prepare_compaction(101)
+        finally:
+            stop.set()
+            appender.join(30)
+        j.sync()
+        j.deleteEntriesTo(100)
+        assert j.prepared_compactions == 1
+        assert [e[1] for e in j[:]] == list(range(101, appended[0] + 1))
+        j._destroy()
+        assert DurableJournal(str(where))[:] == j[:]

@@ -27,6 +27,8 @@ payload = u64 index, u64 term, command bytes``, little-endian.
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import logging
 import os
 import struct
@@ -44,6 +46,10 @@ log = logging.getLogger(__name__)
 
 JOURNAL_NAME = "raft.journal"
 META_NAME = "raft.meta"
+# The compacted journal a snapshot writer prepares (prepare_compaction), renamed over the
+# journal when the Raft thread compacts. Not the ".compact" file an inline compaction writes:
+# both may be written at once, by different threads.
+PREPARED_SUFFIX = ".prepared"
 # Written only when power-loss tracking is on (tests): the journal length at the
 # last completed sync, so a test can cut the file back to what a power cut would keep.
 SYNCED_SIDECAR_SUFFIX = ".synced"
@@ -120,6 +126,19 @@ def _encode_record(command: bytes, index: int, term: int) -> bytes:
     return _RECORD_HEAD.pack(len(payload), zlib.crc32(payload)) + payload
 
 
+@dataclasses.dataclass
+class _Prepared:
+    """A compacted journal written ahead (``prepare_compaction``), not yet in place."""
+
+    generation: int  # the journal's generation when it was read: any truncation or rewrite since voids it
+    first_index: int  # the index of the first entry it keeps (the snapshot's last)
+    source_end: int  # the offset in the current file through which records were copied
+    fd: int  # the new file, fsynced through ``end``
+    end: int
+    offsets: list[int]  # of the copied records, in the new file
+    committed_through: int
+
+
 class DurableJournal(Journal):
     """pysyncobj ``Journal`` on a checksummed append-only file, durable at ``sync()``.
 
@@ -160,6 +179,11 @@ class DurableJournal(Journal):
         # the background): it holds this lock, and so does everything that replaces,
         # truncates or closes the file. Appends only ever extend it, from one thread.
         self._io_lock = threading.Lock()
+        # Bumped by everything that truncates or replaces the file: a compaction prepared
+        # before a bump no longer matches the records it copied.
+        self._generation = 0
+        self._prepared: _Prepared | None = None
+        self.prepared_compactions = 0  # for tests and benchmarks: compactions that used one
         self.sync_count = 0  # for benchmarks and tests: how many group commits ran
         self._term, self._voted_for = self._load_meta()
         self._fd = self._open_and_load()
@@ -331,6 +355,7 @@ class DurableJournal(Journal):
         if entryFrom >= len(self._entries):
             return
         with self._io_lock:
+            self._generation += 1
             new_end = self._offsets[entryFrom]
             del self._entries[entryFrom:]
             del self._offsets[entryFrom:]
@@ -347,10 +372,20 @@ class DurableJournal(Journal):
 
         The snapshot that covers the dropped entries was renamed into place just
         before; fsyncing the directory first makes that rename durable before the
-        entries it replaces disappear.
+        entries it replaces disappear. With a compaction prepared for this point
+        (``prepare_compaction``, whose caller made that rename durable) only the records
+        appended since it was written are copied here.
         """
         if entryTo <= 0:
             return
+        first = self._entries[entryTo][1] if entryTo < len(self._entries) else None
+        with self._io_lock:
+            prepared, self._prepared = self._prepared, None
+            if prepared is not None:
+                if prepared.generation == self._generation and prepared.first_index == first:
+                    self._install_prepared_locked(prepared, entryTo)
+                    return
+                os.close(prepared.fd)
         fsync_directory(self._dir, self._fsync)
         kept = self._entries[entryTo:]
         committed = max(self._committed_through, kept[0][1] if kept else 0)
@@ -366,6 +401,85 @@ class DurableJournal(Journal):
                 self._rewrite_locked(kept, committed, tail=(records, offsets))
             else:
                 self._rewrite_locked(kept, committed)
+
+    def prepare_compaction(self, first_index: int) -> bool:
+        """Write ahead the journal that compacting to ``first_index`` will leave: the records
+        from that entry on, as far as the file holds them now, in a new fsynced file. Called by
+        the snapshot writer thread once the snapshot ending at ``first_index`` is durable in
+        place; ``deleteEntriesTo`` then only adds what was appended since, renames it in and
+        syncs the directory, where it copied every kept record on the Raft thread (~13 ms of
+        CPU and 25-33 ms in all per snapshot at 1,000,000 resources, bench scale).
+
+        Anything that truncates or rewrites the file meanwhile voids it (the generation); so
+        does a compaction to another point. False when there is nothing to prepare."""
+        with self._io_lock:
+            if self._prepared is not None:
+                os.close(self._prepared.fd)
+                self._prepared = None
+            if self._fd is None or not self._records_are_entries or not self._entries:
+                return False
+            # Appends run meanwhile without this lock (add: the entry, then its offset, then the
+            # end): every record before the end read here has its offset in the list already.
+            end = self._end
+            pos = first_index - self._entries[0][1]
+            copied = bisect.bisect_left(self._offsets, end)
+            if not 0 <= pos < copied:
+                return False
+            offsets = self._offsets[pos:copied]
+            generation = self._generation
+            committed = max(self._committed_through, first_index)
+            # Read through a duplicate descriptor outside the lock, so a group commit does not
+            # wait for the copy; a truncation or rewrite meanwhile changes the generation.
+            source = os.dup(self._fd)
+        start = offsets[0]
+        try:
+            records = _read_exactly(source, end - start, start)
+        except OSError:
+            return False  # truncated meanwhile: the generation has moved on
+        finally:
+            os.close(source)
+        fd = os.open(self._path + PREPARED_SUFFIX, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            head = _HEADER.pack(_MAGIC, _FORMAT_VERSION, 0, committed)
+            _write_all(fd, head + records, 0)
+            self._fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        shift = _HEADER.size - start
+        prepared = _Prepared(generation, first_index, end, fd, _HEADER.size + len(records),
+                             [offset + shift for offset in offsets], committed)
+        with self._io_lock:
+            if self._generation != generation or self._fd is None or self._prepared is not None:
+                os.close(fd)
+                return False
+            self._prepared = prepared
+        return True
+
+    def _install_prepared_locked(self, prepared: _Prepared, entryTo: int) -> None:
+        copied = len(prepared.offsets)
+        # No truncation since it was read (same generation), so the entries it copied are
+        # entries[entryTo:entryTo + copied], and the next record starts where it stopped.
+        delta_offsets = self._offsets[entryTo + copied :]
+        assert not delta_offsets or delta_offsets[0] == prepared.source_end, "prepared compaction out of step"
+        end = prepared.end
+        try:
+            if self._end > prepared.source_end:
+                _write_all(prepared.fd, _read_exactly(self._fd, self._end - prepared.source_end, prepared.source_end), end)
+                end += self._end - prepared.source_end
+                self._fsync(prepared.fd)
+            os.replace(self._path + PREPARED_SUFFIX, self._path)
+        except BaseException:
+            os.close(prepared.fd)
+            raise
+        fsync_directory(self._dir, self._fsync)
+        shift = prepared.end - prepared.source_end
+        os.close(self._fd)
+        self._fd = prepared.fd
+        self._entries = self._entries[entryTo:]
+        self._offsets = prepared.offsets + [offset + shift for offset in delta_offsets]
+        self._set_compacted_locked(end, prepared.committed_through)
+        self.prepared_compactions += 1
 
     def _rewrite(self, entries: list[tuple[bytes, int, int]], committed_through: int) -> None:
         with self._io_lock:
@@ -405,6 +519,13 @@ class DurableJournal(Journal):
         self._entries = list(entries)
         self._offsets = offsets
         self._records_are_entries = True
+        self._set_compacted_locked(end, committed_through)
+
+    def _set_compacted_locked(self, end: int, committed_through: int) -> None:
+        self._generation += 1
+        if self._prepared is not None:  # written for the file just replaced
+            os.close(self._prepared.fd)
+            self._prepared = None
         self._end = end
         self._synced_end = end
         self._end_after_compaction = end
@@ -422,6 +543,10 @@ class DurableJournal(Journal):
             return
         self.sync()
         with self._io_lock:
+            self._generation += 1
+            if self._prepared is not None:
+                os.close(self._prepared.fd)
+                self._prepared = None
             os.close(self._fd)
             self._fd = None
 

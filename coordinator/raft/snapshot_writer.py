@@ -20,7 +20,7 @@ import os
 import queue
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from pysyncobj.atomic_replace import atomicReplace
 from pysyncobj.config import SERIALIZER_STATE
@@ -65,6 +65,10 @@ class BackgroundSerializer(Serializer):
         # Run the job on the calling (Raft) thread instead: a node ticked by hand (the
         # simulation) must stay deterministic; its result is still collected at the next check.
         self.inline = False
+        # Told the snapshot's last index once its file is durable in place, on the writer
+        # thread (HardenedSyncObj: the journal's prepare_compaction, so the Raft thread does
+        # not copy the journal's tail when it collects the snapshot). None: nothing is told.
+        self.on_durable: Callable[[int], Any] | None = None
 
     def serialize(self, data, id):
         if self._Serializer__pid != 0:
@@ -143,6 +147,11 @@ class BackgroundSerializer(Serializer):
             self.capturing = False
         seconds = time.monotonic() - started
         self.last_duration_s = seconds
+        if self.on_durable is not None:
+            try:
+                self.on_durable(self._Serializer__currentID)
+            except Exception:  # noqa: BLE001 - the snapshot stands; compaction then copies it all
+                log.exception("preparing the journal's compaction failed")
         freeze_long_lived()
         self._finish(SERIALIZER_STATE.SUCCESS)
 

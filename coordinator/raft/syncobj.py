@@ -184,6 +184,8 @@ class HardenedSyncObj(ReadIndex, MemberChanges, MemberGate, SyncObj):
         writer = self._snapshot_writer()
         if writer is not None and not conf.autoTick:
             writer.inline = True  # ticked by hand (the simulation): stay deterministic
+        if writer is not None and self._has("durable_journal") and hasattr(journal, "prepare_compaction"):
+            writer.on_durable = journal.prepare_compaction  # the writer made the rename durable
 
     @property
     def encryptor(self):
