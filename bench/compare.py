@@ -57,17 +57,21 @@ LEADER_TIMEOUT_S = 30.0
 # library's FencingClient one per thread, or one FencingClient(multiplex=True) per client
 # process shared by its threads (their concurrent writes, acquires and releases go out as
 # WriteMany, AcquireMany and ReleaseMany batches).
-OURS_CLIENTS = {"raw": "ours", "lib": "ours-lib", "multiplex": "ours-mux"}
-OURS_MODES = {"raw": "raw", "lib": "lib", "multiplex": "mux"}
+# "loop": raw stubs against a second cluster of ours whose members tick Raft on one event loop
+# that also serves Acquire, Release and Write (bench/_loop_node.py, a prototype of issue 17's lever).
+OURS_CLIENTS = {"raw": "ours", "lib": "ours-lib", "multiplex": "ours-mux", "loop": "ours-loop"}
+OURS_MODES = {"raw": "raw", "lib": "lib", "multiplex": "mux", "loop": "raw"}
 
 
 class Side:
     """One system under test: its cluster, where its leader is, and how clients call it."""
 
     def __init__(self, name: str, cluster, *, system: str | None = None, mode: str = "raw",
-                 leader: int | None = None) -> None:
-        self.name = name  # the row's system: ours, ours-lib, ours-mux or etcd
-        self.system = system or name  # which cluster the worker talks to: ours or etcd
+                 leader: int | None = None, cluster_name: str | None = None, target_of=None) -> None:
+        self.name = name  # the row's system: ours, ours-lib, ours-mux, ours-loop or etcd
+        self.system = system or name  # which kind of cluster the worker talks to: ours or etcd
+        self.cluster_name = cluster_name or self.system  # whose server CPU the row counts
+        self.target_of = target_of or (lambda node: node.api_address)
         self.mode = mode
         self.cluster = cluster
         self.leader = cluster.wait_ready(STARTUP_TIMEOUT_S) if leader is None else leader
@@ -87,7 +91,7 @@ def _snapshot(sides: dict, workers) -> dict:
     return {
         "t": time.monotonic(), "host": host_cpu_s(),
         # Per cluster (every ours-client side shares ours): each process counted once.
-        "servers": {side.system: sum(proc_cpu_s(p) for p in side.server_pids()) for side in sides.values()},
+        "servers": {side.cluster_name: sum(proc_cpu_s(p) for p in side.server_pids()) for side in sides.values()},
         "clients": sum(proc_cpu_s(p.pid) for p in workers.procs),
         "driver": proc_cpu_s(os.getpid()),
     }
@@ -99,7 +103,7 @@ def measure(side: Side, sides: dict, workers, args, workload: str, clients: int,
 
     side.follow_leader()
     spec = {"system": side.system, "mode": side.mode, "workload": workload, "run_id": run_id,
-            "target": side.cluster.nodes[side.leader].api_address, "fixed_token": 0,
+            "target": side.target_of(side.cluster.nodes[side.leader]), "fixed_token": 0,
             "warmup": args.warmup, "seconds": args.seconds}
     snaps: dict = {}
 
@@ -125,7 +129,7 @@ def measure(side: Side, sides: dict, workers, args, workload: str, clients: int,
            "server_cpu_ms_per_op": nan, "client_cpu_ms_per_op": nan, "cores": {}}
     if a and b and ops:
         wall = b["t"] - a["t"]
-        server_s = b["servers"][side.system] - a["servers"][side.system]
+        server_s = b["servers"][side.cluster_name] - a["servers"][side.cluster_name]
         client_s = b["clients"] - a["clients"]
         # Every process of this benchmark (both clusters, clients, this driver): the rest is "other".
         bench_s = sum(b["servers"].values()) - sum(a["servers"].values()) + client_s + b["driver"] - a["driver"]
@@ -165,7 +169,9 @@ def parse_args(argv=None):
                         "raw (generated stubs, a channel per client; the default), lib (a FencingClient per "
                         "client), multiplex (one FencingClient(multiplex=True) per client process: concurrent "
                         "writes, acquires and releases share WriteMany, AcquireMany and ReleaseMany calls); "
-                        "e.g. raw,multiplex for an A/B")
+                        "loop (raw stubs against a second cluster of ours whose members tick Raft on the "
+                        "event loop that serves Acquire, Release and Write: bench/_loop_node.py, a prototype); "
+                        "e.g. raw,multiplex or raw,loop for an A/B")
     args = p.parse_args(argv)
     args.ours_clients = [k.strip() for k in args.ours_client.split(",") if k.strip()]
     unknown = [k for k in args.ours_clients if k not in OURS_CLIENTS]
@@ -223,7 +229,19 @@ def run_side_by_side(args, base_dir: str, started: float, rows: list[dict], tria
         ours_leader = ours.wait_ready(STARTUP_TIMEOUT_S)
         sides = {OURS_CLIENTS[kind]: Side(OURS_CLIENTS[kind], ours, system="ours", mode=OURS_MODES[kind],
                                           leader=ours_leader)
-                 for kind in args.ours_clients}
+                 for kind in args.ours_clients if kind != "loop"}
+        if "loop" in args.ours_clients:
+            from . import _loop_node
+
+            class LoopCluster(GrpcCluster):
+                def command(self, node) -> list[str]:
+                    return _loop_node.command(node.config_path)
+
+            looped = stack.enter_context(LoopCluster(
+                os.path.join(base_dir, "ours-loop"), settings={**CLUSTER_SETTINGS, **args.ours_settings}))
+            looped.start_all(timeout_s=STARTUP_TIMEOUT_S)
+            sides["ours-loop"] = Side("ours-loop", looped, system="ours", cluster_name="ours-loop",
+                                      target_of=lambda node: _loop_node.loop_address(node.api_address))
         sides["etcd"] = Side("etcd", etcd)
         systems = list(sides)
         log(f"both clusters up in {time.monotonic() - started:.1f} s; measured: {', '.join(systems)}")
