@@ -31,6 +31,7 @@ import bisect
 import dataclasses
 import logging
 import os
+import queue
 import struct
 import threading
 import time
@@ -124,6 +125,41 @@ def _rest_is_zero(f) -> bool:
 def _encode_record(command: bytes, index: int, term: int) -> bytes:
     payload = _ENTRY_HEAD.pack(index, term) + command
     return _RECORD_HEAD.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+class _Reaper:
+    """Frees lists a slice at a time on a thread of its own.
+
+    A compaction drops the journal's in-memory entries up to the snapshot: after a busy
+    interval ~50,000 (command, index, term) tuples and their offsets. Freeing them in the
+    compacting (Raft) thread took 13-15 ms of CPU in one step that held the GIL (bench scale,
+    the first snapshot after the load). Here each slice frees ~1 ms worth, then yields."""
+
+    SLICE = 4096
+
+    def __init__(self) -> None:
+        self._lists: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def free(self, *lists: list) -> None:
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="journal-reaper", daemon=True)
+                self._thread.start()
+        for each in lists:
+            self._lists.put(each)
+
+    def _run(self) -> None:
+        while True:
+            doomed = self._lists.get()
+            while doomed:
+                del doomed[-self.SLICE :]
+                time.sleep(0)  # lets a thread waiting for the GIL have it
+            del doomed
+
+
+_REAPER = _Reaper()
 
 
 @dataclasses.dataclass
@@ -476,8 +512,10 @@ class DurableJournal(Journal):
         shift = prepared.end - prepared.source_end
         os.close(self._fd)
         self._fd = prepared.fd
+        dropped = (self._entries, self._offsets)
         self._entries = self._entries[entryTo:]
         self._offsets = prepared.offsets + [offset + shift for offset in delta_offsets]
+        _REAPER.free(*dropped)
         self._set_compacted_locked(end, prepared.committed_through)
         self.prepared_compactions += 1
 
@@ -516,8 +554,10 @@ class DurableJournal(Journal):
         fsync_directory(self._dir, self._fsync)
         os.close(self._fd)
         self._fd = fd
+        dropped = (self._entries, self._offsets)  # lists no caller was handed (entries is a copy)
         self._entries = list(entries)
         self._offsets = offsets
+        _REAPER.free(*dropped)
         self._records_are_entries = True
         self._set_compacted_locked(end, committed_through)
 
