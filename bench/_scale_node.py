@@ -144,6 +144,8 @@ def _wrap_compaction(fn):
     @functools.wraps(fn)
     def compaction(self):
         before = _serialized[0]
+        journal = self._journal
+        prepared_before = getattr(journal, "prepared_compactions", 0)
         t0, c0 = _now(), _cpu()
         try:
             return fn(self)
@@ -151,7 +153,9 @@ def _wrap_compaction(fn):
             ms = (_now() - t0) * 1e3
             took_snapshot = _serialized[0] != before
             if ms >= COMPACTION_RECORD_MS or took_snapshot:
-                _record("compaction", t0=t0, ms=ms, cpu_ms=(_cpu() - c0) * 1e3, snapshot=took_snapshot)
+                # prepared: the journal used the file the writer thread prepared (journal.py).
+                _record("compaction", t0=t0, ms=ms, cpu_ms=(_cpu() - c0) * 1e3, snapshot=took_snapshot,
+                        prepared=getattr(journal, "prepared_compactions", 0) != prepared_before)
 
     return compaction
 
