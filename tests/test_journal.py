@@ -335,20 +335,33 @@ def test_appends_during_the_prepare_are_copied_at_the_compaction(tmp_path):
 
 
 def test_dropped_entries_are_freed_off_the_compacting_thread(tmp_path, monkeypatch):
-    """A compaction hands the lists it replaces to the reaper (freed a slice at a time on its
-    own thread: freeing ~50,000 entries at once held the GIL 13-15 ms); the journal keeps
-    its own, and the lists handed over are emptied."""
+    """A compaction hands the lists it replaces and the replaced file's descriptor to the
+    reaper (freed a slice at a time and closed on its own thread, not the Raft thread's); the
+    journal keeps its own lists and file, and what it handed over is emptied and closed."""
     from coordinator.raft import journal as journal_module
 
     handed = []
     real_free = journal_module._REAPER.free
     monkeypatch.setattr(journal_module._REAPER, "free", lambda *lists: handed.extend(lists) or real_free(*lists))
+    closed = []
+    real_close = journal_module._REAPER.close
+    monkeypatch.setattr(journal_module._REAPER, "close", lambda fd: closed.append(fd) or real_close(fd))
     j = _filled(tmp_path, last=20_000)
-    before = j._entries
+    before, old_fd = j._entries, j._fd
     j.deleteEntriesTo(19_990)
     assert handed[0] is before and all(h is not j._entries and h is not j._offsets for h in handed)
+    assert closed == [old_fd] and j._fd != old_fd, "the replaced file is closed by the reaper"
+
+    def old_fd_closed() -> bool:
+        try:
+            os.fstat(old_fd)
+        except OSError:
+            return True
+        return False
+
     deadline = time.monotonic() + 10
-    while any(handed) and time.monotonic() < deadline:
+    while (any(handed) or not old_fd_closed()) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not any(handed), "the reaper left the dropped lists alive"
+    assert old_fd_closed(), "the reaper left the replaced file open"
     assert [e[1] for e in j[:]] == list(range(19_991, 20_001))

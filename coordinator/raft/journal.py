@@ -128,12 +128,14 @@ def _encode_record(command: bytes, index: int, term: int) -> bytes:
 
 
 class _Reaper:
-    """Frees lists a slice at a time on a thread of its own.
+    """Frees lists a slice at a time, and closes replaced files, on a thread of its own.
 
     A compaction drops the journal's in-memory entries up to the snapshot: after a busy
-    interval ~50,000 (command, index, term) tuples and their offsets. Freeing them in the
-    compacting (Raft) thread took 13-15 ms of CPU in one step that held the GIL (bench scale,
-    the first snapshot after the load). Here each slice frees ~1 ms worth, then yields."""
+    interval tens of thousands of (command, index, term) tuples and their offsets, freed here
+    ~1 ms worth at a time, yielding in between. It also replaces the journal file, and closing
+    the last descriptor of the replaced one makes the kernel free its blocks and cached pages
+    in that call: ~6 ms (2 ms CPU) for a 40 MiB file here. Both ran on the Raft thread, which
+    stalled 22-67 ms (10-13 ms CPU) per snapshot at 1,000,000 resources (bench scale)."""
 
     SLICE = 4096
 
@@ -150,9 +152,20 @@ class _Reaper:
         for each in lists:
             self._lists.put(each)
 
+    def close(self, fd: int) -> None:
+        """Close ``fd``, which nothing uses any more, on the reaper's thread."""
+        self.free()
+        self._lists.put(fd)
+
     def _run(self) -> None:
         while True:
             doomed = self._lists.get()
+            if isinstance(doomed, int):
+                try:
+                    os.close(doomed)
+                except OSError:
+                    log.exception("journal: closing a replaced file failed")
+                continue
             while doomed:
                 del doomed[-self.SLICE :]
                 time.sleep(0)  # lets a thread waiting for the GIL have it
@@ -510,7 +523,7 @@ class DurableJournal(Journal):
             raise
         fsync_directory(self._dir, self._fsync)
         shift = prepared.end - prepared.source_end
-        os.close(self._fd)
+        _REAPER.close(self._fd)  # the replaced file: its blocks are freed on close
         self._fd = prepared.fd
         dropped = (self._entries, self._offsets)
         self._entries = self._entries[entryTo:]
@@ -552,7 +565,7 @@ class DurableJournal(Journal):
             raise
         os.replace(tmp, self._path)
         fsync_directory(self._dir, self._fsync)
-        os.close(self._fd)
+        _REAPER.close(self._fd)  # the replaced file: its blocks are freed on close
         self._fd = fd
         dropped = (self._entries, self._offsets)  # lists no caller was handed (entries is a copy)
         self._entries = list(entries)
