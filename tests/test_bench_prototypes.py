@@ -1,5 +1,7 @@
-"""bench/_loop_node.py, the event-loop member prototype that ``bench compare --ours-client loop``
-measures: three real members with no Raft thread, whose loop port answers Acquire, Write and
+"""The member prototypes ``bench compare --ours-client loop,front`` measures against the shipped
+member (issue 17, point 3): bench/_loop_node.py (no Raft thread: pysyncobj ticked from the
+asyncio loop that serves the calls) and bench/_front_node.py (front processes feeding the
+Raft process). Three real members of each kind; their extra port answers Acquire, Write and
 Release as the shipped API does, fencing included, while the shipped services keep working."""
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import grpc
 import pytest
 from grpc_status import rpc_status
 
-from bench import _loop_node
+from bench import _front_node, _loop_node
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.core.names import ErrorReason
@@ -19,20 +21,24 @@ from testsupport.grpc_cluster import GrpcCluster
 RPC_TIMEOUT_S = 10.0
 
 
-class LoopCluster(GrpcCluster):
-    def command(self, node) -> list[str]:
-        return _loop_node.command(node.config_path)
+PROTOTYPES = {"loop": (_loop_node, _loop_node.loop_address), "front": (_front_node, _front_node.front_address)}
 
 
-@pytest.fixture(scope="module")
-def loop_cluster(tmp_path_factory):
-    with LoopCluster(str(tmp_path_factory.mktemp("loop-node"))) as cluster:
+@pytest.fixture(scope="module", params=sorted(PROTOTYPES))
+def prototype(tmp_path_factory, request):
+    module, address_of = PROTOTYPES[request.param]
+
+    class PrototypeCluster(GrpcCluster):
+        def command(self, node) -> list[str]:
+            return module.command(node.config_path)
+
+    with PrototypeCluster(str(tmp_path_factory.mktemp(request.param))) as cluster:
         try:
             cluster.start_all()
         except BaseException:
             print(cluster.logs())
             raise
-        yield cluster
+        yield cluster, address_of
 
 
 def reason_of(error: grpc.RpcError) -> str:
@@ -45,9 +51,12 @@ def reason_of(error: grpc.RpcError) -> str:
     return ""
 
 
-def test_the_loop_port_fences_writes_like_the_api(loop_cluster):
-    leader = loop_cluster.nodes[loop_cluster.wait_ready()]
-    with grpc.insecure_channel(_loop_node.loop_address(leader.api_address)) as channel:
+def test_the_prototype_port_fences_writes_like_the_api(prototype):
+    cluster, address_of = prototype
+    leader = cluster.nodes[cluster.wait_ready()]
+    # The front processes bind their port after the member is READY: the first call waits.
+    with grpc.insecure_channel(address_of(leader.api_address)) as channel:
+        grpc.channel_ready_future(channel).result(timeout=RPC_TIMEOUT_S)
         lease, store = pb_grpc.LeaseStub(channel), pb_grpc.FencedStoreStub(channel)
         first = lease.Acquire(pb.AcquireRequest(resource="loop/r", holder="a", ttl_ms=60_000, op_id=os.urandom(16)), timeout=RPC_TIMEOUT_S)
         written = store.Write(pb.WriteRequest(resource="loop/r", key="k", value=b"1", token=first.token, op_id=os.urandom(16)),
@@ -62,9 +71,9 @@ def test_the_loop_port_fences_writes_like_the_api(loop_cluster):
                         timeout=RPC_TIMEOUT_S)
         assert stale.value.code() is grpc.StatusCode.FAILED_PRECONDITION
         assert reason_of(stale.value) == ErrorReason.STALE_TOKEN
-    # The shipped services, on their own threads, go through the same loop's ticks.
+    # The shipped services, beside the prototype's port, see what it wrote.
     with grpc.insecure_channel(leader.api_address) as channel:
         read = pb_grpc.FencedStoreStub(channel).Read(pb.ReadRequest(resource="loop/r", key="k"), timeout=RPC_TIMEOUT_S)
     assert (read.found, read.value, read.hwm) == (True, b"1", second.token)
-    statuses = loop_cluster.statuses()
+    statuses = cluster.statuses()
     assert len(statuses) == 3 and {s.leader for s in statuses.values()} == {leader.raft_address}
