@@ -37,12 +37,13 @@ import threading
 import grpc
 import msgpack
 
+from . import _prototype_rpcs as rpcs
+
 FRONT_PORT_OFFSET = 2000
 FRONT_THREADS = 16
 FRONT_PROCESSES = int(os.environ.get("FRONT_PROCESSES", "2"))
 SOCKET_NAME = "front.sock"
 ANSWER_TIMEOUT_S = 5.0
-RPCS = ("Acquire", "Release", "Write")
 
 
 def command(config_path: str) -> list[str]:
@@ -87,13 +88,10 @@ class FrontGate:
     """The Raft process's side: accepts fronts on a Unix socket, proposes what they send."""
 
     def __init__(self, server) -> None:
-        from coordinator.core import commands
-
         self.server = server
         self.node = server.node
         self.core = server.lease.core
         self.path = os.path.join(server.config.data_dir, SOCKET_NAME)
-        self._builders = {"Acquire": commands.acquire, "Release": commands.release, "Write": commands.write}
         if os.path.exists(self.path):
             os.unlink(self.path)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -132,7 +130,7 @@ class FrontGate:
         proposer = self.core.proposer
         try:
             for req_id, rpc, fields in _frames(conn):
-                command = self._builders[rpc](**fields, stamp_ms=0)
+                command = rpcs.build(rpc, fields)
                 stamped = dataclasses.replace(command, stamp_ms=self.node.next_stamp_ms())
 
                 def on_result(result, error, req_id=req_id):  # on the Raft thread
@@ -232,33 +230,19 @@ def run_front(socket_path: str, listen: str) -> int:
     os.sched_setaffinity(0, range(os.cpu_count() or 1))  # not the member's pinned CPU
     front = Front(socket_path)
 
-    def header(payload):
-        member_id, term, index, _result = payload
-        return pb.ResponseHeader(member_id=member_id, raft_term=term, applied_index=index)
+    def method(rpc):
+        def call(self, request, context):
+            member_id, term, index, result = front.call(rpc, request, context)
+            header = pb.ResponseHeader(member_id=member_id, raft_term=term, applied_index=index)
+            return rpcs.reply(rpc, header, result)
 
-    class Lease(pb_grpc.LeaseServicer):
-        def Acquire(self, request, context):
-            payload = front.call("Acquire", request, context)
-            r = payload[3]
-            return pb.AcquireResponse(header=header(payload), token=r["token"], lease_id=r["token"],
-                                      expires_at_ms=r["expires_at_ms"])
-
-        def Release(self, request, context):
-            payload = front.call("Release", request, context)
-            r = payload[3]
-            return pb.ReleaseResponse(header=header(payload), released=r["released"], hwm=r["hwm"])
-
-    class Store(pb_grpc.FencedStoreServicer):
-        def Write(self, request, context):
-            payload = front.call("Write", request, context)
-            r = payload[3]
-            return pb.WriteResponse(header=header(payload), version=r["version"], hwm=r["hwm"])
+        return call
 
     options = tuple(o for o in GRPC_SERVER_OPTIONS if o[0] != "grpc.so_reuseport") + (("grpc.so_reuseport", 1),)
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(FRONT_THREADS, thread_name_prefix="front"),
                          options=options)
-    pb_grpc.add_LeaseServicer_to_server(Lease(), server)
-    pb_grpc.add_FencedStoreServicer_to_server(Store(), server)
+    pb_grpc.add_LeaseServicer_to_server(rpcs.servicer(pb_grpc.LeaseServicer, method), server)
+    pb_grpc.add_FencedStoreServicer_to_server(rpcs.servicer(pb_grpc.FencedStoreServicer, method), server)
     if server.add_insecure_port(listen) == 0:
         print(f"front: cannot listen on {listen}", file=sys.stderr)
         return 1

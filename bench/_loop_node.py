@@ -37,7 +37,6 @@ import grpc
 from pysyncobj import syncobj as ps_syncobj
 from pysyncobj.poller import POLL_EVENT_TYPE
 
-from coordinator.core import commands
 from coordinator.raft import node as raft_node
 from coordinator.raft import syncobj as raft_syncobj
 from coordinator.raft.interface import ProposeOutcome
@@ -45,8 +44,9 @@ from coordinator.server import app as server_app
 from coordinator.server import errors
 from coordinator.server import fencingd
 from coordinator.server.service import _checked_request
-from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
+
+from . import _prototype_rpcs as rpcs
 
 # Where the loop's own gRPC server listens: the member's API port plus this.
 LOOP_PORT_OFFSET = 1000
@@ -161,8 +161,8 @@ class LoopMember:
         self._poller = self.node.syncobj._poller
         self._loop.add_reader(self._poller.fileno(), self._tick)
         aio = grpc.aio.server(options=server_app.GRPC_SERVER_OPTIONS)
-        pb_grpc.add_LeaseServicer_to_server(_Lease(self), aio)
-        pb_grpc.add_FencedStoreServicer_to_server(_Store(self), aio)
+        pb_grpc.add_LeaseServicer_to_server(rpcs.servicer(pb_grpc.LeaseServicer, _method(self)), aio)
+        pb_grpc.add_FencedStoreServicer_to_server(rpcs.servicer(pb_grpc.FencedStoreServicer, _method(self)), aio)
         if aio.add_insecure_port(self.address) == 0:
             raise OSError(f"cannot listen on {self.address}")
         await aio.start()
@@ -210,51 +210,23 @@ class LoopMember:
         leader, leader_api = self.core.proposer.leader_hint()
         raise errors.from_propose_failure(outcome, leader, leader_api)
 
-    async def serve(self, context, build, answer):
+    async def serve(self, rpc: str, request, context):
         try:
-            command = build()
+            command = rpcs.build(rpc, _checked_request(rpc, request))
             applied = await self.propose(command)
-            return answer(command, applied.value.result, applied.index)
+            return rpcs.reply(rpc, self.core.header(applied.index), applied.value.result)
         except errors.ServiceError as error:
             await context.abort_with_status(errors.rich_status(error, self.core.trailing(error.index)))
 
 
-class _Lease(pb_grpc.LeaseServicer):
-    def __init__(self, member: LoopMember) -> None:
-        self.member = member
+def _method(member: LoopMember):
+    def method(rpc):
+        async def call(self, request, context):
+            return await member.serve(rpc, request, context)
 
-    async def Acquire(self, request, context):
-        core = self.member.core
+        return call
 
-        def answer(command, result, index):
-            return pb.AcquireResponse(header=core.header(index), token=result["token"], lease_id=result["token"],
-                                      expires_at_ms=result["expires_at_ms"])
-
-        return await self.member.serve(
-            context, lambda: commands.acquire(**_checked_request("Acquire", request), stamp_ms=0), answer)
-
-    async def Release(self, request, context):
-        core = self.member.core
-
-        def answer(command, result, index):
-            return pb.ReleaseResponse(header=core.header(index), released=result["released"], hwm=result["hwm"])
-
-        return await self.member.serve(
-            context, lambda: commands.release(**_checked_request("Release", request), stamp_ms=0), answer)
-
-
-class _Store(pb_grpc.FencedStoreServicer):
-    def __init__(self, member: LoopMember) -> None:
-        self.member = member
-
-    async def Write(self, request, context):
-        core = self.member.core
-
-        def answer(command, result, index):
-            return pb.WriteResponse(header=core.header(index), version=result["version"], hwm=result["hwm"])
-
-        return await self.member.serve(
-            context, lambda: commands.write(**_checked_request("Write", request), stamp_ms=0), answer)
+    return method
 
 
 def install() -> None:
