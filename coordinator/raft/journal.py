@@ -429,12 +429,12 @@ class DurableJournal(Journal):
             return
         first = self._entries[entryTo][1] if entryTo < len(self._entries) else None
         with self._io_lock:
-            prepared, self._prepared = self._prepared, None
-            if prepared is not None:
-                if prepared.generation == self._generation and prepared.first_index == first:
-                    self._install_prepared_locked(prepared, entryTo)
-                    return
-                os.close(prepared.fd)
+            prepared = self._prepared
+            if prepared is not None and prepared.generation == self._generation and prepared.first_index == first:
+                self._prepared = None
+                self._install_prepared_locked(prepared, entryTo)
+                return
+            self._drop_prepared_locked()
         fsync_directory(self._dir, self._fsync)
         kept = self._entries[entryTo:]
         committed = max(self._committed_through, kept[0][1] if kept else 0)
@@ -462,9 +462,7 @@ class DurableJournal(Journal):
         Anything that truncates or rewrites the file meanwhile voids it (the generation); so
         does a compaction to another point. False when there is nothing to prepare."""
         with self._io_lock:
-            if self._prepared is not None:
-                os.close(self._prepared.fd)
-                self._prepared = None
+            self._drop_prepared_locked()
             if self._fd is None or not self._records_are_entries or not self._entries:
                 return False
             # Appends run meanwhile without this lock (add: the entry, then its offset, then the
@@ -504,6 +502,11 @@ class DurableJournal(Journal):
                 return False
             self._prepared = prepared
         return True
+
+    def _drop_prepared_locked(self) -> None:
+        if self._prepared is not None:
+            os.close(self._prepared.fd)
+            self._prepared = None
 
     def _install_prepared_locked(self, prepared: _Prepared, entryTo: int) -> None:
         copied = len(prepared.offsets)
@@ -576,9 +579,7 @@ class DurableJournal(Journal):
 
     def _set_compacted_locked(self, end: int, committed_through: int) -> None:
         self._generation += 1
-        if self._prepared is not None:  # written for the file just replaced
-            os.close(self._prepared.fd)
-            self._prepared = None
+        self._drop_prepared_locked()  # written for the file just replaced
         self._end = end
         self._synced_end = end
         self._end_after_compaction = end
@@ -597,9 +598,7 @@ class DurableJournal(Journal):
         self.sync()
         with self._io_lock:
             self._generation += 1
-            if self._prepared is not None:
-                os.close(self._prepared.fd)
-                self._prepared = None
+            self._drop_prepared_locked()
             os.close(self._fd)
             self._fd = None
 
