@@ -124,9 +124,12 @@ def decode(body: bytes | memoryview) -> tuple[Entry, Entry, Any, Any]:
     while the member loads. Any other state is unpacked as msgpack.
     Snapshots written before configurations were recorded have three parts: no configuration."""
     view = memoryview(body)
-    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(1, len(view)))
     fed = 0
     while True:
+        # A fresh reader for each longer prefix: OutOfData may leave a partly read item behind.
+        fed = min(len(view), fed + _HEAD_CHUNK_BYTES)
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(1, len(view)))
+        unpacker.feed(view[:fed])
         try:
             parts = unpacker.read_array_header()
             last, prev = unpacker.unpack(), unpacker.unpack()
@@ -134,10 +137,6 @@ def decode(body: bytes | memoryview) -> tuple[Entry, Entry, Any, Any]:
         except msgpack.OutOfData:
             if fed >= len(view):
                 raise ValueError("snapshot body ends before its state") from None
-            # A fresh reader each time: OutOfData may leave a partly read item behind.
-            unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(1, len(view)))
-            fed = min(len(view), fed + _HEAD_CHUNK_BYTES)
-            unpacker.feed(view[:fed])
     if not 3 <= parts <= 4:
         raise ValueError(f"snapshot body has {parts} parts, not 3 or 4")
     start = unpacker.tell()
