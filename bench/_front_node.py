@@ -52,8 +52,7 @@ def command(config_path: str) -> list[str]:
 
 
 def front_address(api_address: str) -> str:
-    host, port = api_address.rsplit(":", 1)
-    return f"{host}:{int(port) + FRONT_PORT_OFFSET}"
+    return rpcs.port_plus(api_address, FRONT_PORT_OFFSET)
 
 
 def children_of(pid: int) -> list[int]:

@@ -66,8 +66,7 @@ def command(config_path: str) -> list[str]:
 
 
 def loop_address(api_address: str) -> str:
-    host, port = api_address.rsplit(":", 1)
-    return f"{host}:{int(port) + LOOP_PORT_OFFSET}"
+    return rpcs.port_plus(api_address, LOOP_PORT_OFFSET)
 
 
 class EpollPoller:

@@ -15,6 +15,12 @@ RPCS = {
 }
 
 
+def port_plus(address: str, offset: int) -> str:
+    """``address`` (host:port) with ``offset`` added to its port: where a prototype listens."""
+    host, port = address.rsplit(":", 1)
+    return f"{host}:{int(port) + offset}"
+
+
 def build(rpc: str, fields: dict) -> commands.Command:
     """The command of ``rpc`` for the fields ``_checked_request`` returned."""
     return RPCS[rpc][1](**fields, stamp_ms=0)
