@@ -75,8 +75,9 @@ def cells(rows: list[dict]) -> list[dict]:
 
 def failover_cells(trials: list[dict]) -> list[dict]:
     out = []
+    systems = _failover_systems(trials)
     for kind in dict.fromkeys(t["kind"] for t in trials):
-        for system in SYSTEMS:
+        for system in systems:
             secs = sorted(t["seconds"] for t in trials if t["kind"] == kind and t["system"] == system)
             ok = [s for s in secs if not math.isnan(s)]
             out.append({"kind": kind, "system": system, "trials": len(secs), "failed": len(secs) - len(ok),
@@ -84,6 +85,12 @@ def failover_cells(trials: list[dict]) -> list[dict]:
                         "max_ms": ok[-1] * 1000 if ok else float("nan"),
                         "min_ms": ok[0] * 1000 if ok else float("nan")})
     return out
+
+
+def _failover_systems(rows: list[dict]) -> list[str]:
+    """ours and etcd, with any other cluster of ours (--failover-b) between them."""
+    others = [s for s in dict.fromkeys(r["system"] for r in rows) if s not in SYSTEMS]
+    return [SYSTEMS[0], *others, SYSTEMS[1]]
 
 
 def print_cells(cs: list[dict]) -> None:
@@ -127,7 +134,7 @@ def chart(cs: list[dict], fs: list[dict], path: str, title: str) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return CHART_HINT
-    colors = {"ours": "#1f77b4", "ours-lib": "#17becf", "ours-mux": "#2ca02c", "etcd": "#ff7f0e"}
+    colors = {"ours": "#1f77b4", "ours-lib": "#17becf", "ours-mux": "#2ca02c", "ours-b": "#9467bd", "etcd": "#ff7f0e"}
     systems = cs[0].get("systems", list(SYSTEMS)) if cs else list(SYSTEMS)
     labels = [f"{WORKLOAD_TITLES.get(c['workload'], c['workload'])}\n{c['clients']} cl." for c in cs]
     xs = range(len(cs))
@@ -157,12 +164,14 @@ def chart(cs: list[dict], fs: list[dict], path: str, title: str) -> str | None:
         ax.set_xticklabels(labels, fontsize=7)
         ax.legend(fontsize=8)
     kinds = list(dict.fromkeys(f["kind"] for f in fs))
-    for k, system in enumerate(SYSTEMS):
+    fail_systems = _failover_systems(fs)
+    fail_width = 0.76 / len(fail_systems)
+    for k, system in enumerate(fail_systems):
         mine = [next((f for f in fs if f["kind"] == kind and f["system"] == system), None) for kind in kinds]
         p50 = [f["p50_ms"] if f else float("nan") for f in mine]
         mx = [f["max_ms"] if f else float("nan") for f in mine]
-        pos = [i + (k - 0.5) * width for i in range(len(kinds))]
-        fail.bar(pos, p50, width, color=colors[system], label=f"{system} p50")
+        pos = [i + (k - (len(fail_systems) - 1) / 2) * fail_width for i in range(len(kinds))]
+        fail.bar(pos, p50, fail_width, color=colors.get(system, "#7f7f7f"), label=f"{system} p50")
         fail.scatter(pos, mx, color="black", marker="_", s=300, zorder=3, label="max" if k == 0 else None)
     fail.set_xticks(range(len(kinds)))
     fail.set_xticklabels([f"leader {'SIGKILL' if k == 'kill' else 'SIGSTOP'}" for k in kinds])

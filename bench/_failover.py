@@ -127,13 +127,15 @@ def trial(system: str, cluster, kind: str, run_id: str) -> dict:
 
 
 def run(sides: dict, trials: int, log, rows: list[dict]) -> None:
-    """``trials`` failovers of each kind for each side ({"ours": cluster, "etcd": cluster}),
-    alternating sides trial by trial; one row per trial appended to ``rows``."""
+    """``trials`` failovers of each kind for each side ({"ours": cluster, "etcd": cluster}, and
+    any other name for another cluster of ours), alternating sides trial by trial; one row
+    per trial appended to ``rows``."""
     for kind in KINDS:
         for n in range(trials):
             order = list(sides) if n % 2 == 0 else list(reversed(list(sides)))
             for system in order:
-                row = trial(system, sides[system], kind, f"f{kind}{n}")
+                client_system = "etcd" if system == "etcd" else "ours"
+                row = trial(client_system, sides[system], kind, f"f{kind}{n}")
                 row.update(system=system, kind=kind, trial=n)
                 rows.append(row)
                 log(f"  failover {system:4s} {kind:4s} #{n + 1}: {row['seconds'] * 1000:7.0f} ms "

@@ -170,6 +170,10 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", help="parent of both clusters' data (default: a temp dir, removed after)")
     p.add_argument("--ours-setting", action="append", default=[], metavar="KEY=VALUE",
                    help="a fencingd setting for our members (repeatable), for A/B runs: e.g. read_index=false")
+    p.add_argument("--failover-b", action="append", default=[], metavar="KEY=VALUE",
+                   help="a fencingd setting (repeatable) for a second cluster of ours, 'ours-b', that joins the "
+                        "failover trials only, alternating with ours and etcd: the A/B of a failover setting "
+                        "in one run, e.g. leader_lost_election_s=0")
     p.add_argument("--ours-client", default="raw", metavar="KINDS",
                    help="how our clients call, comma-separated, each measured beside etcd in the same rounds: "
                         "raw (generated stubs, a channel per client; the default), lib (a FencingClient per "
@@ -192,13 +196,22 @@ def parse_args(argv=None):
         p.error("--procs must be >= 1, --rounds and --trials >= 0, --seconds > 0")
     if args.rounds == 0 and args.trials == 0:
         p.error("--rounds 0 --trials 0 measures nothing")
-    args.ours_settings = {}
-    for item in args.ours_setting:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            p.error(f"--ours-setting {item!r}: KEY=VALUE")
-        args.ours_settings[key.strip()] = _setting_value(value.strip())
+    args.ours_settings = _settings(p, "--ours-setting", args.ours_setting)
+    args.failover_b_settings = _settings(p, "--failover-b", args.failover_b)
+    if args.failover_b_settings and not args.trials:
+        p.error("--failover-b needs failover trials (--trials > 0)")
     return args
+
+
+def _settings(p, flag: str, items: list[str]) -> dict:
+    """KEY=VALUE items as {key: value as its TOML type}."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            p.error(f"{flag} {item!r}: KEY=VALUE")
+        out[key.strip()] = _setting_value(value.strip())
+    return out
 
 
 def _setting_value(text: str):
@@ -275,8 +288,16 @@ def run_side_by_side(args, base_dir: str, started: float, rows: list[dict], tria
                         rows.append(row)
                     cell_no += 1
         if args.trials:
+            failover_sides = {"ours": ours, "etcd": etcd}
+            if args.failover_b_settings:
+                log(f"ours-b (failover trials only): {args.failover_b_settings}")
+                ours_b = stack.enter_context(GrpcCluster(
+                    os.path.join(base_dir, "ours-b"),
+                    settings={**CLUSTER_SETTINGS, **args.ours_settings, **args.failover_b_settings}))
+                ours_b.start_all(timeout_s=STARTUP_TIMEOUT_S)
+                failover_sides = {"ours": ours, "ours-b": ours_b, "etcd": etcd}
             log(f"failover: {args.trials} trial(s) per kind and system")
-            _failover.run({"ours": ours, "etcd": etcd}, args.trials, log, trials)
+            _failover.run(failover_sides, args.trials, log, trials)
 
 
 def main(argv=None) -> int:

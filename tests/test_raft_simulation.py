@@ -74,7 +74,7 @@ def test_random_runs_keep_raft_safe(seed, profile):
     "regression", REGRESSION_SEEDS, ids=[f"{r.profile}-{r.seed}" for r in REGRESSION_SEEDS]
 )
 def test_regression_seed(regression):
-    result = run_simulation(regression.seed, profile=regression.profile)
+    result = run_simulation(regression.seed, **regression.kwargs())
     if not result.ok:
         _fail(result)
     missing = [key for key in regression.exercised if not result.stats[key]]
@@ -181,13 +181,14 @@ def test_removing_a_fix_breaks_safety(fix):
 # The fast_backup regression seed (tests/sim/regressions.py says how it was searched for): it
 # was 3720132 until unanimous bootstrap changed every run's start.
 FAST_BACKUP_SEED = 12589
+FAST_BACKUP = next(r for r in REGRESSION_SEEDS if r.seed == FAST_BACKUP_SEED)
 
 
 def test_fast_backup_lets_a_divergent_follower_catch_up():
     """A liveness fix: without it the regression seed never converges (no safety break)."""
-    with_fix = run_simulation(FAST_BACKUP_SEED, profile="crashy")
+    with_fix = run_simulation(FAST_BACKUP_SEED, **FAST_BACKUP.kwargs())
     assert with_fix.ok, with_fix.describe()
-    without = run_simulation(FAST_BACKUP_SEED, profile="crashy", fixes=ALL_FIXES - {"fast_backup"})
+    without = run_simulation(FAST_BACKUP_SEED, **FAST_BACKUP.kwargs(), fixes=ALL_FIXES - {"fast_backup"})
     assert without.violation_kinds == ["no_convergence"], without.describe()
 
 

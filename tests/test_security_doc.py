@@ -33,6 +33,7 @@ NOT_LIMITS = {
     "raft_min_timeout_s": "election timing",
     "raft_max_timeout_s": "election timing",
     "leader_fallback_timeout_s": "election timing",
+    "leader_lost_election_s": "election timing",
     "heartbeat_s": "election timing",
 }
 # Client modules whose every numeric constant is a limit on the client's own inputs (a

@@ -50,12 +50,20 @@ def test_flags_alone(tmp_path):
     assert cfg.bind_address == "0.0.0.0:7100" and cfg.api_address == "127.0.0.2:7100"
 
 
+def test_leader_lost_election_can_be_off(tmp_path):
+    assert parse(["--config", write_toml(tmp_path, GOOD + "leader_lost_election_s = 0\n")]).leader_lost_election_s == 0
+    assert parse(["--config", write_toml(tmp_path, GOOD)]).leader_lost_election_s == 0.3
+
+
 @pytest.mark.parametrize("extra, message", [
     ("colour = 'blue'\n", "unknown key(s) colour"),
     ("inflight_proposals_max = 'many'\n", "inflight_proposals_max: must be an integer"),
     ("inflight_proposals_max = 0\n", "inflight_proposals_max: must be > 0"),
     ("propose_timeout_max_s = true\n", "propose_timeout_max_s: must be a number"),
     ("raft_min_timeout_s = 3.0\n", "raft_min_timeout_s: must be below raft_max_timeout_s"),
+    ("leader_lost_election_s = 0.05\n", "leader_lost_election_s: 0.05 must be 0 (off), or at least heartbeat_s (0.1)"),
+    ("leader_lost_election_s = 1.0\n", "and below raft_min_timeout_s (1)"),
+    ("leader_lost_election_s = -0.3\n", "leader_lost_election_s: -0.3 must be 0 (off)"),
     ("grpc_threads = 100\ngrpc_max_concurrent_rpcs = 10\n", "grpc_max_concurrent_rpcs: must be >= grpc_threads"),
     ("grpc_threads = 16\n", "streams_max: 16 must be below grpc_threads (16)"),
     ("grpc_threads = 24\n", "acquire_waiters_max: 8 plus streams_max (16) must be below grpc_threads (24)"),

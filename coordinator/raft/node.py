@@ -95,6 +95,11 @@ class RaftConfig:
     leader_fallback_timeout_s: float = 1.5
     # How soon a dropped peer connection is retried.
     connection_retry_s: float = 0.5
+    # A follower whose connection to its leader closes (the leader's process died: the kernel
+    # closed its sockets) stands for election after 1-2x this instead of its 1-2 s election
+    # timeout; a connection that merely dropped is dialled again at once and the leader's next
+    # heartbeat resets the timer first. 0: wait for the election timeout (RAFT.md).
+    leader_lost_election_s: float = 0.3
     # Heartbeat period; also the longest a leader waits before resending.
     heartbeat_s: float = 0.1
     # The leader runs its own journal fdatasync on a thread of its own, so the Raft thread
@@ -153,6 +158,10 @@ class RaftConfig:
         if self.raft_min_timeout_s <= 3 * self.heartbeat_s:
             # pysyncobj's own rule (config.py:174): several heartbeats per timeout.
             raise ValueError("raft_min_timeout_s must exceed 3 * heartbeat_s")
+        if self.leader_lost_election_s and not (
+            self.heartbeat_s <= self.leader_lost_election_s < self.raft_min_timeout_s
+        ):
+            raise ValueError("need leader_lost_election_s 0, or heartbeat_s <= it < raft_min_timeout_s")
 
 
 class RaftNode:

@@ -127,6 +127,7 @@ class HardenedSyncObj(ReadIndex, MemberChanges, MemberGate, SyncObj):
         self._match_capped = False  # some follower's matchIndex is shown below its ack
         self._conflict_hint = None  # where to resume, for the append being handled
         self._compaction_bytes = config.log_compaction_min_bytes
+        self._leader_lost_election_s = config.leader_lost_election_s
         self._init_gate(identity, config.data_dir, config.bootstrap, member_ids)
         self._init_read_index()
         self._init_changes(config.peer_addresses)
@@ -282,6 +283,7 @@ class HardenedSyncObj(ReadIndex, MemberChanges, MemberGate, SyncObj):
         SyncObj._SyncObj__onNodeDisconnected(self, node)
         if node != self._SyncObj__raftLeader or self._SyncObj__raftState == _ps._RAFT_STATE.LEADER:
             return
+        self._stand_soon()
         # Commands forwarded to the leader wait for its answer on this connection
         # (syncobj.py:1044-1061), which is gone: they waited for the next election or the
         # caller's deadline. They may have reached the leader and may still apply, so their
@@ -291,6 +293,24 @@ class HardenedSyncObj(ReadIndex, MemberChanges, MemberGate, SyncObj):
         self._SyncObj__commandsWaitingReply = {}
         for request_id in sorted(waiting):
             waiting[request_id](None, FAIL_REASON.LEADER_CHANGED)
+
+    def _stand_soon(self) -> None:
+        """The connection to our leader closed: stand for election after 1-2x
+        ``leader_lost_election_s`` unless the leader is heard from first."""
+        # pysyncobj waits out the election timeout from the last heartbeat (syncobj.py:635),
+        # 1-2 s, although a leader whose process died had its sockets closed by the kernel and
+        # we saw it at once. A connection that merely dropped is dialled again at once (the
+        # last attempt is long past: connection_retry_s) and the leader's next heartbeat,
+        # within heartbeat_s, resets the timer (syncobj.py:952) before this fires. A leader
+        # that stops answering but keeps its sockets (SIGSTOP, a partition) is still found by
+        # the election timeout alone. Randomised like pysyncobj's own timeout (its ``random``,
+        # so the simulation's seeded one), so both followers rarely stand at once.
+        lost_s = self._leader_lost_election_s
+        if not lost_s:
+            return
+        deadline = _ps.monotonicTime() + _ps.random.uniform(lost_s, 2 * lost_s)
+        if deadline < self._SyncObj__raftElectionDeadline:
+            self._SyncObj__raftElectionDeadline = deadline
 
     def _applyCommand(self, command, callback, commandType=None):
         if not self._packing:

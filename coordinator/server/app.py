@@ -126,6 +126,7 @@ def raft_config(config: ServerConfig) -> RaftConfig:
         raft_min_timeout_s=config.raft_min_timeout_s,
         raft_max_timeout_s=config.raft_max_timeout_s,
         leader_fallback_timeout_s=config.leader_fallback_timeout_s,
+        leader_lost_election_s=config.leader_lost_election_s,
         heartbeat_s=config.heartbeat_s,
         commands_queue_size=config.commands_queue_size,
         log_compaction_min_entries=config.log_compaction_min_entries,

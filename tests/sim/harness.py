@@ -850,8 +850,11 @@ class Simulation:
         params: SimParams | None = None,
         schedule: list[Fault] | None = None,
         root_dir: str | None = None,
+        leader_lost_election_s: float = RaftConfig.leader_lost_election_s,
     ) -> None:
         self.seed = seed
+        # 0 replays a seed picked before a closed leader connection called an early election.
+        self.leader_lost_election_s = leader_lost_election_s
         self.fixes = frozenset(fixes)
         self.profile = profile
         self.params = params or params_for_seed(seed, profile)
@@ -916,6 +919,7 @@ class Simulation:
             leader_fallback_timeout_s=LEADER_FALLBACK_S,
             connection_retry_s=CONNECTION_RETRY_S,
             heartbeat_s=HEARTBEAT_S,
+            leader_lost_election_s=self.leader_lost_election_s,
             log_compaction_min_entries=self.params.compaction_min_entries,
             fixes=self.fixes,
         )
