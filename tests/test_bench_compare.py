@@ -116,6 +116,23 @@ def test_each_ours_client_kind_gets_its_own_ratio_to_etcd_of_the_same_round():
             parse_args(["--ours-client", bad])
 
 
+def test_failover_b_is_a_system_of_its_own_in_the_failover_cells():
+    from bench._compare_report import failover_cells
+    from bench.compare import parse_args
+
+    trials = [{"system": system, "kind": "kill", "seconds": seconds}
+              for system, seconds in (("ours", 0.4), ("ours-b", 1.3), ("etcd", 1.1), ("ours", 0.5),
+                                      ("etcd", 1.2), ("ours-b", 1.4))]
+    got = {f["system"]: (f["trials"], f["min_ms"], f["max_ms"]) for f in failover_cells(trials)}
+    assert [f["system"] for f in failover_cells(trials)] == ["ours", "ours-b", "etcd"]
+    assert got["ours-b"][0] == 2 and round(got["ours-b"][1]) == 1300 and round(got["ours-b"][2]) == 1400
+    args = parse_args(["--rounds", "0", "--failover-b", "leader_lost_election_s=0"])
+    assert args.failover_b_settings == {"leader_lost_election_s": 0}
+    for bad in (["--failover-b", "noequals"], ["--trials", "0", "--failover-b", "a=1"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+
+
 def test_generated_etcd_stubs_are_up_to_date(tmp_path):
     import grpc_tools  # noqa: F401 - the test extra
 
