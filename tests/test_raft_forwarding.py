@@ -21,7 +21,7 @@ import pytest
 from coordinator.core.state_machine import FencingStateMachine
 from coordinator.raft.interface import ProposeFailure, ProposeOutcome
 from coordinator.raft.node import RaftConfig, RaftNode
-from testsupport.raft_peer import RaftPeer
+from testsupport.raft_peer import RaftPeer, connected_to
 from testsupport.supervisor import pick_ports, wait_until
 
 # Longer than any wait below, so an answer never comes from an election, and longer than a
@@ -55,10 +55,6 @@ def follower(tmp_path):
         node.close()
 
 
-def _connected(node, address: str) -> bool:
-    return any(n.address == address for n in list(node.syncobj._SyncObj__connectedNodes))
-
-
 def test_a_command_forwarded_before_the_leader_went_is_unknown_at_once(follower):
     node, leader_address, peer = follower
     results = []
@@ -75,7 +71,7 @@ def test_a_command_forwarded_before_the_leader_went_is_unknown_at_once(follower)
 def test_a_command_for_a_leader_out_of_reach_is_refused_unsent(follower):
     node, leader_address, peer = follower
     peer.close()
-    wait_until(lambda: not _connected(node, leader_address), 10, what="the node to see the connection go")
+    wait_until(lambda: not connected_to(node, leader_address), 10, what="the node to see the connection go")
     assert node.leader_address() == leader_address  # no election yet: pysyncobj would forward
     result = node.propose(COMMAND, PROPOSE_TIMEOUT_S)
     assert result.outcome is ProposeOutcome.NOT_APPLIED

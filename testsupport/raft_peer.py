@@ -47,6 +47,11 @@ def epoch_floor_entry(floor: int) -> bytes:
     return raft_wire.encode_entry(command)
 
 
+def connected_to(node, address: str) -> bool:
+    """Whether ``node`` (a RaftNode) counts a live connection to the member at ``address``."""
+    return any(n.address == address for n in list(node.syncobj._SyncObj__connectedNodes))
+
+
 class RaftPeer:
     """One TCP connection to a Raft port. With ``secret`` it does the key exchange first, as a
     member's outgoing connection does (transport.py:423-470), so it speaks as an insider;
