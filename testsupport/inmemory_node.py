@@ -18,7 +18,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from coordinator.core import limits
+from coordinator.core import commands, limits
 from coordinator.core.state_machine import FencingStateMachine, Rejected
 from coordinator.raft.interface import ProposeFailure, ProposeOutcome, ProposeResult
 from coordinator.raft.read_index import ReadIndexOutcome
@@ -52,6 +52,13 @@ def failed(failure: ProposeFailure) -> ProposeResult:
     return ProposeResult.failed(failure)
 
 
+def _op_of(command: bytes) -> commands.Op | None:
+    try:
+        return commands.decode(command).op
+    except commands.MalformedCommand:  # a test may append bytes that are no command on purpose
+        return None
+
+
 # -- one log shared by every node ----------------------------------------------------------
 
 
@@ -64,6 +71,10 @@ class SharedLog:
         self.lock = threading.RLock()  # apply vs readers; re-entered by read(fn) callbacks
         self.applied = threading.Condition(self.lock)  # notified after every entry (wait_applied)
         self.applied_index = 0
+        # The op of every entry appended, in log order: a test that counts one call's entries
+        # tells them from others' (a leader discovery's Status barriers may land meanwhile).
+        # None: an entry that is no command (malformed bytes, or a refusal appended as such).
+        self.ops: list[commands.Op | None] = []
         self.leader: str | None = None
         self._stamp_clock = StampClock()
         self._timers: list[threading.Timer] = []
@@ -78,6 +89,7 @@ class SharedLog:
         """Commit and apply ``command`` as the next entry."""
         with self.lock:
             self.applied_index += 1
+            self.ops.append(_op_of(command))
             value = self.state_machine.apply(command, self.applied_index)
             self.applied.notify_all()
             return applied(value, self.applied_index)
@@ -86,6 +98,7 @@ class SharedLog:
         """An entry the state machine refuses with ``refusal`` (changing nothing, as refusals do)."""
         with self.lock:
             self.applied_index += 1
+            self.ops.append(None)
             return applied(refusal, self.applied_index)
 
     def append_later(self, command: bytes, delay_s: float, done: Callable[[ProposeResult], None]) -> None:
