@@ -99,7 +99,7 @@ def test_an_audit_lines_arguments_are_bounded_whatever_the_request_carries():
 def test_the_library_filter_lets_a_few_lines_through_and_counts_the_rest(caplog):
     clock = ManualClock()
     logger = logging.getLogger("test_log_limits.library")
-    line_filter = log_limits.install_library_filter(limiter(clock, per_caller_max=2), logger.name)
+    line_filter = log_limits.install_library_filter(limiter(clock, per_caller_max=2), (logger.name,))
     try:
         with caplog.at_level(logging.ERROR, logger=logger.name):
             for _ in range(50):

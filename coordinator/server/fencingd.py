@@ -31,7 +31,7 @@ import time
 
 from coordinator.server import config as config_mod
 from coordinator.client.version import distribution_version
-from coordinator.server import cpu_pin, server_extra
+from coordinator.server import cpu_pin, log_limits, server_extra
 
 log = logging.getLogger("fencingd")
 
@@ -80,12 +80,16 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, ensure_ascii=False)
 
 
-def _setup_logging(level: str, log_format: str = "text") -> None:
+def _setup_logging(level: str, log_format: str = "text",
+                   refused_log_window_s: float = log_limits.REFUSED_LOG_WINDOW_S) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         JsonFormatter() if log_format == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
+    # The gRPC library logs a line per request it cannot decode, from anyone who connects:
+    # a few per kind and window, the rest counted (log_limits).
+    log_limits.install_library_filter(log_limits.RefusedLines(window_s=refused_log_window_s))
 
 
 
@@ -119,7 +123,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except config_mod.ConfigError as exc:
         print(f"fencingd: configuration error: {exc}", file=sys.stderr)
         return 2
-    _setup_logging(cfg.log_level, cfg.log_format)
+    _setup_logging(cfg.log_level, cfg.log_format, cfg.refused_log_window_s)
     if cfg.peers_unauthenticated and not cfg.raft_is_loopback:  # only with insecure_peer_transport
         log.warning(
             "insecure_peer_transport: Raft peers are not authenticated; anyone who reaches %s can pose"

@@ -158,9 +158,9 @@ def field_summary(name: str, value: Any, out: dict[str, Any]) -> None:
 
 
 class LibraryLines(logging.Filter):
-    """Puts a library logger's records through a limiter, one key per message template: the
-    gRPC library logs one line, with a traceback, per request it cannot decode, and names no
-    caller in it, so its lines share the member-wide count."""
+    """Puts a library logger's records through a limiter, one key per logger and message
+    template: the gRPC library logs a line, with a traceback, per request it cannot decode and
+    names no caller in it, so its lines are counted per kind, under the member-wide cap."""
 
     def __init__(self, limiter: RefusedLines) -> None:
         super().__init__()
@@ -176,13 +176,16 @@ class LibraryLines(logging.Filter):
         return True
 
 
-# The gRPC library's module that logs per request (undecodable requests, handler exceptions).
-GRPC_SERVER_LOGGER = "grpc._server"
+# The gRPC library's loggers that write a line per request (one with a traceback for each
+# request it cannot decode, ~400 B for a few bytes sent, no credential needed; one per handler
+# exception).
+GRPC_LIBRARY_LOGGERS = ("grpc._common", "grpc._server")
 
 
-def install_library_filter(limiter: RefusedLines, logger_name: str = GRPC_SERVER_LOGGER) -> LibraryLines:
-    """Rate-limit ``logger_name``'s records through ``limiter`` (once per process is enough;
-    a second call replaces nothing and adds a second filter with its own counts)."""
+def install_library_filter(limiter: RefusedLines, logger_names: tuple[str, ...] = GRPC_LIBRARY_LOGGERS) -> LibraryLines:
+    """Rate-limit the records of ``logger_names`` through ``limiter`` (once per process: a
+    second call adds a second filter with its own counts). Returns the filter."""
     line_filter = LibraryLines(limiter)
-    logging.getLogger(logger_name).addFilter(line_filter)
+    for name in logger_names:
+        logging.getLogger(name).addFilter(line_filter)
     return line_filter
