@@ -111,3 +111,23 @@ def test_the_library_filter_lets_a_few_lines_through_and_counts_the_rest(caplog)
     messages = [r.getMessage() for r in caplog.records if r.name == logger.name]
     assert messages == ["Exception deserializing request!"] * 2 + [
         "Exception deserializing request! (48 similar suppressed)"]
+
+
+def test_a_library_line_and_its_traceback_are_bounded(caplog):
+    clock = ManualClock()
+    logger = logging.getLogger("test_log_limits.library_exception")
+    line_filter = log_limits.install_library_filter(limiter(clock), (logger.name,))
+    value = "v" * 4_000_000  # what a caller sent, inside an exception's message
+    try:
+        with caplog.at_level(logging.ERROR, logger=logger.name):
+            try:
+                raise ValueError(f"bad field {value}")
+            except ValueError as exc:
+                logger.exception("Exception calling application: {}".format(exc))
+    finally:
+        logger.removeFilter(line_filter)
+    (record,) = [r for r in caplog.records if r.name == logger.name]
+    text = logging.Formatter().format(record)
+    assert len(text) <= log_limits.LIBRARY_LINE_CHARS_MAX + 100
+    assert text.startswith("Exception calling application: bad field vvv")
+    assert "characters left out" in text and "ValueError" in text

@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import threading
 import time
+import traceback
 from typing import Any, Callable
 
 # Characters of a caller-supplied string that a log or audit line shows; a longer one shows
@@ -41,6 +42,9 @@ REFUSED_LOG_WINDOW_S = 60
 # (many client hosts, or the gRPC library's own lines): ~1 a second, at most ~240 KiB a
 # minute at AUDIT_LINE_BYTES_MAX each.
 REFUSED_LOG_LINES_TOTAL_MAX = 60
+# Characters of one line the gRPC library writes (its message and traceback): a traceback of
+# our handlers is ~1,000; past it the middle is left out (the tail names the exception).
+LIBRARY_LINE_CHARS_MAX = 4096
 # Callers whose counts are kept; past it the least recently seen one is forgotten (its count of
 # suppressed lines is reported by the next line that gets through). ~200 B each: ~200 KB.
 REFUSED_LOG_CALLERS_MAX = 1024
@@ -167,13 +171,33 @@ class LibraryLines(logging.Filter):
         self._limiter = limiter
 
     def filter(self, record: logging.LogRecord) -> bool:
-        admitted = self._limiter.admit(f"library {record.name}: {record.msg}")
+        kind = str(record.msg)[:AUDIT_FIELD_PREFIX_CHARS_MAX]  # the library formats some messages itself
+        admitted = self._limiter.admit(f"library {record.name}: {kind}")
         if admitted is None:
             return False
-        note = admitted.note()
-        if note:
-            record.msg = f"{record.msg}{note.replace('%', '%%')}"
+        # The message and its traceback as one bounded text: an exception's message may
+        # carry what a caller sent.
+        parts = [record.getMessage()]
+        if record.exc_info:
+            parts += "".join(traceback.format_exception(*record.exc_info)).rstrip().splitlines()
+        line_max = LIBRARY_LINE_CHARS_MAX // 8  # a traceback line is ~100; the exception's own may be a caller's
+        text = "\n".join(_cut(part, line_max) for part in parts)
+        record.msg, record.args = bounded_text(text) + admitted.note(), ()
+        record.exc_info, record.exc_text = None, None
         return True
+
+
+def _cut(line: str, chars_max: int) -> str:
+    return line if len(line) <= chars_max else f"{line[:chars_max]}... ({len(line) - chars_max} characters left out)"
+
+
+def bounded_text(text: str, chars_max: int = LIBRARY_LINE_CHARS_MAX) -> str:
+    """``text`` whole if short, else its head and its tail (where a traceback names the
+    exception) around a note of how much was left out."""
+    if len(text) <= chars_max:
+        return text
+    half = chars_max // 2
+    return f"{text[:half]} ... ({len(text) - 2 * half} characters left out) ... {text[-half:]}"
 
 
 # The gRPC library's loggers that write a line per request (one with a traceback for each
