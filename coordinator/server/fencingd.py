@@ -29,9 +29,14 @@ import sys
 import threading
 import time
 
-from coordinator.server import config as config_mod
-from coordinator.client.version import distribution_version
-from coordinator.server import cpu_pin, log_limits, server_extra
+# The gRPC core logs a line at INFO for every failed TLS handshake (~220 B, from anyone who
+# connects; no log filter of ours sees the core's lines): only its errors, unless the operator
+# sets GRPC_VERBOSITY. The core reads it once, when grpc is first imported: before the imports below.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+from coordinator.server import config as config_mod  # noqa: E402 - after GRPC_VERBOSITY
+from coordinator.client.version import distribution_version  # noqa: E402
+from coordinator.server import cpu_pin, log_limits, server_extra  # noqa: E402
 
 log = logging.getLogger("fencingd")
 
