@@ -22,6 +22,7 @@ from coordinator.server import log_limits
 from coordinator.server.auth import token_digest
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
 from testsupport.supervisor import wait_until
+from tests.test_server_limits import auth, token_of
 
 T = RPC_TIMEOUT_S
 WINDOW_S = 2.0  # refused_log_window_s of this cluster: a test can wait one out
@@ -33,14 +34,6 @@ CALLS = 50
 # file and process log together: a few short lines per caller and window, never a field whole.
 # Measured ~7.6 KB; 64 KiB leaves room for a slow run spanning a few windows.
 LOG_GROWTH_BYTES_MAX = 64 * 1024
-
-
-def token_of(name: str) -> str:
-    return f"{name}-secret-token"
-
-
-def auth(name: str) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {token_of(name)}"),)
 
 
 @pytest.fixture(scope="module")
