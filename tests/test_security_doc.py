@@ -1,6 +1,7 @@
 """SECURITY.md's "Limits and quotas" table names every limit, with the default the code has.
 
-Every constant of ``coordinator/core/limits.py`` and ``coordinator/raft/limits.py``, every
+Every constant of ``coordinator/core/limits.py``, ``coordinator/raft/limits.py`` and
+``coordinator/server/log_limits.py``, every
 principals-file quota, the bounds ``server/auth.py`` and ``server/config.py`` hold of their
 files, every numeric config setting that is not plain timing, and the numeric constants of
 the client modules in ``CLIENT_LIMIT_MODULES`` must have a row whose default is the code's:
@@ -18,7 +19,7 @@ import pytest
 from coordinator.client import lockcmd
 from coordinator.core import limits as core_limits
 from coordinator.raft import limits as raft_limits
-from coordinator.server import auth, config as config_mod
+from coordinator.server import auth, config as config_mod, log_limits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE_HEADING = "## Limits and quotas"
@@ -48,7 +49,7 @@ def _constants(module) -> dict[str, int]:
 
 def expected_limits() -> dict[str, int | float]:
     """Table key -> the code's default."""
-    out: dict[str, int | float] = {**_constants(core_limits), **_constants(raft_limits)}
+    out: dict[str, int | float] = {**_constants(core_limits), **_constants(raft_limits), **_constants(log_limits)}
     out["PRINCIPALS_MAX"] = auth.PRINCIPALS_MAX
     out["RAFT_SECRET_CHARS_MIN"] = config_mod.RAFT_SECRET_CHARS_MIN
     for module in CLIENT_LIMIT_MODULES:

@@ -79,6 +79,29 @@ def test_a_client_without_the_right_credentials_gets_nowhere(cluster, pki, how):
     assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
 
 
+def test_failed_handshakes_add_nothing_to_the_process_log(cluster, pki):
+    """Issue 26: the gRPC core logged a line (~220 B) for each failed TLS handshake, from anyone
+    who reaches the port; fencingd keeps the core to its errors (GRPC_VERBOSITY)."""
+    node = cluster.nodes[1]
+    host, port = node.api_address.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=pki["ca"])
+    context.set_alpn_protocols(["h2"])
+    before = os.path.getsize(node.log_path)
+    for _ in range(50):
+        with socket.create_connection((host, int(port)), timeout=RPC_TIMEOUT_S) as raw:
+            try:  # no client certificate: the member ends the handshake (the read sees it)
+                with context.wrap_socket(raw, server_hostname=host) as tls:
+                    tls.sendall(b"x")
+                    tls.recv(16)
+            except (OSError, ssl.SSLError):
+                pass
+    with open(node.log_path, encoding="utf-8", errors="replace") as f:
+        f.seek(before)
+        added = f.read()
+    assert "andshake" not in added, added[:2000]
+    node.check_running()
+
+
 def _run(module: str, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True,
                           timeout=60, cwd=ROOT)

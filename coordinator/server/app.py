@@ -37,6 +37,7 @@ from coordinator.server.config import ConfigError, ServerConfig
 from coordinator.server.errors import ServiceError
 from coordinator.server.lease_ticker import LeaseTicker
 from coordinator.server import listen_check
+from coordinator.server.log_limits import RefusedLines
 from coordinator.server.metrics import Metrics
 from coordinator.server.streams import SlotGate, StreamGate, waiter_gate
 from coordinator.raft.node import RaftConfig, RaftNode
@@ -113,7 +114,8 @@ def add_services(
         if not admin_token:
             log.warning("no admin token configured: Admin RPCs are open to every client (fine for dev only)")
     pb_grpc.add_AdminServicer_to_server(
-        AdminServicer(core, admin_token=admin_token, audit=audit_logger(config)), server
+        AdminServicer(core, admin_token=admin_token, audit=audit_logger(config),
+                      refused_lines=RefusedLines(window_s=config.refused_log_window_s)), server
     )
     return Services(proposer, core, lease)
 

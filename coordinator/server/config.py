@@ -29,7 +29,7 @@ import os
 from typing import Any
 
 from coordinator.raft import limits as raft_limits
-from coordinator.server import certs, cpu_pin
+from coordinator.server import certs, cpu_pin, log_limits
 from coordinator.server import tomlfile
 from coordinator.server.auth import PrincipalsError, load_principals
 from coordinator.client.proof import ProofError, ProofSigner
@@ -117,6 +117,15 @@ class ServerConfig:
     audit_log_path: str = dataclasses.field(
         default="",
         metadata=_doc("file that gets one JSON line per Admin call; empty: the process log only"),
+    )
+    refused_log_window_s: float = dataclasses.field(
+        # A minute is what an operator reads at a glance (log_limits.REFUSED_LOG_WINDOW_S).
+        default=float(log_limits.REFUSED_LOG_WINDOW_S),
+        metadata=_doc(
+            "seconds: the window of the log lines about refused calls (audit lines of refused Admin"
+            " calls, the gRPC library's lines about undecodable requests): a few per caller and"
+            " window, the rest counted and the count written on the caller's next line"
+        ),
     )
     # -- proposals and backpressure -------------------------------------------------------------
     propose_timeout_max_s: float = dataclasses.field(
@@ -576,6 +585,7 @@ def validate(config: ServerConfig, *, read_files: bool = True) -> ServerConfig:
         "raft_max_timeout_s": config.raft_max_timeout_s,
         "leader_fallback_timeout_s": config.leader_fallback_timeout_s,
         "heartbeat_s": config.heartbeat_s,
+        "refused_log_window_s": config.refused_log_window_s,
         "commands_queue_size": config.commands_queue_size,
         "log_compaction_min_entries": config.log_compaction_min_entries,
         "log_compaction_min_time_s": config.log_compaction_min_time_s,

@@ -29,9 +29,14 @@ import sys
 import threading
 import time
 
-from coordinator.server import config as config_mod
-from coordinator.client.version import distribution_version
-from coordinator.server import cpu_pin, server_extra
+# The gRPC core logs a line at INFO for every failed TLS handshake (~220 B, from anyone who
+# connects; no log filter of ours sees the core's lines): only its errors, unless the operator
+# sets GRPC_VERBOSITY. The core reads it once, when grpc is first imported: before the imports below.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+from coordinator.server import config as config_mod  # noqa: E402 - after GRPC_VERBOSITY
+from coordinator.client.version import distribution_version  # noqa: E402
+from coordinator.server import cpu_pin, log_limits, server_extra  # noqa: E402
 
 log = logging.getLogger("fencingd")
 
@@ -80,12 +85,16 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, ensure_ascii=False)
 
 
-def _setup_logging(level: str, log_format: str = "text") -> None:
+def _setup_logging(level: str, log_format: str = "text",
+                   refused_log_window_s: float = log_limits.REFUSED_LOG_WINDOW_S) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         JsonFormatter() if log_format == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
+    # The gRPC library logs a line per request it cannot decode, from anyone who connects:
+    # a few per kind and window, the rest counted (log_limits).
+    log_limits.install_library_filter(log_limits.RefusedLines(window_s=refused_log_window_s))
 
 
 
@@ -119,7 +128,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except config_mod.ConfigError as exc:
         print(f"fencingd: configuration error: {exc}", file=sys.stderr)
         return 2
-    _setup_logging(cfg.log_level, cfg.log_format)
+    _setup_logging(cfg.log_level, cfg.log_format, cfg.refused_log_window_s)
     if cfg.peers_unauthenticated and not cfg.raft_is_loopback:  # only with insecure_peer_transport
         log.warning(
             "insecure_peer_transport: Raft peers are not authenticated; anyone who reaches %s can pose"

@@ -16,6 +16,7 @@ from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.raft import limits as raft_limits
 from coordinator.raft.interface import MemberChangeResult, ProposeOutcome
 from coordinator.server import errors
+from coordinator.server import log_limits
 
 
 def member_messages(status: dict, api_addresses: dict[str, str]) -> list[pb.Member]:
@@ -46,7 +47,8 @@ def checked_raft_address(value: str) -> str:
     host, _, port = value.rpartition(":")
     ok = bool(host) and port.isdigit() and 0 < int(port) < 65536 and len(value) <= raft_limits.RAFT_ADDRESS_CHARS_MAX
     if not ok or " " in value:
-        raise errors.invalid("raft_address", f"raft_address: {value!r} is not HOST:PORT")
+        # A prefix of the value, never all of it: it is the caller's (up to a gRPC message).
+        raise errors.invalid("raft_address", f"raft_address: {log_limits.shown(value)} is not HOST:PORT")
     return value
 
 

@@ -40,6 +40,7 @@ import grpc
 from coordinator.core import commands
 from coordinator.server import backups
 from coordinator.server import errors
+from coordinator.server import log_limits
 from coordinator.server import members as members_api
 from coordinator.core import limits
 from coordinator.core import validation
@@ -961,20 +962,29 @@ class ClusterServicer(pb_grpc.ClusterServicer):
 
 
 def _audit_args(request) -> dict[str, Any]:
-    """What an audit line records of a request: fields, with bytes shown by size only."""
+    """What an audit line records of a request: its fields by size beyond a short prefix
+    (``log_limits.field_summary``), never a caller's value whole."""
     if isinstance(request, backups.ReceivedBackup):
         return request.audit_args()
     out: dict[str, Any] = {}
     for descriptor, value in request.ListFields():
-        if isinstance(value, bytes):
-            out[descriptor.name + "_bytes"] = len(value)
-        else:
-            out[descriptor.name] = value
+        log_limits.field_summary(descriptor.name, value, out)
     return out
 
 
+# Outcomes of a call refused for who called or what it sent: nothing changed, so their audit
+# lines go through the per-caller limiter (a count stands for the rest). Every other outcome
+# is an authorized admin's call that may have changed something: one line each.
+_REFUSALS = frozenset({
+    grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
+})
+
+
 def _admin(method):
-    """Authorize, run, and write exactly one audit line, whatever happens."""
+    """Authorize, run, and account for the call in the audit log: one line for every call
+    that may have changed something, and rate-limited lines (with a count of the rest) for
+    calls refused for who called or what they sent."""
 
     # The RPC's name: a private helper (``_snapshot_stream``) audits as its RPC (SnapshotStream).
     name = method.__name__
@@ -986,7 +996,7 @@ def _admin(method):
         # Who is calling, as far as is known when the line is written: "unauthenticated"
         # only until a credential is recognised, so a refused caller is named too.
         who = {"principal": "unauthenticated"}
-        outcome, index = "OK", 0
+        outcome, index, refused = "OK", 0, False
         if not hasattr(request, "ListFields"):
             # A request stream (RestoreStream): read whole by the handler, summed for this line.
             request = backups.ReceivedBackup(request)
@@ -996,24 +1006,13 @@ def _admin(method):
             index = response.header.applied_index
             return response
         except ServiceError as error:
-            outcome, index = f"{error.code.name}/{error.reason}", error.index
+            outcome, index, refused = f"{error.code.name}/{error.reason}", error.index, error.code in _REFUSALS
             self.core.abort(context, error)
         except BaseException as exc:
             outcome = f"ERROR/{type(exc).__name__}"
             raise
         finally:
-            self._audit(
-                {
-                    "rpc": rpc,
-                    "principal": who["principal"],
-                    "peer": context.peer(),
-                    "member": self.core.member_id,
-                    "args": _audit_args(request),
-                    "outcome": outcome,
-                    "index": index,
-                    "elapsed_ms": round((time.monotonic() - started) * 1000, 1),
-                }
-            )
+            self._audit(rpc, who, context.peer(), request, outcome, index, started, refused)
 
     return handler
 
@@ -1021,18 +1020,22 @@ def _admin(method):
 class AdminServicer(pb_grpc.AdminServicer):
     """Admin calls: authorized by an optional bearer token, audited, fenced (I7)."""
 
-    def __init__(self, core: Core, *, admin_token: str, audit: logging.Logger) -> None:
+    def __init__(self, core: Core, *, admin_token: str, audit: logging.Logger,
+                 refused_lines: log_limits.RefusedLines | None = None) -> None:
         self.core = core
         self._token = admin_token
         self._audit_log = audit
+        # Audit lines of refused calls, per caller (log_limits; the member's one limiter of them).
+        self._refused_lines = refused_lines or log_limits.RefusedLines()
         self._transfers = backups.Transfers()
 
     def _authorize(self, context, who: dict[str, str]) -> Principal | None:
         """The caller the RPC passes on, or ServiceError; ``who["principal"]`` is set to the
-        caller's name as soon as its credential is recognised, before it is authorized."""
+        caller's name as soon as its credential is recognised, before it is authorized, and
+        ``who["name"]`` too (what its refused calls are counted under; without it, its host)."""
         principal = self.core.principal(context)  # with a principals file (admin_token is one)
         if principal is not None:
-            who["principal"] = principal.name
+            who["principal"] = who["name"] = principal.name
             if not principal.admin:
                 raise ServiceError(Failure.PERMISSION_DENIED, f"principal {principal.name!r} is not an admin")
             return principal
@@ -1047,11 +1050,37 @@ class AdminServicer(pb_grpc.AdminServicer):
             presented.strip().encode(), self._token.encode()
         ):
             raise ServiceError(Failure.PERMISSION_DENIED, "the admin token is not valid")
-        who["principal"] = "admin-token"
+        who["principal"] = who["name"] = "admin-token"
         return None  # no principals file: nothing narrower to check later
 
-    def _audit(self, record: dict[str, Any]) -> None:
-        self._audit_log.info(json.dumps({"ts_ms": time.time_ns() // 1_000_000, **record}, default=str))
+    def _audit(self, rpc: str, who: dict[str, str], peer: str, request: Any, outcome: str, index: int,
+               started: float, refused: bool) -> None:
+        """Write the call's audit line: at most AUDIT_LINE_BYTES_MAX bytes, its fields by size
+        beyond a short prefix; a refused call's only if the limiter lets it through (per caller:
+        its principal once a credential was recognised, else its client host)."""
+        admitted = log_limits.Admitted()
+        if refused:
+            principal = who.get("name")  # set only for a recognised credential
+            admitted = self._refused_lines.admit(caller_key(principal, peer))
+            if admitted is None:
+                return  # counted: the caller's next line that gets through reports it
+        record = {
+            "ts_ms": time.time_ns() // 1_000_000,
+            "rpc": rpc,
+            "principal": who["principal"],
+            "peer": peer,
+            "member": self.core.member_id,
+            "args": _audit_args(request),
+            "outcome": outcome,
+            "index": index,
+            "elapsed_ms": round((time.monotonic() - started) * 1000, 1),
+            **admitted.fields(),
+        }
+        line = json.dumps(record, default=str)
+        if len(line.encode()) > log_limits.AUDIT_LINE_BYTES_MAX:
+            record["args"] = {"args_json_bytes": len(json.dumps(record["args"], default=str).encode())}
+            line = json.dumps(record, default=str)
+        self._audit_log.info(line)
 
     @_admin
     def ForceRelease(
