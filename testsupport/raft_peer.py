@@ -63,7 +63,7 @@ def member_party(cluster, index: int, *, asking: int | None = None) -> Party:
     is stopped)."""
     address = cluster.nodes[index].raft_address
     members = cluster.nodes[index if asking is None else asking].status().members
-    member = next(m for m in members if m.address == address)
+    member = next(m for m in members if m.id == address)  # Member.id is the Raft address
     return Party(address, member.member_id, member.incarnation)
 
 
