@@ -31,7 +31,7 @@ from coordinator.client import FencingClient
 from coordinator.raft import wire as raft_wire
 from coordinator.raft.peer_binding import NONCE_BYTES, STEP_WELCOME, Party, Transcript
 from testsupport.grpc_cluster import SERVING, metric_value, running_cluster
-from testsupport.raft_peer import Relay, RaftPeer, epoch_floor_entry, member_party, running_secret_cluster
+from testsupport.raft_peer import RaftPeer, Relay, epoch_floor_entry, member_party, running_secret_cluster
 from testsupport.supervisor import wait_until
 
 SECRET = "peer-auth-test-secret-0123456789abcdef"
