@@ -280,6 +280,14 @@ class Relay:
         self.close()
 
 
+def secret_settings(directory, secret: str) -> dict:
+    """Member settings that give every member ``secret`` (a file written in ``directory``)."""
+    path = os.path.join(str(directory), "raft-secret")
+    with open(path, "w", encoding="ascii") as f:
+        f.write(secret + "\n")
+    return {"raft_secret_file": path}
+
+
 def running_secret_cluster(tmp_path_factory, request, secret: str, *, settings: dict | None = None,
                            metered: bool = False):
     """Generator for a pytest fixture: a running GrpcCluster whose members share ``secret``
@@ -289,10 +297,8 @@ def running_secret_cluster(tmp_path_factory, request, secret: str, *, settings: 
     from testsupport.grpc_cluster import metered_cluster, running_cluster
 
     base = tmp_path_factory.mktemp("raft-secret")
-    secret_file = base / "raft-secret"
-    secret_file.write_text(secret + "\n")
     start = metered_cluster if metered else running_cluster
-    for cluster in start(str(base), request, settings={**(settings or {}), "raft_secret_file": str(secret_file)}):
+    for cluster in start(str(base), request, settings={**(settings or {}), **secret_settings(base, secret)}):
         cluster.secret = secret
         yield cluster
 
