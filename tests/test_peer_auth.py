@@ -358,6 +358,20 @@ def test_with_the_secret_a_hello_for_another_member_is_refused(secret_cluster):
     serves_everywhere(cluster, through=0)
 
 
+def test_with_the_secret_a_dialler_naming_another_member_id_for_its_address_is_refused(secret_cluster):
+    """A holder dialling as member 2's address under a member id the configuration gives no
+    member there: the whole handshake is valid, and still binds nothing."""
+    cluster = secret_cluster
+    cluster.wait_ready()
+    as_2 = member_party(cluster, 2)
+    misdialled, replaced = refused_for(cluster, 0, "misdialled"), replaced_at(cluster, 0)
+    posing = Party(as_2.address, "m9", as_2.incarnation)
+    with RaftPeer(cluster.nodes[0].raft_address, secret=SECRET, dialler=posing, timeout_s=HANG_UP_S) as peer:
+        assert peer.name(posing.address).hung_up(HANG_UP_S)
+    assert refused_for(cluster, 0, "misdialled") == misdialled + 1
+    assert replaced_at(cluster, 0) == replaced
+
+
 def test_with_the_secret_a_replayed_confirm_is_refused(secret_cluster):
     """A confirm recorded on one connection, replayed on another: as sent (under the first
     connection's nonce: the frame reader refuses it) and re-keyed by a holder of the secret

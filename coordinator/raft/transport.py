@@ -5,8 +5,9 @@ when it binds; peers' names looked up on every connection attempt through ``addr
 and a connect nobody answers abandoned after ``RAFT_CONNECT_TIMEOUT_MS``; connects and losses
 told to ``peer_log.PeerLog``, RAFT.md "Addresses that move"; incoming
 connections must name a member, in time, at most ``RAFT_UNNAMED_CONNECTIONS_MAX`` waiting, and
-never take the place of a working connection unless they passed the secret; a listen backlog
-of ``RAFT_LISTEN_BACKLOG``) and the frame reader that replaces pysyncobj's
+never take the place of a working connection unless they completed the secret's binding
+handshake, ``peer_binding.py``, which the transport drives on both sides and whose refusals
+it counts by reason; a listen backlog of ``RAFT_LISTEN_BACKLOG``) and the frame reader that replaces pysyncobj's
 (``process_read_bounded``, ``parse_message_bounded``: heads checked as bytes arrive, a
 bytearray grown in place, frames decoded by the typed wire), ``send_typed``, the writer, and
 ``PeerWarnings``, the one rate limiter every per-connection warning goes through.
@@ -15,7 +16,8 @@ authentication".
 Must never: patch pysyncobj itself (``patches.install()`` puts the reader and ``send_typed``
 in place), decode a frame any other way than ``wire.decode_frame`` (no peer byte reaches
 pickle), keep a connection that declared a frame over ``raft_limits.RAFT_MESSAGE_BYTES_MAX``
-or sent one that failed, take anything but a connection key as the key exchange, buffer
+or sent one that failed, act on a message with the secret before the binding handshake
+completed, or on a stamped one naming another incarnation than the connection's, buffer
 more than ``raft_limits.RAFT_PREAUTH_BYTES_MAX`` for one that has not named a member, or log
 a line per connection (anyone who reaches the port makes connections: ``peer_warnings`` lets
 one line per ``raft_limits.RAFT_PEER_WARNING_LOG_INTERVAL_MS`` through).

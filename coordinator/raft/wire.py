@@ -256,7 +256,7 @@ def _address(value) -> bool:
 
 
 def is_connection_key(value) -> bool:
-    """``value`` is what the secret's key exchange sends: a connection's random key."""
+    """``value`` is a connection's random key: a binding handshake's nonce (peer_binding.py)."""
     return type(value) is bytes and len(value) == _RAND_KEY_BYTES
 
 
