@@ -9,8 +9,9 @@ member is spoiled first), or sleep where it can poll.
 Two slots are fuzzed:
 
 - The naming slot, ``FRAMES_PER_MEMBER`` frames at each member in each of three modes: an
-  insider (holds the secret, does the key exchange, does not know the schema), a stranger
-  at the cluster with the secret (its frames meet the key exchange) and a stranger at a
+  insider (holds the secret, sends the binding handshake's hello, does not know the schema;
+  its frames go where the confirm belongs), a stranger at the cluster with the secret (its
+  frames meet the handshake) and a stranger at a
   secret-less loopback cluster. Whatever a frame holds, the member must hang up and count it
   (``fencing_raft_refused_peer_messages_total`` grows by exactly the frames that were whole
   or declared an oversized length), keep running, keep its state and keep serving.
@@ -47,6 +48,7 @@ from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client import FencingClient
 from coordinator.raft import limits as raft_limits
 from coordinator.raft import wire as raft_wire
+from coordinator.raft.peer_binding import Party, Transcript
 from testsupport.grpc_cluster import running_cluster
 from testsupport.raft_peer import FloodCounts, RaftPeer, member_party, send_first_frames
 from testsupport.supervisor import DEFAULT_HOSTS, pick_ports, wait_until
@@ -137,10 +139,21 @@ def real_message(rng: random.Random, addresses: list[str], dicts_only: bool = Fa
     ]
     if not dicts_only:
         kinds += [
-            lambda: rng.randbytes(32),  # the key exchange
+            lambda: rng.randbytes(32),  # pysyncobj's key exchange (members refuse it now)
             lambda: rng.choice(addresses),  # a name: sent only spoiled (spoil_names)
+            lambda: bind_message(rng, addresses),
         ]
     return rng.choice(kinds)()
+
+
+def bind_message(rng: random.Random, addresses: list[str]) -> dict:
+    """A binding handshake's message of any step (peer_binding.py), under nonces no member
+    issued: it can never complete a handshake, whatever a mutation does to it."""
+    def party():
+        return Party(rng.choice(addresses), rng.choice(["m1", "m2", "m3"]), rng.randrange(1, 2**63))
+
+    hello = Transcript(rng.randbytes(32), party(), rng.choice(addresses))
+    return hello.answered(rng.randbytes(32), party()).message(rng.choice([1, 2, 3]))
 
 
 # Values a type swap puts in place of a field: every msgpack type, and ints out of range.
@@ -361,7 +374,7 @@ def watcher(cluster, epoch: int, context: str, nodes=None):
 
 MODES = [
     ("insider", "secret_cluster"),  # holds the secret, not the schema
-    ("stranger", "secret_cluster"),  # frames meet the secret's key exchange
+    ("stranger", "secret_cluster"),  # frames meet the secret's handshake
     ("stranger", "open_cluster"),  # a secret-less loopback cluster: frames meet the naming
 ]
 
