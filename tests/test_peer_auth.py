@@ -28,6 +28,7 @@ import pytest
 from pysyncobj.encryptor import getEncryptor
 
 from coordinator.client import FencingClient
+from coordinator.raft import limits as raft_limits
 from coordinator.raft import wire as raft_wire
 from coordinator.raft.peer_binding import NONCE_BYTES, STEP_WELCOME, Party, Transcript
 from testsupport.grpc_cluster import SERVING, metric_value, running_cluster
@@ -309,6 +310,7 @@ def test_with_the_secret_a_relay_on_a_stopped_members_address_changes_nothing(se
         ok = failed = 0
         with FencingClient([a.api_address, c.api_address]) as client:
             lease = client.acquire(f"peer-auth/relay-{os.urandom(4).hex()}", holder="t", ttl_ms=60_000)
+            relayed_from = time.monotonic()
             with Relay(b.raft_address, a.raft_address) as relay:
                 deadline = time.monotonic() + RELAY_WINDOW_S
                 while time.monotonic() < deadline:
@@ -321,13 +323,19 @@ def test_with_the_secret_a_relay_on_a_stopped_members_address_changes_nothing(se
                 relay.stop_listening()
                 wait_until(lambda: relay.closed_by_target == relay.forwarded, HANG_UP_S,
                            what="A hanging up on every relayed dial")
-        swaps = _log_of(a)[log_from:].count(f"peer {c.raft_address} connected again")
+            relayed_s = time.monotonic() - relayed_from
+        logged = _log_of(a)[log_from:]
+        swaps = logged.count(f"peer {c.raft_address} connected again")
+        refusal_lines = logged.count("raft: refused an incoming connection")
         print(f"relay on B's address -> A for {RELAY_WINDOW_S:g} s: {relay.forwarded} dials relayed, "
-              f"{swaps} swaps of C's connection on A, writes {ok} ok / {failed} failed")
+              f"{swaps} swaps of C's connection on A, {refusal_lines} refusal lines logged, "
+              f"writes {ok} ok / {failed} failed")
         assert relay.forwarded >= 2, "C did not dial B's address through the relay"
         assert swaps == 0, f"A put relayed connections in place of C's {swaps} times"
         assert replaced_at(cluster, a.index) == replaced
         assert refused_for(cluster, a.index, "misdialled") - misdialled >= relay.forwarded
+        # Logged through the connection warnings' limiter: never a line per relayed dial.
+        assert refusal_lines <= relayed_s * 1000 / raft_limits.RAFT_PEER_WARNING_LOG_INTERVAL_MS + 1
         assert failed == 0 and ok > 0
     finally:
         cluster.start(b.index)
