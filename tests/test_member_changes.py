@@ -33,6 +33,7 @@ from chaos.workload import run_client, write_final_states
 from coordinator.client import FencingClient
 from coordinator.client.exceptions import OutcomeUnknown, Refused, UnknownMember
 from coordinator.core.names import ErrorReason
+from testsupport.raft_peer import secret_settings
 from testsupport.supervisor import wait_until
 
 RESOURCES = ("mc-r0", "mc-r1", "mc-r2")
@@ -96,9 +97,13 @@ def _voters(admin) -> dict[str, str]:
     return {m.member_id: m.id for m in admin.member_list().members if m.voter}
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    with ChaosCluster(str(tmp_path / "cluster")) as c:
+MEMBER_SECRET = "member-identity-test-secret-0123456789abcdef"
+# With the peer secret too: each new incarnation binds its connections in the handshake
+# (RAFT.md "Peer authentication"), which must let it join, catch up and be promoted.
+@pytest.fixture(params=[False, True], ids=["no-secret", "secret"])
+def cluster(tmp_path, request):
+    settings = secret_settings(tmp_path, MEMBER_SECRET) if request.param else {}
+    with ChaosCluster(str(tmp_path / "cluster"), settings=settings) as c:
         c.start_all(timeout_s=60)
         yield c
 

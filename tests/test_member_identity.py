@@ -24,6 +24,7 @@ from chaos.check import check_file
 from chaos.harness import ChaosCluster
 from chaos.history import HistoryWriter
 from chaos.workload import Recorder, make_client
+from testsupport.raft_peer import secret_settings
 from testsupport.supervisor import wait_until
 
 A, B, C = 0, 1, 2
@@ -31,9 +32,13 @@ A, B, C = 0, 1, 2
 PAIR_WINDOW_S = 8.0
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    with ChaosCluster(str(tmp_path / "cluster")) as c:
+MEMBER_SECRET = "member-identity-test-secret-0123456789abcdef"
+# With the peer secret too: each new incarnation binds its connections in the handshake
+# (RAFT.md "Peer authentication"), which must let it join, catch up and be promoted.
+@pytest.fixture(params=[False, True], ids=["no-secret", "secret"])
+def cluster(tmp_path, request):
+    settings = secret_settings(tmp_path, MEMBER_SECRET) if request.param else {}
+    with ChaosCluster(str(tmp_path / "cluster"), settings=settings) as c:
         c.start_all(timeout_s=60)
         yield c
 

@@ -27,6 +27,7 @@ from coordinator.core import limits
 from coordinator.raft import limits as raft_limits
 from coordinator.raft import wire as raft_wire
 from coordinator.raft.journal import JOURNAL_NAME, DurableJournal
+from coordinator.raft.peer_binding import STEP_CONFIRM, STEP_HELLO, Party, Transcript
 from testsupport.grpc_cluster import metered_cluster, running_cluster
 from testsupport.supervisor import wait_until
 
@@ -46,14 +47,18 @@ def rss_mib(node, field: str = "VmRSS:") -> float:
 
 
 def test_the_pre_auth_budget_holds_the_largest_legitimate_pre_auth_messages():
-    # What a member sends before it is named: the secret's key exchange, then its name. Measured
-    # at their largest: encrypted, the longest address a member may have.
+    # What a member sends before it is named: the binding handshake's hello, then its confirm
+    # (peer_binding.py). Measured at their largest: encrypted, the longest addresses and member
+    # ids a member may have, the largest incarnations.
     encryptor = getEncryptor(SECRET)
-    key = os.urandom(32)
     address = "a" * (raft_limits.RAFT_ADDRESS_CHARS_MAX - 6) + ":65535"
-    frames = [raft_wire.encode_frame(key), raft_wire.encode_frame(address, key)]
+    member_id, incarnation = "m" * raft_limits.RAFT_MEMBER_ID_CHARS_MAX, raft_limits.RAFT_WIRE_INT_END - 1
+    hello = Transcript(os.urandom(32), Party(address, member_id, incarnation), address)
+    welcomed = hello.answered(os.urandom(32), Party(address, member_id, incarnation))
+    frames = [raft_wire.encode_frame(hello.message(STEP_HELLO)),
+              raft_wire.encode_frame(welcomed.message(STEP_CONFIRM), welcomed.receiver_nonce)]
     sizes = [raft_wire.FRAME_HEAD.size + len(encryptor.encrypt_at_time(f, int(time.time()))) for f in frames]
-    assert sizes == [144, 488]  # the numbers limits.py quotes
+    assert sizes == [956, 1128]  # the numbers limits.py quotes
     assert sum(sizes) <= raft_limits.RAFT_PREAUTH_BYTES_MAX
 
 

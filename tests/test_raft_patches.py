@@ -83,6 +83,8 @@ PATCHED = sorted(
         "pysyncobj.tcp_connection.TcpConnection.accepted_at",
         "pysyncobj.tcp_connection.TcpConnection.unnamed_connections",
         "pysyncobj.tcp_connection.TcpConnection.awaiting_answer_since",
+        "pysyncobj.tcp_connection.TcpConnection.handshake",
+        "pysyncobj.tcp_connection.TcpConnection.bound_incarnation",
     ]
 )
 

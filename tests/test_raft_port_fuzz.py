@@ -9,8 +9,9 @@ member is spoiled first), or sleep where it can poll.
 Two slots are fuzzed:
 
 - The naming slot, ``FRAMES_PER_MEMBER`` frames at each member in each of three modes: an
-  insider (holds the secret, does the key exchange, does not know the schema), a stranger
-  at the cluster with the secret (its frames meet the key exchange) and a stranger at a
+  insider (holds the secret, sends the binding handshake's hello, does not know the schema;
+  its frames go where the confirm belongs), a stranger at the cluster with the secret (its
+  frames meet the handshake) and a stranger at a
   secret-less loopback cluster. Whatever a frame holds, the member must hang up and count it
   (``fencing_raft_refused_peer_messages_total`` grows by exactly the frames that were whole
   or declared an oversized length), keep running, keep its state and keep serving.
@@ -47,8 +48,9 @@ from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client import FencingClient
 from coordinator.raft import limits as raft_limits
 from coordinator.raft import wire as raft_wire
+from coordinator.raft.peer_binding import Party, Transcript
 from testsupport.grpc_cluster import running_cluster
-from testsupport.raft_peer import FloodCounts, RaftPeer, send_first_frames
+from testsupport.raft_peer import FloodCounts, RaftPeer, member_party, send_first_frames
 from testsupport.supervisor import DEFAULT_HOSTS, pick_ports, wait_until
 
 SECRET = "0123456789abcdef0123456789abcdef-fuzz-test"
@@ -137,10 +139,21 @@ def real_message(rng: random.Random, addresses: list[str], dicts_only: bool = Fa
     ]
     if not dicts_only:
         kinds += [
-            lambda: rng.randbytes(32),  # the key exchange
+            lambda: rng.randbytes(32),  # pysyncobj's key exchange (members refuse it now)
             lambda: rng.choice(addresses),  # a name: sent only spoiled (spoil_names)
+            lambda: bind_message(rng, addresses),
         ]
     return rng.choice(kinds)()
+
+
+def bind_message(rng: random.Random, addresses: list[str]) -> dict:
+    """A binding handshake's message of any step (peer_binding.py), under nonces no member
+    issued: it can never complete a handshake, whatever a mutation does to it."""
+    def party():
+        return Party(rng.choice(addresses), rng.choice(["m1", "m2", "m3"]), rng.randrange(1, 2**63))
+
+    hello = Transcript(rng.randbytes(32), party(), rng.choice(addresses))
+    return hello.answered(rng.randbytes(32), party()).message(rng.choice([1, 2, 3]))
 
 
 # Values a type swap puts in place of a field: every msgpack type, and ints out of range.
@@ -361,7 +374,7 @@ def watcher(cluster, epoch: int, context: str, nodes=None):
 
 MODES = [
     ("insider", "secret_cluster"),  # holds the secret, not the schema
-    ("stranger", "secret_cluster"),  # frames meet the secret's key exchange
+    ("stranger", "secret_cluster"),  # frames meet the secret's handshake
     ("stranger", "open_cluster"),  # a secret-less loopback cluster: frames meet the naming
 ]
 
@@ -396,7 +409,7 @@ def fuzz_the_naming_slot(cluster, who: str, cluster_name: str, encryptor, contex
         (epoch,), digests = state(cluster)
 
         def shooter(case):
-            def shoot(key, frame):
+            def shoot(key, frame, confirm):
                 body, head = case(key)
                 body = spoil_names(body, head, key, addresses)
                 return frame(body, head)
@@ -446,7 +459,7 @@ BAD_BOOLS = [0, 1, None, "true", 1.0, b"", []]
 BAD_COMMANDS = [300_000_000, 1e300, "text", None, [b"x"], b"", b"\x93\x01\x02\x03", b"\x02\x80",
                 b"\x00\x02abc", True]
 BAD_VERSIONS = [0, raft_wire.WIRE_VERSION - 1, raft_wire.WIRE_VERSION + 1, 255, -1, 1.0, True, "1", None]
-BAD_KINDS = [0, 12, 255, -1, 2**63, 3.0, True, "3", None]
+BAD_KINDS = [0, 13, 255, -1, 2**63, 3.0, True, "3", None]
 # Message fields that must be an int in [0, 2^63), a bool, or a typed entry, per message.
 MUST_BE = {
     "request_vote": {"term": BAD_INTS, "last_log_index": BAD_INTS, "last_log_term": BAD_INTS,
@@ -498,10 +511,11 @@ def fuzz_after_naming(cluster, who: str, cluster_name: str, encryptor, context: 
         (epoch,), digests = state(cluster, live)
         refused_before = refusals(cluster)
         posed_name = cluster.nodes[posed].raft_address
+        posed_party = member_party(cluster, posed, asking=live[0].index)  # who the insider's hello names
 
         def named_case(case_seed: int):
-            def case(key, frame):
-                name = frame(raft_wire.encode_frame(posed_name, key))
+            def case(key, frame, confirm):
+                name = confirm or frame(raft_wire.encode_frame(posed_name, key))
                 return name + frame(wrong_by_construction(random.Random(case_seed), addresses, key))
 
             return case
@@ -514,7 +528,7 @@ def fuzz_after_naming(cluster, who: str, cluster_name: str, encryptor, context: 
             )
         counts = send_first_frames(
             targets, encryptor=encryptor if who == "insider" else None, concurrency=CONCURRENCY_PER_MEMBER,
-            hang_up_within_s=HANG_UP_WITHIN_S, watch=watcher(cluster, epoch, context, live),
+            hang_up_within_s=HANG_UP_WITHIN_S, watch=watcher(cluster, epoch, context, live), dialler=posed_party,
         )
         assert state(cluster, live) == ({epoch}, digests), f"{context}: the state changed"
         refused_after = refusals(cluster)
@@ -545,11 +559,13 @@ def test_a_member_that_others_dial_cannot_be_named(cluster_name, request):
     lowest = min(cluster.nodes, key=lambda n: n.raft_address)
     secret = SECRET if cluster_name == "secret_cluster" else None
     refused = {}
+    # As the lowest member's handshake names it (with the secret): refused for the direction alone.
+    posed = member_party(cluster, lowest.index)
     cluster.stop(lowest.index)
     try:
         for node in cluster.nodes:
             if node is not lowest:
-                with RaftPeer(node.raft_address, secret=secret) as peer:
+                with RaftPeer(node.raft_address, secret=secret, dialler=posed) as peer:
                     peer.name(lowest.raft_address)
                     refused[node.index] = peer.hung_up(HANG_UP_WITHIN_S)
     finally:

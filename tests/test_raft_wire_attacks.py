@@ -28,7 +28,7 @@ from coordinator.client import FencingClient
 from coordinator.raft import limits as raft_limits
 from coordinator.raft import wire as raft_wire
 from testsupport.grpc_cluster import running_cluster
-from testsupport.raft_peer import RaftPeer, stock_frame
+from testsupport.raft_peer import RaftPeer, member_party, stock_frame
 from testsupport.supervisor import wait_until
 
 SECRET = "0123456789abcdef0123456789abcdef-wire-test"
@@ -71,8 +71,10 @@ def send_refused(cluster, target, posing_as: str, *frames_of) -> None:
     """Each frame (built by a callable of the connection) on a connection of its own that
     names ``posing_as`` first: the member must hang up on it (a BrokenPipeError here means
     it hung up on the name already: ``posing_as`` is connected, or the target dials it)."""
+    # With the secret the handshake binds as that member, id and incarnation (target's view).
+    posed = member_party(cluster, cluster.index_of_raft(posing_as), asking=target.index) if cluster.secret else None
     for build in frames_of:
-        with RaftPeer(target.raft_address, secret=cluster.secret) as peer:
+        with RaftPeer(target.raft_address, secret=cluster.secret, **({"dialler": posed} if posed else {})) as peer:
             peer.name(posing_as)
             peer.send(build(peer))
             assert peer.hung_up(HANG_UP_WITHIN_S), f"{target} kept a connection after {build.__name__}"

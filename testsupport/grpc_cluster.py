@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import sys
+import urllib.request
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -240,6 +241,19 @@ def metered_cluster(base_dir: str, request, **kwargs):
     for cluster in running_cluster(base_dir, request, node_settings=node_settings, **kwargs):
         cluster.metrics_urls = [f"http://{h}:{metrics_port}/metrics" for h in DEFAULT_HOSTS]
         yield cluster
+
+
+def metric_value(url: str, series: str, default: float | None = None) -> float:
+    """The value of one series (``name_total`` or ``name_total{label="x"}``) at a member's
+    Prometheus endpoint; ``default`` for a series not there (a labelled counter not counted
+    yet), else AssertionError."""
+    with urllib.request.urlopen(url, timeout=RPC_TIMEOUT_S) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith(series + " "):
+                return float(line.rsplit(" ", 1)[1])
+    if default is None:
+        raise AssertionError(f"no {series} series at {url}")
+    return default
 
 
 def running_cluster(base_dir: str, request, **kwargs):

@@ -118,6 +118,15 @@ class MemberGate:
         """The fields the stamping transport adds to ``message`` (a STAMPED_TYPES one)."""
         return self.sender_fields()
 
+    def binding_identity(self) -> tuple[str, int]:
+        """This member's id and incarnation, as its Raft connections' handshakes name it."""
+        return self._identity.member_id, self._identity.incarnation
+
+    def configured_member(self, address: str) -> Member | None:
+        """The member the configuration in effect names at ``address`` (None without one)."""
+        config = self.config()
+        return config.by_address(address) if config is not None else None
+
     def _self_address(self) -> str:
         return self._SyncObj__selfNode.address
 

@@ -430,6 +430,8 @@ class RaftNode:
             "truncated_applied": so.truncated_applied,
             "refused_old_snapshots": so.refused_old_snapshots,
             "refused_peer_messages": so.refused_peer_messages,
+            "refused_bindings": dict(so._SyncObj__transport.refused_bindings),
+            "peer_connections_replaced": so._SyncObj__transport.peer_connections_replaced,
             "refused_entries": so.refused_entries,
             "read_index_rounds": so.read_index_rounds,
             **self._snapshot_status(),

@@ -5,8 +5,9 @@ when it binds; peers' names looked up on every connection attempt through ``addr
 and a connect nobody answers abandoned after ``RAFT_CONNECT_TIMEOUT_MS``; connects and losses
 told to ``peer_log.PeerLog``, RAFT.md "Addresses that move"; incoming
 connections must name a member, in time, at most ``RAFT_UNNAMED_CONNECTIONS_MAX`` waiting, and
-never take the place of a working connection unless they passed the secret; a listen backlog
-of ``RAFT_LISTEN_BACKLOG``) and the frame reader that replaces pysyncobj's
+never take the place of a working connection unless they completed the secret's binding
+handshake, ``peer_binding.py``, which the transport drives on both sides and whose refusals
+it counts by reason; a listen backlog of ``RAFT_LISTEN_BACKLOG``) and the frame reader that replaces pysyncobj's
 (``process_read_bounded``, ``parse_message_bounded``: heads checked as bytes arrive, a
 bytearray grown in place, frames decoded by the typed wire), ``send_typed``, the writer, and
 ``PeerWarnings``, the one rate limiter every per-connection warning goes through.
@@ -15,7 +16,8 @@ authentication".
 Must never: patch pysyncobj itself (``patches.install()`` puts the reader and ``send_typed``
 in place), decode a frame any other way than ``wire.decode_frame`` (no peer byte reaches
 pickle), keep a connection that declared a frame over ``raft_limits.RAFT_MESSAGE_BYTES_MAX``
-or sent one that failed, take anything but a connection key as the key exchange, buffer
+or sent one that failed, act on a message with the secret before the binding handshake
+completed, or on a stamped one naming another incarnation than the connection's, buffer
 more than ``raft_limits.RAFT_PREAUTH_BYTES_MAX`` for one that has not named a member, or log
 a line per connection (anyone who reaches the port makes connections: ``peer_warnings`` lets
 one line per ``raft_limits.RAFT_PEER_WARNING_LOG_INTERVAL_MS`` through).
@@ -24,7 +26,9 @@ one line per ``raft_limits.RAFT_PEER_WARNING_LOG_INTERVAL_MS`` through).
 from __future__ import annotations
 
 import errno
+import functools
 import logging
+import os
 import socket
 import threading
 import time
@@ -38,7 +42,9 @@ from pysyncobj.transport import TCPTransport
 
 from coordinator.raft import addresses
 from coordinator.raft import limits as raft_limits
+from coordinator.raft import peer_binding
 from coordinator.raft import wire as raft_wire
+from coordinator.raft.peer_binding import Party, Refusal, Transcript
 from coordinator.raft.peer_log import PeerLog
 
 log = logging.getLogger(__name__)
@@ -84,11 +90,19 @@ CONNECTION_DEFAULTS = {
     # Monotonic time of the first message sent since the last read that the peer answers
     # (ANSWERED_TYPES); None when nothing sent since then waits for an answer.
     "awaiting_answer_since": None,
+    # With the secret: the binding handshake so far (peer_binding.Transcript), and once it is
+    # done the incarnation of the member at the other end, which every stamped message on
+    # the connection must carry (BoundTCPTransport._on_bound_message).
+    "handshake": None,
+    "bound_incarnation": None,
 }
 
 # Raft messages a live peer answers: an append or snapshot chunk (with next_node_idx), a vote
-# request it grants (response_vote) and a forwarded command (apply_command_response).
-ANSWERED_TYPES = frozenset({"append_entries", "request_vote", "apply_command"})
+# request it grants (response_vote), a forwarded command (apply_command_response), and a
+# handshake's hello (the welcome): a dial nobody answers is dropped after connectionTimeout.
+ANSWERED_TYPES = frozenset({"append_entries", "request_vote", "apply_command", peer_binding.BIND_TYPE})
+# Messages that name their sender's incarnation (member_gate.STAMPED_TYPES; wire.py _SENDER).
+_INCARNATION_STAMPED = frozenset({"request_vote", "response_vote", "next_node_idx", "append_entries"})
 
 
 # pysyncobj drops a connection on which nothing was read for connectionTimeout (3.5 s here),
@@ -290,6 +304,7 @@ def restarting_frame_scan(method: Callable) -> Callable:
 
     def wrapped(conn, *args):
         conn._frames_scanned_to = 0
+        conn.handshake = conn.bound_incarnation = None  # a binding holds for one connection
         return method(conn, *args)
 
     return wrapped
@@ -334,6 +349,8 @@ class BoundTCPTransport(TCPTransport):
         self.own_ip: str | None = None  # this member's address as last bound; outgoing sockets leave from it
         self._bind_failing = False
         self.peer_log = PeerLog(len(otherNodes), self._role)
+        self.refused_bindings: dict[str, int] = {}  # reason -> handshakes and bound messages refused
+        self.peer_connections_replaced = 0  # established connections a newly bound one took the place of
         super().__init__(syncObj, selfNode, otherNodes)
 
     def _count_refused(self) -> None:
@@ -507,60 +524,154 @@ class BoundTCPTransport(TCPTransport):
 
         pysyncobj lets any connection announce itself as a read-only node, which is then sent
         every entry, or send utility commands (status, add, remove, set_version, transfer;
-        transport.py:375-384) that no member of ours uses. Only the first message is seen
-        here (after the secret's key exchange, when there is one): it must name a member,
-        and one that dials this member, never one this member dials itself (pysyncobj: the
-        higher address dials, transport.py:401-409). pysyncobj would put the incoming
+        transport.py:375-384) that no member of ours uses. Only the handshake is seen here:
+        with the secret the binding (``_bind_incoming``), without it one name. It must name a
+        member, and one that dials this member, never one this member dials itself (pysyncobj:
+        the higher address dials, transport.py:401-409). pysyncobj would put the incoming
         connection in place of the outgoing one it dials that member with, and once that
         closed reconnect with it: it never named itself to that member again, which then
         stayed out of the cluster for good (found by tests/test_raft_port_fuzz.py).
         """
-        if self._syncObj.encryptor and not conn.sendRandKey:
-            # pysyncobj stores whatever comes first as the connection's key (transport.py:342-346)
-            # and sends under it from then on; a name or a message there is no key exchange.
-            if not raft_wire.is_connection_key(message):
-                self._drop_unnamed(conn, f"its key exchange sent no connection key ({type(message).__name__})")
-                return
-            return super()._onIncomingMessageReceived(conn, message)
-        if not isinstance(message, str) or message not in self._nodeAddrToNode:
+        if self._syncObj.encryptor:
+            dialler = self._bind_incoming(conn, message)
+            if dialler is None:
+                return  # the handshake goes on, or the connection was refused
+            address = dialler.address
+        elif isinstance(message, str) and message in self._nodeAddrToNode:
+            address, dialler = message, None
+        else:
             self._drop_unnamed(conn, f"its first message did not name a member ({type(message).__name__})")
             return
-        node = self._nodeAddrToNode[message]
+        node = self._nodeAddrToNode.get(address)
+        if node is None:
+            self._refuse_binding(conn, "unknown_member", f"it is {address}, which is no member")
+            return
         if self._shouldConnect(node):
             # Members dial only lower addresses, so this member never hears from that one on an
             # incoming connection. pysyncobj would put the newcomer in place of the connection
             # it dials (transport.py:359) and, once the newcomer hangs up, "reconnect" through
             # an accepted socket that never names itself: the member stayed cut off for good.
-            self._drop_unnamed(conn, f"it named {message}, a member this one connects to itself")
+            why = f"it named {address}, a member this one connects to itself"
+            if dialler is not None:
+                self._refuse_binding(conn, "wrong_direction", why)
+            else:
+                self._drop_unnamed(conn, why)
             return
         established = self._connections.get(node)
         keep = established is not None and established is not conn and still_open(established)
-        if keep and not self._syncObj.encryptor:
+        if keep and dialler is None:
             # Without the secret a name proves nothing: the connection that works stays, and a
             # restarted member gets in once the kernel reports its old connection closed.
-            self._drop_unnamed(conn, f"it named {message}, which is connected already")
+            self._drop_unnamed(conn, f"it named {address}, which is connected already")
             return
-        super()._onIncomingMessageReceived(conn, message)
+        if keep and self._keeps_configured(node, established, dialler):
+            self._refuse_binding(conn, "stale_incarnation", (
+                f"it is {address} as incarnation {dialler.incarnation}, which the configuration does not"
+                f" name; the connection of incarnation {established.bound_incarnation} stays"))
+            return
+        if dialler is not None:
+            conn.bound_incarnation = dialler.incarnation
+        super()._onIncomingMessageReceived(conn, address)
+        if dialler is not None:
+            conn.setOnMessageReceivedCallback(functools.partial(self._on_bound_message, conn, node))
         if keep:
-            # With the secret the newcomer proved it is a member (one restarted, say, after a
-            # power loss its old connection never reported). pysyncobj would leave the replaced
+            # The newcomer completed the binding: it is that member (one restarted, say, after
+            # a power loss its old connection never reported). pysyncobj would leave the replaced
             # connection open, still delivering; closing it after the swap (_connToNode no
             # longer finds it) tells no one that the member disconnected.
+            self.peer_connections_replaced += 1
             established.disconnect()
 
-    def _onOutgoingMessageReceived(self, conn, message):
-        """The answer to our key exchange on a connection we dialled: a connection key, or we hang up.
+    # -- the binding handshake, with the secret (peer_binding.py; RAFT.md "Peer authentication") --
 
-        pysyncobj takes the first message as the key unseen (transport.py:473-475), then names
-        this member and reports the peer connected; a peer answering anything else is not
-        speaking the exchange. Dropping it lets pysyncobj dial again after connectionRetryTime.
-        """
-        if not conn.sendRandKey and not raft_wire.is_connection_key(message):
-            peer_warnings.warning(
-                "raft: dropped an outgoing connection: its key exchange answered no connection key (%s)",
-                type(message).__name__,
-            )
-            self._count_refused()
-            conn.disconnect()
+    def _own_party(self) -> Party:
+        member_id, incarnation = self._syncObj.binding_identity()
+        return Party(self._selfNode.address, member_id, incarnation)
+
+    def _refuse_binding(self, conn, reason: str, why: str) -> None:
+        """Count and close a connection whose handshake failed: one rate-limited line for all."""
+        outgoing = conn.handshake is not None and conn.handshake.dialler.address == self._selfNode.address
+        peer_warnings.warning("raft: refused %s connection (%s): %s",
+                              "an outgoing" if outgoing else "an incoming", reason, why)
+        counts = self.refused_bindings
+        counts[reason] = counts.get(reason, 0) + 1
+        self._count_refused()
+        self._unknownConnections.discard(conn)
+        conn.disconnect()
+
+    def _bind_incoming(self, conn, message) -> Party | None:
+        """The receiver's side: a hello for this member gets a welcome; a confirm of that
+        welcome returns the dialler it binds. None while the handshake goes on or once refused."""
+        if conn.handshake is None:
+            hello, refusal = peer_binding.check_hello(message, self._selfNode.address)
+            if refusal is not None:
+                self._refuse_binding(conn, *refusal)
+                return None
+            welcomed = hello.answered(os.urandom(peer_binding.NONCE_BYTES), self._own_party())
+            conn.handshake = welcomed
+            # Frames to the dialler carry its nonce; frames from it must carry ours.
+            conn.sendRandKey, conn.recvRandKey = welcomed.dialler_nonce, welcomed.receiver_nonce
+            conn.send(welcomed.message(peer_binding.STEP_WELCOME))
+            return None
+        refusal = peer_binding.check_confirm(message, conn.handshake)
+        if refusal is None:
+            refusal = self._misnamed(conn.handshake.dialler)
+        if refusal is not None:
+            self._refuse_binding(conn, *refusal)
+            return None
+        return conn.handshake.dialler
+
+    def _misnamed(self, party: Party) -> Refusal | None:
+        """A member id at an address that the configuration gives another member."""
+        member = self._syncObj.configured_member(party.address)
+        if member is not None and member.member_id != party.member_id:
+            return Refusal(peer_binding.MISDIALLED, (
+                f"it is member {party.member_id} at {party.address}; the configuration names {member.member_id}"))
+        return None
+
+    def _keeps_configured(self, node, established, dialler: Party) -> bool:
+        """The established connection is bound to the incarnation the configuration names at
+        that address, and the newcomer to another (an old incarnation, still running): the
+        newcomer must not take its place."""
+        member = self._syncObj.configured_member(node.address)
+        if member is None or not member.incarnation:
+            return False  # no configuration yet, or a learner not bound to an incarnation yet
+        return established.bound_incarnation == member.incarnation != dialler.incarnation
+
+    def _onOutgoingConnected(self, conn):
+        """The dialler's side: a hello naming this member and the member dialled (pysyncobj
+        sent a bare key, transport.py:452-456, then named itself unasked)."""
+        if not self._syncObj.encryptor:
+            return super()._onOutgoingConnected(conn)
+        node = self._connToNode(conn)
+        hello = Transcript(os.urandom(peer_binding.NONCE_BYTES), self._own_party(), node.address)
+        conn.handshake = hello
+        conn.recvRandKey = hello.dialler_nonce  # the welcome must carry it
+        conn.setOnMessageReceivedCallback(functools.partial(self._on_welcome, conn, node))
+        conn.send(hello.message(peer_binding.STEP_HELLO))
+
+    def _on_welcome(self, conn, node, message) -> None:
+        """The answer to our hello: it must be from the member dialled, or we hang up (and
+        dial again after connectionRetryTime)."""
+        member = self._syncObj.configured_member(node.address)
+        bound, refusal = peer_binding.check_welcome(message, conn.handshake, member.member_id if member else None)
+        if refusal is not None:
+            self._refuse_binding(conn, *refusal)
             return
-        super()._onOutgoingMessageReceived(conn, message)
+        conn.handshake = bound
+        conn.sendRandKey = bound.receiver_nonce
+        conn.bound_incarnation = bound.receiver.incarnation
+        conn.send(bound.message(peer_binding.STEP_CONFIRM))
+        conn.setOnMessageReceivedCallback(functools.partial(self._on_bound_message, conn, node))
+        self._onNodeConnected(node)
+
+    def _on_bound_message(self, conn, node, message) -> None:
+        """A message on a bound connection: one that names its sender's incarnation must name
+        the one the connection is bound to, or it is not acted on and the connection closes."""
+        if type(message) is dict and message.get("type") in _INCARNATION_STAMPED:
+            if message["incarnation"] != conn.bound_incarnation:
+                self._refuse_binding(conn, "incarnation_mismatch", (
+                    f"a {message['type']} from {node.address} as incarnation {message['incarnation']} on a"
+                    f" connection bound to incarnation {conn.bound_incarnation}"))
+                return
+        self._onMessageReceived(node, message)

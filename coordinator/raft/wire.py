@@ -256,8 +256,32 @@ def _address(value) -> bool:
 
 
 def is_connection_key(value) -> bool:
-    """``value`` is what the secret's key exchange sends: a connection's random key."""
+    """``value`` is a connection's random key: a binding handshake's nonce (peer_binding.py)."""
     return type(value) is bytes and len(value) == _RAND_KEY_BYTES
+
+
+def _nonce(value) -> bool:
+    return is_connection_key(value)  # a handshake nonce is the connection key of the side that reads
+
+
+def _opt_nonce(value) -> bool:
+    return value is None or _nonce(value)
+
+
+def _member_id(value) -> bool:
+    return type(value) is str and 0 < len(value) <= raft_limits.RAFT_MEMBER_ID_CHARS_MAX
+
+
+def _opt_member_id(value) -> bool:
+    return value is None or _member_id(value)
+
+
+def _opt_incarnation(value) -> bool:
+    return value is None or _incarnation(value)
+
+
+def _bind_step(value) -> bool:
+    return type(value) is int and 1 <= value <= 3  # peer_binding.STEP_HELLO .. STEP_CONFIRM
 
 
 def _chunk(value) -> bool:
@@ -297,6 +321,13 @@ _SCHEMAS: dict[int, tuple[str, tuple[tuple[str, Callable, bool], ...]]] = {
     9: ("apply_command_response", (("request_id", _int, False), ("log_idx", _int, False), ("log_term", _int, False))),
     10: ("apply_command_response", (("request_id", _int, False), ("error", _fail_code, False))),
     11: ("timeout_now", (("term", _int, False),)),
+    # The handshake that binds a connection to both members (peer_binding.py), with the
+    # secret: a hello names no receiver's nonce, id or incarnation; a welcome and a confirm
+    # name all of them.
+    12: ("bind", (("step", _bind_step, False), ("dialler_nonce", _nonce, False), ("receiver_nonce", _opt_nonce, True),
+                  ("dialler", _address, False), ("dialler_id", _member_id, False),
+                  ("dialler_incarnation", _incarnation, False), ("receiver", _address, False),
+                  ("receiver_id", _opt_member_id, True), ("receiver_incarnation", _opt_incarnation, True))),
 }
 # Trailing fields a frame may leave out altogether (read-index rounds, read_index.py): all of a
 # kind's are present or none is, and a message without them is encoded without them, byte for
@@ -311,7 +342,8 @@ _TRAILING: dict[int, tuple[tuple[str, Callable, bool], ...]] = {
     7: (("read_term", _int, True), ("read_seq", _int, True)),
 }
 KIND_NAMES = {KIND_KEY: "key", KIND_NAME: "name", **{k: v[0] for k, v in _SCHEMAS.items()}}
-_KIND_APPEND, _KIND_SNAPSHOT_CHUNK, _KIND_RESULT, _KIND_ERROR = 5, 6, 9, 10
+_KIND_APPEND, _KIND_SNAPSHOT_CHUNK, _KIND_RESULT, _KIND_ERROR, KIND_BIND = 5, 6, 9, 10, 12
+_BIND_RECEIVER_FIELDS = ("receiver_nonce", "receiver_id", "receiver_incarnation")
 _KIND_OF_TYPE = {name: kind for kind, (name, _) in _SCHEMAS.items() if kind not in (_KIND_SNAPSHOT_CHUNK, _KIND_ERROR)}
 _FIELD_NAMES = {kind: tuple(f[0] for f in fields) for kind, (_, fields) in _SCHEMAS.items()}
 _TRAILING_NAMES = {kind: tuple(f[0] for f in fields) for kind, fields in _TRAILING.items()}
@@ -409,6 +441,11 @@ def decode_frame(data: bytes, key: bytes | None = None):
             message[field] = value
     if kind == _KIND_APPEND:
         _check_append(message)
+    elif kind == KIND_BIND:
+        # A hello names none of the receiver's part; a welcome and a confirm all of it.
+        present = [f in message for f in _BIND_RECEIVER_FIELDS]
+        if any(present) if message["step"] == 1 else not all(present):
+            raise PeerMessageRefused(f"bind: step {message['step']} with {_BIND_RECEIVER_FIELDS} mismatched")
     return message
 
 

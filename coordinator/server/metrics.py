@@ -315,6 +315,9 @@ class _MemberCollector:
         ("refused_peer_messages", "fencing_raft_refused_peer_messages",
          "Raft connections and messages refused: ones no member of ours sends, frames over "
          "the size bound, connections that named no member in time"),
+        ("peer_connections_replaced", "fencing_raft_peer_connections_replaced",
+         "Established Raft connections a newly bound one of the same member took the place of "
+         "(a member that restarted before its old connection reported closed)"),
         ("refused_entries", "fencing_raft_refused_entries",
          "Committed log entries skipped because no member of ours writes them (should stay 0)"),
         ("read_index_rounds", "fencing_raft_read_index_rounds",
@@ -342,6 +345,15 @@ class _MemberCollector:
         for key, name, doc in self._COUNTERS:
             if key in status and status[key] is not None:
                 yield CounterMetricFamily(name, doc, value=float(status[key]))
+        refused = CounterMetricFamily(
+            "fencing_raft_refused_bindings",
+            "Raft connections refused by the binding handshake, or for a message naming another incarnation"
+            " than the connection's, by reason (also in fencing_raft_refused_peer_messages)",
+            labels=("reason",),
+        )
+        for reason, count in sorted((status.get("refused_bindings") or {}).items()):
+            refused.add_metric((reason,), float(count))
+        yield refused
         yield GaugeMetricFamily("fencing_raft_has_leader", "1 while this member knows a leader",
                                 value=float(status.get("leader") is not None))
         # Labels that never change while the process runs: who leads is the gauges above, so
