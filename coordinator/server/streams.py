@@ -127,6 +127,18 @@ class StreamGate(SlotGate):
         """The items of ``request_iterator``; raises ServiceError when none comes for
         ``idle_timeout_s``. Close it when done (``contextlib.closing``): its ``finally``
         lets the reader thread go."""
+        return self._paced(request_iterator, "stream-reader", "no request")
+
+    def responses(self, response_iterator: Iterable[Any]) -> Iterator[Any]:
+        """The items a server-streaming servicer yields (``response_iterator``); raises
+        ServiceError when it yields none for ``idle_timeout_s`` (Health.Watch while the status
+        stays the same). An exception it raises is raised here, in the caller's thread."""
+        return self._paced(response_iterator, "stream-responses", "nothing to send")
+
+    def _paced(self, source: Iterable[Any], thread_name: str, what: str) -> Iterator[Any]:
+        """The items of ``source``, read by a helper thread into a one-item queue, so the
+        caller (a gRPC worker) waits for each at most ``idle_timeout_s``; ends the stream with
+        RESOURCE_EXHAUSTED / LIMIT_EXCEEDED (limit ``stream_idle_timeout_s``) after that."""
         items: queue.Queue = queue.Queue(maxsize=1)  # one item read ahead: a flood stays in gRPC's flow control
         done = threading.Event()
 
@@ -143,14 +155,15 @@ class StreamGate(SlotGate):
 
         def read() -> None:
             try:
-                for item in request_iterator:
+                for item in source:
                     if not offer(item):
                         return
-            except Exception:  # noqa: BLE001 - the call was cancelled or failed: the stream is over
-                pass
+            except Exception as exc:  # noqa: BLE001 - handed to the worker, which raises it
+                offer(_Raised(exc))
+                return
             offer(_END)
 
-        reader = threading.Thread(target=read, name="stream-reader", daemon=True)
+        reader = threading.Thread(target=read, name=thread_name, daemon=True)
         reader.start()
         try:
             while True:
@@ -159,15 +172,25 @@ class StreamGate(SlotGate):
                 except queue.Empty:
                     raise _limit(
                         "stream_idle_timeout_s", self.idle_timeout_s,
-                        f"no request for {self.idle_timeout_s:g} s; the stream is closed (open a new one)",
+                        f"{what} for {self.idle_timeout_s:g} s; the stream is closed (open a new one)",
                     ) from None
                 if item is _END:
                     return
+                if isinstance(item, _Raised):
+                    raise item.exc
                 yield item
         finally:
             done.set()
             with contextlib.suppress(queue.Empty):
                 items.get_nowait()  # a reader blocked on a full queue moves on and sees ``done``
+
+
+class _Raised:
+    """What the source raised (the call was cancelled or failed, or the servicer aborted the
+    RPC): raised again in the worker's thread, where gRPC expects the RPC's exception."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
 
 
 def _limit(name: str, value: float, message: str) -> ServiceError:
