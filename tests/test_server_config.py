@@ -229,6 +229,11 @@ def test_insecure_peer_transport_starts_and_warns_at_every_start(tmp_path):
                "0.0.0.0:1=127.0.0.1:2", "0.0.0.0:3=127.0.0.1:4"]
     path = write_toml(tmp_path, f'data_dir = "{tmp_path / "d"}"\nraft_address = "{members[0].split("=")[0]}"\n'
                                 f"members = {members!r}\ninsecure_peer_transport = true\n".replace("'", '"'))
+    starts_warning_each_time(path, "insecure_peer_transport")
+
+
+def starts_warning_each_time(path: str, setting: str) -> None:
+    """The member of ``path`` starts (READY), and warns naming ``setting`` at every start."""
     for _ in range(2):  # every start, not only the first
         proc = serve(path)
         try:
@@ -237,7 +242,7 @@ def test_insecure_peer_transport_starts_and_warns_at_every_start(tmp_path):
                 lines.append(line)
                 if line.startswith("READY "):
                     break
-            assert any("WARNING" in l and "insecure_peer_transport" in l for l in lines), "".join(lines)
+            assert any("WARNING" in l and setting in l for l in lines), "".join(lines)
             assert lines[-1].startswith("READY "), "".join(lines)
         finally:
             proc.terminate()
@@ -300,16 +305,4 @@ def test_serve_with_an_open_api_on_a_public_address_exits_2_with_one_line(tmp_pa
     assert out.stderr.startswith(f"fencingd: configuration error: insecure_api: the API listens on 0.0.0.0:{api_port}")
     with open(path, "a", encoding="utf-8") as f:
         f.write("insecure_api = true\ninitial_cluster_state = \"new\"\ncpu_affinity = \"off\"\n")
-    for _ in range(2):  # it starts, and says so at every start
-        proc = serve(path)
-        try:
-            lines = []
-            for line in proc.stdout:
-                lines.append(line)
-                if line.startswith("READY "):
-                    break
-            assert any("WARNING" in l and "insecure_api" in l for l in lines), "".join(lines)
-            assert lines[-1].startswith("READY "), "".join(lines)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    starts_warning_each_time(path, "insecure_api")
