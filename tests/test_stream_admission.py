@@ -22,6 +22,8 @@ from grpc_status import rpc_status
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.server.auth import token_digest
+from coordinator.server.errors import ServiceError
+from coordinator.server.streams import StreamGate
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, SERVING, running_cluster
 from testsupport.supervisor import wait_until
 
@@ -265,3 +267,38 @@ def test_reflection_needs_a_credential_and_can_be_turned_off(cluster):
                                       timeout=T, metadata=auth(ADMIN_TOKEN)))
     assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
+
+
+# -- the idle timeout of a server-streaming call, in-process -----------------------------------
+
+
+def helper_alive() -> bool:
+    return any(t.name == "stream-responses" and t.is_alive() for t in threading.enumerate())
+
+
+def test_responses_time_out_while_the_servicer_has_nothing_to_send_and_pass_its_errors_on():
+    """What a Health.Watch worker waits for: its servicer's next response. None for the idle
+    timeout ends the stream naming it; what the servicer raises reaches the worker's thread."""
+    gate = StreamGate(streams_max=1, per_caller_max=1, idle_timeout_s=0.2)
+    quiet = threading.Event()
+
+    def watch():
+        yield "SERVING"
+        quiet.wait(10)  # the status does not change
+
+    got = []
+    with pytest.raises(ServiceError) as caught:
+        for item in gate.responses(watch()):
+            got.append(item)
+    assert got == ["SERVING"] and caught.value.metadata["limit"] == "stream_idle_timeout_s"
+    assert "nothing to send for 0.2 s" in caught.value.message
+    quiet.set()
+    wait_until(lambda: not helper_alive(), 5, what="the helper to end with the stream")
+
+    def aborted():
+        yield "first"
+        raise RuntimeError("the servicer aborted the call")
+
+    with pytest.raises(RuntimeError, match="the servicer aborted"):
+        list(gate.responses(aborted()))
+    wait_until(lambda: not helper_alive(), 5, what="the helper to end after the error")

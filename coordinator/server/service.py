@@ -25,7 +25,6 @@ written (coordinator/raft/read_index.py), and fall back to the entry whenever it
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import functools
 import hmac

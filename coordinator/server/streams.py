@@ -1,26 +1,29 @@
-"""Admission of calls that hold a gRPC worker thread for long (KeepAliveStreams and Acquires
-waiting with ``wait_ms``), and the idle timeout of streams, so neither can take the threads
-every other call needs (issue 14: idle streams starved health checks; waiting Acquires could
-do the same).
+"""Admission of calls that hold a gRPC worker thread for long (streaming RPCs of every service,
+admitted by stream_admission.py, and Acquires waiting with ``wait_ms``), and the idle timeout
+of streams, so neither can take the threads every other call needs (issue 14: idle streams
+starved health checks; waiting Acquires could do the same; issue 26: so did reflection
+streams the caps did not count).
 
 Owns: one admission mechanism (``SlotGate``: a count of held slots, in total and per caller,
 and the refusal of a slot past either cap), its two uses (``StreamGate`` for streams, with
-reading a stream's requests under an idle timeout; ``waiter_gate`` for waiting Acquires), and
+reading a stream's requests, or a server-streaming servicer's responses, under an idle
+timeout; ``waiter_gate`` for waiting Acquires), and
 who a slot counts against (``caller_key``). Must never: implement an RPC (service.py does),
 read or propose anything, or hold a gRPC worker thread beyond the idle timeout waiting for a
 request that does not come.
 
 A gRPC worker thread serves a stream for as long as it is open, and a waiting Acquire for as
-long as it waits. ``streams_max`` + ``acquire_waiters_max`` is below the worker count
-(config.py checks it), so however many streams are open and Acquires wait, threads remain for
+long as it waits. ``streams_max`` + ``acquire_waiters_max`` (+ the backup transfers) is below the worker
+count (config.py checks it), so however many streams are open and Acquires wait, threads remain for
 health, Admin and unary calls. A stream past a cap is refused with RESOURCE_EXHAUSTED /
 LIMIT_EXCEEDED naming the cap. An Acquire past a waiter cap is answered at once as if its
 ``wait_ms`` were 0 (service.py): its one try still runs, so a free lease is granted, and a held
 one is answered LEASE_HELD, an answer every client already handles and one that is true; a
 LIMIT_EXCEEDED would refuse a caller whose only fault is that others wait, and waiting is a
-convenience that only saves the client its own retries. A stream's requests are read by a helper
-thread into a one-item queue; the worker waits for each item at most ``idle_timeout_s`` and then
-ends the stream with RESOURCE_EXHAUSTED / LIMIT_EXCEEDED, limit ``stream_idle_timeout_s``.
+convenience that only saves the client its own retries. A stream's requests (or a
+server-streaming servicer's responses) are read by a helper thread into a one-item queue; the
+worker waits for each item at most ``idle_timeout_s`` and then ends the stream with
+RESOURCE_EXHAUSTED / LIMIT_EXCEEDED, limit ``stream_idle_timeout_s``.
 """
 
 from __future__ import annotations
