@@ -30,7 +30,7 @@ from coordinator.core.names import DOMAIN, Trailer
 from coordinator.core.names import ErrorMeta as M
 from coordinator.core.names import ErrorReason as R
 from coordinator.server import errors, service
-from coordinator.server.streams import StreamGate, waiter_gate
+from coordinator.server.streams import waiter_gate
 
 MEMBER_ID = "127.0.0.1:7200"  # what the stand-in node calls itself (the trailers carry it)
 TERM, APPLIED = 7, 42
@@ -113,8 +113,7 @@ def server():
     proposer = _FailingProposer()
     core = service.Core(node, proposer, members={MEMBER_ID: "127.0.0.1:7100"})
     lease = service.LeaseServicer(
-        core, streams=StreamGate(streams_max=2, per_caller_max=2, idle_timeout_s=5.0),
-        waiters=waiter_gate(waiters_max=2, per_caller_max=2),
+        core, waiters=waiter_gate(waiters_max=2, per_caller_max=2),
     )
     grpc_server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
     pb_grpc.add_FencedStoreServicer_to_server(service.FencedStoreServicer(core), grpc_server)

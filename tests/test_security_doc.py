@@ -37,6 +37,9 @@ NOT_LIMITS = {
     "leader_lost_election_s": "election timing",
     "heartbeat_s": "election timing",
 }
+# Switches that turn a defence off or a surface on: each needs a row stating its default
+# (true or false), so turning one is a documented choice.
+SECURITY_SWITCHES = ("reflection", "insecure_api", "insecure_peer_transport")
 # Client modules whose every numeric constant is a limit on the client's own inputs (a
 # command's arguments), not pacing: the rest of the client's constants are retry timing.
 CLIENT_LIMIT_MODULES = (lockcmd,)
@@ -47,7 +50,7 @@ def _constants(module) -> dict[str, int]:
     return {k: v for k, v in vars(module).items() if k.isupper() and type(v) is int}
 
 
-def expected_limits() -> dict[str, int | float]:
+def expected_limits() -> dict[str, int | float | bool]:
     """Table key -> the code's default."""
     out: dict[str, int | float] = {**_constants(core_limits), **_constants(raft_limits), **_constants(log_limits)}
     out["PRINCIPALS_MAX"] = auth.PRINCIPALS_MAX
@@ -60,7 +63,7 @@ def expected_limits() -> dict[str, int | float]:
         out[f"[[principal]] {field}"] = default
     for field in dataclasses.fields(config_mod.ServerConfig):
         numeric = type(field.default) in (int, float)
-        if numeric and field.name not in NOT_LIMITS:
+        if numeric and field.name not in NOT_LIMITS or field.name in SECURITY_SWITCHES:
             out[field.name] = field.default
     return out
 
@@ -89,7 +92,9 @@ def table_rows() -> dict[str, str]:
 
 
 def renderings(value: int | float) -> set[str]:
-    """The ways the table may write ``value``: 1024, 1,024, 1 KiB, 2⁶³−1 ..."""
+    """The ways the table may write ``value``: 1024, 1,024, 1 KiB, 2⁶³−1 ..., true"""
+    if isinstance(value, bool):
+        return {str(value).lower()}
     if isinstance(value, float):
         assert value.is_integer(), value
         value = int(value)

@@ -110,15 +110,17 @@ def test_health_is_serving_for_every_service(cluster):
 
 
 def test_reflection_lists_the_services(cluster):
+    # The cluster has an admin token: reflection needs a credential (test_stream_admission.py).
     stub = reflection_pb2_grpc.ServerReflectionStub(cluster.nodes[1].channel)
     responses = list(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
-                                               timeout=T))
+                                               timeout=T, metadata=ADMIN))
     names = {s.name for s in responses[0].list_services_response.service}
     assert {"fencing.v1.Lease", "fencing.v1.FencedStore", "fencing.v1.Cluster", "fencing.v1.Admin",
             "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
     # The descriptors are served too: a generic client can build requests from them.
     responses = list(stub.ServerReflectionInfo(
-        iter([reflection_pb2.ServerReflectionRequest(file_containing_symbol="fencing.v1.Lease")]), timeout=T))
+        iter([reflection_pb2.ServerReflectionRequest(file_containing_symbol="fencing.v1.Lease")]), timeout=T,
+        metadata=ADMIN))
     assert responses[0].file_descriptor_response.file_descriptor_proto
 
 

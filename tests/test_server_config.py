@@ -46,7 +46,7 @@ def test_toml_file_with_flag_overrides(tmp_path):
 
 def test_flags_alone(tmp_path):
     cfg = parse(["--data-dir", str(tmp_path), "--raft-address", "127.0.0.2:7000", "--members", ",".join(MEMBERS),
-                 "--listen-address", "0.0.0.0:7100"])
+                 "--listen-address", "0.0.0.0:7100", "--insecure-api", "true"])
     assert cfg.bind_address == "0.0.0.0:7100" and cfg.api_address == "127.0.0.2:7100"
 
 
@@ -66,7 +66,8 @@ def test_leader_lost_election_can_be_off(tmp_path):
     ("leader_lost_election_s = -0.3\n", "leader_lost_election_s: -0.3 must be 0 (off)"),
     ("grpc_threads = 100\ngrpc_max_concurrent_rpcs = 10\n", "grpc_max_concurrent_rpcs: must be >= grpc_threads"),
     ("grpc_threads = 16\n", "streams_max: 16 must be below grpc_threads (16)"),
-    ("grpc_threads = 24\n", "acquire_waiters_max: 8 plus streams_max (16) must be below grpc_threads (24)"),
+    ("grpc_threads = 26\n", "acquire_waiters_max: 8 plus streams_max (16) plus BACKUP_TRANSFERS_MAX (2) must be"
+                             " below grpc_threads (26)"),
     ("acquire_waiters_per_principal_max = 0\n", "acquire_waiters_per_principal_max: must be > 0"),
     ("streams_per_principal_max = 0\n", "streams_per_principal_max: must be > 0"),
     ("stream_idle_timeout_s = -1\n", "stream_idle_timeout_s: must be > 0"),
@@ -173,8 +174,10 @@ def test_refusal_details_become_string_metadata():
 
 # -- peer credential (SECURITY.md, "Peer authentication") -------------------------------------
 
-PUBLIC = ('data_dir = "/tmp/x"\nraft_address = "10.0.0.2:7000"\n'
-          'members = ["10.0.0.1:7000=10.0.0.1:7100", "10.0.0.2:7000=10.0.0.2:7100", "10.0.0.3:7000=10.0.0.3:7100"]\n')
+PUBLIC_API = ('data_dir = "/tmp/x"\nraft_address = "10.0.0.2:7000"\n'
+              'members = ["10.0.0.1:7000=10.0.0.1:7100", "10.0.0.2:7000=10.0.0.2:7100", "10.0.0.3:7000=10.0.0.3:7100"]\n')
+# The peer side's tests: the API's own check (below) is satisfied explicitly.
+PUBLIC = PUBLIC_API + "insecure_api = true\n"
 
 
 @pytest.mark.parametrize("host, loopback", [
@@ -226,6 +229,11 @@ def test_insecure_peer_transport_starts_and_warns_at_every_start(tmp_path):
                "0.0.0.0:1=127.0.0.1:2", "0.0.0.0:3=127.0.0.1:4"]
     path = write_toml(tmp_path, f'data_dir = "{tmp_path / "d"}"\nraft_address = "{members[0].split("=")[0]}"\n'
                                 f"members = {members!r}\ninsecure_peer_transport = true\n".replace("'", '"'))
+    starts_warning_each_time(path, "insecure_peer_transport")
+
+
+def starts_warning_each_time(path: str, setting: str) -> None:
+    """The member of ``path`` starts (READY), and warns naming ``setting`` at every start."""
     for _ in range(2):  # every start, not only the first
         proc = serve(path)
         try:
@@ -234,8 +242,67 @@ def test_insecure_peer_transport_starts_and_warns_at_every_start(tmp_path):
                 lines.append(line)
                 if line.startswith("READY "):
                     break
-            assert any("WARNING" in l and "insecure_peer_transport" in l for l in lines), "".join(lines)
+            assert any("WARNING" in l and setting in l for l in lines), "".join(lines)
             assert lines[-1].startswith("READY "), "".join(lines)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+# -- the API's callers (SECURITY.md, "An API open to the network") ------------------------------
+
+SECRET_LINE = 'raft_secret_file = "{}"\n'
+
+
+def public_api(tmp_path, extra: str = "") -> str:
+    """PUBLIC_API with its peer credential, so only the API's own check is left to pass."""
+    secret = tmp_path / "raft-secret"
+    secret.write_text("x" * 64)
+    return write_toml(tmp_path, PUBLIC_API + SECRET_LINE.format(secret) + extra)
+
+
+@pytest.mark.parametrize("extra, admin_open", [("", True), ('admin_token = "t"\n', False)])
+def test_an_api_open_to_the_network_is_refused_naming_insecure_api(tmp_path, extra, admin_open):
+    """The finding: an API on 0.0.0.0 with no TLS, no principals and no admin token started
+    with a warning, and an anonymous MemberRemove removed a voter. An admin token alone is not
+    enough either: the data plane would stay open to whoever reaches the port."""
+    with pytest.raises(config.ConfigError) as caught:
+        parse(["--config", public_api(tmp_path, extra)])
+    message = str(caught.value)
+    assert message.startswith("insecure_api: the API listens on 10.0.0.2:7100, not loopback") and "\n" not in message
+    assert "principals_file" in message and "insecure_api = true" in message
+    assert ("call Admin" in message) is admin_open
+    with pytest.raises(config.ConfigError, match="^insecure_api: the API listens on 0.0.0.0:7100"):
+        parse(["--config", public_api(tmp_path, extra), "--listen-address", "0.0.0.0:7100"])
+
+
+def test_an_api_open_to_the_network_runs_with_callers_known_or_the_explicit_insecure_flag(tmp_path):
+    principals = tmp_path / "principals.toml"
+    principals.write_text(f'[[principal]]\nname = "a"\ntoken_sha256 = "{"0" * 64}"\nprefixes = ["a/"]\n')
+    assert parse(["--config", public_api(tmp_path), "--principals-file", str(principals)]).principals_file
+    # client certificates (mutual TLS) know every caller too; the files are not read here
+    mtls = config.build(config.read_toml(public_api(tmp_path, 'tls_cert_file = "c"\ntls_key_file = "k"\n'
+                                                             'tls_client_ca_file = "ca"\n')), {}, read_files=False)
+    assert mtls.tls_client_ca_file and not mtls.insecure_api
+    assert parse(["--config", public_api(tmp_path, "insecure_api = true\n")]).insecure_api
+    loopback = parse(["--config", public_api(tmp_path), "--listen-address", "127.0.0.1:7100"])
+    assert loopback.api_is_loopback and not loopback.insecure_api  # loopback: no flag needed
+    with pytest.raises(config.ConfigError, match="^insecure_api: true, but principals_file or tls_client_ca_file"):
+        parse(["--config", public_api(tmp_path, "insecure_api = true\n"), "--principals-file", str(principals)])
+
+
+def test_serve_with_an_open_api_on_a_public_address_exits_2_with_one_line(tmp_path):
+    from testsupport.supervisor import pick_ports
+
+    raft_port, api_port = pick_ports(("127.0.0.1",))
+    path = write_toml(tmp_path, f'data_dir = "{tmp_path / "d"}"\nraft_address = "127.0.0.1:{raft_port}"\n'
+                                f'members = ["127.0.0.1:{raft_port}=127.0.0.1:{api_port}"]\n'
+                                f'listen_address = "0.0.0.0:{api_port}"\n')
+    out = subprocess.run([sys.executable, "-m", "coordinator.server.fencingd", "serve", "--config", path],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "READY" not in out.stdout
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith(f"fencingd: configuration error: insecure_api: the API listens on 0.0.0.0:{api_port}")
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("insecure_api = true\ninitial_cluster_state = \"new\"\ncpu_affinity = \"off\"\n")
+    starts_warning_each_time(path, "insecure_api")

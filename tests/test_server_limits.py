@@ -3,8 +3,9 @@ audit log's names.
 
 One three-member cluster with a principals file, an audit log per member, and small stream
 caps (4 streams per member, 2 per principal, 3 s idle timeout) and waiter caps (2 waiting
-Acquires per member, 1 per principal) on a small thread pool (8), so the caps are reached with
-a handful of calls and "past the worker count" is 9 of them.
+Acquires per member, 1 per principal) on a small thread pool (9: the caps plus the two backup
+transfers stay below it, as config.py requires), so the caps are reached with a handful of
+calls and "past the worker count" is 10 of them.
 Every wait is a poll with a deadline or an RPC deadline.
 """
 
@@ -32,7 +33,7 @@ from testsupport.grpc_cluster import RPC_TIMEOUT_S, SERVING, running_cluster
 from testsupport.supervisor import wait_until
 
 T = RPC_TIMEOUT_S
-THREADS, STREAMS_MAX, PER_PRINCIPAL, IDLE_S = 8, 4, 2, 3.0
+THREADS, STREAMS_MAX, PER_PRINCIPAL, IDLE_S = 9, 4, 2, 3.0
 WAITERS_MAX, WAITERS_PER_PRINCIPAL = 2, 1
 # An idle stream's own deadline: far past the idle timeout, so only the server's timeout (or
 # on a server without one, this) ends it.
@@ -174,17 +175,17 @@ def test_idle_streams_past_the_caps_starve_nothing_and_are_closed(cluster):
     leases = {name: acquire(node, name, f"{name}/streamed") for name in ("alice", "bob", "carol")}
     streams: list[IdleStream] = []
     try:
-        # Three principals try three streams each: 9, more than the 8 worker threads. The first
-        # 8 first, each waited for, so the order the member sees them in is fixed.
-        attempts = [(name, n) for name in ("alice", "bob", "carol") for n in range(3)]
+        # Three principals try 10 streams, more than the 9 worker threads. The first 9 first,
+        # each waited for, so the order the member sees them in is fixed.
+        attempts = [(name, n) for name in ("alice", "bob", "carol") for n in range(3)] + [("carol", 3)]
         outcomes = {}
         for name, n in attempts[:-1]:
             stream = IdleStream(node, name, f"{name}/streamed", leases[name].token)
             streams.append(stream)
             outcomes[(name, n)] = stream.first()
 
-        # With 8 idle streams asked for: health answers, another principal is served within
-        # its deadline, and Admin works (before the caps, these 8 held every thread).
+        # With 9 idle streams asked for: health answers, another principal is served within
+        # its deadline, and Admin works (before the caps, these 9 held every thread).
         assert node.health_status(timeout_s=2.0) == SERVING
         got = acquire(node, "dave", "dave/while-streams-are-open")
         assert got.token > 0
@@ -201,7 +202,7 @@ def test_idle_streams_past_the_caps_starve_nothing_and_are_closed(cluster):
         exhausted = (grpc.StatusCode.RESOURCE_EXHAUSTED, R.LIMIT_EXCEEDED)
         assert refused[("alice", 2)][:2] == exhausted
         assert refused[("alice", 2)][2][M.LIMIT] == "streams_per_principal_max"
-        for key in (("bob", 2), ("carol", 0), ("carol", 1), ("carol", 2)):
+        for key in (("bob", 2), ("carol", 0), ("carol", 1), ("carol", 2), ("carol", 3)):
             assert refused[key][:2] == exhausted and refused[key][2][M.LIMIT] == "streams_max", key
 
         # The idle ones are closed by the server after the idle timeout, with a clear status.
@@ -256,7 +257,7 @@ def test_waiting_acquires_cannot_take_every_worker_thread(cluster):
     WAITERS_MAX wait (WAITERS_PER_PRINCIPAL per principal); the rest are answered at once."""
     node, other, _ = cluster.nodes
     waiters = ("alice", "bob", "carol")
-    per_waiter = 4  # 12 waiting Acquires on 8 worker threads
+    per_waiter = 4  # 12 waiting Acquires on 9 worker threads
     held = {name: acquire(node, name, f"{name}/waited-for") for name in waiters}
     def applied() -> int:
         return other.cluster.Status(pb.StatusRequest(), timeout=T, metadata=auth("dave")).applied_index

@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 
 from coordinator.core.state_machine import FencingStateMachine
-from coordinator.server.app import GRPC_SERVER_OPTIONS, add_services
+from coordinator.server.app import GRPC_SERVER_OPTIONS, add_services, stream_admission
 from coordinator.server.config import ServerConfig
 from coordinator.server.metrics import Metrics
 from coordinator.server.service import Core, LeaseServicer
@@ -104,7 +104,7 @@ class Member:
         self.server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(GRPC_THREADS, thread_name_prefix=f"inmemory-{index}"),
             options=GRPC_SERVER_OPTIONS,
-            interceptors=[_EdgeInterceptor(self), self.metrics.interceptor()],
+            interceptors=[_EdgeInterceptor(self), self.metrics.interceptor(), stream_admission(config, self.node)],
         )
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.address = f"127.0.0.1:{self.port}"

@@ -3,7 +3,8 @@
 Owns: building the grpc.server (bounded thread pool, ``maximum_concurrent_rpcs``, message
 size limits), wiring and registering the fencing services (``add_services``, which the
 in-memory test cluster uses too), the standard health service and server
-reflection, the health updater and lease ticker threads, the audit log, the metrics endpoint (when
+reflection (off with ``reflection = false``), the admission of every streaming RPC under the
+stream caps (stream_admission.py), the health updater and lease ticker threads, the audit log, the metrics endpoint (when
 ``metrics_address`` is set), the API's TLS credentials (their certificate replaced on SIGHUP,
 certs.py), the peer secrets' reload on SIGHUP, and graceful shutdown.
 Must never: implement an RPC (service.py does) or touch the Raft library (coordinator.raft does).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -39,6 +41,7 @@ from coordinator.server.lease_ticker import LeaseTicker
 from coordinator.server import listen_check
 from coordinator.server.log_limits import RefusedLines
 from coordinator.server.metrics import Metrics
+from coordinator.server.stream_admission import StreamAdmission
 from coordinator.server.streams import SlotGate, StreamGate, waiter_gate
 from coordinator.raft.node import RaftConfig, RaftNode
 from coordinator.server.service import (
@@ -48,6 +51,7 @@ from coordinator.server.service import (
     FencedStoreServicer,
     LeaseServicer,
     Proposer,
+    error_trailers,
 )
 from coordinator.core.state_machine import FencingStateMachine
 
@@ -105,7 +109,7 @@ def add_services(
         node, proposer, members=members, authenticator=authenticator,
         proof_signer=config.proof_signer(), read_index=config.read_index,
     )
-    lease = LeaseServicer(core, streams=stream_gate(config), waiters=acquire_waiter_gate(config))
+    lease = LeaseServicer(core, waiters=acquire_waiter_gate(config))
     pb_grpc.add_LeaseServicer_to_server(lease, server)
     pb_grpc.add_FencedStoreServicer_to_server(FencedStoreServicer(core), server)
     pb_grpc.add_ClusterServicer_to_server(ClusterServicer(core), server)
@@ -146,6 +150,19 @@ def stream_gate(config: ServerConfig) -> StreamGate:
         streams_max=config.streams_max,
         per_caller_max=config.streams_per_principal_max,
         idle_timeout_s=config.stream_idle_timeout_s,
+    )
+
+
+def stream_admission(config: ServerConfig, node: RaftNode) -> StreamAdmission:
+    """The interceptor every streaming RPC of the member passes (stream_admission.py): the
+    stream caps and idle timeout, and reflection behind a credential when the member has
+    authentication on (a principals file or an admin token)."""
+    principals, admin_token = config.principals(), config.resolved_admin_token()
+    return StreamAdmission(
+        stream_gate(config),
+        credentials=Authenticator(principals, admin_token=admin_token) if principals or admin_token else None,
+        trailing=functools.partial(error_trailers, node),
+        credential_needed=(reflection.SERVICE_NAME,),
     )
 
 
@@ -214,9 +231,10 @@ class HealthUpdater(threading.Thread):
         except Exception:  # noqa: BLE001 - a probe must never kill the updater
             log.exception("health check failed")
             serving = False
-        if serving != self.serving:
-            log.info("health: %s", "SERVING" if serving else "NOT_SERVING")
-            self.serving = serving
+        if serving == self.serving:
+            return  # set() sends to every Watch: only a change is news (a steady Watch goes idle)
+        log.info("health: %s", "SERVING" if serving else "NOT_SERVING")
+        self.serving = serving
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", *FENCING_SERVICES):
             self.servicer.set(name, status)
@@ -268,20 +286,26 @@ class FencingServer:
             concurrent.futures.ThreadPoolExecutor(config.grpc_threads, thread_name_prefix="grpc"),
             maximum_concurrent_rpcs=config.grpc_max_concurrent_rpcs,
             options=GRPC_SERVER_OPTIONS,
-            interceptors=[] if self.metrics is None else [self.metrics.interceptor()],
+            # metrics outermost, so streams refused by the admission are counted too
+            interceptors=[*([] if self.metrics is None else [self.metrics.interceptor()]),
+                          stream_admission(config, self.node)],
         )
         services = add_services(
             self.grpc_server, self.node, config, members=config.member_map, metrics=self.metrics
         )
         self.proposer = services.proposer
         self.lease = services.lease
-        self.health = health.HealthServicer()
+        # Blocking: a Watch then waits on its own worker thread, under the stream caps, and
+        # set() only hands the status to it; the non-blocking default sends from the thread
+        # that calls set() (the health updater), which a Watch client that does not read stalls.
+        self.health = health.HealthServicer(experimental_non_blocking=False)
         for name in ("", *FENCING_SERVICES):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
-        reflection.enable_server_reflection(
-            (*FENCING_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc_server
-        )
+        if config.reflection:
+            reflection.enable_server_reflection(
+                (*FENCING_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc_server
+            )
         # config checked the files (both or neither of cert and key): read them once more here
         self.certificates = (
             ApiCertificates(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)

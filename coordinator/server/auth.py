@@ -22,7 +22,8 @@ alone (the behaviour of a dev cluster). With one, every fencing RPC needs
 ``authorization: Bearer TOKEN`` of a principal (else UNAUTHENTICATED); Lease and FencedStore
 calls on a resource outside the principal's prefixes, and Admin calls by a non-admin, are
 PERMISSION_DENIED and change nothing. ``admin_token``, if also set, is one more principal:
-admin, every resource. Health and reflection stay open.
+admin, every resource. Health stays open; server reflection needs a principal's token or the
+admin token (stream_admission.py).
 
 Quotas: a non-admin principal gets the defaults for any quota it does not set; an admin
 principal (and ``admin_token``) has none unless its entry sets them, so an operator is never

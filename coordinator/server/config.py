@@ -28,6 +28,7 @@ import ipaddress
 import os
 from typing import Any
 
+from coordinator.core import limits as core_limits
 from coordinator.raft import limits as raft_limits
 from coordinator.server import certs, cpu_pin, log_limits
 from coordinator.server import tomlfile
@@ -114,6 +115,22 @@ class ServerConfig:
             " coordinator/server/auth.py); set: every fencing RPC needs a principal's token; empty: open data plane"
         ),
     )
+    insecure_api: bool = dataclasses.field(
+        default=False,
+        metadata=_doc(
+            "true: serve the API on a non-loopback address without principals_file or client"
+            " certificates (tls_client_ca_file), so anyone who reaches it may take, release and"
+            " write every resource (and call Admin, without admin_token); logged at every start"
+        ),
+    )
+    reflection: bool = dataclasses.field(
+        # On: grpcurl and similar tools list and describe the services without a .proto file.
+        default=True,
+        metadata=_doc(
+            "true: serve gRPC server reflection; it then needs a principal's token or the admin"
+            " token when either is configured, and its streams count under streams_max; false: not served"
+        ),
+    )
     audit_log_path: str = dataclasses.field(
         default="",
         metadata=_doc("file that gets one JSON line per Admin call; empty: the process log only"),
@@ -159,14 +176,16 @@ class ServerConfig:
         default=512,
         metadata=_doc("RPCs admitted at once (running or queued for a thread); beyond it RESOURCE_EXHAUSTED"),
     )
-    # -- streams (issue 14: idle KeepAliveStreams took every worker thread) ----------------
+    # -- streams (issues 14, 26: idle streams took every worker thread) --------------------
     streams_max: int = dataclasses.field(
         # A quarter of the default grpc_threads: whatever streams do, 48 threads stay for
         # health, Admin and unary calls (one stream keeps any number of leases alive).
         default=16,
         metadata=_doc(
-            "KeepAliveStreams open at once on this member; must be below grpc_threads, so streams"
-            " never hold every thread; beyond it RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (limit streams_max)"
+            "streaming RPCs open at once on this member, of every service (KeepAliveStream,"
+            " Admin's SnapshotStream and RestoreStream, Health.Watch, reflection); with"
+            " acquire_waiters_max and BACKUP_TRANSFERS_MAX below grpc_threads, so they never hold"
+            " every thread; beyond it RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (limit streams_max)"
         ),
     )
     streams_per_principal_max: int = dataclasses.field(
@@ -174,7 +193,7 @@ class ServerConfig:
         # no principal takes more than a quarter of streams_max.
         default=4,
         metadata=_doc(
-            "KeepAliveStreams one principal (on an open data plane: one client host) may have open"
+            "streaming RPCs one principal (without a valid credential: one client host) may have open"
             " on this member; beyond it RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (limit streams_per_principal_max)"
         ),
     )
@@ -183,8 +202,9 @@ class ServerConfig:
         # a holder with a longer TTL opens a new stream (or calls KeepAlive) when it needs one.
         default=60.0,
         metadata=_doc(
-            "seconds a KeepAliveStream may go without a request before the server closes it with"
-            " RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (limit stream_idle_timeout_s)"
+            "seconds a streaming RPC may stay idle -- no request from its client, or for a"
+            " server-streaming one (Health.Watch) nothing to send -- before the server closes it"
+            " with RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (limit stream_idle_timeout_s)"
         ),
     )
     # -- waiting Acquires (issue 14: like streams, each holds a worker thread while it waits) --
@@ -388,6 +408,11 @@ class ServerConfig:
     def raft_is_loopback(self) -> bool:
         """Only processes on this machine can reach the Raft port (a literal loopback address)."""
         return is_loopback_host(_parse_address("raft_address", self.raft_address)[0])
+
+    @property
+    def api_is_loopback(self) -> bool:
+        """Only processes on this machine can reach the API (it binds a literal loopback address)."""
+        return is_loopback_host(_parse_address(self.bind_setting, self.bind_address)[0])
 
     @property
     def peers_unauthenticated(self) -> bool:
@@ -621,11 +646,14 @@ def validate(config: ServerConfig, *, read_files: bool = True) -> ServerConfig:
             f"streams_max: {config.streams_max} must be below grpc_threads ({config.grpc_threads}),"
             " or streams could hold every thread health and Admin need"
         )
-    if config.streams_max + config.acquire_waiters_max >= config.grpc_threads:
+    # Every call that can hold a worker thread for long: streams, waiting Acquires and Locks,
+    # and backup transfers (a unary Restore may wait RESTORE_COMMIT_TIMEOUT_S_MAX).
+    if config.streams_max + config.acquire_waiters_max + core_limits.BACKUP_TRANSFERS_MAX >= config.grpc_threads:
         raise ConfigError(
             f"acquire_waiters_max: {config.acquire_waiters_max} plus streams_max ({config.streams_max})"
-            f" must be below grpc_threads ({config.grpc_threads}), or streams and waiting Acquires"
-            " could hold every thread health and Admin need"
+            f" plus BACKUP_TRANSFERS_MAX ({core_limits.BACKUP_TRANSFERS_MAX}) must be below grpc_threads"
+            f" ({config.grpc_threads}), or streams, waiting Acquires and backups could hold every"
+            " thread health and Admin need"
         )
     if config.initial_cluster_state not in INITIAL_CLUSTER_STATES:
         raise ConfigError(
@@ -640,6 +668,7 @@ def validate(config: ServerConfig, *, read_files: bool = True) -> ServerConfig:
             config.tls_cert_file and config.tls_key_file):
         raise ConfigError("tls_cert_file and tls_key_file: give both (or neither, for plaintext)")
     _check_peer_credential(config)
+    _check_api_credential(config)
     if not read_files:
         return config
     config.resolved_admin_token()  # a missing or empty token file fails at start, not at first use
@@ -662,6 +691,24 @@ def _check_peer_credential(config: ServerConfig) -> None:
         f"raft_secret_file: required because raft_address {config.raft_address} is not loopback"
         " (create one with: fencingd gen-secret FILE, the same file on every member;"
         " insecure_peer_transport = true runs without, letting anyone who reaches the Raft port pose as a member)"
+    )
+
+
+def _check_api_credential(config: ServerConfig) -> None:
+    """The API knows its callers -- principals (bearer tokens) or client certificates -- unless
+    it listens on loopback only or the operator said ``insecure_api`` (SECURITY.md, "An API
+    open to the network"). An admin token alone is not enough: the data plane stays open, and
+    whoever reaches the port may take, release and write every resource (DESIGN I10)."""
+    knows_callers = bool(config.principals_file or config.tls_client_ca_file)
+    if knows_callers and config.insecure_api:
+        raise ConfigError("insecure_api: true, but principals_file or tls_client_ca_file is set; remove one")
+    if knows_callers or config.insecure_api or config.api_is_loopback:
+        return
+    raise ConfigError(
+        f"insecure_api: the API listens on {config.bind_address}, not loopback, with no principals_file"
+        " and no tls_client_ca_file, so anyone who reaches it may take, release and write every resource"
+        f"{'' if config.admin_token or config.admin_token_file else ' and call Admin'}; set principals_file"
+        " (README \"Who may call\") or insecure_api = true"
     )
 
 

@@ -136,6 +136,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     elif cfg.peers_unauthenticated:
         log.info("Raft peers are not authenticated: raft_address %s is loopback-only", cfg.raft_address)
+    if cfg.insecure_api and not cfg.api_is_loopback:
+        log.warning(
+            "insecure_api: the API on %s knows no caller (no principals_file, no tls_client_ca_file); anyone"
+            " who reaches it may take, release and write every resource", cfg.bind_address,
+        )
     placement = cpu_pin.Placement(cfg.cpu_affinity, cfg.member_index, log=log.info)
     placement.start()  # before any thread starts: threads inherit where they were started
     _name_os_threads()

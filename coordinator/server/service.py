@@ -25,7 +25,6 @@ written (coordinator/raft/read_index.py), and fall back to the entry whenever it
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import functools
 import hmac
@@ -49,7 +48,7 @@ from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.server.errors import Failure, ServiceError
 from coordinator.server.metrics import Metrics
-from coordinator.server.streams import SlotGate, StreamGate, caller_key
+from coordinator.server.streams import SlotGate, caller_key
 from coordinator.client.proof import ProofSigner
 from coordinator.core.names import ErrorMeta, Trailer
 from coordinator.raft.interface import ProposeFailure, ProposeOutcome, ProposeResult
@@ -320,6 +319,17 @@ class StreamSlots:
                 self._open.pop(caller.name, None)
 
 
+def error_trailers(node: RaftNode, index: int = 0) -> tuple[tuple[str, str], ...]:
+    """The trailers every error of this member carries: its id, term and applied index (or
+    ``index``, the entry the error is about)."""
+    term, applied = node.term_and_applied()
+    return (
+        (Trailer.MEMBER_ID, node.config.self_address),
+        (Trailer.RAFT_TERM, str(term)),
+        (Trailer.APPLIED_INDEX, str(index or applied)),
+    )
+
+
 class Core:
     """What every servicer shares: the node, the proposer, who may call, headers and error replies."""
 
@@ -374,12 +384,7 @@ class Core:
         return pb.ResponseHeader(member_id=self.member_id, raft_term=term, applied_index=index or applied)
 
     def trailing(self, index: int = 0) -> tuple[tuple[str, str], ...]:
-        term, applied = self.node.term_and_applied()
-        return (
-            (Trailer.MEMBER_ID, self.member_id),
-            (Trailer.RAFT_TERM, str(term)),
-            (Trailer.APPLIED_INDEX, str(index or applied)),
-        )
+        return error_trailers(self.node, index)
 
     def abort(self, context: grpc.ServicerContext, error: ServiceError):
         errors.abort(context, error, self.trailing(error.index))
@@ -442,9 +447,8 @@ def _unary(method):
 
 
 class LeaseServicer(pb_grpc.LeaseServicer):
-    def __init__(self, core: Core, *, streams: StreamGate, waiters: SlotGate) -> None:
+    def __init__(self, core: Core, *, waiters: SlotGate) -> None:
         self.core = core
-        self.streams = streams  # caps open KeepAliveStreams and closes idle ones
         self.waiters = waiters  # caps Acquires and Lock calls waiting at once (each holds a worker thread)
         self._batch_pool = concurrent.futures.ThreadPoolExecutor(
             KEEP_ALIVE_MANY_WORKERS, thread_name_prefix="keepalive-many"
@@ -715,8 +719,10 @@ class LeaseServicer(pb_grpc.LeaseServicer):
 
     def KeepAliveStream(self, request_iterator, context):
         # One response per request, in order. The first refusal ends the stream with its
-        # status (the failed request is the one after the last response). A stream past the
-        # caps is refused before it reads anything; one idle for the idle timeout is closed.
+        # status (the failed request is the one after the last response). The member's caps
+        # (streams_max, streams_per_principal_max) and idle timeout hold every streaming RPC
+        # and are applied before this runs (stream_admission.py): a stream past them never
+        # gets here, and ``request_iterator`` ends the stream once idle for the timeout.
         try:
             caller = self.core.principal(context)  # once per stream, before any request
             self.core.streams.enter(caller)  # the principal's streams quota (principals file)
@@ -727,12 +733,8 @@ class LeaseServicer(pb_grpc.LeaseServicer):
             self.core.streams.leave(caller)  # it has ended already
             return
         try:
-            # The member's own caps (streams_max, streams_per_principal_max) and idle timeout:
-            # they keep worker threads for everyone else whatever the principals file grants.
-            who = caller_key(None if caller is None else caller.name, context.peer())
-            with self.streams.admit(who), contextlib.closing(self.streams.requests(request_iterator)) as requests:
-                for request in requests:
-                    yield self._keep_alive(request, context, caller)
+            for request in request_iterator:
+                yield self._keep_alive(request, context, caller)
         except ServiceError as error:
             self.core.abort(context, error)
 

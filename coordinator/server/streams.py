@@ -1,26 +1,29 @@
-"""Admission of calls that hold a gRPC worker thread for long (KeepAliveStreams and Acquires
-waiting with ``wait_ms``), and the idle timeout of streams, so neither can take the threads
-every other call needs (issue 14: idle streams starved health checks; waiting Acquires could
-do the same).
+"""Admission of calls that hold a gRPC worker thread for long (streaming RPCs of every service,
+admitted by stream_admission.py, and Acquires waiting with ``wait_ms``), and the idle timeout
+of streams, so neither can take the threads every other call needs (issue 14: idle streams
+starved health checks; waiting Acquires could do the same; issue 26: so did reflection
+streams the caps did not count).
 
 Owns: one admission mechanism (``SlotGate``: a count of held slots, in total and per caller,
 and the refusal of a slot past either cap), its two uses (``StreamGate`` for streams, with
-reading a stream's requests under an idle timeout; ``waiter_gate`` for waiting Acquires), and
+reading a stream's requests, or a server-streaming servicer's responses, under an idle
+timeout; ``waiter_gate`` for waiting Acquires), and
 who a slot counts against (``caller_key``). Must never: implement an RPC (service.py does),
 read or propose anything, or hold a gRPC worker thread beyond the idle timeout waiting for a
 request that does not come.
 
 A gRPC worker thread serves a stream for as long as it is open, and a waiting Acquire for as
-long as it waits. ``streams_max`` + ``acquire_waiters_max`` is below the worker count
-(config.py checks it), so however many streams are open and Acquires wait, threads remain for
+long as it waits. ``streams_max`` + ``acquire_waiters_max`` (+ the backup transfers) is below the worker
+count (config.py checks it), so however many streams are open and Acquires wait, threads remain for
 health, Admin and unary calls. A stream past a cap is refused with RESOURCE_EXHAUSTED /
 LIMIT_EXCEEDED naming the cap. An Acquire past a waiter cap is answered at once as if its
 ``wait_ms`` were 0 (service.py): its one try still runs, so a free lease is granted, and a held
 one is answered LEASE_HELD, an answer every client already handles and one that is true; a
 LIMIT_EXCEEDED would refuse a caller whose only fault is that others wait, and waiting is a
-convenience that only saves the client its own retries. A stream's requests are read by a helper
-thread into a one-item queue; the worker waits for each item at most ``idle_timeout_s`` and then
-ends the stream with RESOURCE_EXHAUSTED / LIMIT_EXCEEDED, limit ``stream_idle_timeout_s``.
+convenience that only saves the client its own retries. A stream's requests (or a
+server-streaming servicer's responses) are read by a helper thread into a one-item queue; the
+worker waits for each item at most ``idle_timeout_s`` and then ends the stream with
+RESOURCE_EXHAUSTED / LIMIT_EXCEEDED, limit ``stream_idle_timeout_s``.
 """
 
 from __future__ import annotations
@@ -127,6 +130,18 @@ class StreamGate(SlotGate):
         """The items of ``request_iterator``; raises ServiceError when none comes for
         ``idle_timeout_s``. Close it when done (``contextlib.closing``): its ``finally``
         lets the reader thread go."""
+        return self._paced(request_iterator, "stream-reader", "no request")
+
+    def responses(self, response_iterator: Iterable[Any]) -> Iterator[Any]:
+        """The items a server-streaming servicer yields (``response_iterator``); raises
+        ServiceError when it yields none for ``idle_timeout_s`` (Health.Watch while the status
+        stays the same). An exception it raises is raised here, in the caller's thread."""
+        return self._paced(response_iterator, "stream-responses", "nothing to send")
+
+    def _paced(self, source: Iterable[Any], thread_name: str, what: str) -> Iterator[Any]:
+        """The items of ``source``, read by a helper thread into a one-item queue, so the
+        caller (a gRPC worker) waits for each at most ``idle_timeout_s``; ends the stream with
+        RESOURCE_EXHAUSTED / LIMIT_EXCEEDED (limit ``stream_idle_timeout_s``) after that."""
         items: queue.Queue = queue.Queue(maxsize=1)  # one item read ahead: a flood stays in gRPC's flow control
         done = threading.Event()
 
@@ -143,14 +158,15 @@ class StreamGate(SlotGate):
 
         def read() -> None:
             try:
-                for item in request_iterator:
+                for item in source:
                     if not offer(item):
                         return
-            except Exception:  # noqa: BLE001 - the call was cancelled or failed: the stream is over
-                pass
+            except Exception as exc:  # noqa: BLE001 - handed to the worker, which raises it
+                offer(_Raised(exc))
+                return
             offer(_END)
 
-        reader = threading.Thread(target=read, name="stream-reader", daemon=True)
+        reader = threading.Thread(target=read, name=thread_name, daemon=True)
         reader.start()
         try:
             while True:
@@ -159,15 +175,25 @@ class StreamGate(SlotGate):
                 except queue.Empty:
                     raise _limit(
                         "stream_idle_timeout_s", self.idle_timeout_s,
-                        f"no request for {self.idle_timeout_s:g} s; the stream is closed (open a new one)",
+                        f"{what} for {self.idle_timeout_s:g} s; the stream is closed (open a new one)",
                     ) from None
                 if item is _END:
                     return
+                if isinstance(item, _Raised):
+                    raise item.exc
                 yield item
         finally:
             done.set()
             with contextlib.suppress(queue.Empty):
                 items.get_nowait()  # a reader blocked on a full queue moves on and sees ``done``
+
+
+class _Raised:
+    """What the source raised (the call was cancelled or failed, or the servicer aborted the
+    RPC): raised again in the worker's thread, where gRPC expects the RPC's exception."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
 
 
 def _limit(name: str, value: float, message: str) -> ServiceError:
