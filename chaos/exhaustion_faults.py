@@ -19,8 +19,8 @@ table meets Raft's durable state (a ``raft.meta`` that cannot be written).
 What the member may do: keep working, or stop cleanly (exit ``EXIT_DISK_FAILED`` through
 coordinator/raft/fatal.py). Heal restarts a member that stopped, as the kill faults do. The
 fault fails (``info["ok"]`` False, a run error) if the member exited any other way, or if a
-running member answers Status with a term its ``raft.meta`` does not hold (a term acted on
-but never saved: after a restart it could vote twice in it). The history check then shows no
+running member holds a term (its /metrics, read first) that its ``raft.meta`` (read after)
+does not: a term acted on but never saved, in which it could vote twice after a restart. The history check then shows no
 acknowledged write was lost and no term had two leaders, and the run's convergence step that
 the cluster serves again.
 """
@@ -35,6 +35,7 @@ import time
 from chaos.disk_clock_faults import read_meta_term
 from chaos.faults import Fault, _pick, nft_drop, nft_heal
 from chaos.harness import ChaosCluster
+from chaos.leader_reports import highest_term_logged
 from chaos.small_fs import write_refused_with_enospc
 from coordinator.raft.fatal import EXIT_DISK_FAILED
 from testsupport.supervisor import wait_until
@@ -55,20 +56,22 @@ FD_QUEUED_EXTRA = 16
 # (gRPC accepts them on its poller thread within milliseconds here).
 FD_FILL_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 2.0
-# A term write already in flight when Status answered has this long to land in raft.meta
+# A term write already in flight when the term was read has this long to land in raft.meta
 # before the term counts as unsaved (a write is a few ms; a swallowed one never lands).
 META_CATCH_UP_S = 2.0
-STATUS_TIMEOUT_S = 10.0
+# A member restarted by heal serves /metrics within a second or two here.
+TERM_READ_TIMEOUT_S = 10.0
 
 
 def unsaved_terms(c: ChaosCluster) -> dict[str, dict]:
-    """Every running member whose Status term is above the term its ``raft.meta`` holds (read
-    from outside, after the answer, so a write already under way has landed), with both."""
+    """Every running member whose term (as it holds it: its /metrics) is above the term its
+    ``raft.meta`` holds (read from outside, after, so a write already under way has landed),
+    with both."""
     out: dict[str, dict] = {}
     for node in [n for n in c.nodes if n.up]:
         try:
-            term = wait_until(lambda: node.status(timeout_s=2.0).term, STATUS_TIMEOUT_S, interval_s=0.2,
-                              what=f"Status of {node.raft_address}")
+            (term,) = wait_until(lambda: (c.raft_term(node.index),), TERM_READ_TIMEOUT_S, interval_s=0.2,
+                                 what=f"the term of {node.raft_address}")
         except TimeoutError:
             continue  # no answer: convergence reports a member that never serves again
 
@@ -80,8 +83,18 @@ def unsaved_terms(c: ChaosCluster) -> dict[str, dict]:
             wait_until(saved, META_CATCH_UP_S, interval_s=0.05, what="the term in raft.meta")
         except TimeoutError:
             meta = read_meta_term(node.data_dir)
-            out[node.raft_address] = {"status_term": int(term), "meta_term": meta[0] if meta else None}
+            out[node.raft_address] = {"term": term, "meta_term": meta[0] if meta else None}
     return out
+
+
+def unsaved_logged_term(node, log_from: int) -> dict | None:
+    """The highest term the member's own log names since ``log_from`` if its ``raft.meta``
+    holds less: asks nothing of the member, so it works while it has no descriptor to spare."""
+    logged = highest_term_logged(node.log_path, log_from)
+    meta = read_meta_term(node.data_dir)
+    if logged is None or (meta is not None and meta[0] >= logged):
+        return None
+    return {"term": logged, "meta_term": meta[0] if meta else None, "from": "its log"}
 
 
 def _fatal_line(log_path: str, offset: int) -> str | None:
@@ -99,7 +112,7 @@ class ExhaustionFault(Fault):
     """Exhaust one member (``exhaust`` / ``relieve``), provoke an election meanwhile, then judge
     how the member came out of it (see the module docstring)."""
 
-    failure = "the member neither kept working nor stopped cleanly, or answered with a term it never saved"
+    failure = "the member neither kept working nor stopped cleanly, or a member holds a term it never saved"
     resource_name = "resource"
 
     def __init__(self, role: str = "leader", provoke_election: bool = True) -> None:
@@ -115,6 +128,10 @@ class ExhaustionFault(Fault):
 
     def exhaust(self, c: ChaosCluster) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def release(self, c: ChaosCluster) -> None:
+        """The first step of heal, after which the member can be asked its term (over a new
+        connection) while it still lacks the resource; nothing by default."""
 
     def relieve(self, c: ChaosCluster) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -148,19 +165,30 @@ class ExhaustionFault(Fault):
     @staticmethod
     def _term_of(c: ChaosCluster, i: int) -> int | None:
         try:
-            return int(c.nodes[i].status(timeout_s=2.0).term)
-        except Exception:  # noqa: BLE001 - a figure for the report only
+            return c.raft_term(i)
+        except (OSError, RuntimeError):  # a figure for the report only
             return None
 
     def heal(self, c: ChaosCluster) -> None:
         if self.i < 0:
             return
+        unsaved: dict[str, dict] = {}
         try:
-            self.relieve(c)
+            # Judged before the resource is back: a term the member could not save is still
+            # unsaved now, whereas the elections it stirs up may save a newer one later.
+            node = c.nodes[self.i]
+            logged = unsaved_logged_term(node, self.log_from)
+            if logged:
+                unsaved[node.raft_address] = logged
+            self.release(c)
+            unsaved.update(unsaved_terms(c))
         finally:
-            self.judge_and_restart(c)
+            try:
+                self.relieve(c)
+            finally:
+                self.judge_and_restart(c, unsaved)
 
-    def judge_and_restart(self, c: ChaosCluster) -> None:
+    def judge_and_restart(self, c: ChaosCluster, unsaved_before: dict[str, dict]) -> None:
         node = c.nodes[self.i]
         exited = node.proc is not None and node.proc.poll() is not None and not node.stopped
         clean = True
@@ -172,7 +200,7 @@ class ExhaustionFault(Fault):
             c.start(self.i)  # as after a crash: same address, same data dir
         else:
             self.info["outcome"] = "kept running"
-        unsaved = unsaved_terms(c)
+        unsaved = {**unsaved_before, **unsaved_terms(c)}
         if unsaved:
             self.info["unsaved_terms"] = unsaved
         self.info["ok"] = clean and not unsaved
@@ -273,12 +301,17 @@ class FdExhaustion(ExhaustionFault):
         except OSError:
             return None  # the process is gone
 
-    def relieve(self, c: ChaosCluster) -> None:
+    def release(self, c: ChaosCluster) -> None:
+        if not self.held:
+            return  # released already
         self.info["fds_before_heal"] = self._fds()
         self.info["connections_dropped_by_member"] = sum(_closed_by_peer(s) for s in self.held)
         for sock in self.held:
             sock.close()
         self.held = []
+
+    def relieve(self, c: ChaosCluster) -> None:
+        self.release(c)  # idempotent: heal released already unless that step failed
         if self.old_limit is not None and self.pid is not None and c.nodes[self.i].alive:
             try:
                 resource.prlimit(self.pid, resource.RLIMIT_NOFILE, self.old_limit)

@@ -174,6 +174,22 @@ class ChaosCluster(GrpcCluster):
             raise RuntimeError(f"member {i}'s /readyz answer has no Date header")
         return email.utils.parsedate_to_datetime(date).timestamp() - (sent + answered) / 2
 
+    def raft_term(self, i: int, timeout_s: float = 2.0) -> int:
+        """Member ``i``'s current Raft term as it holds it in memory, from its /metrics: a
+        local read (no barrier through the log), so it answers during an election too."""
+        node = self.nodes[i]
+        conn = http.client.HTTPConnection(node.host, self.metrics_port, timeout=timeout_s)
+        try:
+            conn.request("GET", "/metrics")
+            reply = conn.getresponse()
+            body = reply.read().decode("utf-8", "replace")
+        finally:
+            conn.close()
+        for line in body.splitlines():
+            if line.startswith("fencing_raft_term "):
+                return int(float(line.split()[1]))
+        raise RuntimeError(f"member {i}'s /metrics has no fencing_raft_term")
+
     def env(self, node) -> dict:
         if not self.clock_steppable:
             return super().env(node)

@@ -21,6 +21,19 @@ import re
 LEADER_LINE = re.compile(r"raft: leader changed: (?P<old>\S+) -> (?P<new>\S+) \(term (?P<term>\d+)\)")
 
 
+# Every LeaderLog line, "leader lost" too: each names the term the member held when it wrote it.
+TERM_LINE = re.compile(r"raft: leader (?:changed|lost): \S+ -> \S+ \(term (?P<term>\d+)\)")
+
+
+def highest_term_logged(log_path: str, offset: int = 0) -> int | None:
+    """The highest term a member's LeaderLog lines name from byte ``offset`` on, None if none.
+    The Raft thread writes a term (or fails to) before it logs a line naming it."""
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        f.seek(offset)
+        terms = [int(m["term"]) for m in TERM_LINE.finditer(f.read())]
+    return max(terms, default=None)
+
+
 def leader_reports(log_path: str, reporter: str) -> list[dict]:
     """``leader_report`` records for every leader line in ``reporter``'s log (a line cut off
     by a kill has no "(term N)" and is skipped)."""
