@@ -10,11 +10,17 @@ what it holds now plus ``FD_HEADROOM``, and idle connections to its API port are
 its descriptor count reaches the limit (a few more wait in the listen queue, to take any
 descriptor it frees). Heal closes them and puts the limit back.
 
-Both, while exhausted, provoke an election that reaches the member: packets from the member to
-one other member are dropped for ``PROVOKE_ELECTION_S`` (nft, as ``faults.OneWay``), so that
-member hears nothing, stands for election, and its vote requests (which still arrive) ask the
-exhausted member to write a higher term. That is the moment a full disk or an empty descriptor
-table meets Raft's durable state (a ``raft.meta`` that cannot be written).
+Both, while exhausted, provoke an election that reaches the member: packets from the leader to
+one other member (not the exhausted one, unless it leads) are dropped for
+``PROVOKE_ELECTION_S`` (nft, as ``faults.OneWay``), so that member hears no leader, stands for
+election, and its vote requests (which still arrive everywhere) ask the exhausted member to
+write a higher term. That is the moment a full disk or an empty descriptor table meets Raft's
+durable state (a ``raft.meta`` that cannot be written).
+
+Every step has its own deadline (the constants below), so a fault ends in well under a minute
+whatever the member does: fill (bounded by the filesystem's size), connections
+(``FD_CONNECT_DEADLINE_S``), the election (``PROVOKE_ELECTION_S``), the term reads
+(``TERM_READ_TIMEOUT_S`` + ``META_CATCH_UP_S`` a member).
 
 What the member may do: keep working, or stop cleanly (exit ``EXIT_DISK_FAILED`` through
 coordinator/raft/fatal.py). Heal restarts a member that stopped, as the kill faults do. The
@@ -56,6 +62,9 @@ FD_QUEUED_EXTRA = 16
 # (gRPC accepts them on its poller thread within milliseconds here).
 FD_FILL_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 2.0
+# All the connections: the kernel completes them from the listen queue in microseconds; a
+# member whose queue is full makes each wait CONNECT_TIMEOUT_S, and this bounds the sum.
+FD_CONNECT_DEADLINE_S = 10.0
 # A term write already in flight when the term was read has this long to land in raft.meta
 # before the term counts as unsaved (a write is a few ms; a swallowed one never lands).
 META_CATCH_UP_S = 2.0
@@ -149,17 +158,21 @@ class ExhaustionFault(Fault):
             self.elect_while_exhausted(c)
 
     def elect_while_exhausted(self, c: ChaosCluster) -> None:
-        """Cut the member's packets to one other member for ``PROVOKE_ELECTION_S``: that one
+        """Cut the leader's packets to one other member for ``PROVOKE_ELECTION_S``: that one
         stands for election and asks the exhausted member, among others, for its vote."""
-        other = next(n for n in c.nodes if n.index != self.i)
-        node = c.nodes[self.i]
+        leader = self.i if self.role == "leader" else c.named_leader()
+        if leader is None:
+            self.info["election"] = {"skipped": "no leader named to cut off"}
+            return
+        other = next(n for n in c.nodes if n.index not in (self.i, leader))
         term_before = self._term_of(c, other.index)
         try:
-            nft_drop(node.host, other.host, c.raft_port)
+            nft_drop(c.nodes[leader].host, other.host, c.raft_port)
             time.sleep(PROVOKE_ELECTION_S)  # a duration: the cut-off member's election timeouts
         finally:
             nft_heal()
-        self.info["election"] = {"cut_off": other.raft_address, "term_before": term_before,
+        self.info["election"] = {"cut_off": other.raft_address, "from": c.nodes[leader].raft_address,
+                                 "term_before": term_before,
                                  "term_after": self._term_of(c, other.index)}
 
     @staticmethod
@@ -204,11 +217,19 @@ class ExhaustionFault(Fault):
         if unsaved:
             self.info["unsaved_terms"] = unsaved
         self.info["ok"] = clean and not unsaved
-        how = (f"stopped with exit {self.info['exit_code']}" if exited else "kept running")
-        self.info["summary"] = (f"{node.raft_address}: {self.describe()}; {how}"
-                                + (f"; election while exhausted: term {self.info['election']['term_before']}"
-                                   f" -> {self.info['election']['term_after']}" if "election" in self.info else "")
-                                + (f"; UNSAVED TERMS {unsaved}" if unsaved else ""))
+        self.info["summary"] = self.summary()
+
+    def summary(self) -> str:
+        """One line for the run's output: what the fault did, how the member came out."""
+        info = self.info
+        parts = [f"{info['node']}: {self.describe()}",
+                 f"stopped with exit {info['exit_code']}" if "exit_code" in info else "kept running"]
+        election = info.get("election", {})
+        if "term_before" in election:
+            parts.append(f"election while exhausted: term {election['term_before']} -> {election['term_after']}")
+        if info.get("unsaved_terms"):
+            parts.append(f"UNSAVED TERMS {info['unsaved_terms']}")
+        return "; ".join(parts)
 
     def describe(self) -> str:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -281,7 +302,10 @@ class FdExhaustion(ExhaustionFault):
                          old_limit=list(self.old_limit))
         host, port = node.api_address.rsplit(":", 1)
         refused = 0
+        deadline = time.monotonic() + FD_CONNECT_DEADLINE_S
         for _ in range(FD_HEADROOM + FD_QUEUED_EXTRA):
+            if time.monotonic() > deadline:
+                break
             try:
                 self.held.append(socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S))
             except OSError:

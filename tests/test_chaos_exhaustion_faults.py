@@ -8,9 +8,9 @@ chaos/small_fs.py):
   connections are really held and accepted, and heal puts the limit back;
 - the judge can fail: a member that dies other than through the fatal handler, or that holds a
   term its ``raft.meta`` does not, fails the fault;
-- the leader comes out of a full disk, or of exhausted descriptors, with an election meanwhile,
-  stopped cleanly or working, holding no term it did not save, with one leader per term in the
-  members' own reports;
+- a member (the leader; a follower) comes out of a full disk, or of exhausted descriptors, with
+  an election meanwhile, stopped cleanly or working, holding no term it did not save, with one
+  leader per term in the members' own reports;
 - the small filesystems are gone after the cluster closes.
 """
 
@@ -154,12 +154,14 @@ def test_a_term_a_member_holds_but_never_saved_is_caught(cluster):
     assert EF.unsaved_terms(cluster) == {}
 
 
-@pytest.mark.parametrize("kind", [EF.DiskFull, EF.FdExhaustion], ids=["disk_full", "fd_exhaustion"])
-def test_the_leader_comes_out_of_exhaustion_and_an_election_with_one_leader_per_term(fresh_cluster, kind):
-    """What the CI profile runs. The member may keep working or stop cleanly; it must not go
-    on with a term it could not save (a swallowed raft.meta write), and no term may have two
-    leaders in the members' own reports."""
-    fault = kind("leader")
+@pytest.mark.parametrize("kind, role", [(EF.DiskFull, "leader"), (EF.FdExhaustion, "leader"),
+                                        (EF.DiskFull, "follower")],
+                         ids=["disk_full_leader", "fd_exhaustion_leader", "disk_full_follower"])
+def test_a_member_comes_out_of_exhaustion_and_an_election_with_one_leader_per_term(fresh_cluster, kind, role):
+    """What the CI profile runs (leader), and a soak too (follower). The member may keep
+    working or stop cleanly; it must not go on with a term it could not save (a swallowed
+    raft.meta write), and no term may have two leaders in the members' own reports."""
+    fault = kind(role)
     try:
         fault.inject(fresh_cluster)
     finally:
