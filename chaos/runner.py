@@ -2,8 +2,10 @@
 
 One run = one cluster, one history. Client processes (``chaos.workload``) run all along, each
 appending to its own JSONL; the runner appends faults, node samples, probe ops, ``final`` and
-``final_state`` records to ``nemesis.jsonl``; at the end all are merged into ``history.jsonl``
-and checked with ``chaos.check``.
+``final_state`` records to ``nemesis.jsonl``, and once the members are gone the members' own
+``leader_report`` lines from their logs (``chaos.leader_reports``); at the end all are merged
+into ``history.jsonl`` and checked with ``chaos.check``. Each member's data dir is on a small
+filesystem of its own for the whole run (``chaos.small_fs``; the disk_full fault fills one).
 
 Per fault: inject, hold (failover probes for leader faults), heal, then wait for convergence
 (every node answers Status — a barrier through the log applied on that node, so it caught up —
