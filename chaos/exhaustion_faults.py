@@ -123,6 +123,10 @@ class ExhaustionFault(Fault):
 
     failure = "the member neither kept working nor stopped cleanly, or a member holds a term it never saved"
     resource_name = "resource"
+    # Every part of the step at its deadline (module docstring: a leader pick 20 s,
+    # connections 10 + 5 s, the election 2 s, the failover probe 20 s, two rounds of term
+    # reads 2 x 3 x 12 s, convergence 45 s) stays under this; a typical step takes 8-10 s.
+    timeout_s = 180.0
 
     def __init__(self, role: str = "leader", provoke_election: bool = True) -> None:
         super().__init__()

@@ -10,7 +10,8 @@ filesystem of its own for the whole run (``chaos.small_fs``; the disk_full fault
 Per fault: inject, hold (failover probes for leader faults), heal, then wait for convergence
 (every node answers Status — a barrier through the log applied on that node, so it caught up —
 all name one leader, and a probe acquire + write succeeds). Every step has a hard deadline; a
-whole-run watchdog tears everything down and exits 3 if the profile overruns.
+whole-run watchdog tears everything down and exits 3 if the profile overruns, and so does a
+fault's own one if its step overruns the fault's ``timeout_s``.
 
 Figures: failover time (leader fault injected -> a probe write acknowledged) and convergence time
 (heal -> converged as above).
@@ -185,6 +186,18 @@ class Run:
     # -- one fault ---------------------------------------------------------------------
 
     def run_fault(self, fault: F.Fault, hold_s: float) -> dict:
+        watchdog = None
+        if fault.timeout_s is not None:
+            watchdog = threading.Timer(fault.timeout_s + hold_s, self._overrun, (f"{fault.kind} (its step)",))
+            watchdog.daemon = True
+            watchdog.start()
+        try:
+            return self._run_fault(fault, hold_s)
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+
+    def _run_fault(self, fault: F.Fault, hold_s: float) -> dict:
         step: dict = {"kind": fault.kind}
         t_start = time.monotonic()
         try:
@@ -356,8 +369,8 @@ class Run:
                                profile=profile, seed=self.seed, wall_s=time.monotonic() - t0)
         return summary
 
-    def _overrun(self) -> None:
-        print("[chaos] profile overran its budget: tearing down", file=sys.stderr, flush=True)
+    def _overrun(self, what: str = "profile") -> None:
+        print(f"[chaos] {what} overran its budget: tearing down", file=sys.stderr, flush=True)
         try:
             self.cluster.close()
         finally:
