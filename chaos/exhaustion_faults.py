@@ -25,10 +25,11 @@ whatever the member does: fill (bounded by the filesystem's size), connections
 What the member may do: keep working, or stop cleanly (exit ``EXIT_DISK_FAILED`` through
 coordinator/raft/fatal.py). Heal restarts a member that stopped, as the kill faults do. The
 fault fails (``info["ok"]`` False, a run error) if the member exited any other way, or if a
-running member holds a term (its /metrics, read first) that its ``raft.meta`` (read after)
-does not: a term acted on but never saved, in which it could vote twice after a restart. The history check then shows no
-acknowledged write was lost and no term had two leaders, and the run's convergence step that
-the cluster serves again.
+member holds a term its ``raft.meta`` does not (a term acted on but never saved, in which it
+could vote twice after a restart). That is judged twice: before the resource is back, from the
+victim's own log lines (they need no connection) and every member's /metrics, and after heal
+from /metrics again. The history check then shows no acknowledged write was lost and no term
+had two leaders, and the run's convergence step that the cluster serves again.
 """
 
 from __future__ import annotations
