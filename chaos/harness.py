@@ -117,21 +117,11 @@ class ChaosCluster(GrpcCluster):
     default_settings = CHAOS_SETTINGS
 
     def __init__(self, base_dir: str, small_fs_bytes: int | None = None, **kwargs) -> None:
-        self.metrics_port, _ = pick_ports(kwargs.get("hosts", HOSTS))
         hosts = kwargs.get("hosts", HOSTS)
-        base = os.path.abspath(base_dir)
-        os.makedirs(base, exist_ok=True)
+        self.metrics_port, _ = pick_ports(hosts)
         self.small_fs: dict[int, SmallFs] = {}
         if small_fs_bytes:
-            atexit.register(self.unmount_small_fs)  # a runner that dies by an exception still unmounts
-            try:
-                for i in range(len(hosts)):
-                    fs = SmallFs(os.path.join(base, f"node{i}.img"), os.path.join(base, f"node{i}.fs"), small_fs_bytes)
-                    self.small_fs[i] = fs
-                    fs.mount()
-            except BaseException:
-                self.unmount_small_fs()
-                raise
+            self._mount_small_fs(os.path.abspath(base_dir), len(hosts), small_fs_bytes)
         extra = kwargs.pop("node_settings", None) or {}
         kwargs["node_settings"] = {i: {"metrics_address": f"{h}:{self.metrics_port}",
                                        **({"data_dir": self.small_fs[i].data_dir} if i in self.small_fs else {}),
@@ -144,6 +134,18 @@ class ChaosCluster(GrpcCluster):
         if self.clock_steppable:
             for node in self.nodes:
                 self.step_wall_clock(node.index, 0)
+
+    def _mount_small_fs(self, base: str, count: int, size_bytes: int) -> None:
+        os.makedirs(base, exist_ok=True)
+        atexit.register(self.unmount_small_fs)  # a runner that dies by an exception still unmounts
+        try:
+            for i in range(count):
+                self.small_fs[i] = SmallFs(os.path.join(base, f"node{i}.img"), os.path.join(base, f"node{i}.fs"),
+                                           size_bytes)
+                self.small_fs[i].mount()
+        except BaseException:
+            self.unmount_small_fs()
+            raise
 
     def wall_offset_path(self, i: int) -> str:
         return os.path.join(self.base_dir, f"node{i}.wall")
