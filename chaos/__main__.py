@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return check.main([args.history])
     from chaos.runner import OutDirInUse, run_profile, unmatched_only
+    from chaos.small_fs import SmallFsError
 
     # Arguments first, so a typo is reported the same way with or without root.
     only = frozenset(k.strip() for k in args.only.split(",") if k.strip())
@@ -48,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         code, summary = run_profile(args.profile, out, seed=args.seed, minutes=args.minutes, only=only)
     except (OutDirInUse, ValueError) as exc:
         print(f"chaos run: {exc}", file=sys.stderr)
+        return 2
+    except SmallFsError as exc:  # no loop devices here, or no mkfs.ext4
+        print(f"chaos run: cannot mount the members' small data filesystems: {exc}", file=sys.stderr)
         return 2
     brief = {k: summary[k] for k in ("profile", "seed", "wall_s", "fault_count", "ops", "ops_by_outcome",
                                      "violations", "violations_by_kind", "errors", "hazards")}

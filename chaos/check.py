@@ -78,7 +78,11 @@ Checks, each reporting its own violation kind (the constants below):
    ``hwm_after``, ``version_before`` / ``version_after``, ``watch_from_ns`` /
    ``watch_to_ns``), saw either change. A window that an epoch floor or restore (which fence
    every resource) or another op on the resource may have touched is not judged, only counted.
-8. ``TWO_LEADERS_IN_TERM``: node samples show two nodes as leader in the same term.
+8. ``TWO_LEADERS_IN_TERM``: node samples show two nodes as leader in the same term; or the
+   members' own reports (``leader_report`` records, from their logs: each member's every change
+   of the leader it saw, itself included) name two different leaders for one term — whoever
+   reported them, since a member takes a leader for a term only from that leader's append at
+   that term. One violation per term, from whichever evidence shows it (samples first).
    ``REPLICAS_DIVERGED``: ``final`` records (the last one per node) disagree — different digests
    at the same applied index, or different applied indexes after convergence.
 
@@ -1049,8 +1053,10 @@ def _check_dedup(history: History, refs: _Refs) -> list[Violation]:
 # -- 6. nodes ---------------------------------------------------------------------------------
 
 
-def _check_nodes(history: History) -> list[Violation]:
+def _check_leaders_per_term(history: History) -> list[Violation]:
+    """TWO_LEADERS_IN_TERM from the Status samples, then from the members' own reports."""
     violations = []
+    split: set[int] = set()
     leaders: dict[int, dict[str, int]] = collections.defaultdict(dict)
     for sample in history.nodes:
         if sample.is_leader:
@@ -1058,10 +1064,34 @@ def _check_nodes(history: History) -> list[Violation]:
     for term in sorted(leaders):
         nodes = leaders[term]
         if len(nodes) > 1:
+            split.add(term)
             shown = ", ".join(f"{n} (first seen at {t})" for n, t in sorted(nodes.items()))
             violations.append(
                 Violation(TWO_LEADERS_IN_TERM, f"term {term} had {len(nodes)} leaders: {shown}")
             )
+    reported: dict[int, dict[str, list[str]]] = collections.defaultdict(
+        lambda: collections.defaultdict(list)
+    )
+    for report in history.leader_reports:
+        where = f"{report.node}" + (f" (log line {report.log_line})" if report.log_line else "")
+        reported[report.term][report.leader].append(where)
+    for term in sorted(set(reported) - split):
+        named = reported[term]
+        if len(named) > 1:
+            shown = "; ".join(
+                f"{leader} (reported by {', '.join(by)})" for leader, by in sorted(named.items())
+            )
+            violations.append(
+                Violation(
+                    TWO_LEADERS_IN_TERM,
+                    f"term {term}: the members' own reports name {len(named)} leaders: {shown}",
+                )
+            )
+    return violations
+
+
+def _check_nodes(history: History) -> list[Violation]:
+    violations = _check_leaders_per_term(history)
 
     last: dict[str, Any] = {}
     for final in history.finals:
@@ -1140,6 +1170,8 @@ def check_history(
         "ops_by_f_outcome": {f: dict(sorted(c.items())) for f, c in sorted(by_f.items())},
         "logical_ops": len(logical),
         "node_samples": len(history.nodes),
+        "leader_reports": len(history.leader_reports),
+        "terms_reported": len({r.term for r in history.leader_reports}),
         "final_replicas": len(history.finals),
         "final_states": len(history.final_states),
         "faults": len(history.faults),

@@ -110,7 +110,7 @@ class ClockStep(Fault):
                                 f"{self.info.get('offset_seen_s')} s off after the step, {self.info.get('offset_after_heal_s')} s after heal")
 
 
-def _read_meta_term(data_dir: str) -> tuple[int, object] | None:
+def read_meta_term(data_dir: str) -> tuple[int, object] | None:
     """(term, vote) of the durable meta file, read from outside; None if absent."""
     try:
         with open(os.path.join(data_dir, META_NAME), "rb") as f:
@@ -209,7 +209,7 @@ class TornPowerLoss(PowerLoss):
         def cut(i: int) -> tuple[int, int]:
             c.kill(i)
             node = c.nodes[i]
-            self.before[i] = _read_meta_term(node.data_dir)
+            self.before[i] = read_meta_term(node.data_dir)
             old = os.path.getsize(os.path.join(node.data_dir, JOURNAL_NAME))
             torn = tear_journal_tail(node.data_dir, self.rng)
             term = self.before[i][0] if self.before[i] else None
@@ -244,7 +244,7 @@ class TornPowerLoss(PowerLoss):
                 ok = False
                 self.torn[node.raft_address]["cut_seen"] = False
                 continue
-            after = _read_meta_term(node.data_dir)
+            after = read_meta_term(node.data_dir)
             before = self.before.get(i)
             rolled_back = before is not None and (after is None or after[0] < before[0])
             torn = self.torn[node.raft_address]

@@ -75,6 +75,9 @@ class Fault:
     #: a fault that checks something itself sets info["ok"] by heal; this says what False
     #: means, and the run records it as an error (None: the fault checks nothing)
     failure: str | None = None
+    #: a hard bound on the whole step (inject, hold, heal, convergence), in seconds: past it
+    #: the runner tears the run down and exits 3, naming the fault (None: only the run's budget)
+    timeout_s: float | None = None
 
     def __init__(self) -> None:
         self.nodes: list[str] = []

@@ -14,6 +14,7 @@ reachable by clients (exercising NO_LEADER and forwarding paths).
 
 from __future__ import annotations
 
+import atexit
 import email.utils
 import http.client
 import os
@@ -24,6 +25,7 @@ import grpc
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
+from chaos.small_fs import SmallFs
 from testsupport.grpc_cluster import GrpcCluster, GrpcNode
 from testsupport.supervisor import DEFAULT_HOSTS, child_env, pick_ports
 
@@ -102,21 +104,48 @@ class ChaosCluster(GrpcCluster):
     ``FENCING_CHAOS_FAKETIME`` is not ``0``, so the clock_step fault can step a member's wall
     clock at run time by rewriting ``nodeN.wall`` (read at every call: FAKETIME_NO_CACHE).
     Every member serves /readyz on ``metrics_port``: its answer's HTTP ``Date`` comes from the
-    member's own wall clock, so ``wall_clock_offset_s`` shows whether a step took effect."""
+    member's own wall clock, so ``wall_clock_offset_s`` shows whether a step took effect.
+
+    With ``small_fs_bytes``, each member's data dir is on a loop-mounted ext4 of that size of
+    its own (``chaos.small_fs``; ``nodeN.img`` mounted on ``nodeN.fs``, data dir
+    ``nodeN.fs/data``), for the whole run, so the disk_full fault can fill the filesystem of
+    whichever member leads when it strikes; logs stay beside, on the run's own disk, so a full
+    disk never loses a member's last words. ``close()`` unmounts them (lazily) after every
+    process is gone."""
 
     node_class = Node
     default_settings = CHAOS_SETTINGS
 
-    def __init__(self, base_dir: str, **kwargs) -> None:
-        self.metrics_port, _ = pick_ports(kwargs.get("hosts", HOSTS))
+    def __init__(self, base_dir: str, small_fs_bytes: int | None = None, **kwargs) -> None:
+        hosts = kwargs.get("hosts", HOSTS)
+        self.metrics_port, _ = pick_ports(hosts)
+        self.small_fs: dict[int, SmallFs] = {}
+        if small_fs_bytes:
+            self._mount_small_fs(os.path.abspath(base_dir), len(hosts), small_fs_bytes)
         extra = kwargs.pop("node_settings", None) or {}
-        kwargs["node_settings"] = {i: {"metrics_address": f"{h}:{self.metrics_port}", **extra.get(i, {})}
-                                   for i, h in enumerate(kwargs.get("hosts", HOSTS))}
+        kwargs["node_settings"] = {i: {"metrics_address": f"{h}:{self.metrics_port}",
+                                       **({"data_dir": self.small_fs[i].data_dir} if i in self.small_fs else {}),
+                                       **extra.get(i, {})}
+                                   for i, h in enumerate(hosts)}
         super().__init__(base_dir, **kwargs)
+        for i, fs in self.small_fs.items():
+            self.nodes[i].data_dir = fs.data_dir
         self.clock_steppable = os.path.exists(LIBFAKETIME) and os.environ.get("FENCING_CHAOS_FAKETIME") != "0"
         if self.clock_steppable:
             for node in self.nodes:
                 self.step_wall_clock(node.index, 0)
+
+    def _mount_small_fs(self, base: str, count: int, size_bytes: int) -> None:
+        os.makedirs(base, exist_ok=True)
+        atexit.register(self.unmount_small_fs)  # a runner that dies by an exception still unmounts
+        try:
+            for i in range(count):
+                self.small_fs[i] = SmallFs(os.path.join(base, f"node{i}.img"), os.path.join(base, f"node{i}.fs"),
+                                           size_bytes)
+                self.small_fs[i].mount()
+        except BaseException:
+            self.unmount_small_fs()
+            raise
 
     def wall_offset_path(self, i: int) -> str:
         return os.path.join(self.base_dir, f"node{i}.wall")
@@ -147,6 +176,22 @@ class ChaosCluster(GrpcCluster):
             raise RuntimeError(f"member {i}'s /readyz answer has no Date header")
         return email.utils.parsedate_to_datetime(date).timestamp() - (sent + answered) / 2
 
+    def raft_term(self, i: int, timeout_s: float = 2.0) -> int:
+        """Member ``i``'s current Raft term as it holds it in memory, from its /metrics: a
+        local read (no barrier through the log), so it answers during an election too."""
+        node = self.nodes[i]
+        conn = http.client.HTTPConnection(node.host, self.metrics_port, timeout=timeout_s)
+        try:
+            conn.request("GET", "/metrics")
+            reply = conn.getresponse()
+            body = reply.read().decode("utf-8", "replace")
+        finally:
+            conn.close()
+        for line in body.splitlines():
+            if line.startswith("fencing_raft_term "):
+                return int(float(line.split()[1]))
+        raise RuntimeError(f"member {i}'s /metrics has no fencing_raft_term")
+
     def env(self, node) -> dict:
         if not self.clock_steppable:
             return super().env(node)
@@ -165,9 +210,16 @@ class ChaosCluster(GrpcCluster):
         return self.wait_ready(timeout_s)
 
     def close(self) -> None:
-        """Network rules away, then every spawned / adopted pid gone. Never raises."""
+        """Network rules away, then every spawned / adopted pid gone, then the small
+        filesystems unmounted. Never raises."""
         network_teardown()
         super().close()
+        self.unmount_small_fs()
+
+    def unmount_small_fs(self) -> None:
+        """Idempotent, never raises: a filler left behind goes with its filesystem."""
+        for fs in self.small_fs.values():
+            fs.umount()
 
     def wait_leader(self, timeout_s: float = 20.0, exclude: int | None = None) -> int:
         return self.leader_index(timeout_s, exclude)

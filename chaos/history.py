@@ -40,6 +40,12 @@ the exact real-time order. Fields not listed are ignored when reading (forward c
 
     {"type": "node", "t_ns": 1500, "node": "127.0.0.2:7001", "term": 3, "is_leader": true}
 
+``leader_report`` — a member's own report that it saw ``leader`` lead ``term`` (itself, or the
+leader it followed), from its log (chaos.leader_reports); ``log_line`` says where::
+
+    {"type": "leader_report", "node": "127.0.0.3:7001", "leader": "127.0.0.2:7001", "term": 3,
+     "log_line": 57}
+
 ``final`` — one replica after heal and convergence::
 
     {"type": "final", "node": "127.0.0.2:7001", "applied_index": 812, "digest": "ab12..."}
@@ -161,6 +167,17 @@ class NodeSample:
 
 
 @dataclasses.dataclass
+class LeaderReport:
+    node: str
+    leader: str
+    term: int
+    log_line: int | None = None
+    line: int | None = dataclasses.field(default=None, compare=False)
+
+    type = "leader_report"
+
+
+@dataclasses.dataclass
 class FinalReplica:
     node: str
     applied_index: int
@@ -200,7 +217,7 @@ class Meta:
     type = "meta"
 
 
-Record = Union[Op, NodeSample, FinalReplica, FinalState, Fault, Meta]
+Record = Union[Op, NodeSample, LeaderReport, FinalReplica, FinalState, Fault, Meta]
 
 
 @dataclasses.dataclass
@@ -209,6 +226,7 @@ class History:
 
     ops: list[Op] = dataclasses.field(default_factory=list)
     nodes: list[NodeSample] = dataclasses.field(default_factory=list)
+    leader_reports: list[LeaderReport] = dataclasses.field(default_factory=list)
     finals: list[FinalReplica] = dataclasses.field(default_factory=list)
     final_states: list[FinalState] = dataclasses.field(default_factory=list)
     faults: list[Fault] = dataclasses.field(default_factory=list)
@@ -228,6 +246,7 @@ class History:
         target = {
             Op: self.ops,
             NodeSample: self.nodes,
+            LeaderReport: self.leader_reports,
             FinalReplica: self.finals,
             FinalState: self.final_states,
             Fault: self.faults,
@@ -238,10 +257,12 @@ class History:
         target.append(record)
 
     def records(self) -> Iterator[Record]:
-        """Every record, in the order: meta, ops, nodes, faults, finals, final states."""
+        """Every record, in the order: meta, ops, nodes, leader reports, faults, finals, final
+        states."""
         yield from self.meta
         yield from self.ops
         yield from self.nodes
+        yield from self.leader_reports
         yield from self.faults
         yield from self.finals
         yield from self.final_states
@@ -331,6 +352,14 @@ def from_dict(doc: Any, line: int | None = None) -> Record:
             node=_need(doc, "node", "str", line),
             term=_need(doc, "term", "int", line),
             is_leader=_need(doc, "is_leader", "bool", line),
+            line=line,
+        )
+    if kind == "leader_report":
+        return LeaderReport(
+            node=_need(doc, "node", "str", line),
+            leader=_need(doc, "leader", "str", line),
+            term=_need(doc, "term", "int", line),
+            log_line=_need(doc, "log_line", "int", line, nullable=True),
             line=line,
         )
     if kind == "final":

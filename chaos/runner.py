@@ -2,13 +2,16 @@
 
 One run = one cluster, one history. Client processes (``chaos.workload``) run all along, each
 appending to its own JSONL; the runner appends faults, node samples, probe ops, ``final`` and
-``final_state`` records to ``nemesis.jsonl``; at the end all are merged into ``history.jsonl``
-and checked with ``chaos.check``.
+``final_state`` records to ``nemesis.jsonl``, and once the members are gone the members' own
+``leader_report`` lines from their logs (``chaos.leader_reports``); at the end all are merged
+into ``history.jsonl`` and checked with ``chaos.check``. Each member's data dir is on a small
+filesystem of its own for the whole run (``chaos.small_fs``; the disk_full fault fills one).
 
 Per fault: inject, hold (failover probes for leader faults), heal, then wait for convergence
 (every node answers Status — a barrier through the log applied on that node, so it caught up —
 all name one leader, and a probe acquire + write succeeds). Every step has a hard deadline; a
-whole-run watchdog tears everything down and exits 3 if the profile overruns.
+whole-run watchdog tears everything down and exits 3 if the profile overruns, and so does a
+fault's own one if its step overruns the fault's ``timeout_s``.
 
 Figures: failover time (leader fault injected -> a probe write acknowledged) and convergence time
 (heal -> converged as above).
@@ -32,11 +35,14 @@ import types
 
 from chaos import check as check_mod
 from chaos import disk_clock_faults as DC
+from chaos import exhaustion_faults as EF
 from chaos import faults as F
 from chaos import membership_faults as MF
 from chaos.harness import ChaosCluster, network_teardown
 from chaos.hazards import quiet_resource
 from chaos.history import HistoryWriter, read_history
+from chaos.leader_reports import leader_reports
+from chaos.small_fs import DATA_FS_BYTES
 from chaos.workload import KEYS, Recorder, make_client
 from testsupport.supervisor import wait_until
 
@@ -69,7 +75,8 @@ class Run:
         random.seed(seed)  # follower choices in faults: the same seed replays the schedule
         self.hold_s = hold_s
         self.converge_timeout_s = converge_timeout_s
-        self.cluster = ChaosCluster(os.path.join(self.out, "cluster"))
+        # Data dirs on small filesystems of their own for the whole run: disk_full fills one.
+        self.cluster = ChaosCluster(os.path.join(self.out, "cluster"), small_fs_bytes=DATA_FS_BYTES)
         self.writer = HistoryWriter(os.path.join(self.out, "nemesis.jsonl"))
         self.clients: list[subprocess.Popen] = []
         self.stop_sampler = threading.Event()
@@ -179,6 +186,18 @@ class Run:
     # -- one fault ---------------------------------------------------------------------
 
     def run_fault(self, fault: F.Fault, hold_s: float) -> dict:
+        watchdog = None
+        if fault.timeout_s is not None:
+            watchdog = threading.Timer(fault.timeout_s + hold_s, self._overrun, (f"{fault.kind} (its step)",))
+            watchdog.daemon = True
+            watchdog.start()
+        try:
+            return self._run_fault(fault, hold_s)
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+
+    def _run_fault(self, fault: F.Fault, hold_s: float) -> dict:
         step: dict = {"kind": fault.kind}
         t_start = time.monotonic()
         try:
@@ -276,6 +295,18 @@ class Run:
         client.close()
         return out
 
+    def write_leader_reports(self) -> None:
+        """The members' own reports of who led each term (chaos.leader_reports), read from
+        their logs once every member is gone."""
+        for node in self.cluster.nodes:
+            try:
+                records = leader_reports(node.log_path, node.raft_address)
+            except OSError as exc:
+                self.errors.append(f"leader reports of {node.raft_address}: {exc}")
+                continue
+            for record in records:
+                self.writer.write(record)
+
     def gc_resources(self) -> list[str]:
         return [s["gc_pause"]["resource"] for s in self.steps if s.get("gc_pause", {}).get("resource")]
 
@@ -325,6 +356,7 @@ class Run:
             watchdog.cancel()
             if self._probe_rec is not None:
                 self._probe_rec.client.close()
+            self.write_leader_reports()
             self.writer.close()
         history_path = self.merge()
         history = read_history(history_path)
@@ -337,8 +369,8 @@ class Run:
                                profile=profile, seed=self.seed, wall_s=time.monotonic() - t0)
         return summary
 
-    def _overrun(self) -> None:
-        print("[chaos] profile overran its budget: tearing down", file=sys.stderr, flush=True)
+    def _overrun(self, what: str = "profile") -> None:
+        print(f"[chaos] {what} overran its budget: tearing down", file=sys.stderr, flush=True)
         try:
             self.cluster.close()
         finally:
@@ -352,6 +384,9 @@ def ci_plan(run: Run):
     for fault in F.ci_schedule(lambda: run.recorder("gc-owner"), os.path.join(run.out, "clients"), with_delay):
         yield fault, run.hold_s
     for fault in deeper_faults(run.rng, ci=True):
+        yield fault, run.hold_s
+    # The leader's disk full, then its descriptors exhausted, each with an election meanwhile.
+    for fault in exhaustion_faults(run.rng, ci=True):
         yield fault, run.hold_s
     # A lost disk, then its replace (the leader's: an election on top of the change).
     yield MF.DiskLoss(os.path.join(run.out, "clients"), "leader"), run.hold_s
@@ -369,15 +404,26 @@ def deeper_faults(rng: random.Random, ci: bool) -> list[F.Fault]:
     ])()]
 
 
+def exhaustion_faults(rng: random.Random, ci: bool) -> list[F.Fault]:
+    """A full disk and exhausted descriptors: CI takes each once on the leader (the member
+    whose term and journal writes matter most); a soak draws one, leader or follower."""
+    if ci:
+        return [EF.DiskFull("leader"), EF.FdExhaustion("leader")]
+    kind = rng.choice([EF.DiskFull, EF.FdExhaustion])
+    return [kind(rng.choice(["leader", "follower"]))]
+
+
 def soak_draw(run: Run) -> tuple[F.Fault, float]:
     """One soak fault and its hold: a fifth clock or torn-disk faults, a twentieth lost disks,
-    the rest the classic kinds."""
+    a tenth exhaustion, the rest the classic kinds."""
     clients = os.path.join(run.out, "clients")
     pick = run.rng.random()
     if pick < 0.2:
         fault = deeper_faults(run.rng, ci=False)[0]
     elif pick < 0.25:
         fault = MF.random_disk_loss(run.rng, clients)
+    elif pick < 0.35:
+        fault = exhaustion_faults(run.rng, ci=False)[0]
     else:
         fault = F.random_fault(run.rng, lambda: run.recorder("gc-owner"), clients, F.delay_available())
     return fault, run.rng.uniform(5, 15)

@@ -81,6 +81,11 @@ def node(t: int, name: str, term: int, leader: bool) -> dict[str, Any]:
     return {"type": "node", "t_ns": t, "node": name, "term": term, "is_leader": leader}
 
 
+def leader_report(reporter: str, leader: str, term: int, log_line: int | None = None) -> dict[str, Any]:
+    return {"type": "leader_report", "node": reporter, "leader": leader, "term": term,
+            "log_line": log_line}
+
+
 def final(name: str, index: int, digest: str = "d1") -> dict[str, Any]:
     return {"type": "final", "node": name, "applied_index": index, "digest": digest}
 
@@ -493,6 +498,68 @@ def test_two_leaders_in_term():
     assert "term 2" in report.violations[0].detail
 
 
+# The members' own reports (chaos.leader_reports): who each member saw lead each term.
+
+
+def test_two_leaders_reported_for_one_term():
+    # n1 kept leading on a term it could not save while n2 won that term: n1 says so of
+    # itself, n2 and n3 of n2. The Status samples saw nothing wrong.
+    records = base() + [
+        node(5, "n1", 1, True),
+        leader_report("n1", "n1", 1, 10), leader_report("n2", "n1", 1, 11), leader_report("n3", "n1", 1, 12),
+        leader_report("n1", "n1", 2, 30),
+        leader_report("n2", "n2", 2, 31), leader_report("n3", "n2", 2, 32),
+        final_state(hwm=1, k=("a", 1)),
+    ]
+    report = assert_only(records, chk.TWO_LEADERS_IN_TERM)
+    (violation,) = report.violations
+    assert violation.detail.startswith("term 2: the members' own reports name 2 leaders")
+    assert "n1 (reported by n1 (log line 30))" in violation.detail
+    assert "n2 (reported by n2 (log line 31), n3 (log line 32))" in violation.detail
+
+
+def test_a_follower_naming_another_leader_for_a_term_is_two_leaders_too():
+    # Nobody's report is privileged: n3 followed n2 in the term n1 says it led (n2's own
+    # line was lost, e.g. a member killed while writing it).
+    records = base() + [
+        leader_report("n1", "n1", 4), leader_report("n2", "n1", 4), leader_report("n3", "n2", 4),
+        final_state(hwm=1, k=("a", 1)),
+    ]
+    report = assert_only(records, chk.TWO_LEADERS_IN_TERM)
+    assert "term 4" in report.violations[0].detail
+
+
+def test_one_leader_per_term_reported_by_everyone_passes():
+    records = base() + [
+        leader_report(r, "n1", 1) for r in ("n1", "n2", "n3")
+    ] + [leader_report("n2", "n1", 1)] + [final_state(hwm=1, k=("a", 1))]
+    report = check(records)
+    assert report.ok, [v.to_dict() for v in report.violations]
+    assert report.summary["leader_reports"] == 4 and report.summary["terms_reported"] == 1
+
+
+def test_leader_changes_across_terms_pass():
+    # n1 leads 1, n2 leads 2, n1 again in 3 and (re-elected at once) in 4: one leader a term.
+    records = base() + [
+        leader_report("n1", "n1", 1), leader_report("n2", "n1", 1),
+        leader_report("n2", "n2", 2), leader_report("n3", "n2", 2), leader_report("n1", "n2", 2),
+        leader_report("n1", "n1", 3), leader_report("n3", "n1", 3),
+        leader_report("n1", "n1", 4), leader_report("n3", "n1", 4),
+        final_state(hwm=1, k=("a", 1)),
+    ]
+    assert check(records).ok
+
+
+def test_a_term_split_in_samples_and_reports_is_reported_once():
+    records = base() + [
+        node(5, "n1", 2, True), node(6, "n2", 2, True),
+        leader_report("n1", "n1", 2), leader_report("n2", "n2", 2),
+        final_state(hwm=1, k=("a", 1)),
+    ]
+    report = assert_only(records, chk.TWO_LEADERS_IN_TERM)
+    assert len(report.violations) == 1
+
+
 @pytest.mark.parametrize("case", ["digest", "index"])
 def test_replicas_diverged(case):
     records = base() + [final_state(hwm=1, k=("a", 1)), final("n1", 2, "d1")]
@@ -553,6 +620,9 @@ def realistic_history() -> list[dict[str, Any]]:
         read(1500, 1600, "c2-2", version=4, index=12, process="c3"),
         {"type": "fault", "t_ns": 1650, "kind": "partition", "action": "heal", "nodes": ["n1"]},
         node(1700, "n1", 2, False),
+        # what the members' logs said: n1 led term 1, n2 term 2 (n1 learnt of it after heal)
+        leader_report("n1", "n1", 1, 12), leader_report("n2", "n1", 1, 9), leader_report("n3", "n1", 1, 9),
+        leader_report("n2", "n2", 2, 14), leader_report("n3", "n2", 2, 15), leader_report("n1", "n2", 2, 30),
         # ... and c2b (its restart) writes, then crashes with one that did not apply
         op("write", 1800, 1900, process="c2b", value="c2b-1", token=2, version=5, hwm=2,
            applied_index=13),
@@ -1256,6 +1326,8 @@ def test_history_round_trip(tmp_path):
         json.dumps(dict(op("write", 10, 5, value="a", token=1))),  # completes before invoke
         json.dumps(dict(op("write", 0, 10, value="a", token=1), invoke_ns="0")),
         json.dumps(node(0, "n1", 1, True) | {"is_leader": 1}),
+        json.dumps(leader_report("n1", "n1", 1) | {"term": "1"}),
+        json.dumps({"type": "leader_report", "node": "n1", "term": 1}),  # no leader
         json.dumps(final_state(hwm=1) | {"data": {"k": {"value": "a"}}}),
     ],
 )
