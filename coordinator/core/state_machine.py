@@ -38,6 +38,7 @@ import msgpack
 
 from coordinator.core import limits
 from coordinator.core import validation
+from coordinator.core.dedup import DedupTable
 from coordinator.core.expiry import ExpiryIndex
 from coordinator.core.lock_queue import LockQueue, lock_state
 from coordinator.core.outcomes import (
@@ -267,7 +268,7 @@ class FencingStateMachine:
         self._expiry = ExpiryIndex()  # derived from _resources: what a TICK expires, found fast
         self._queue = LockQueue()  # derived too: how many waiters, and which a TICK drops
         self._usage = Usage()
-        self._dedup: collections.OrderedDict[bytes, DedupEntry] = collections.OrderedDict()
+        self._dedup = DedupTable(self._dedup_entries_max, self._dedup_retention_ms)
         # Keys and their bytes across all resources (derived, like usage), against the
         # cluster-wide bounds; and the backup being restored in chunks, if any.
         self._keys_total = 0
@@ -450,12 +451,16 @@ class FencingStateMachine:
                 dedup_entry = (
                     None
                     if op_id is None
-                    else DedupEntry(op_id, op, args["resource"], outcome_to_wire(outcome), now, index)
+                    else DedupEntry(
+                        op_id, op, args["resource"], outcome_to_wire(outcome), now, index,
+                        shared(args.get("principal") or ""),
+                    )
                 )
                 self._log_clock_ms = now
+                self._dedup.evict_aged(now)
                 if dedup_entry is not None:
-                    self._dedup[op_id] = dedup_entry
-                self._evict_dedup()
+                    quota = args.get("quota")
+                    self._dedup.add(op_id, dedup_entry, None if quota is None else quota.get("dedup_entries"))
         # DESIGN §8: apply never raises. The field and snapshot checks make this unreachable.
         # Should some input still get past them, the handler may have changed state before it
         # failed, but every replica fails the same way at the same entry (apply is
@@ -468,15 +473,6 @@ class FencingStateMachine:
                 message=f"refused: applying it failed ({type(exc).__name__}: {exc})",
             )
         return outcome
-
-    def _evict_dedup(self) -> None:
-        horizon_ms = self._log_clock_ms - self._dedup_retention_ms
-        while self._dedup:
-            oldest = next(iter(self._dedup.values()))
-            if oldest.applied_at_ms <= horizon_ms or len(self._dedup) > self._dedup_entries_max:
-                self._dedup.popitem(last=False)
-            else:
-                break
 
     # -- fencing helpers --------------------------------------------------------------------
 
@@ -1015,7 +1011,7 @@ class FencingStateMachine:
         self._resources = parts.resources if isinstance(parts.resources, ResourceTable) else ResourceTable(parts.resources)
         self._queue.recount(parts.resources)
         self._usage = Usage.of(parts.resources)
-        self._dedup = parts.dedup
+        self._dedup.load(parts.dedup)
         self._staging.load(parts.staged)  # mid-restore: its chunks are read again
         self._keys_total = sum(len(res.data) for res in parts.resources.values())
         self._stored_bytes_total = sum(res.stored_bytes for res in parts.resources.values())
@@ -1061,7 +1057,7 @@ class FencingStateMachine:
         keep the bytes they had before quotas; ``waiters`` only when some are queued, in FIFO
         order, each ``[waiter_id, holder, ttl_ms, expires_at_ms, principal, quota]``),
         lease ``[holder, token, ttl_ms, expires_at_ms, waiter_id?]``, dedup
-        ``[[op_id, op, resource, outcome_wire, applied_at_ms, first_index], ...]``, staged
+        ``[[op_id, op, resource, outcome_wire, applied_at_ms, first_index, principal], ...]``, staged
         nil or ``[restore_id, size, digest, epoch_floor, touched_at_ms, [chunk, ...]]``.
         """
         return self._document(self._staging.staged, with_queue=True)
