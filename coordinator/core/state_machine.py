@@ -130,14 +130,15 @@ _SCHEMAS: dict[Op, tuple[frozenset[str], frozenset[str]]] = {
         frozenset({"principal", "quota"}),
     ),
     Op.KEEP_ALIVE: (frozenset({"resource", "token"}), frozenset({"ttl_ms"})),
-    Op.RELEASE: (frozenset({"resource", "token"}), frozenset({"op_id"})),
+    # principal and quota: whom an op_id's dedup entry is charged to, under which budget.
+    Op.RELEASE: (frozenset({"resource", "token"}), frozenset({"op_id", "principal", "quota"})),
     Op.WRITE: (
         frozenset({"resource", "key", "value", "token", "op_id"}),
-        frozenset({"expected_version", "quota"}),
+        frozenset({"expected_version", "principal", "quota"}),
     ),
-    Op.DELETE: (frozenset({"resource", "key", "token", "op_id"}), frozenset()),
+    Op.DELETE: (frozenset({"resource", "key", "token", "op_id"}), frozenset({"principal", "quota"})),
     Op.READ_BARRIER: (frozenset(), frozenset({"resource", "key"})),
-    Op.FORCE_RELEASE: (frozenset({"resource", "op_id"}), frozenset()),
+    Op.FORCE_RELEASE: (frozenset({"resource", "op_id"}), frozenset({"principal", "quota"})),
     Op.SET_EPOCH_FLOOR: (frozenset({"floor"}), frozenset({"fence_all"})),
     Op.TICK: (frozenset(), frozenset()),
     Op.RESTORE: (frozenset({"data", "epoch_floor"}), frozenset()),
@@ -310,6 +311,10 @@ class FencingStateMachine:
     def dedup_size(self) -> int:
         """How many op_ids the dedup table holds now."""
         return len(self._dedup)
+
+    def dedup_count(self, principal: str) -> int:
+        """How many op_ids of ``principal`` ("": the anonymous one) the dedup table holds now."""
+        return self._dedup.count(principal)
 
     @property
     def stored_bytes(self) -> int:
