@@ -47,8 +47,8 @@ from collections.abc import Iterator
 from coordinator.core.state import DedupEntry
 
 # The largest-holder heap is rebuilt from the counts once it holds this many more items than
-# there are principals (each count change pushes one): memory stays O(principals), and a
-# rebuild is paid for by as many pushes as it costs.
+# there are principals (each count change pushes one while it is kept): memory stays
+# O(principals), and a rebuild is paid for by as many pushes as it costs.
 _HEAP_SLACK_ITEMS = 64
 
 
@@ -62,8 +62,11 @@ class DedupTable:
         # principal -> its op_ids, oldest first (same order as in _entries)
         self._own: dict[str, collections.deque[bytes]] = {}
         # (-count, principal) for each principal's current count, plus stale items skipped
-        # lazily: the top valid item names the largest holder (ties: the smallest name).
-        self._largest: list[tuple[int, str]] = []
+        # lazily: the top valid item names the largest holder (ties: the smallest name). Built
+        # when the table first fills and kept while it stays full; None otherwise, so a table
+        # below its cap (the common case) pays nothing for it. A cache: no choice depends on
+        # whether it exists.
+        self._largest: list[tuple[int, str]] | None = None
 
     def load(self, entries: collections.OrderedDict[bytes, DedupEntry]) -> None:
         """Make ``entries`` (in apply order: a snapshot's) the whole table."""
@@ -71,7 +74,7 @@ class DedupTable:
         self._own = {}
         for op_id, entry in entries.items():
             self._own.setdefault(entry.principal, collections.deque()).append(op_id)
-        self._rebuild_largest()
+        self._largest = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -105,20 +108,23 @@ class DedupTable:
         least one entry is always kept, so the op_id just applied answers its retries."""
         principal = entry.principal
         own_max = self._entries_max if budget is None else max(1, min(budget, self._entries_max))
-        while self.count(principal) >= own_max:
+        own = self._own.get(principal)
+        if own is None:
+            own = self._own[principal] = collections.deque()
+        while len(own) >= own_max:
             self._evict_oldest_of(principal)
         while len(self._entries) >= self._entries_max:
             self._evict_oldest_of(self._victim(principal))
         self._entries[op_id] = entry
-        own = self._own.get(principal)
-        if own is None:
-            own = self._own[principal] = collections.deque()
+        self._own[principal] = own  # again: evicting its last entry dropped it
         own.append(op_id)
         self._counted(principal)
 
     def _victim(self, adding: str) -> str:
         """Whose oldest entry makes room in a full table: ``adding`` if no principal holds
         more than it, else the largest holder (ties: the smallest name)."""
+        if self._largest is None:
+            self._rebuild_largest()
         heap = self._largest
         while True:
             negative, name = heap[0]
@@ -135,11 +141,17 @@ class DedupTable:
         self._counted(principal)
 
     def _counted(self, principal: str) -> None:
-        """``principal``'s count changed: record it for ``_victim``."""
+        """``principal``'s count changed: record it for ``_victim`` while the table is full."""
+        heap = self._largest
+        if heap is None:
+            return
+        if len(self._entries) < self._entries_max - 1:
+            self._largest = None  # below its cap: rebuilt when it is full again
+            return
         count = self.count(principal)
         if count:
-            heapq.heappush(self._largest, (-count, principal))
-        if len(self._largest) > 2 * len(self._own) + _HEAP_SLACK_ITEMS:
+            heapq.heappush(heap, (-count, principal))
+        if len(heap) > 2 * len(self._own) + _HEAP_SLACK_ITEMS:
             self._rebuild_largest()
 
     def _rebuild_largest(self) -> None:
