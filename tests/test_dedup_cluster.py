@@ -19,6 +19,7 @@ from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.core import limits
 from coordinator.server.auth import token_digest
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
+from testsupport.supervisor import wait_until
 
 T = RPC_TIMEOUT_S
 TTL_MS = 10 * 60 * 1000  # Y's lease outlives the flood: a retry must find it held by Y alone
@@ -44,6 +45,16 @@ def bearer(tenant: str) -> tuple:
     return (("authorization", f"Bearer {TENANTS[tenant]}"),)
 
 
+def leader(cluster):
+    """The member the others name as leader (Status needs a principal's token here)."""
+
+    def named():
+        status = cluster.nodes[0].cluster.Status(pb.StatusRequest(), timeout=T, metadata=bearer("x"))
+        return cluster.node_by_raft(status.leader) if status.leader else None
+
+    return wait_until(named, 15.0, interval_s=0.1, what="a leader")
+
+
 def flood(node, token: int) -> int:
     """X writes FLOOD_WRITES times, each with a fresh op_id, in WriteMany batches from a few
     threads; returns how many applied."""
@@ -66,7 +77,7 @@ def flood(node, token: int) -> int:
 
 
 def test_a_flooding_tenant_leaves_another_tenants_retries_their_first_outcome(cluster):
-    node = cluster.nodes[cluster.leader_index()]  # the leader: no forwarding hop per batch
+    node = leader(cluster)  # no forwarding hop per batch
     acquire = pb.AcquireRequest(resource="y/lock", holder="y", ttl_ms=TTL_MS, op_id=os.urandom(16))
     first = node.lease.Acquire(acquire, timeout=T, metadata=bearer("y"))
     write = pb.WriteRequest(resource="y/lock", key="k", value=b"once", token=first.token, op_id=os.urandom(16))
