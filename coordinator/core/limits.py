@@ -117,7 +117,7 @@ SNAPSHOT_DEDUP_ENTRY_BYTES_MAX = (
 )
 # The document around them: magic, format version, epoch, log clock, array heads, no staging.
 SNAPSHOT_FRAME_BYTES_MAX = 1024
-# The largest backup (a snapshot without a restore in progress) the limits allow, ~727 MB (a
+# The largest backup (a snapshot without a restore in progress) the limits allow, ~740 MB (a
 # million resources of the longest names, holders and owners; short ones with a 32-byte value
 # each make ~92 MB, bench scale). A restore may be no larger; a member's own snapshot may be
 # up to twice it while a restore is staged (the staged backup is part of it).
@@ -133,7 +133,7 @@ BACKUP_BYTES_MAX = (
 # Snapshots and restores travel in chunks of at most this many bytes: each SnapshotStream and
 # RestoreStream message, and each RESTORE_CHUNK entry of the log. 1 MiB keeps a gRPC message far
 # under GRPC_MESSAGE_BYTES_MAX and an entry far under the Raft batch size (never split), while
-# the largest backup is ~694 entries.
+# the largest backup is ~707 entries.
 BACKUP_CHUNK_BYTES = 1024 * 1024
 # A RESTORE_CHUNK command: the chunk plus its envelope and fields.
 RESTORE_CHUNK_COMMAND_BYTES_MAX = BACKUP_CHUNK_BYTES + 4 * 1024
