@@ -4,8 +4,9 @@ Owns: the epoch counter, every resource's high-water mark, lease and fenced key/
 the dedup table of op_ids, the log clock, and the rules that change them one log entry at a
 time (DESIGN §3 I2-I7, I11); plus writing the canonical snapshot of all of it. The state's
 shapes are in ``state``, outcomes in ``outcomes``, snapshot reading in ``snapshot_format``, the
-lease expiry index in ``expiry``, the lock queue's bookkeeping in ``lock_queue`` and the staging
-of a backup restored in chunks in ``restore_staging``; the rules that use them stay here.
+lease expiry index in ``expiry``, the lock queue's bookkeeping in ``lock_queue``, the staging
+of a backup restored in chunks in ``restore_staging`` and which dedup entry leaves when (per
+principal) in ``dedup``; the rules that use them stay here.
 Must never: read a clock, draw randomness, touch files, sockets or threads, or import grpc or
 the Raft library (time arrives inside each command); raise on bad input (refusals are ``Rejected``
 values); change anything, not even the log clock, when it refuses. The same entries in the
@@ -22,6 +23,11 @@ beyond the owner's name). A resource with no lease (released, force-released or 
 no data is forgotten: it holds nothing worth a slot, and the global epoch already fences every
 token it ever had (a re-acquire issues a token above all of them; a write carrying one finds
 hwm 0 and is UNKNOWN_TOKEN).
+
+Every command with an op_id carries its principal too (``commands.charged``; none: the anonymous
+principal), and its dedup entry counts against that principal's ``dedup_entries`` budget: a
+flood of one principal's fresh op_ids evicts its own oldest entries, never those of a principal
+holding fewer (``dedup``, issue 26).
 """
 
 from __future__ import annotations
