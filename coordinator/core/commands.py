@@ -204,9 +204,21 @@ def charged(command: Command, *, principal: str, quota: dict[str, int]) -> Comma
     if command.op not in (Op.ACQUIRE, Op.ENQUEUE) and command.body.get("op_id") is None:
         return command
     extra: dict[str, Any] = {"principal": principal}
-    if quota:
-        extra["quota"] = dict(quota)
+    read = _QUOTAS_READ.get(command.op)
+    carried = {name: value for name, value in quota.items() if read is None or name in read}
+    if carried:
+        extra["quota"] = carried
     return dataclasses.replace(command, body={**command.body, **extra})
+
+
+# The quotas each op's checks read (absent: all of them); the others stay out of its entry,
+# which every replica decodes and checks (a Write is the hot path).
+_QUOTAS_READ: dict[Op, frozenset[str]] = {
+    Op.WRITE: frozenset({"stored_bytes", "dedup_entries"}),
+    Op.DELETE: frozenset({"dedup_entries"}),
+    Op.RELEASE: frozenset({"dedup_entries"}),
+    Op.FORCE_RELEASE: frozenset({"dedup_entries"}),
+}
 
 
 def keep_alive(*, resource: str, token: int, stamp_ms: int, ttl_ms: int | None = None) -> Command:
