@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.core import commands as cmds
-from coordinator.core.state_machine import Applied, FencingStateMachine
+from coordinator.core.state_machine import Applied, FencingStateMachine, Reason, Rejected
 
 ENTRIES_MAX = 24  # small, so a flood passes it many times over inside one example
 RETENTION_MS = 10_000
@@ -223,3 +223,26 @@ def test_a_retry_is_answered_until_the_log_clock_is_the_retention_past_its_entry
     run(sm, cmds.tick(stamp_ms=RETENTION_MS + 1))
     gone = run(sm, dataclasses.replace(write, stamp_ms=RETENTION_MS + 1))
     assert isinstance(gone, Applied) and gone.result["version"] == first.result["version"] + 1
+
+
+def test_every_command_with_an_op_id_is_charged_to_its_principal_with_the_quotas_it_reads():
+    quota = {"resources": 5, "leases": 5, "stored_bytes": 100, "dedup_entries": 7}
+    oid = op_id("c", 0)
+    made = {
+        "acquire": cmds.acquire(resource="r", holder="h", ttl_ms=TTL_MS, op_id=oid, stamp_ms=1),
+        "write": cmds.write(resource="r", key="k", value=b"v", token=1, op_id=oid, stamp_ms=1),
+        "delete": cmds.delete(resource="r", key="k", token=1, op_id=oid, stamp_ms=1),
+        "release": cmds.release(resource="r", token=1, op_id=oid, stamp_ms=1),
+        "force_release": cmds.force_release(resource="r", op_id=oid, stamp_ms=1),
+    }
+    read = {"acquire": set(quota), "write": {"stored_bytes", "dedup_entries"}}
+    for name, command in made.items():
+        body = cmds.charged(command, principal="p", quota=quota).body
+        assert body["principal"] == "p", name
+        assert set(body["quota"]) == read.get(name, {"dedup_entries"}), name
+        sm = machine()  # and the state machine takes every one of them (no MALFORMED)
+        outcome = run(sm, cmds.charged(command, principal="p", quota=quota))
+        assert not (isinstance(outcome, Rejected) and outcome.reason is Reason.MALFORMED), (name, outcome)
+    # A Release without an op_id keeps no dedup entry: nothing to charge.
+    plain = cmds.release(resource="r", token=1, stamp_ms=1)
+    assert cmds.charged(plain, principal="p", quota=quota) is plain
