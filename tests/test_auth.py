@@ -68,6 +68,8 @@ def test_a_good_file_loads(tmp_path):
         (principals_toml(ORDERS_ENTRY + '\nstreams_max = "8"'), "streams_max must be an integer"),
         (principals_toml(ORDERS_ENTRY + "\nleases_max = true"), "leases_max must be an integer"),
         (principals_toml(ORDERS_ENTRY + f"\nstored_bytes_max = {2**63}"), "stored_bytes_max must be"),
+        # A dedup budget of 0 would keep no op_id: every retry could apply twice.
+        (principals_toml(ORDERS_ENTRY + "\ndedup_entries_max = 0"), "dedup_entries_max must be an integer in [1,"),
         (principals_toml(ORDERS_ENTRY.replace('"orders"', '"' + "o" * 129 + '"', 1)), "longer than 128 bytes"),
         ("[[principal", "not valid TOML"),
     ],
@@ -97,11 +99,13 @@ def test_quotas_default_for_tenants_and_are_absent_for_admins_unless_set(tmp_pat
         leases_max=limits.PRINCIPAL_LEASES_MAX,
         stored_bytes_max=limits.PRINCIPAL_STORED_BYTES_MAX,
         streams_max=limits.PRINCIPAL_STREAMS_MAX,
+        dedup_entries_max=limits.PRINCIPAL_DEDUP_ENTRIES_MAX,
     )
     assert loaded["orders"].quota.replicated() == {
         "resources": limits.PRINCIPAL_RESOURCES_MAX,
         "leases": limits.PRINCIPAL_LEASES_MAX,
         "stored_bytes": limits.PRINCIPAL_STORED_BYTES_MAX,
+        "dedup_entries": limits.PRINCIPAL_DEDUP_ENTRIES_MAX,
     }
     assert loaded["ops"].quota == Quota() and loaded["ops"].quota.replicated() == {}
     assert loaded["ops2"].quota == Quota(resources_max=0, streams_max=1)

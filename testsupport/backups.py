@@ -34,7 +34,7 @@ def fullest_backup() -> bytes:
     """A backup at every limit at once: RESOURCES_MAX resources with the longest names,
     holders and owners, each leased; STATE_KEYS_MAX keys of the longest names holding
     STATE_STORED_BYTES_MAX bytes of keys and values together; DEDUP_ENTRIES_MAX dedup entries
-    with the longest op_ids and resource names; every number in its largest encoding."""
+    with the longest op_ids, resource names and principals; every number in its largest encoding."""
     epoch = clock = BIG
     ttl = limits.LEASE_TTL_MS_MAX
     keys_per = -(-limits.STATE_KEYS_MAX // limits.RESOURCES_MAX)
@@ -62,7 +62,10 @@ def fullest_backup() -> bytes:
     wire = outcome_to_wire(Applied(op=Op.ACQUIRE, result=result))
     for i in range(limits.DEDUP_ENTRIES_MAX):
         op_id = i.to_bytes(8, "big") * (limits.OP_ID_BYTES_MAX // 8)
-        dedup.append([op_id, int(Op.ACQUIRE), resources[i % len(resources)][0], wire, clock, BIG + i])
+        dedup.append([
+            op_id, int(Op.ACQUIRE), resources[i % len(resources)][0], wire, clock, BIG + i,
+            "p" * limits.PRINCIPAL_NAME_BYTES_MAX,
+        ])
     doc = [SNAPSHOT_MAGIC, SNAPSHOT_FORMAT_VERSION, epoch, clock, resources, dedup, *_STAGED]
     return msgpack.packb(doc, use_bin_type=True)
 

@@ -84,8 +84,8 @@ DISCOVERY_INTERVAL_S = 0.5
 # leader for this long, even if the others still name it: a killed or paused leader is
 # named by its followers until they elect another one (1-2 s).
 SUSPECT_S = 2.0
-# A backup (snapshot or restore, up to limits.BACKUP_BYTES_MAX, ~727 MB) in one attempt: the
-# transfer, the check of the whole backup and ~694 chunk entries through the log take a minute
+# A backup (snapshot or restore, up to limits.BACKUP_BYTES_MAX, ~740 MB) in one attempt: the
+# transfer, the check of the whole backup and ~707 chunk entries through the log take a minute
 # or two at the largest; five minutes leaves room on a slow disk yet ends a stuck transfer.
 BACKUP_TIMEOUT_S_DEFAULT = 300.0
 # Channel options. Message size: a unary snapshot or restore is the largest message. Reconnect

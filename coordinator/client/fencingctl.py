@@ -42,7 +42,7 @@ match index and whether it votes.
 Backups: ``admin snapshot`` writes a consistent backup (read through the log) to FILE, and
 ``admin restore`` replaces the state by one, fencing every restored resource above
 --epoch-floor (which must exceed every token ever issued). Both stream the backup in 1 MiB
-chunks, so any state the limits allow fits (at most limits.BACKUP_BYTES_MAX, ~727 MB); each
+chunks, so any state the limits allow fits (at most limits.BACKUP_BYTES_MAX, ~740 MB); each
 may take up to five minutes at that size.
 
 Every command except status and snapshot also takes the request as one JSON object,

@@ -16,8 +16,11 @@ key and holder are msgpack str; value and op_id are msgpack bin; numbers are int
 Quotas (DESIGN §8) ride in optional body fields, so entries and snapshots written before them
 decode and apply as they always did, and FORMAT_VERSION stays 1: an ACQUIRE may carry
 ``principal`` (str, who owns the resource afterwards) and ``quota`` (map of ``resources``,
-``leases``, ``stored_bytes`` to a maximum); a WRITE may carry ``quota`` (its
-``stored_bytes``). ``charged`` adds them; a command without them is charged to nobody.
+``leases``, ``stored_bytes``, ``dedup_entries`` to a maximum); a WRITE its ``stored_bytes``.
+Every command with an op_id (ACQUIRE, WRITE, DELETE, FORCE_RELEASE, a RELEASE that has one)
+may carry both: its dedup entry is charged to ``principal`` under ``dedup_entries``
+(core/dedup.py). ``charged`` adds them; a command without them is charged to nobody (the
+anonymous principal).
 """
 
 from __future__ import annotations
@@ -195,17 +198,27 @@ CHARGE_FIELDS = frozenset({"principal", "quota"})
 
 def charged(command: Command, *, principal: str, quota: dict[str, int]) -> Command:
     """``command`` charged to ``principal`` under ``quota`` (empty: no maximum), for the ops
-    whose effect a quota counts: an ACQUIRE or ENQUEUE (principal and quota) and a WRITE (quota; its
-    bytes count against the resource's owner). Any other command is returned unchanged."""
-    if command.op in (Op.ACQUIRE, Op.ENQUEUE):
-        extra: dict[str, Any] = {"principal": principal}
-        if quota:
-            extra["quota"] = dict(quota)
-    elif command.op is Op.WRITE and quota:
-        extra = {"quota": dict(quota)}
-    else:
+    whose effect a quota counts: an ACQUIRE or ENQUEUE (what it owns), a WRITE (its bytes count
+    against the resource's owner) and every command with an op_id (its dedup entry). Any other
+    command is returned unchanged."""
+    if command.op not in (Op.ACQUIRE, Op.ENQUEUE) and command.body.get("op_id") is None:
         return command
+    extra: dict[str, Any] = {"principal": principal}
+    read = _QUOTAS_READ.get(command.op)
+    carried = {name: value for name, value in quota.items() if read is None or name in read}
+    if carried:
+        extra["quota"] = carried
     return dataclasses.replace(command, body={**command.body, **extra})
+
+
+# The quotas each op's checks read (absent: all of them); the others stay out of its entry,
+# which every replica decodes and checks (a Write is the hot path).
+_QUOTAS_READ: dict[Op, frozenset[str]] = {
+    Op.WRITE: frozenset({"stored_bytes", "dedup_entries"}),
+    Op.DELETE: frozenset({"dedup_entries"}),
+    Op.RELEASE: frozenset({"dedup_entries"}),
+    Op.FORCE_RELEASE: frozenset({"dedup_entries"}),
+}
 
 
 def keep_alive(*, resource: str, token: int, stamp_ms: int, ttl_ms: int | None = None) -> Command:

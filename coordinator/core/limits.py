@@ -28,9 +28,12 @@ LEASE_TTL_MS_MIN = 100
 LEASE_TTL_MS_MAX = 60 * 60 * 1000
 
 # Dedup table (DESIGN I5): an op_id's first outcome is kept for this long on the
-# log clock, and at most this many entries; the oldest go first. Ten minutes covers
-# any sane client retry loop; 100k entries bound memory to tens of MB.
+# log clock. Ten minutes covers any sane client retry loop, and a caller's own retry after
+# an unknown outcome.
 DEDUP_RETENTION_MS = 10 * 60 * 1000
+# Entries of all principals together (~300 B of every member each: 100k bound it to ~30 MB,
+# and a snapshot's dedup array to ~49 MB). Past it the largest holder's oldest goes first
+# (core/dedup.py), never the entry of a principal that holds fewer.
 DEDUP_ENTRIES_MAX = 100_000
 
 # State-size bounds, so a misbehaving client cannot grow every replica without limit. A million
@@ -53,6 +56,10 @@ PRINCIPAL_LEASES_MAX = 10_000
 # dozens of tenants within a few hundred MiB (without it a tenant could grow every member
 # by RESOURCES_MAX * KEYS_PER_RESOURCE_MAX * VALUE_BYTES_MAX).
 PRINCIPAL_STORED_BYTES_MAX = 16 * 1024 * 1024
+# op_ids one principal keeps in the dedup table (its retry window: past it, its own oldest
+# entry goes first, never another principal's). A tenth of DEDUP_ENTRIES_MAX: ten tenants at
+# their budget fit the table, and a tenant at 1,000 mutations/s still keeps 10 s of retries.
+PRINCIPAL_DEDUP_ENTRIES_MAX = 10_000
 # Open KeepAliveStreams per principal: each holds a gRPC worker thread for its life, and 8
 # leaves most of the default 64 threads to other callers.
 PRINCIPAL_STREAMS_MAX = 8
@@ -103,13 +110,14 @@ SNAPSHOT_KEY_FRAMING_BYTES_MAX = 3 * 5 + 9
 # A dedup entry's stored outcome, [1, op, result]: results are flat maps of at most three short
 # names to integers or booleans (~60 B measured); the test holds every op's largest under it.
 SNAPSHOT_DEDUP_OUTCOME_BYTES_MAX = 128
-# One dedup entry: [op_id, op, resource, outcome, applied_at_ms, first_index].
+# One dedup entry: [op_id, op, resource, outcome, applied_at_ms, first_index, principal].
 SNAPSHOT_DEDUP_ENTRY_BYTES_MAX = (
     5 + (5 + OP_ID_BYTES_MAX) + 9 + (5 + RESOURCE_NAME_BYTES_MAX) + SNAPSHOT_DEDUP_OUTCOME_BYTES_MAX + 2 * 9
+    + (5 + PRINCIPAL_NAME_BYTES_MAX)
 )
 # The document around them: magic, format version, epoch, log clock, array heads, no staging.
 SNAPSHOT_FRAME_BYTES_MAX = 1024
-# The largest backup (a snapshot without a restore in progress) the limits allow, ~727 MB (a
+# The largest backup (a snapshot without a restore in progress) the limits allow, ~740 MB (a
 # million resources of the longest names, holders and owners; short ones with a 32-byte value
 # each make ~92 MB, bench scale). A restore may be no larger; a member's own snapshot may be
 # up to twice it while a restore is staged (the staged backup is part of it).
@@ -125,7 +133,7 @@ BACKUP_BYTES_MAX = (
 # Snapshots and restores travel in chunks of at most this many bytes: each SnapshotStream and
 # RestoreStream message, and each RESTORE_CHUNK entry of the log. 1 MiB keeps a gRPC message far
 # under GRPC_MESSAGE_BYTES_MAX and an entry far under the Raft batch size (never split), while
-# the largest backup is ~694 entries.
+# the largest backup is ~707 entries.
 BACKUP_CHUNK_BYTES = 1024 * 1024
 # A RESTORE_CHUNK command: the chunk plus its envelope and fields.
 RESTORE_CHUNK_COMMAND_BYTES_MAX = BACKUP_CHUNK_BYTES + 4 * 1024

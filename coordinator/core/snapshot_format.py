@@ -29,7 +29,9 @@ from coordinator.core.validation import InvalidField
 # Version of the snapshot layout written by snapshot(); 2 added the staged restore (a 7th item);
 # 3 the lock queue (a resource's 7th item, its waiters; a lease's 5th, the waiter it was granted
 # to), which a version-2 reader would refuse rather than misread. Versions 1 and 2 (no queue)
-# are still read; any other is refused.
+# are still read; any other is refused. A dedup entry names its principal (a 7th item, so that
+# its per-principal budget survives a snapshot: core/dedup.py) in every version: entries of 5 or
+# 6 items, written before, are refused (0.1.0 was never released; no such snapshot is kept).
 SNAPSHOT_FORMAT_VERSION = 3
 SNAPSHOT_FORMAT_VERSIONS_READ = (1, 2, 3)
 SNAPSHOT_MAGIC = "fencing-coordinator/state"
@@ -244,9 +246,12 @@ def _read_steps(tallies: dict[str, Any], keep_dedup: bool):
     dedup: collections.OrderedDict[bytes, DedupEntry] = collections.OrderedDict()
     seen_op_ids: set[bytes] = set()
     checked_names = set(resources)
+    principals: dict[str, str] = {}
     previous_at = 0
     for _ in range(count):
-        entry = _read_dedup((yield _ITEM, ""), seen_op_ids, checked_names, previous_at, log_clock_ms, keep_dedup)
+        entry = _read_dedup(
+            (yield _ITEM, ""), seen_op_ids, checked_names, previous_at, log_clock_ms, keep_dedup, principals
+        )
         previous_at = entry[4]
         if keep_dedup:
             dedup[entry[0]] = DedupEntry(*entry)
@@ -359,13 +364,14 @@ def _read_waiters(raw: object, name: str, log_clock_ms: int) -> dict[bytes, Wait
 
 def _read_dedup(
     item: object, seen_op_ids: set[bytes], checked_names: set[str], previous_at: int, log_clock_ms: int,
-    keep: bool,
+    keep: bool, principals: dict[str, str],
 ) -> tuple:
     """DedupEntry's arguments for one dedup item, every field checked (``seen_op_ids`` and
-    ``checked_names`` are updated). With ``keep`` False the stored outcome is not rebuilt."""
-    # 5 items: written before first-applied indexes were kept (index unknown: 0).
-    _need(isinstance(item, list) and len(item) in (5, 6), "a dedup entry must be 5 or 6 items")
-    op_id, op, resource, wire, applied_at_ms, first_index = item if len(item) == 6 else (*item, 0)
+    ``checked_names`` are updated). With ``keep`` False the stored outcome is not rebuilt.
+    ``principals`` holds the principal names checked by earlier entries (a table of 100,000
+    entries names a few dozen), each as ``shared()`` stores it."""
+    _need(isinstance(item, list) and len(item) == 7, "a dedup entry must be 7 items")
+    op_id, op, resource, wire, applied_at_ms, first_index, principal = item
     op_id = _need_field(validation.check_op_id, op_id, "a dedup op_id")
     _need(op_id not in seen_op_ids, "dedup op_ids must be unique")
     seen_op_ids.add(op_id)
@@ -388,7 +394,12 @@ def _read_dedup(
     # (Canonical as read otherwise: not converted again, as restore time is a stall too.)
     applied_at_ms = _need_int(applied_at_ms, previous_at, log_clock_ms, "dedup applied_at_ms")
     first_index = _need_int(first_index, 0, limits.RAFT_INDEX_MAX, "dedup index")
-    return op_id, outcome.op, resource, wire, applied_at_ms, first_index
+    known = principals.get(principal) if type(principal) is str else None
+    if known is None:
+        # "": the anonymous principal (a command charged to nobody).
+        known = "" if principal == "" else _need_field(validation.check_principal, principal, "dedup principal")
+        principals[principal] = known = shared(known)
+    return op_id, outcome.op, resource, wire, applied_at_ms, first_index, known
 
 
 def _read_staged(raw: object, log_clock_ms: int) -> StagedRestore | None:

@@ -386,15 +386,19 @@ class DedupEntry:
     eviction and a retry's check need; the outcome itself is read back from ``packed`` when a
     retry asks for it. Packing once when stored also keeps snapshots cheap: they run on the
     Raft tick thread, and packing up to DEDUP_ENTRIES_MAX entries each time stalled it ~100 ms.
+    Kept in a ``dedup.DedupTable``.
     """
 
-    __slots__ = ("op", "resource", "applied_at_ms", "index", "packed")
+    __slots__ = ("op", "resource", "applied_at_ms", "index", "principal", "packed")
 
     def __init__(
-        self, op_id: bytes, op: Op, resource: str, wire: list, applied_at_ms: int, index: int
+        self, op_id: bytes, op: Op, resource: str, wire: list, applied_at_ms: int, index: int, principal: str
     ) -> None:
         self.op = op
         self.resource = resource
+        # Who it is charged to ("": nobody, the anonymous principal): its budget counts it,
+        # and only that principal's retries are answered from it (core/dedup.py).
+        self.principal = principal
         # The log clock after the entry applied. Non-decreasing in apply order, which is what
         # lets eviction by age look only at the oldest entries.
         self.applied_at_ms = applied_at_ms
@@ -402,7 +406,7 @@ class DedupEntry:
         self.index = index
         # ``wire`` is outcome_to_wire(outcome): canonical, so equal states pack equal bytes.
         self.packed = msgpack.packb(
-            [op_id, int(op), resource, wire, applied_at_ms, index], use_bin_type=True
+            [op_id, int(op), resource, wire, applied_at_ms, index, principal], use_bin_type=True
         )
 
     def outcome(self) -> Applied:

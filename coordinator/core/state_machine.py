@@ -4,8 +4,9 @@ Owns: the epoch counter, every resource's high-water mark, lease and fenced key/
 the dedup table of op_ids, the log clock, and the rules that change them one log entry at a
 time (DESIGN §3 I2-I7, I11); plus writing the canonical snapshot of all of it. The state's
 shapes are in ``state``, outcomes in ``outcomes``, snapshot reading in ``snapshot_format``, the
-lease expiry index in ``expiry``, the lock queue's bookkeeping in ``lock_queue`` and the staging
-of a backup restored in chunks in ``restore_staging``; the rules that use them stay here.
+lease expiry index in ``expiry``, the lock queue's bookkeeping in ``lock_queue``, the staging
+of a backup restored in chunks in ``restore_staging`` and which dedup entry leaves when (per
+principal) in ``dedup``; the rules that use them stay here.
 Must never: read a clock, draw randomness, touch files, sockets or threads, or import grpc or
 the Raft library (time arrives inside each command); raise on bad input (refusals are ``Rejected``
 values); change anything, not even the log clock, when it refuses. The same entries in the
@@ -22,6 +23,11 @@ beyond the owner's name). A resource with no lease (released, force-released or 
 no data is forgotten: it holds nothing worth a slot, and the global epoch already fences every
 token it ever had (a re-acquire issues a token above all of them; a write carrying one finds
 hwm 0 and is UNKNOWN_TOKEN).
+
+Every command with an op_id carries its principal too (``commands.charged``; none: the anonymous
+principal), and its dedup entry counts against that principal's ``dedup_entries`` budget: a
+flood of one principal's fresh op_ids evicts its own oldest entries, never those of a principal
+holding fewer (``dedup``, issue 26).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import msgpack
 
 from coordinator.core import limits
 from coordinator.core import validation
+from coordinator.core.dedup import DedupTable
 from coordinator.core.expiry import ExpiryIndex
 from coordinator.core.lock_queue import LockQueue, lock_state
 from coordinator.core.outcomes import (
@@ -129,14 +136,15 @@ _SCHEMAS: dict[Op, tuple[frozenset[str], frozenset[str]]] = {
         frozenset({"principal", "quota"}),
     ),
     Op.KEEP_ALIVE: (frozenset({"resource", "token"}), frozenset({"ttl_ms"})),
-    Op.RELEASE: (frozenset({"resource", "token"}), frozenset({"op_id"})),
+    # principal and quota: whom an op_id's dedup entry is charged to, under which budget.
+    Op.RELEASE: (frozenset({"resource", "token"}), frozenset({"op_id", "principal", "quota"})),
     Op.WRITE: (
         frozenset({"resource", "key", "value", "token", "op_id"}),
-        frozenset({"expected_version", "quota"}),
+        frozenset({"expected_version", "principal", "quota"}),
     ),
-    Op.DELETE: (frozenset({"resource", "key", "token", "op_id"}), frozenset()),
+    Op.DELETE: (frozenset({"resource", "key", "token", "op_id"}), frozenset({"principal", "quota"})),
     Op.READ_BARRIER: (frozenset(), frozenset({"resource", "key"})),
-    Op.FORCE_RELEASE: (frozenset({"resource", "op_id"}), frozenset()),
+    Op.FORCE_RELEASE: (frozenset({"resource", "op_id"}), frozenset({"principal", "quota"})),
     Op.SET_EPOCH_FLOOR: (frozenset({"floor"}), frozenset({"fence_all"})),
     Op.TICK: (frozenset(), frozenset()),
     Op.RESTORE: (frozenset({"data", "epoch_floor"}), frozenset()),
@@ -267,7 +275,7 @@ class FencingStateMachine:
         self._expiry = ExpiryIndex()  # derived from _resources: what a TICK expires, found fast
         self._queue = LockQueue()  # derived too: how many waiters, and which a TICK drops
         self._usage = Usage()
-        self._dedup: collections.OrderedDict[bytes, DedupEntry] = collections.OrderedDict()
+        self._dedup = DedupTable(self._dedup_entries_max, self._dedup_retention_ms)
         # Keys and their bytes across all resources (derived, like usage), against the
         # cluster-wide bounds; and the backup being restored in chunks, if any.
         self._keys_total = 0
@@ -309,6 +317,10 @@ class FencingStateMachine:
     def dedup_size(self) -> int:
         """How many op_ids the dedup table holds now."""
         return len(self._dedup)
+
+    def dedup_count(self, principal: str) -> int:
+        """How many op_ids of ``principal`` ("": the anonymous one) the dedup table holds now."""
+        return self._dedup.count(principal)
 
     @property
     def stored_bytes(self) -> int:
@@ -450,12 +462,16 @@ class FencingStateMachine:
                 dedup_entry = (
                     None
                     if op_id is None
-                    else DedupEntry(op_id, op, args["resource"], outcome_to_wire(outcome), now, index)
+                    else DedupEntry(
+                        op_id, op, args["resource"], outcome_to_wire(outcome), now, index,
+                        shared(args.get("principal") or ""),
+                    )
                 )
                 self._log_clock_ms = now
+                self._dedup.evict_aged(now)
                 if dedup_entry is not None:
-                    self._dedup[op_id] = dedup_entry
-                self._evict_dedup()
+                    quota = args.get("quota")
+                    self._dedup.add(op_id, dedup_entry, None if quota is None else quota.get("dedup_entries"))
         # DESIGN §8: apply never raises. The field and snapshot checks make this unreachable.
         # Should some input still get past them, the handler may have changed state before it
         # failed, but every replica fails the same way at the same entry (apply is
@@ -468,15 +484,6 @@ class FencingStateMachine:
                 message=f"refused: applying it failed ({type(exc).__name__}: {exc})",
             )
         return outcome
-
-    def _evict_dedup(self) -> None:
-        horizon_ms = self._log_clock_ms - self._dedup_retention_ms
-        while self._dedup:
-            oldest = next(iter(self._dedup.values()))
-            if oldest.applied_at_ms <= horizon_ms or len(self._dedup) > self._dedup_entries_max:
-                self._dedup.popitem(last=False)
-            else:
-                break
 
     # -- fencing helpers --------------------------------------------------------------------
 
@@ -1015,7 +1022,7 @@ class FencingStateMachine:
         self._resources = parts.resources if isinstance(parts.resources, ResourceTable) else ResourceTable(parts.resources)
         self._queue.recount(parts.resources)
         self._usage = Usage.of(parts.resources)
-        self._dedup = parts.dedup
+        self._dedup.load(parts.dedup)
         self._staging.load(parts.staged)  # mid-restore: its chunks are read again
         self._keys_total = sum(len(res.data) for res in parts.resources.values())
         self._stored_bytes_total = sum(res.stored_bytes for res in parts.resources.values())
@@ -1061,7 +1068,7 @@ class FencingStateMachine:
         keep the bytes they had before quotas; ``waiters`` only when some are queued, in FIFO
         order, each ``[waiter_id, holder, ttl_ms, expires_at_ms, principal, quota]``),
         lease ``[holder, token, ttl_ms, expires_at_ms, waiter_id?]``, dedup
-        ``[[op_id, op, resource, outcome_wire, applied_at_ms, first_index], ...]``, staged
+        ``[[op_id, op, resource, outcome_wire, applied_at_ms, first_index, principal], ...]``, staged
         nil or ``[restore_id, size, digest, epoch_floor, touched_at_ms, [chunk, ...]]``.
         """
         return self._document(self._staging.staged, with_queue=True)

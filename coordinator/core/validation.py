@@ -117,7 +117,7 @@ def check_principal(value: object) -> str:
 
 # The quotas a command carries into the state machine: the counts that depend on replicated
 # state. The stream quota is a count of open RPCs on one member and never enters the log.
-QUOTA_NAMES = ("resources", "leases", "stored_bytes")
+QUOTA_NAMES = ("resources", "leases", "stored_bytes", "dedup_entries")
 
 
 def check_quota(value: object) -> dict[str, int]:

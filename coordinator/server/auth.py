@@ -15,7 +15,8 @@ Principals file (TOML)::
     resources_max = 10000              # quotas (optional; these are the defaults of a
     leases_max = 10000                 #   non-admin principal, coordinator/core/limits.py):
     stored_bytes_max = 16777216        #   live resources, live leases, keys + values bytes,
-    streams_max = 8                    #   open KeepAliveStreams on one member
+    streams_max = 8                    #   open KeepAliveStreams on one member,
+    dedup_entries_max = 10000          #   op_ids whose first outcome is kept (>= 1)
 
 Without a principals file the data plane is open and Admin is guarded by ``admin_token``
 alone (the behaviour of a dev cluster). With one, every fencing RPC needs
@@ -30,7 +31,9 @@ principal (and ``admin_token``) has none unless its entry sets them, so an opera
 locked out of a cluster its tenants filled; without a principals file there is no principal to
 charge and only the cluster-wide limits hold. The resources, leases and stored-bytes quotas
 travel inside each ACQUIRE and WRITE and are checked by the state machine (deterministic on
-every replica); the streams quota is a count of open RPCs on one member, checked by the service.
+every replica); ``dedup_entries_max`` travels inside every command with an op_id and bounds the
+principal's own entries in the dedup table (past it, its own oldest goes: core/dedup.py); the
+streams quota is a count of open RPCs on one member, checked by the service.
 """
 
 from __future__ import annotations
@@ -52,7 +55,11 @@ QUOTA_DEFAULTS: dict[str, int] = {
     "leases_max": limits.PRINCIPAL_LEASES_MAX,
     "stored_bytes_max": limits.PRINCIPAL_STORED_BYTES_MAX,
     "streams_max": limits.PRINCIPAL_STREAMS_MAX,
+    "dedup_entries_max": limits.PRINCIPAL_DEDUP_ENTRIES_MAX,
 }
+# Quotas that must be at least this (others may be 0): a dedup budget of 0 would keep no op_id,
+# so every retry could apply again.
+_QUOTA_LEAST = {"dedup_entries_max": 1}
 
 
 class PrincipalsError(ValueError):
@@ -67,6 +74,7 @@ class Quota:
     leases_max: int | None = None
     stored_bytes_max: int | None = None
     streams_max: int | None = None
+    dedup_entries_max: int | None = None
 
     def replicated(self) -> dict[str, int]:
         """The quotas the state machine checks, as a command carries them (``commands.charged``)."""
@@ -74,6 +82,7 @@ class Quota:
             "resources": self.resources_max,
             "leases": self.leases_max,
             "stored_bytes": self.stored_bytes_max,
+            "dedup_entries": self.dedup_entries_max,
         }
         return {name: value for name, value in values.items() if value is not None}
 
@@ -149,10 +158,11 @@ def _principal(path: str, n: int, entry: Any, names: set, digests: set) -> tuple
     quota: dict[str, int | None] = {}
     for field, default in QUOTA_DEFAULTS.items():
         value = entry.get(field, None if admin else default)
+        least = _QUOTA_LEAST.get(field, 0)
         if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limits.QUOTA_VALUE_MAX
+            not isinstance(value, int) or isinstance(value, bool) or not least <= value <= limits.QUOTA_VALUE_MAX
         ):
-            raise PrincipalsError(f"{where}: {field} must be an integer in [0, {limits.QUOTA_VALUE_MAX}]")
+            raise PrincipalsError(f"{where}: {field} must be an integer in [{least}, {limits.QUOTA_VALUE_MAX}]")
         quota[field] = value
     names.add(name)
     digests.add(digest)
