@@ -116,6 +116,11 @@ class HardenedSyncObj(ReadIndex, MemberChanges, MemberGate, SyncObj):
         # transmissions (frames that call anything are dropped by the frame reader before we
         # see them).
         self.refused_peer_messages = 0
+        # Kept here, not on the transport, so status reads the same fields whatever transport
+        # runs (tests give their own): reason -> handshakes and bound messages refused, and
+        # established connections a newly bound one took the place of.
+        self.refused_bindings: dict[str, int] = {}
+        self.peer_connections_replaced = 0
         # The peer secrets, in place of pysyncobj's one Fernet (password=, syncobj.py:123-128):
         # the ``encryptor`` every connection is given (below), replaceable on SIGHUP.
         self.peer_keys = PeerKeys(config.secrets) if config.secrets else None

@@ -349,8 +349,6 @@ class BoundTCPTransport(TCPTransport):
         self.own_ip: str | None = None  # this member's address as last bound; outgoing sockets leave from it
         self._bind_failing = False
         self.peer_log = PeerLog(len(otherNodes), self._role)
-        self.refused_bindings: dict[str, int] = {}  # reason -> handshakes and bound messages refused
-        self.peer_connections_replaced = 0  # established connections a newly bound one took the place of
         super().__init__(syncObj, selfNode, otherNodes)
 
     def _count_refused(self) -> None:
@@ -579,7 +577,7 @@ class BoundTCPTransport(TCPTransport):
             # a power loss its old connection never reported). pysyncobj would leave the replaced
             # connection open, still delivering; closing it after the swap (_connToNode no
             # longer finds it) tells no one that the member disconnected.
-            self.peer_connections_replaced += 1
+            self._syncObj.peer_connections_replaced += 1
             established.disconnect()
 
     # -- the binding handshake, with the secret (peer_binding.py; RAFT.md "Peer authentication") --
@@ -593,7 +591,7 @@ class BoundTCPTransport(TCPTransport):
         outgoing = conn.handshake is not None and conn.handshake.dialler.address == self._selfNode.address
         peer_warnings.warning("raft: refused %s connection (%s): %s",
                               "an outgoing" if outgoing else "an incoming", reason, why)
-        counts = self.refused_bindings
+        counts = self._syncObj.refused_bindings
         counts[reason] = counts.get(reason, 0) + 1
         self._count_refused()
         self._unknownConnections.discard(conn)
