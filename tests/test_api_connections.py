@@ -336,7 +336,7 @@ def test_a_member_whose_descriptor_limit_cannot_hold_the_cap_refuses_to_start_in
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 1, (out, err)
+    assert proc.returncode == 2, (out, err)  # like a configuration error: a restart meets the same limit
     [line] = [l for l in err.splitlines() if l.startswith("fencingd: cannot start:")]
     assert "api_connections_max 1000" in line and "descriptor limit 256" in line
     reserve = api_conns.fd_reserve(config_mod.ServerConfig())
@@ -354,3 +354,13 @@ def test_a_member_raises_its_soft_descriptor_limit_to_the_hard_one_and_starts(tm
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_the_firewall_example_is_valid_nftables():
+    """deploy/nftables/fencing-api.nft, checked by nft itself (-c: nothing is loaded)."""
+    path = os.path.join(REPO_ROOT, "deploy", "nftables", "fencing-api.nft")
+    check = subprocess.run(["nft", "-c", "-f", path], capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0, check.stderr
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    assert "tcp dport 7100" in text and f"ct count over {config_mod.ServerConfig().api_connections_per_peer_max}" in text
