@@ -204,7 +204,7 @@ class ServerConfig:
         default=10.0,
         metadata=_doc(
             "seconds a new API connection has to finish its TLS handshake and send the HTTP/2"
-            " preface and settings; one that has not is closed"
+            " preface and settings; one that has not is closed (at api_connection_idle_s instead, if shorter)"
         ),
     )
     api_connection_idle_s: float = dataclasses.field(
@@ -213,7 +213,8 @@ class ServerConfig:
         default=300.0,
         metadata=_doc(
             "seconds an API connection may carry no call before the server closes it (HTTP/2"
-            " GOAWAY); clients reconnect on their next call"
+            " GOAWAY; gRPC looks once per period, so within one to two periods of its last call);"
+            " clients reconnect on their next call"
         ),
     )
     # -- streams (issues 14, 26: idle streams took every worker thread) --------------------
