@@ -21,7 +21,7 @@ import time
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.server import api_conns
@@ -251,8 +251,6 @@ def test_a_client_whose_idle_connection_was_closed_reconnects_on_its_next_call(c
 
 
 def health_stub(channel):
-    from grpc_health.v1 import health_pb2_grpc
-
     return health_pb2_grpc.HealthStub(channel)
 
 
