@@ -183,7 +183,7 @@ class MariaDB(_Sql):
         # takes microseconds. (PROCESSLIST has no connection names, and information_schema's
         # innodb_trx is a cache that a poll every 50 ms never sees refreshed.)
         rows = self.query(admin, "SELECT COUNT(*) FROM information_schema.processlist WHERE db = %s "
-                                 "AND command = 'Query' AND info LIKE %s", (self.database, "%fencing_hwm%"))
+                                 "AND id <> CONNECTION_ID() AND command = 'Query' AND info LIKE %s", (self.database, "%fencing_hwm%"))
         return rows[0][0] > 0
 
 
