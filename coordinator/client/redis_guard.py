@@ -48,6 +48,7 @@ from typing import Any
 from coordinator.client.exceptions import StaleToken
 from coordinator.client.guard_rule import check_resource, check_verifier, token_of
 from coordinator.client.proof import ProofVerifier
+from coordinator.core.limits import TOKEN_MAX
 
 try:
     import redis
@@ -62,8 +63,8 @@ __all__ = ["Mutation", "RedisGuard", "StaleToken"]
 # meanwhile, and below Lua's stack limit on unpacked arguments (about 8000).
 REDIS_MUTATIONS_PER_CALL_MAX = 64
 REDIS_ARGS_PER_MUTATION_MAX = 1024
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # INCRBY's range, Redis's signed 64-bit integers
-_TOKEN_DIGITS = 20  # len(str(2**64 - 1)): the hwm is stored zero-padded, see the script
+_int64_range = range(-(2**63), 2**63)  # INCRBY's amounts: Redis's signed 64-bit integers
+_token_digits = len(str(TOKEN_MAX))  # 20: the hwm is stored zero-padded, see the script
 HWM_KEY_SUFFIX = ":fencing:hwm"
 
 # KEYS[1]: the hwm key; KEYS[1+i]: mutation i's key. ARGV[1]: the token as 20 digits;
@@ -176,7 +177,7 @@ class Mutation:
 
     @classmethod
     def incrby(cls, key: str | bytes, amount: int) -> Mutation:
-        if type(amount) is not int or not INT64_MIN <= amount <= INT64_MAX:
+        if type(amount) is not int or amount not in _int64_range:
             raise ValueError(f"incrby amount must be an int in -2**63..2**63-1, not {amount!r}")
         return cls("INCRBY", key, (str(amount),))
 
@@ -243,7 +244,7 @@ class RedisGuard:
         hwm_key = self.hwm_key(resource)
         token = token_of(self._verifier, resource, proof)
         keys, argv = self._arguments(resource, hwm_key, mutations)
-        reply = self._script(keys=[hwm_key, *keys], args=[f"{token:0{_TOKEN_DIGITS}d}", len(mutations), *argv])
+        reply = self._script(keys=[hwm_key, *keys], args=[f"{token:0{_token_digits}d}", len(mutations), *argv])
         if int(reply[0]) == 0:
             raise StaleToken.at_guard(resource, token, self._decode(reply[1], resource))
         return list(reply[1])
@@ -310,6 +311,6 @@ class RedisGuard:
     @staticmethod
     def _decode(value: Any, resource: str) -> int:
         text = _text(value)
-        if not (len(text) == _TOKEN_DIGITS and text.isascii() and text.isdigit() and int(text) > 0):
-            raise ValueError(f"hwm of {resource!r} is {text!r}, not {_TOKEN_DIGITS} digits: key damaged?")
+        if not (len(text) == _token_digits and text.isascii() and text.isdigit() and int(text) > 0):
+            raise ValueError(f"hwm of {resource!r} is {text!r}, not {_token_digits} digits: key damaged?")
         return int(text)
