@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -99,7 +100,7 @@ class RedisServer(_Server):
 
     def _command(self) -> list[str]:
         return [self.binary, "--port", "0", "--unixsocket", self.socket_path, "--unixsocketperm", "700",
-                "--dir", self.base, "--save", "", "--appendonly", "no", "--databases", "1024"]
+                "--dir", self.base, "--save", "", "--appendonly", "no", "--databases", "1024"]  # 1 test: 1 db
 
     def _ready(self) -> bool:
         if not os.path.exists(self.socket_path):
@@ -123,6 +124,36 @@ class RedisServer(_Server):
         import redis
 
         return redis.Redis(unix_socket_path=self.socket_path, db=db, socket_timeout=30, **kwargs)
+
+
+class RedisClusterNode(RedisServer):
+    """A one-node Redis Cluster (all 16384 slots on this node), for the guard's cluster test.
+    A cluster client finds nodes by address, so this one listens on a free port of 127.0.0.1."""
+
+    name = "redis-cluster"
+
+    def __init__(self) -> None:
+        super().__init__()
+        with socket.socket() as probe:  # a free port now; another process could take it before the
+            probe.bind(("127.0.0.1", 0))  # server binds, and then its start fails and says so
+            self.port = probe.getsockname()[1]
+
+    def _command(self) -> list[str]:
+        command = super()._command()
+        command[command.index("--port") + 1] = str(self.port)
+        return command + ["--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                          "--cluster-config-file", os.path.join(self.base, "nodes.conf"), "--databases", "1"]
+
+    def start(self) -> None:
+        super().start()
+        client = self.client()
+        client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while client.cluster("info")["cluster_state"] != "ok":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the one-node cluster not ok within {START_TIMEOUT_S} s:\n{self.log_tail()}")
+            time.sleep(POLL_INTERVAL_S)
+        client.close()
 
 
 class MariaDBServer(_Server):

@@ -145,6 +145,10 @@ local results = {}
 for i, m in ipairs(mutations) do
   if m[1] == 'XADD' then
     results[i] = redis.call('XADD', m[2], '*', unpack(m[3]))
+  elseif m[1] == 'INCRBY' then
+    -- As text: an integer reply passes through a Lua double, inexact beyond 2**53.
+    redis.call('INCRBY', m[2], m[3][1])
+    results[i] = redis.call('GET', m[2])
   else
     results[i] = redis.call(m[1], m[2], unpack(m[3]))
   end
@@ -247,7 +251,7 @@ class RedisGuard:
         reply = self._script(keys=[hwm_key, *keys], args=[f"{token:0{_token_digits}d}", len(mutations), *argv])
         if int(reply[0]) == 0:
             raise StaleToken.at_guard(resource, token, self._decode(reply[1], resource))
-        return list(reply[1])
+        return [int(_text(r)) if m.name == "INCRBY" else r for m, r in zip(mutations, reply[1], strict=True)]
 
     def set(self, resource: str, proof: bytes | str | int, key: str | bytes, value: Any) -> Any:
         return self.apply(resource, proof, Mutation.set(key, value))[0]
