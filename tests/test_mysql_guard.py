@@ -66,12 +66,47 @@ def _second_writer_behind_the_first(store, token_a, token_b, body_b=None):
 
 
 def test_two_first_writers_race_to_create_the_mark_and_the_lower_is_refused(store):
-    """Both find no mark; the second's insert waits for the first, which commits 6: the second is
-    judged against 6 (StaleToken), neither deadlocks (REPEATABLE READ's gap locks would, had the
-    guard locked the missing row by SELECT ... FOR UPDATE) nor fails on the duplicate key."""
+    """Neither finds a committed mark; the second's insert waits for the first, which commits 6:
+    the second is judged against 6 (StaleToken), and fails neither on the duplicate key nor by a
+    deadlock."""
     outcome, log, hwm = _second_writer_behind_the_first(store, 6, 5)
     assert isinstance(outcome["b"], StaleToken) and outcome["b"].hwm == 6, outcome
     assert (log, hwm) == (["6"], 6)
+
+
+def test_why_the_guard_inserts_before_it_locks_under_repeatable_read(store):
+    """The other order, SELECT ... FOR UPDATE on the missing row and then the insert, deadlocks
+    two first writers under REPEATABLE READ (both hold the gap lock, each insert waits on the
+    other's): MariaDB kills one (1213). Under READ COMMITTED there is no gap lock. The guard's
+    insert-or-lock comes first, so no writer holds a gap lock the other's insert needs."""
+    a, b = store.connect(), store.connect()
+    store.setup(a, VERIFIER)
+    for c in (a, b):
+        c.begin()
+        with c.cursor() as cur:
+            cur.execute("SELECT hwm FROM fencing_hwm WHERE resource = %s FOR UPDATE", (R.encode(),))
+    errors = []
+
+    def insert(c, token):
+        try:
+            with c.cursor() as cur:
+                cur.execute("INSERT INTO fencing_hwm VALUES (%s, %s)", (R.encode(), token))
+            c.rollback()
+        except pymysql.err.MySQLError as exc:
+            errors.append(exc.args[0])
+            c.rollback()
+
+    threads = [threading.Thread(target=insert, args=(c, t)) for c, t in ((a, 5), (b, 6))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(CUE_TIMEOUT_S)
+    if store.isolation == "REPEATABLE READ":
+        assert 1213 in errors, errors  # ER_LOCK_DEADLOCK
+    else:
+        assert 1213 not in errors, errors
+    a.close()
+    b.close()
 
 
 def test_a_waiting_holder_reads_what_the_previous_holder_committed(store):
