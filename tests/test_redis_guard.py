@@ -156,6 +156,11 @@ def test_a_key_of_the_wrong_type_is_refused_before_any_write(client, guard, held
     assert (client.exists(k("first")), guard.hwm(R)) == (0, None)
 
 
+def test_wait_for_replicas_counts_the_replicas_that_have_the_writes(client, guard):
+    guard.set(R, SIGNER.sign(R, 1), k("state"), "x")
+    assert guard.wait_for_replicas(0, 100) == 0  # a server without replicas: none, at once
+
+
 def test_a_damaged_hwm_key_stops_the_guard(client, guard):
     client.set(RedisGuard.hwm_key(R), "12")  # not 20 digits: something else wrote it
     with pytest.raises(redis.ResponseError, match="damaged"):

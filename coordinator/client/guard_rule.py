@@ -7,7 +7,10 @@ epoch; token > hwm is accepted and raises hwm to it), and the shape of one fence
 transaction: refuse a connection with a transaction already open, begin, read the hwm and
 hold it until the end, apply the rule, run the caller's body, commit both as one or roll
 both back. ``Guard`` is that shape; a storage adapter (``guard.SqliteGuard``,
-``pg_guard.PostgresGuard``) fills in how its database begins, locks, reads and writes.
+``pg_guard.PostgresGuard``, ``mysql_guard.MySQLGuard``) fills in how its database begins,
+locks, reads and writes. A store with no transactions to hold a lock in (Redis:
+``redis_guard.RedisGuard``) applies the same rule in one server-side step instead, and shares
+the argument checks here (``check_resource``, ``token_of``).
 Must never: hold a database's SQL or driver (the adapters do), run the body after a refusal,
 or let the hwm and the body's mutation commit separately.
 """
