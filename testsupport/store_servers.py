@@ -185,7 +185,9 @@ class MariaDBServer(_Server):
         return [self.binary, "--no-defaults", f"--datadir={self.data_dir}", f"--socket={self.socket_path}",
                 "--skip-networking", "--user=root", f"--pid-file={os.path.join(self.base, 'mysqld.pid')}",
                 f"--log-error={self.log_path}", "--innodb-buffer-pool-size=16M", "--innodb-log-file-size=8M",
-                "--max-connections=60", "--skip-log-bin", "--innodb-lock-wait-timeout=30"]
+                "--max-connections=60", "--skip-log-bin", "--innodb-lock-wait-timeout=30",
+                # Throwaway data: stop without flushing the buffer pool (the directory goes next).
+                "--innodb-fast-shutdown=2"]
 
     def _ready(self) -> bool:
         if not os.path.exists(self.socket_path):
