@@ -194,6 +194,26 @@ def _verifier(pem):
     return ProofVerifier([serialization.load_pem_public_key(pem)])
 
 
+class _Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("error", [_Boom, KeyboardInterrupt])
+def test_a_body_that_raises_commits_nothing(store, conn, guard, error):
+    """SQL: the body raises after its first statement. Redis has no body: the caller's code
+    raising before the call sends nothing, which is the same promise."""
+    _write(store, guard, 5)
+
+    def boom():
+        raise error()
+
+    with pytest.raises(error):
+        store.write(guard, RESOURCE, SIGNER.sign(RESOURCE, 6), "6", between=boom)
+    assert guard.hwm(RESOURCE) == 5
+    assert _log(store, conn) == ["5"]
+    assert not store.in_transaction(conn)
+
+
 def _dies_in_the_middle(store, pem, proof, inside, results):
     """A fenced write of 6 that stops after its first part and is killed there."""
     try:
@@ -259,18 +279,22 @@ def _report(results):
 
 def _old_holder(store, pem, proof, checked, go, results, broken):
     """Token 5, writing again in its epoch, held between its check and its write until ``go``.
-    ``broken``: the guard's rule without its locking step (a plain read of the mark, then the
-    write), which is what every guard exists to prevent."""
+    ``broken``: "check-then-write", the guard's rule without its locking step (a plain read of
+    the mark, then the write), which is what every guard exists to prevent; "unlocked", the SQL
+    guard itself with its row lock taken out."""
     try:
         conn = store.connect("holder5")
-        guard = store.guard(conn, _verifier(pem))
-        if broken:
+        if broken == "unlocked":
+            guard = stores.unlocked_guard(store, conn, _verifier(pem))
+        else:
+            guard = store.guard(conn, _verifier(pem))
+        if broken == "check-then-write":
             hwm = guard.hwm(RESOURCE)
             assert hwm is not None and 5 >= hwm
             checked.set()
             assert go.wait(CUE_TIMEOUT_S), "never told to go on"
             store.unfenced_write(conn, RESOURCE, "5")
-        elif store.scripted:
+        elif store.scripted and broken is None:
             checked.set()  # the test holds the server's writes back: the script waits there
             store.write(guard, RESOURCE, proof, "5")
         else:
@@ -306,7 +330,7 @@ def _race(store, conn, guard, broken):
     old = ctx.Process(target=_old_holder, args=(store, PUBLIC_PEM, SIGNER.sign(RESOURCE, 5), checked, go, results, broken))
     new = ctx.Process(target=_new_holder, args=(store, PUBLIC_PEM, SIGNER.sign(RESOURCE, 6), attempting, done, results))
     admin = store.connect()
-    paused = store.scripted and not broken
+    paused = store.scripted and broken is None
     if paused:
         admin.client_pause(CUE_TIMEOUT_S * 1000, all=False)
     try:
@@ -343,12 +367,16 @@ def _race(store, conn, guard, broken):
                 if p.is_alive():
                     p.kill()
     assert reports == {5: "committed", 6: "committed"}, reports
-    return [int(v) for v in _log(store, conn)], new_finished_during_the_pause
+    # The order of each write's second part, made after the pause: the order the writes were
+    # made in. (Its first part, made before the pause, says when each holder began.)
+    assert sorted(store.log(conn, RESOURCE)) == sorted(store.parts(conn, RESOURCE))
+    return [int(v) for v in store.parts(conn, RESOURCE)], new_finished_during_the_pause
 
 
 def test_two_holders_across_a_pause_land_in_token_order(store, conn, guard):
-    tokens, new_finished_during_the_pause = _race(store, conn, guard, broken=False)
+    tokens, new_finished_during_the_pause = _race(store, conn, guard, broken=None)
     assert tokens == [5, 5, 6]
+    assert _log(store, conn) == ["5", "5", "6"]  # and both parts of each write in that order
     assert not new_finished_during_the_pause, "holder 6 committed while holder 5 sat between check and write"
     assert guard.hwm(RESOURCE) == 6
 
@@ -356,9 +384,21 @@ def test_two_holders_across_a_pause_land_in_token_order(store, conn, guard):
 def test_without_the_locking_step_the_old_holder_lands_after_the_new_one(store, conn, guard):
     """The broken variant: the same race, the mark read without the lock (or outside the
     script). Holder 6 is not held up, and holder 5's write lands after it: what the guards stop."""
-    tokens, new_finished_during_the_pause = _race(store, conn, guard, broken=True)
+    tokens, new_finished_during_the_pause = _race(store, conn, guard, broken="check-then-write")
     assert new_finished_during_the_pause
     assert tokens == [5, 6, 5]
+
+
+@pytest.mark.parametrize("kind", ["postgres", "mariadb-read-committed", "mariadb-repeatable-read"])
+def test_the_sql_guard_without_its_row_lock_lets_the_old_holder_land_last(kind, tmp_path, request):
+    """The guard's own code, only its row lock taken out: the same race goes wrong. So the
+    [5, 5, 6] above is the lock's doing, not the test's timing."""
+    store = _store(kind, tmp_path, request)
+    conn = store.connect()
+    tokens, new_finished_during_the_pause = _race(store, conn, store.setup(conn, VERIFIER), broken="unlocked")
+    assert new_finished_during_the_pause
+    assert tokens == [5, 6, 5]
+    conn.close()
 
 
 # -- several processes writing at once, against a model --------------------------------------

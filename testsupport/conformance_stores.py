@@ -265,3 +265,20 @@ def failing_error(store: Any) -> type[BaseException]:
     import pymysql
 
     return pymysql.err.IntegrityError
+
+
+def unlocked_guard(store: Any, conn, verifier):
+    """The store's real guard with its locking step taken out (PostgreSQL: the mark read without
+    FOR UPDATE; MariaDB: neither the insert-or-lock nor FOR UPDATE): the broken variant the race
+    test shows going wrong. SQLite's lock is its BEGIN IMMEDIATE transaction, Redis's the script."""
+    from coordinator.client.guard_rule import Guard
+
+    guard = store.guard(conn, verifier)
+    if store.kind == "postgres":
+        guard._lock_hwm = lambda resource: guard._one_hwm(guard._sql["read"], resource)
+    elif store.kind == "mariadb":
+        guard._admit = lambda resource, token: Guard._admit(guard, resource, token)
+        guard._lock_hwm = lambda resource: guard._one_hwm("read", resource)
+    else:
+        raise ValueError(f"{store.kind} has no row lock to take out")
+    return guard
