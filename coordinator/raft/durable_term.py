@@ -29,7 +29,7 @@ class DurableTerm:
         except BaseException as exc:  # noqa: BLE001 - whatever it is, the term is not saved
             where = getattr(journal, "meta_path", "the journal's meta file")
             self._on_fatal(
-                f"cannot save term {term} (vote {votedForNodeId}) to {where}, stopping before acting in it: {exc!r}",
+                f"cannot save term {term} (vote {votedForNodeId}) to {where}, stopping before acting in it: {_describe(exc)}",
                 exit_code_for(exc),
             )
             raise
@@ -45,5 +45,11 @@ class DurableTerm:
         try:
             return tick(time_to_wait)
         except BaseException as exc:  # noqa: BLE001 - pysyncobj would log it and tick on
-            self._on_fatal(f"the Raft thread failed: {exc!r}", exit_code_for(exc))
+            self._on_fatal(f"the Raft thread failed: {_describe(exc)}", exit_code_for(exc))
             raise
+
+
+def _describe(exc: BaseException) -> str:
+    # str() of an OSError names its file and errno ("[Errno 28] No space left on device:
+    # '/data/raft.meta.tmp'"); repr() would drop the file.
+    return f"{type(exc).__name__}: {exc}"
