@@ -44,6 +44,10 @@ class DurableTerm:
             return tick(time_to_wait)
         try:
             return tick(time_to_wait)
+        except ReferenceError:
+            # The node itself is gone (pysyncobj's tick thread holds a weak proxy to it):
+            # its _autoTickThread ends quietly on this, as it should.
+            raise
         except BaseException as exc:  # noqa: BLE001 - pysyncobj would log it and tick on
             self._on_fatal(f"the Raft thread failed: {_describe(exc)}", exit_code_for(exc))
             raise
