@@ -38,7 +38,7 @@ import msgpack
 
 from chaos.faults import Fault, PowerLoss, _pick
 from chaos.harness import ChaosCluster
-from coordinator.raft.journal import JOURNAL_NAME, META_NAME, SYNCED_SIDECAR_SUFFIX
+from coordinator.raft.journal import JOURNAL_NAME, META_NAME, SYNCED_SIDECAR_SUFFIX, JournalCorrupt, read_meta
 from coordinator.raft import snapshot_file
 from coordinator.raft.snapshot_file import DUMP_NAME
 from testsupport.supervisor import wait_until
@@ -111,17 +111,12 @@ class ClockStep(Fault):
 
 
 def read_meta_term(data_dir: str) -> tuple[int, object] | None:
-    """(term, vote) of the durable meta file, read from outside; None if absent."""
+    """(term, vote) of the durable meta file, read from outside; None if absent. The journal's
+    own reader (``journal.read_meta``), so the fault and the member agree on the format."""
     try:
-        with open(os.path.join(data_dir, META_NAME), "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        return None
-    body = raw[:-4]
-    if len(raw) < 4 or zlib.crc32(body) != struct.unpack("<I", raw[-4:])[0]:
-        raise RuntimeError(f"{META_NAME} of {data_dir} is damaged before the fault touched it")
-    _version, term, vote = msgpack.unpackb(body, raw=False)
-    return term, vote
+        return read_meta(os.path.join(data_dir, META_NAME))
+    except JournalCorrupt as exc:
+        raise RuntimeError(f"{META_NAME} of {data_dir} is damaged before the fault touched it: {exc}") from exc
 
 
 def tear_journal_tail(data_dir: str, rng: random.Random) -> dict:

@@ -49,3 +49,38 @@ def postgres_server():
         yield server
     finally:
         server.stop()
+
+
+def _store_server(kind: str, driver: str):
+    """A throwaway Redis or MariaDB server (testsupport.store_servers), or the test fails saying
+    what to install: a missing binary or driver is never a skip."""
+    from testsupport import store_servers
+
+    if importlib.util.find_spec(driver) is None:
+        pytest.fail(f"{driver} is not installed: pip install -e '.[server,test]' (the test extra includes it)")
+    try:
+        return store_servers.RedisServer() if kind == "redis" else store_servers.MariaDBServer()
+    except store_servers.ServerMissing as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A throwaway redis-server on a unix socket, started once for the guard tests."""
+    server = _store_server("redis", "redis")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def mariadb_server():
+    """A throwaway MariaDB server (mariadbd) on a unix socket, started once for the guard tests."""
+    server = _store_server("mariadb", "pymysql")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

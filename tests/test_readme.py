@@ -337,12 +337,36 @@ def _with_endpoints(block: str, endpoints: list[str]) -> str:
     return block
 
 
+def _store_env(block: str, request) -> dict[str, str]:
+    """A guard block's store, fresh, named the way the block reads it (a server the tests start)."""
+    if "psycopg.connect" in block:
+        server = request.getfixturevalue("postgres_server")
+        dbname = server.new_database().split("dbname=")[1].split()[0]
+        return {"PGHOST": server.socket_dir, "PGUSER": "postgres", "PGDATABASE": dbname}
+    if "pymysql.connect" in block:
+        server = request.getfixturevalue("mariadb_server")
+        return {"MYSQL_UNIX_PORT": server.socket_path, "MYSQL_DATABASE": server.new_database()}
+    if "redis.Redis" in block:
+        server = request.getfixturevalue("redis_server")
+        return {"REDIS_URL": f"unix://{server.socket_path}?db={server.new_database()}"}
+    return {}
+
+
 @pytest.mark.parametrize("index", range(len(runnable("python"))))
-def test_a_readme_python_block_runs_as_written(index, shared_dev):
+def test_a_readme_python_block_runs_as_written(index, shared_dev, request):
     block = runnable("python")[index]
     script = _with_endpoints(block, shared_dev.endpoints.split(","))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S,
-                          cwd=shared_dev.directory, env=user_env())
+                          cwd=shared_dev.directory, env=user_env(**_store_env(block, request)))
     assert proc.returncode == 0, f"README Python block {index} failed:\n{block}\n{proc.stdout}{proc.stderr}"
     if "except StaleToken" in block:
         assert "is stale" in proc.stdout, f"README Python block {index} printed no refusal:\n{proc.stdout}"
+
+
+def test_every_guard_has_a_readme_block_and_a_row_in_the_protection_table():
+    python = runnable("python")
+    text = readme()
+    table = text.split("### What each guard protects", 1)[1].split("\n## ", 1)[0]
+    for guard in ("SqliteGuard", "PostgresGuard", "MySQLGuard", "RedisGuard"):
+        assert any(f"{guard}(" in block for block in python), f"no runnable README block uses {guard}"
+        assert f"| `{guard}` |" in table, f"{guard} has no row in the README's protection table"

@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from coordinator.client import lockcmd
+from coordinator.client import lockcmd, redis_guard
 from coordinator.core import limits as core_limits
 from coordinator.raft import limits as raft_limits
 from coordinator.server import auth, config as config_mod, log_limits
@@ -42,7 +42,7 @@ NOT_LIMITS = {
 SECURITY_SWITCHES = ("reflection", "insecure_api", "insecure_peer_transport")
 # Client modules whose every numeric constant is a limit on the client's own inputs (a
 # command's arguments), not pacing: the rest of the client's constants are retry timing.
-CLIENT_LIMIT_MODULES = (lockcmd,)
+CLIENT_LIMIT_MODULES = (lockcmd, redis_guard)
 SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
@@ -160,3 +160,40 @@ def test_every_numeric_setting_is_a_limit_or_said_not_to_be():
 ])
 def test_the_default_check_can_tell_a_wrong_value(cell, name, value, ok):
     assert (default_written(cell, name) in renderings(value)) is ok
+
+
+# A claim backed by a test names it: a file (``tests/test_x.py``) and, where one test backs it,
+# the test (``tests/test_x.py::test_y``, ``::test_y`` after a file, or `` `test_y` ``).
+TEST_FILE = re.compile(r"tests/(test_[a-z0-9_]+\.py)")
+TEST_NAME = re.compile(r"(?:::|`)(test_[A-Za-z0-9_]+)")
+
+
+def named_tests(text: str) -> tuple[set[str], set[str]]:
+    return set(TEST_FILE.findall(text)), set(TEST_NAME.findall(text))
+
+
+def defined_tests() -> tuple[set[str], set[str]]:
+    files, names = set(), set()
+    tests_dir = os.path.join(ROOT, "tests")
+    for entry in os.listdir(tests_dir):
+        if entry.endswith(".py"):
+            files.add(entry)
+            with open(os.path.join(tests_dir, entry), encoding="utf-8") as f:
+                names.update(re.findall(r"^\s*(?:async )?def (test_[A-Za-z0-9_]+)", f.read(), re.M))
+    return files, names
+
+
+def test_every_test_security_md_names_exists():
+    with open(os.path.join(ROOT, "SECURITY.md"), encoding="utf-8") as f:
+        files, names = named_tests(f.read())
+    have_files, have_names = defined_tests()
+    assert files, "SECURITY.md names no test"
+    assert not files - have_files, f"SECURITY.md names test files that do not exist: {sorted(files - have_files)}"
+    assert not names - have_names, f"SECURITY.md names tests that do not exist: {sorted(names - have_names)}"
+
+
+def test_the_name_check_sees_a_missing_test():
+    files, names = named_tests("(tests/test_nothing_here.py::test_never_written, `test_nor_this`)")
+    have_files, have_names = defined_tests()
+    assert files == {"test_nothing_here.py"} and not files <= have_files
+    assert names == {"test_never_written", "test_nor_this"} and not names & have_names

@@ -95,6 +95,8 @@ def test_console_scripts_point_at_the_server_and_client_packages(wheel):
 SERVER_ONLY = {"pysyncobj", "prometheus-client", "grpcio-health-checking", "grpcio-reflection"}
 SERVER_MODULES = ("pysyncobj", "prometheus_client", "grpc_health", "grpc_reflection")
 INSTALL_SERVER = "pip install 'fencing-coordinator[server]'"
+# The guards' optional extras -> the one distribution each adds (pure Python both).
+GUARD_EXTRAS = {"redis": "redis", "mysql": "pymysql"}
 # The child must see the venv only: not this checkout (conftest puts it on PYTHONPATH).
 _CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")} | {"PYTHONNOUSERSITE": "1"}
 
@@ -160,25 +162,34 @@ def test_the_client_needs_none_of_the_servers_dependencies(wheel):
     assert not client & SERVER_ONLY, sorted(client & SERVER_ONLY)
     assert {"grpcio", "msgpack", "cryptography", "protobuf"} <= client
     assert SERVER_ONLY <= set(_needed(_requires_dist(wheel), {"", "server"}))
+    # Each store's extra brings its driver and nothing else; the client brings no driver.
+    assert not client & set(GUARD_EXTRAS.values()) and "psycopg" not in client, sorted(client)
+    for extra, driver in GUARD_EXTRAS.items():
+        assert set(_needed(_requires_dist(wheel), {"", extra})) - client == {driver}, extra
     assert "coordinator/py.typed" in wheel.namelist()  # PEP 561: users' type checkers read the annotations
 
 
 def test_a_client_install_imports_the_client_and_runs_fencingctl(client_venv):
     venv, _ = client_venv
     probe = (
-        "import importlib.util, coordinator\n"
+        "import importlib, importlib.util, coordinator\n"
         "from coordinator.client import FencingClient, exceptions\n"
         "from coordinator.client.guard import SqliteGuard\n"
         "from coordinator.client.proof import ProofVerifier\n"
         "print(coordinator.__file__)\n"
         f"print([m for m in {SERVER_MODULES!r} if importlib.util.find_spec(m)])\n"
         "try:\n    import coordinator.client.pg_guard\nexcept ImportError as exc:\n    print(exc)\n"
+        "for m in ('redis_guard', 'mysql_guard'):\n"
+        "    try:\n        importlib.import_module('coordinator.client.' + m)\n"
+        "    except ImportError as exc:\n        print(exc)\n"
     )
     proc = _run(venv, "python", "-c", probe)
     assert proc.returncode == 0, proc.stderr
-    where, server_modules, pg_hint = proc.stdout.splitlines()
+    where, server_modules, pg_hint, redis_hint, mysql_hint = proc.stdout.splitlines()
     assert where.startswith(str(venv)) and server_modules == "[]", proc.stdout  # the venv's copy, alone
     assert pg_hint.endswith("pip install 'fencing-coordinator[postgres]'"), pg_hint
+    assert redis_hint.endswith("pip install 'fencing-coordinator[redis]'"), redis_hint
+    assert mysql_hint.endswith("pip install 'fencing-coordinator[mysql]'"), mysql_hint
     assert len(list(venv.glob("lib/python*/site-packages/coordinator/py.typed"))) == 1
     help_ = _run(venv, "fencingctl", "--help")
     assert help_.returncode == 0 and help_.stdout.startswith("usage: fencingctl"), help_.stdout + help_.stderr
@@ -196,3 +207,12 @@ def test_fencingd_without_the_server_extra_says_so_in_one_line(wheel, client_ven
     _copy_into(_needed(_requires_dist(wheel), {"", "server"}).values(), site)
     help_ = _run(venv, "fencingd", "--help")
     assert help_.returncode == 0 and help_.stdout.startswith("usage: fencingd"), help_.stdout + help_.stderr
+
+
+@pytest.mark.parametrize("extra, module, name", [("redis", "redis_guard", "RedisGuard"),
+                                                ("mysql", "mysql_guard", "MySQLGuard")])
+def test_a_guards_extra_is_all_its_guard_needs(wheel, client_venv, extra, module, name):
+    venv, site = client_venv
+    _copy_into(_needed(_requires_dist(wheel), {"", extra}).values(), site)
+    proc = _run(venv, "python", "-c", f"from coordinator.client.{module} import {name}; print({name}.__name__)")
+    assert proc.returncode == 0 and proc.stdout.strip() == name, proc.stdout + proc.stderr

@@ -7,7 +7,10 @@ epoch; token > hwm is accepted and raises hwm to it), and the shape of one fence
 transaction: refuse a connection with a transaction already open, begin, read the hwm and
 hold it until the end, apply the rule, run the caller's body, commit both as one or roll
 both back. ``Guard`` is that shape; a storage adapter (``guard.SqliteGuard``,
-``pg_guard.PostgresGuard``) fills in how its database begins, locks, reads and writes.
+``pg_guard.PostgresGuard``, ``mysql_guard.MySQLGuard``) fills in how its database begins,
+locks, reads and writes. A store with no transactions to hold a lock in (Redis:
+``redis_guard.RedisGuard``) applies the same rule in one server-side step instead, and shares
+the argument checks here (``check_resource``, ``token_of``).
 Must never: hold a database's SQL or driver (the adapters do), run the body after a refusal,
 or let the hwm and the body's mutation commit separately.
 """
@@ -25,7 +28,7 @@ from coordinator.client.proof import ProofVerifier
 from coordinator.core import validation
 from coordinator.core.limits import TOKEN_MAX
 
-__all__ = ["Guard", "check_table_name"]
+__all__ = ["Guard", "check_resource", "check_table_name", "check_verifier", "token_of"]
 
 # An unquoted SQL name of at most 63 characters (PostgreSQL's NAMEDATALEN - 1; SQLite has
 # no limit, one rule keeps a table name portable between the two). Adapters quote it anyway,
@@ -38,6 +41,38 @@ def check_table_name(table: object) -> str:
     if not isinstance(table, str) or _TABLE_RE.fullmatch(table) is None:
         raise ValueError(f"table name {table!r} must match [A-Za-z_][A-Za-z0-9_]* (at most 63 characters)")
     return table
+
+
+def check_verifier(verifier: object) -> None:
+    """TypeError unless ``verifier`` is a ProofVerifier or None (None: trusted int tokens)."""
+    if verifier is not None and not isinstance(verifier, ProofVerifier):
+        raise TypeError(f"verifier must be a ProofVerifier or None, not {type(verifier).__name__}")
+
+
+def check_resource(resource: object) -> None:
+    """TypeError / ValueError unless ``resource`` is a name the coordinator issues tokens for."""
+    if not isinstance(resource, str):
+        raise TypeError(f"resource must be a str, not {type(resource).__name__}")
+    try:
+        validation.check_resource(resource)  # the coordinator issues tokens for no other name
+    except validation.InvalidField as exc:
+        raise ValueError(str(exc)) from None
+
+
+def token_of(verifier: ProofVerifier | None, resource: str, proof: object) -> int:
+    """The token ``proof`` carries for ``resource`` (InvalidProof if the verifier refuses it);
+    with no verifier ``proof`` is the token itself, an int in 1..2**64-1."""
+    if verifier is not None:
+        if not isinstance(proof, (bytes, bytearray, str)):
+            raise TypeError(
+                f"this guard checks signed proofs: pass the proof as bytes or text, not {type(proof).__name__}"
+            )
+        return verifier.verify(proof, resource=resource).token
+    if not validation.is_int(proof):
+        raise TypeError(f"a guard without a verifier takes the token as an int, not {type(proof).__name__}")
+    if not 0 < proof <= TOKEN_MAX:
+        raise ValueError(f"token {proof} is outside 1..2**64-1")
+    return int(proof)
 
 
 class Guard(abc.ABC):
@@ -57,8 +92,7 @@ class Guard(abc.ABC):
     def __init__(self, connection: Any, verifier: ProofVerifier | None, *, table: str = "fencing_hwm") -> None:
         if not isinstance(connection, self._connection_type):
             raise TypeError(f"connection must be a {self._connection_name}, not {type(connection).__name__}")
-        if verifier is not None and not isinstance(verifier, ProofVerifier):
-            raise TypeError(f"verifier must be a ProofVerifier or None, not {type(verifier).__name__}")
+        check_verifier(verifier)
         prefix = self._reserved_table_prefix
         if check_table_name(table) and prefix is not None and table.lower().startswith(prefix):
             raise ValueError(f"table name {table!r}: names starting with {prefix!r} are reserved by the database")
@@ -125,25 +159,10 @@ class Guard(abc.ABC):
             self._raise_hwm(resource, token)
 
     def _check_resource(self, resource: object) -> None:
-        if not isinstance(resource, str):
-            raise TypeError(f"resource must be a str, not {type(resource).__name__}")
-        try:
-            validation.check_resource(resource)  # the coordinator issues tokens for no other name
-        except validation.InvalidField as exc:
-            raise ValueError(str(exc)) from None
+        check_resource(resource)
 
     def _token(self, resource: str, proof: object) -> int:
-        if self._verifier is not None:
-            if not isinstance(proof, (bytes, bytearray, str)):
-                raise TypeError(
-                    f"this guard checks signed proofs: pass the proof as bytes or text, not {type(proof).__name__}"
-                )
-            return self._verifier.verify(proof, resource=resource).token
-        if not validation.is_int(proof):
-            raise TypeError(f"a guard without a verifier takes the token as an int, not {type(proof).__name__}")
-        if not 0 < proof <= TOKEN_MAX:
-            raise ValueError(f"token {proof} is outside 1..2**64-1")
-        return int(proof)
+        return token_of(self._verifier, resource, proof)
 
     # -- what a storage adapter provides -------------------------------------------------------
 

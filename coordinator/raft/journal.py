@@ -28,6 +28,7 @@ payload = u64 index, u64 term, command bytes``, little-endian.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import logging
 import os
@@ -67,26 +68,65 @@ class JournalCorrupt(RuntimeError):
     """The journal or meta file is damaged in a way that could hide acknowledged data."""
 
 
+@contextlib.contextmanager
+def naming(path: str):
+    """Re-raise an OSError that names no file (pwrite, fsync, fdatasync) as one naming ``path``:
+    the one line a member stops with (fatal.py) must say which file its disk refused."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, path) from exc
+
+
 def fsync_directory(path: str, fsync: Callable[[int], None] = os.fsync) -> None:
     """Make renames and creations inside ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fsync(fd)
+        with naming(path):
+            fsync(fd)
     finally:
         os.close(fd)
 
 
 def write_file_durably(path: str, data: bytes, fsync: Callable[[int], None] = os.fsync) -> None:
-    """tmp + fsync + rename + fsync(dir): after return, ``path`` holds ``data`` across power loss."""
+    """tmp + fsync + rename + fsync(dir): after return, ``path`` holds ``data`` across power loss.
+    Any step that fails raises an OSError naming the file it was at."""
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        _write_all(fd, data, 0)
-        fsync(fd)
+        with naming(tmp):
+            _write_all(fd, data, 0)
+            fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
     fsync_directory(os.path.dirname(os.path.abspath(path)), fsync)
+
+
+def read_meta(path: str) -> tuple[int, str | None] | None:
+    """(term, vote) of a ``raft.meta`` file, checked; None if there is none. Raises
+    ``JournalCorrupt`` naming the file for anything damaged. The one reader of the format:
+    the journal at start, and the chaos faults that judge a member's saved term from outside."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    if len(raw) < 4:
+        raise JournalCorrupt(f"{path}: truncated meta file ({len(raw)} bytes)")
+    body, crc = raw[:-4], struct.unpack("<I", raw[-4:])[0]
+    if zlib.crc32(body) != crc:
+        raise JournalCorrupt(f"{path}: checksum mismatch in meta file")
+    version, term, voted_for = msgpack.unpackb(body, raw=False)
+    if version != _META_FORMAT_VERSION:
+        raise JournalCorrupt(f"{path}: unknown meta format version {version}")
+    if type(term) is not int or not 0 <= term < 2**63:
+        # pysyncobj persisted whatever term a peer sent (a float 1e300 stopped the cluster
+        # for good); the typed wire refuses those now, and one on disk is refused here.
+        raise JournalCorrupt(f"{path}: term {term!r} is not an integer in [0, 2^63)")
+    return term, voted_for
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> None:
@@ -241,24 +281,8 @@ class DurableJournal(Journal):
     # -- loading -------------------------------------------------------------
 
     def _load_meta(self) -> tuple[int, str | None]:
-        try:
-            with open(self._meta_path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            return 0, None
-        if len(raw) < 4:
-            raise JournalCorrupt(f"{self._meta_path}: truncated meta file ({len(raw)} bytes)")
-        body, crc = raw[:-4], struct.unpack("<I", raw[-4:])[0]
-        if zlib.crc32(body) != crc:
-            raise JournalCorrupt(f"{self._meta_path}: checksum mismatch in meta file")
-        version, term, voted_for = msgpack.unpackb(body, raw=False)
-        if version != _META_FORMAT_VERSION:
-            raise JournalCorrupt(f"{self._meta_path}: unknown meta format version {version}")
-        if type(term) is not int or not 0 <= term < 2**63:
-            # pysyncobj persisted whatever term a peer sent (a float 1e300 stopped the cluster
-            # for good); the typed wire refuses those now, and one on disk is refused here.
-            raise JournalCorrupt(f"{self._meta_path}: term {term!r} is not an integer in [0, 2^63)")
-        return term, voted_for
+        meta = read_meta(self._meta_path)
+        return (0, None) if meta is None else meta
 
     def _open_and_load(self) -> int:
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -352,12 +376,13 @@ class DurableJournal(Journal):
             if end == self._synced_end:
                 return
             observe = self.sync_seconds_observer
-            if observe is None:
-                self._fdatasync(self._fd)
-            else:
-                started = time.perf_counter()
-                self._fdatasync(self._fd)
-                observe(time.perf_counter() - started)
+            with naming(self._path):
+                if observe is None:
+                    self._fdatasync(self._fd)
+                else:
+                    started = time.perf_counter()
+                    self._fdatasync(self._fd)
+                    observe(time.perf_counter() - started)
             self._synced_end = end
             self.sync_count += 1
             self._write_synced_sidecar()
@@ -390,7 +415,8 @@ class DurableJournal(Journal):
     def add(self, command: bytes, idx: int, term: int) -> None:
         command = bytes(command)
         record = _encode_record(command, idx, term)
-        _write_all(self._fd, record, self._end)
+        with naming(self._path):
+            _write_all(self._fd, record, self._end)
         self._entries.append((command, idx, term))
         self._offsets.append(self._end)
         self._end += len(record)
@@ -618,9 +644,15 @@ class DurableJournal(Journal):
         # Entries up to the last compaction point were applied (so committed).
         return max(1, self._committed_through)
 
+    @property
+    def meta_path(self) -> str:
+        return self._meta_path
+
     def setCurrentTerm(self, term: int, votedForNodeId) -> None:
         # Raft: term and vote are durable before any message reflecting them leaves.
         # Log entries first, so a vote request never claims entries a power cut drops.
+        # Raises on any failure; the caller (durable_term.py) stops the member then, before
+        # its in-memory term changes.
         self.sync()
         body = msgpack.packb([_META_FORMAT_VERSION, term, votedForNodeId], use_bin_type=True)
         write_file_durably(self._meta_path, body + struct.pack("<I", zlib.crc32(body)), self._fsync)

@@ -20,7 +20,7 @@ import pysyncobj.syncobj as _ps
 
 from coordinator.raft import identity as member_identity
 from coordinator.raft import limits as raft_limits
-from coordinator.raft.fatal import EXIT_APPLY_FAILED
+from coordinator.raft.fatal import EXIT_APPLY_FAILED, exit_code_for
 from coordinator.raft.membership import ConfigLog, Configuration, Member
 from coordinator.raft.transport import peer_warnings
 
@@ -80,7 +80,8 @@ class MemberGate:
             try:
                 self._identity = member_identity.with_cluster_id(self._identity_dir, self._identity, config.cluster_id)
             except (member_identity.IdentityError, OSError) as exc:
-                self._on_fatal(f"cannot record the cluster id: {exc}", EXIT_APPLY_FAILED)
+                # A disk that refused the write (OSError): EXIT_DISK_FAILED, as every durable write.
+                self._on_fatal(f"cannot record the cluster id: {exc}", exit_code_for(exc))
         return config
 
     def _loaded(self) -> bool:

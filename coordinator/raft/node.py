@@ -40,7 +40,7 @@ from coordinator.raft import limits as raft_limits
 from coordinator.raft import identity
 from coordinator.raft import patches
 from coordinator.raft.membership import initial_member_id
-from coordinator.raft.fatal import FatalHandler, default_fatal
+from coordinator.raft.fatal import FatalHandler, default_fatal, once
 from coordinator.raft.interface import (
     MemberChangeResult,
     MemberRefusal,
@@ -196,6 +196,8 @@ class RaftNode:
         else:
             journal = FileJournal(os.path.join(config.data_dir, JOURNAL_NAME + ".stock"))
         self.journal = journal
+        # One handler for the whole node, acting on its first fatal only (fatal.once).
+        on_fatal = once(on_fatal)
         self._replica = Replica(state_machine, on_fatal)
         initial = (config.self_address, *config.peer_addresses)
         member_ids = {address: initial_member_id(address, initial) for address in initial}

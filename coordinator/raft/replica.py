@@ -20,7 +20,7 @@ from pysyncobj import SyncObjConsumer
 
 from coordinator.raft import snapshot_file
 from coordinator.raft import wire as raft_wire
-from coordinator.raft.fatal import EXIT_APPLY_FAILED, FatalHandler
+from coordinator.raft.fatal import EXIT_APPLY_FAILED, FatalHandler, exit_code_for
 from coordinator.raft.interface import StateMachine
 
 
@@ -226,6 +226,7 @@ class Replica(SyncObjConsumer):
         except BaseException as exc:  # noqa: BLE001
             # pysyncobj swallows loader errors (syncobj.py:1510); a half-restored
             # state machine must never serve.
-            self._on_fatal(f"restoring snapshot {path} failed: {exc!r}", EXIT_APPLY_FAILED)
+            # A disk or descriptor table refusing (OSError): EXIT_DISK_FAILED; else a bug.
+            self._on_fatal(f"restoring snapshot {path} failed: {exc!r}", exit_code_for(exc))
             raise
         return last, prev, set()

@@ -39,7 +39,8 @@ from pysyncobj.config import FAIL_REASON
 from coordinator.raft import limits as raft_limits
 from coordinator.raft import snapshot_file
 from coordinator.raft import wire as raft_wire
-from coordinator.raft.fatal import EXIT_APPLY_FAILED, EXIT_DISK_FAILED, FatalHandler
+from coordinator.raft.durable_term import DurableTerm
+from coordinator.raft.fatal import EXIT_APPLY_FAILED, EXIT_DISK_FAILED, FatalHandler, once
 from coordinator.raft.journal import fsync_directory
 from coordinator.raft.leader_sync import LeaderSync
 from coordinator.raft.member_changes import MemberChanges
@@ -77,7 +78,7 @@ assert raft_wire.ENTRY_TYPE_REGULAR == _ps._COMMAND_TYPE.REGULAR
 assert raft_wire.NO_OP_ENTRY == _ps._bchr(_ps._COMMAND_TYPE.NO_OP)
 
 
-class HardenedSyncObj(ReadIndex, MemberChanges, MemberGate, SyncObj):
+class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, MemberGate, SyncObj):
     """pysyncobj with the durability and safety holes of PYSYNCOBJ.md closed."""
 
     def __init__(
@@ -96,7 +97,11 @@ class HardenedSyncObj(ReadIndex, MemberChanges, MemberGate, SyncObj):
         self._on_leadership = on_leadership
         self._fixes = config.fixes
         self._journal = journal
-        self._on_fatal = on_fatal
+        # Only the first fatal acts (RaftNode hands the same once-wrapped handler to the
+        # replica; once() returns a wrapped handler as it is).
+        on_fatal = self._on_fatal = once(on_fatal)
+        # Anything escaping a tick of the auto-tick thread stops the member (durable_term.py).
+        self._guard_ticks = kwargs.get("autoTick", True)
         self._pending_acks: list[tuple] = []
         self._append_pending = False
         self._append_has_new_entries = True
@@ -509,6 +514,9 @@ class HardenedSyncObj(ReadIndex, MemberChanges, MemberGate, SyncObj):
         self._match_capped = capped
 
     def _onTick(self, timeToWait=0.0):
+        return self._guarded_tick(self._tick, timeToWait)
+
+    def _tick(self, timeToWait):
         self.follow_configuration()
         self.hold_election_if_not_voter()
         self.show_counted_acks()

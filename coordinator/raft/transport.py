@@ -444,7 +444,15 @@ class BoundTCPTransport(TCPTransport):
             address_warnings.warning("raft: peer %s resolves to %s, which %s cannot reach from %s",
                                      node.address, ip, self._selfNode.address, self.own_ip)
             return False
-        return conn.connect(ip, node.port)
+        try:
+            return conn.connect(ip, node.port)
+        except OSError as exc:
+            # socket() itself refused (EMFILE, ENFILE, ENOBUFS): pysyncobj does not catch it
+            # (tcp_connection.py:119), and anything escaping a tick stops the member
+            # (durable_term.py). No connection is no durable write: retry at the next attempt;
+            # the member stops only when a write of its durable state fails.
+            peer_warnings.warning("raft: cannot open a connection to %s: %s", node.address, exc)
+            return False
 
     def _abandon_slow_connects(self) -> None:
         # pysyncobj checks a connection's timeout only when its socket reports an event: a
