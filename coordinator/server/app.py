@@ -5,7 +5,7 @@ size limits), wiring and registering the fencing services (``add_services``, whi
 in-memory test cluster uses too), the standard health service and server
 reflection (off with ``reflection = false``), the admission of every streaming RPC under the
 stream caps (stream_admission.py), the health updater and lease ticker threads, the audit log, the metrics endpoint (when
-``metrics_address`` is set), the API's TLS credentials (their certificate replaced on SIGHUP,
+``metrics_address`` is set), the API's connection limits and descriptor budget (api_conns.py), the API's TLS credentials (their certificate replaced on SIGHUP,
 certs.py), the peer secrets' reload on SIGHUP, and graceful shutdown.
 Must never: implement an RPC (service.py does) or touch the Raft library (coordinator.raft does).
 
@@ -33,6 +33,7 @@ from coordinator.core import commands
 from coordinator.core import limits
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
+from coordinator.server import api_conns
 from coordinator.server.auth import Authenticator
 from coordinator.server.certs import ApiCertificates, TlsMaterial
 from coordinator.server.config import ConfigError, ServerConfig
@@ -264,6 +265,12 @@ class FencingServer:
                  on_leadership: Callable[[bool], None] | None = None) -> None:
         self.config = config
         if node is None:
+            # A real member process: its descriptors are its own to budget (issue 26), before
+            # the node opens any.
+            try:
+                api_conns.ensure_fd_budget(config)
+            except api_conns.FdBudgetError as exc:
+                raise StartupError(str(exc)) from None
             # Before the node exists (its own bind would collide with the check): the Raft
             # transport retries a failed bind forever and silently, so a port in use would
             # otherwise leave a member that starts and never joins.
@@ -285,7 +292,7 @@ class FencingServer:
         self.grpc_server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(config.grpc_threads, thread_name_prefix="grpc"),
             maximum_concurrent_rpcs=config.grpc_max_concurrent_rpcs,
-            options=GRPC_SERVER_OPTIONS,
+            options=(*GRPC_SERVER_OPTIONS, *api_conns.grpc_options(config)),
             # metrics outermost, so streams refused by the admission are counted too
             interceptors=[*([] if self.metrics is None else [self.metrics.interceptor()]),
                           stream_admission(config, self.node)],
@@ -320,6 +327,10 @@ class FencingServer:
             self.port = 0
         if self.port == 0:
             raise _cannot_listen(config.bind_setting, config.bind_address, listen_check.why_not(config.bind_address))
+        self.peer_cap = api_conns.PeerConnectionCap(
+            self.port, config.api_connections_per_peer_max,
+            refused_lines=RefusedLines(window_s=config.refused_log_window_s),
+        )
         self.updater = HealthUpdater(self.node, self.proposer, self.health, config.health_check_interval_s)
         self.ticker = LeaseTicker(
             self.node, self.proposer, interval_s=config.lease_tick_interval_s, timeout_s=config.propose_timeout_max_s
@@ -370,8 +381,11 @@ class FencingServer:
     def start(self) -> None:
         if self.metrics is not None:
             # fails here, before serving RPCs; /readyz says what the health service says
-            self.metrics.serve(self.config.metrics_address, ready=lambda: bool(self.updater.serving))
+            self.metrics.serve(self.config.metrics_address, ready=lambda: bool(self.updater.serving),
+                               connections_max=self.config.metrics_connections_max,
+                               request_timeout_s=self.config.metrics_request_timeout_s)
         self.grpc_server.start()
+        self.peer_cap.start()
         self.updater.start()
         self.ticker.start()
         log.info(
@@ -388,6 +402,7 @@ class FencingServer:
         self.ticker.stop()
         self.health.enter_graceful_shutdown()  # probes see NOT_SERVING while we drain
         self.grpc_server.stop(self.config.shutdown_grace_s).wait(self.config.shutdown_grace_s + 1)
+        self.peer_cap.stop()
         self.lease.close()
         if self.metrics is not None:
             self.metrics.close()

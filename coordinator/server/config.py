@@ -176,6 +176,47 @@ class ServerConfig:
         default=512,
         metadata=_doc("RPCs admitted at once (running or queued for a thread); beyond it RESOURCE_EXHAUSTED"),
     )
+    # -- connections (issue 26: idle connections took every descriptor) ---------------------
+    api_connections_max: int = dataclasses.field(
+        # Far more than a member's clients need (a client process keeps one channel per member),
+        # and with the reserve (api_conns.fd_reserve) well inside the usual descriptor limits.
+        default=1000,
+        metadata=_doc(
+            "connections the gRPC API holds at once, handshaking or established, from every caller;"
+            " a connection beyond it is closed as soon as it is accepted. With the descriptors kept"
+            " for the Raft port, the journal, snapshots and metrics it must fit under the process's"
+            " descriptor limit (RLIMIT_NOFILE, raised to its hard limit at start), or the member"
+            " refuses to start"
+        ),
+    )
+    api_connections_per_peer_max: int = dataclasses.field(
+        # A tenth of api_connections_max: ten hosts (or one host behind ten NAT addresses) are
+        # needed to fill the API, and a busy client host still has room for 100 processes.
+        default=100,
+        metadata=_doc(
+            "connections the gRPC API holds from one remote IP address; the newest beyond it are"
+            " closed within a second (a scan of the kernel's connection table once a second)"
+        ),
+    )
+    api_handshake_timeout_s: float = dataclasses.field(
+        # A TLS handshake and the HTTP/2 preface take milliseconds on a LAN and well under a
+        # second across continents; 10 s leaves a slow client room and a silent one little time.
+        default=10.0,
+        metadata=_doc(
+            "seconds a new API connection has to finish its TLS handshake and send the HTTP/2"
+            " preface and settings; one that has not is closed (at api_connection_idle_s instead, if shorter)"
+        ),
+    )
+    api_connection_idle_s: float = dataclasses.field(
+        # Five minutes: a client between bursts keeps its connection (and a KeepAliveStream is
+        # an open call, never idle); one that went quiet gives its descriptor back.
+        default=300.0,
+        metadata=_doc(
+            "seconds an API connection may carry no call before the server closes it (HTTP/2"
+            " GOAWAY; gRPC looks once per period, so within one to two periods of its last call);"
+            " clients reconnect on their next call"
+        ),
+    )
     # -- streams (issues 14, 26: idle streams took every worker thread) --------------------
     streams_max: int = dataclasses.field(
         # A quarter of the default grpc_threads: whatever streams do, 48 threads stay for
@@ -335,6 +376,23 @@ class ServerConfig:
             "host:port of the Prometheus endpoint (HTTP GET /metrics); empty: no metrics, and no cost"
         ),
     )
+    metrics_connections_max: int = dataclasses.field(
+        # A scrape is one connection for a fraction of a second; 16 lets a few Prometheus
+        # servers and a curl or two in at once, and bounds what a flood can hold.
+        default=16,
+        metadata=_doc(
+            "connections the metrics endpoint holds at once; one beyond it is closed as soon as"
+            " it is accepted"
+        ),
+    )
+    metrics_request_timeout_s: float = dataclasses.field(
+        # A scrape of a member is a few ms; Prometheus' own scrape_timeout defaults to 10 s.
+        default=5.0,
+        metadata=_doc(
+            "seconds a metrics connection has to send its request and take the whole reply;"
+            " then it is closed, finished or not"
+        ),
+    )
     # -- process ------------------------------------------------------------------------
     log_level: str = dataclasses.field(
         default="INFO", metadata=_doc("DEBUG, INFO, WARNING or ERROR")
@@ -477,6 +535,10 @@ class ServerConfig:
             raise ConfigError(f"principals_file: {exc}") from exc
 
 
+# gRPC takes its connection timeouts as a 32-bit count of milliseconds (about 24 days); a day
+# is far more than any useful handshake, idle or scrape timeout, and keeps infinity out.
+CONNECTION_TIMEOUT_S_MAX = 86_400.0
+
 # The Raft secret is stretched with PBKDF2 under a fixed salt by the Raft library
 # (coordinator/raft/RAFT.md, "secret"): only its own length protects it from guessing.
 RAFT_SECRET_CHARS_MIN = 32
@@ -615,6 +677,12 @@ def validate(config: ServerConfig, *, read_files: bool = True) -> ServerConfig:
         "log_compaction_min_entries": config.log_compaction_min_entries,
         "log_compaction_min_time_s": config.log_compaction_min_time_s,
         "log_compaction_min_bytes": config.log_compaction_min_bytes,
+        "api_connections_max": config.api_connections_max,
+        "api_connections_per_peer_max": config.api_connections_per_peer_max,
+        "api_handshake_timeout_s": config.api_handshake_timeout_s,
+        "api_connection_idle_s": config.api_connection_idle_s,
+        "metrics_connections_max": config.metrics_connections_max,
+        "metrics_request_timeout_s": config.metrics_request_timeout_s,
     }
     for key, value in positive.items():
         if not value > 0:
@@ -639,6 +707,14 @@ def validate(config: ServerConfig, *, read_files: bool = True) -> ServerConfig:
             f"leader_lost_election_s: {config.leader_lost_election_s} must be 0 (off), or at least"
             f" heartbeat_s ({config.heartbeat_s:g}) and below raft_min_timeout_s ({config.raft_min_timeout_s:g})"
         )
+    if config.api_connections_per_peer_max > config.api_connections_max:
+        raise ConfigError(
+            f"api_connections_per_peer_max: {config.api_connections_per_peer_max} is above"
+            f" api_connections_max ({config.api_connections_max})"
+        )
+    for key in ("api_handshake_timeout_s", "api_connection_idle_s", "metrics_request_timeout_s"):
+        if getattr(config, key) > CONNECTION_TIMEOUT_S_MAX:
+            raise ConfigError(f"{key}: {getattr(config, key)} is above {CONNECTION_TIMEOUT_S_MAX:g} s")
     if config.grpc_max_concurrent_rpcs < config.grpc_threads:
         raise ConfigError("grpc_max_concurrent_rpcs: must be >= grpc_threads")
     if config.streams_max >= config.grpc_threads:

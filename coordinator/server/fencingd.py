@@ -36,7 +36,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from coordinator.server import config as config_mod  # noqa: E402 - after GRPC_VERBOSITY
 from coordinator.client.version import distribution_version  # noqa: E402
-from coordinator.server import cpu_pin, log_limits, server_extra  # noqa: E402
+from coordinator.server import api_conns, cpu_pin, log_limits, server_extra  # noqa: E402
 
 log = logging.getLogger("fencingd")
 
@@ -127,6 +127,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cfg = config_mod.from_args(args)
     except config_mod.ConfigError as exc:
         print(f"fencingd: configuration error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        # Before anything opens a descriptor; exit 2 like a configuration error: a restart
+        # would meet the same limit (the systemd unit does not restart on 2).
+        api_conns.ensure_fd_budget(cfg)
+    except api_conns.FdBudgetError as exc:
+        print(f"fencingd: cannot start: {exc}", file=sys.stderr, flush=True)
         return 2
     _setup_logging(cfg.log_level, cfg.log_format, cfg.refused_log_window_s)
     if cfg.peers_unauthenticated and not cfg.raft_is_loopback:  # only with insecure_peer_transport

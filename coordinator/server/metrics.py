@@ -4,7 +4,8 @@ Owns: the registry of one ``fencingd serve`` process, the gRPC server intercepto
 and times RPCs under the gRPC ecosystem's names (go-grpc-prometheus: ``grpc_server_*`` with
 ``grpc_service``, ``grpc_method``, ``grpc_type``, ``grpc_code``), the proposal counters, the
 journal's fsync histogram, the collector that reads the Raft node when scraped, and the HTTP
-endpoint (``metrics_address``: ``GET /metrics``, ``GET /readyz``, 404 elsewhere).
+endpoint's replies (``metrics_address``: ``GET /metrics``, ``GET /readyz``, 404 elsewhere;
+served by metrics_http.py under its connection cap and timeout).
 Must never: block an RPC or the Raft thread. Raft figures are read at scrape time from what
 the node already publishes (``RaftNode.status()``), plus the epoch under the apply lock (one
 attribute read); nothing here runs on the tick thread.
@@ -19,7 +20,6 @@ Our own names start with ``fencing_``; README "Metrics" lists them, with the ren
 from __future__ import annotations
 
 import functools
-import http.server
 import platform
 import threading
 import time
@@ -33,6 +33,7 @@ from prometheus_client.exposition import choose_encoder
 
 from coordinator.client.version import distribution_version
 from coordinator.raft.patches import library_version
+from coordinator.server.metrics_http import MetricsHttpServer
 
 # Every counter and histogram would also export a ``_created`` series (the time it was
 # made), which doubles the series count and which nothing here graphs; process-wide.
@@ -108,7 +109,7 @@ class Metrics:
         self._outcome = {name: self.proposals.labels(outcome=name) for name in PROPOSAL_OUTCOMES}
         self._handled: dict[tuple[tuple[str, str, str], grpc.StatusCode], Any] = {}
         self._rpc_lock = threading.Lock()
-        self._http: http.server.ThreadingHTTPServer | None = None
+        self._http: MetricsHttpServer | None = None
 
     # -- proposals ------------------------------------------------------------------------
 
@@ -144,54 +145,36 @@ class Metrics:
 
     # -- HTTP -----------------------------------------------------------------------------
 
-    def serve(self, address: str, ready: Callable[[], bool]) -> None:
+    def serve(self, address: str, ready: Callable[[], bool], *, connections_max: int,
+              request_timeout_s: float) -> None:
         """Serve ``GET /metrics`` and ``GET /readyz`` (200 iff ``ready()``) on ``address``
-        (HOST:PORT) from a daemon thread; OSError naming metrics_address if it cannot bind."""
-        host, _, port = address.rpartition(":")
-        handler = functools.partial(_MetricsHandler, self.registry, ready)
-        try:
-            self._http = http.server.ThreadingHTTPServer((host.strip("[]"), int(port)), handler)
-        except OSError as exc:
-            raise OSError(exc.errno, f"metrics_address {address}: {exc.strerror or exc}") from None
-        self._http.daemon_threads = True
-        threading.Thread(target=self._http.serve_forever, name="metrics-http", daemon=True).start()
+        (HOST:PORT) from one event loop thread (metrics_http.py), at most ``connections_max``
+        connections of at most ``request_timeout_s`` each; OSError naming metrics_address if it
+        cannot bind."""
+        server = MetricsHttpServer(address, functools.partial(render, self.registry, ready),
+                                   connections_max=connections_max, request_timeout_s=request_timeout_s)
+        server.serve()
+        self._http = server
 
     def close(self) -> None:
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+            self._http.close()
             self._http = None
 
 
-class _MetricsHandler(http.server.BaseHTTPRequestHandler):
+def render(registry: CollectorRegistry, ready: Callable[[], bool], path: str, accept: str) -> tuple[int, bytes, str]:
     """/metrics (Prometheus text, or OpenMetrics when asked), /readyz, and 404 for anything
     else: a typo in a scrape config must fail loudly, not scrape metrics under another name."""
+    if path == "/metrics":
+        encoder, content_type = choose_encoder(accept or None)
+        return 200, encoder(registry), content_type
+    if path == "/readyz":
+        is_ready = ready()
+        return (200, b"ok\n", _TEXT) if is_ready else (503, b"not serving\n", _TEXT)
+    return 404, b"not found: try /metrics or /readyz\n", _TEXT
 
-    def __init__(self, registry: CollectorRegistry, ready: Callable[[], bool], *args) -> None:
-        self._registry = registry
-        self._ready = ready
-        super().__init__(*args)
 
-    def do_GET(self) -> None:  # noqa: N802 - the http.server API
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            encoder, content_type = choose_encoder(self.headers.get("Accept"))
-            self._reply(200, encoder(self._registry), content_type)
-        elif path == "/readyz":
-            ready = self._ready()
-            self._reply(200 if ready else 503, b"ok\n" if ready else b"not serving\n")
-        else:
-            self._reply(404, b"not found: try /metrics or /readyz\n")
-
-    def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format, *args) -> None:  # noqa: A002 - scrapes are not worth a log line each
-        pass
+_TEXT = "text/plain; charset=utf-8"
 
 
 # How each handler kind is named in grpc_type (go-grpc-prometheus's values).
