@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.server import api_conns
 from coordinator.server import config as config_mod
-from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster, write_toml
+from testsupport.grpc_cluster import RPC_TIMEOUT_S, metered_cluster, metric_value, running_cluster, write_toml
 from testsupport.supervisor import REPO_ROOT, child_env, pick_ports, wait_until
 
 CONNECTIONS_MAX, PER_PEER_MAX, HANDSHAKE_S, IDLE_S = 40, 15, 4.0, 6.0
@@ -172,7 +172,7 @@ def flood_cluster(tmp_path_factory, request):
     """The same caps, with timeouts longer than any test here: what a test holds stays held
     until it lets go (the cap tests need no race with the handshake timeout)."""
     settings = {**SETTINGS, "api_handshake_timeout_s": 120.0, "api_connection_idle_s": 120.0}
-    yield from running_cluster(str(tmp_path_factory.mktemp("flood")), request, settings=settings)
+    yield from metered_cluster(str(tmp_path_factory.mktemp("flood")), request, settings=settings)
 
 
 # -- on a member -------------------------------------------------------------------------------
@@ -207,6 +207,8 @@ def test_connections_past_the_per_address_cap_are_closed_within_a_scan(flood_clu
         with holding(connect(node, "127.0.12.2", 3)) as others:
             assert not any(closed_by_server(s) for s in others)
     assert "above api_connections_per_peer_max 15" in open(node.log_path, encoding="utf-8").read()
+    closed = metric_value(flood_cluster.metrics_urls[1], "fencing_api_connections_closed_over_peer_cap_total")
+    assert closed >= 10, closed
     wait_until(lambda: held_from(node, source) + held_from(node, "127.0.12.2") == 0, 10, what="the member to let go")
 
 

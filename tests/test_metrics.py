@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import socket
 import urllib.error
 import urllib.request
 
@@ -225,6 +226,43 @@ def test_a_scrape_shows_rpcs_proposals_and_the_raft_state(cluster):
         wait_until(lambda i=i: value(scrape(cluster.metrics_urls[i]), "fencing_raft_applied_index") >= applied,
                    timeout_s=10, what=f"member {i} to apply index {applied}")
         assert value(scrape(cluster.metrics_urls[i]), "fencing_raft_is_leader") == 0
+
+
+def test_connections_the_endpoint_refuses_are_counted(cluster):
+    leader = cluster.wait_ready()
+    url = cluster.metrics_urls[leader]
+    host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    cap = config_mod.ServerConfig.__dataclass_fields__["metrics_connections_max"].default
+    before = value(scrape(url), "fencing_metrics_connections_refused_total")
+    held = []
+    try:
+        for _ in range(cap):  # every slot taken by a client that sends nothing yet
+            held.append(socket.create_connection((host, int(port)), timeout=T))
+        # The one past the cap is closed on arrival: an empty read, not a wait for the timeout.
+        extra = socket.create_connection((host, int(port)), timeout=T)
+        held.append(extra)
+        assert closed_by_peer(extra)
+    finally:
+        for sock in held:
+            sock.close()
+    # The held connections end as the member reads their EOF: the scrape waits for a free slot.
+    after = wait_until(lambda: scrape_or_none(url), timeout_s=T, what="a scrape once the held connections are gone")
+    assert value(after, "fencing_metrics_connections_refused_total") - before >= 1
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """The far end closed ``sock``: an empty read (or a reset) before the socket's timeout."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def scrape_or_none(url: str) -> dict | None:
+    try:
+        return scrape(url)
+    except (urllib.error.URLError, ConnectionError):
+        return None
 
 
 def http_get(url: str) -> tuple[int, bytes]:

@@ -348,6 +348,9 @@ class FencingServer:
         status["api_address"] = self.config.api_address
         status["serving"] = bool(self.updater.serving)
         status["epoch"] = self.node.read(lambda sm: sm.epoch)
+        status["api_connections_closed_over_peer_cap"] = self.peer_cap.closed_total
+        if self.metrics is not None:
+            status.update(self.metrics.http_counts())
         return status
 
     def reload(self) -> None:

@@ -156,6 +156,14 @@ class Metrics:
         server.serve()
         self._http = server
 
+    def http_counts(self) -> dict[str, int]:
+        """What the metrics endpoint refused (over ``metrics_connections_max``) and closed at
+        ``metrics_request_timeout_s``; empty while it does not serve."""
+        if self._http is None:
+            return {}
+        return {"metrics_connections_refused": self._http.refused_connections,
+                "metrics_connections_timed_out": self._http.timed_out_connections}
+
     def close(self) -> None:
         if self._http is not None:
             self._http.close()
@@ -309,6 +317,13 @@ class _MemberCollector:
         ("refused_cluster_ids", "fencing_raft_refused_cluster_ids",
          "Votes and acks refused because they named another cluster id (a member of another "
          "cluster, or one whose data dir belongs to another cluster; should stay 0)"),
+        ("api_connections_closed_over_peer_cap", "fencing_api_connections_closed_over_peer_cap",
+         "API connections the member shut down because their address held more than "
+         "api_connections_per_peer_max (the newest go; checked once a second)"),
+        ("metrics_connections_refused", "fencing_metrics_connections_refused",
+         "Connections to this metrics endpoint closed on arrival: metrics_connections_max were open"),
+        ("metrics_connections_timed_out", "fencing_metrics_connections_timed_out",
+         "Connections to this metrics endpoint closed at metrics_request_timeout_s before a reply"),
         ("snapshot_failures", "fencing_raft_snapshot_failures",
          "Snapshot writes that failed (the previous snapshot stays; the journal is not compacted; "
          "tried again later). Above 0: look at the disk"),
