@@ -15,7 +15,6 @@ stays alive to wait for it and release the lease only after CMD is gone.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -25,7 +24,6 @@ import time
 from typing import Any, Callable
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class Interrupted(BaseException):
@@ -42,19 +40,25 @@ def exit_status(returncode: int) -> int:
     return returncode if returncode >= 0 else 128 - returncode
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
-    """A preexec_fn asking the kernel to SIGKILL the child when fencingctl dies (Linux's
-    parent-death signal), or None where there is no such thing."""
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the forked child only calls it
-
-    def setup() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:  # fencingctl died before the request took hold
-            os._exit(125)
-
-    return setup
+# CMD is started through this few-line program, not with a preexec_fn: a preexec_fn makes
+# subprocess fork a process that has gRPC's threads and fork handlers, which corrupted the
+# report of a failed exec now and then. It asks the kernel to SIGKILL it when fencingctl dies
+# (Linux's parent-death signal; execve keeps it), checks fencingctl did not die before that,
+# and becomes CMD, or exits as the shell would when it cannot (127 not found, 126 otherwise).
+_TRAMPOLINE = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+if sys.platform.startswith("linux"):
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):
+    os._exit(125)
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as error:
+    print(f"fencingctl: lock: cannot run {sys.argv[2]}: {error.strerror or error}", file=sys.stderr, flush=True)
+    os._exit(127 if isinstance(error, FileNotFoundError) else 126)
+"""
 
 
 class Child:
@@ -126,10 +130,12 @@ class Child:
     # -- CMD -------------------------------------------------------------------------------
 
     def start(self, argv: list[str], env: dict[str, str]) -> None:
-        """Start CMD (raises OSError if it cannot be run); signals that came meanwhile are
-        passed on at once."""
+        """Start CMD (one that cannot be run exits 126 or 127, as from a shell); signals
+        that came meanwhile are passed on at once."""
+        # -I -S: the program needs nothing from the environment or site-packages (and CMD's
+        # environment reaches CMD unchanged).
         self.process = subprocess.Popen(
-            argv, env=env, process_group=0, preexec_fn=_die_with_parent(os.getpid()),
+            [sys.executable, "-I", "-S", "-c", _TRAMPOLINE, str(os.getpid()), *argv], env=env, process_group=0,
         )
         self._mode = "running"
         for signum in self._pending:
@@ -154,7 +160,7 @@ class Child:
             now = time.monotonic()
             if kill_at is None:
                 if self._lost is not None:
-                    self._say(f"lease on {resource} lost ({self._lost}); sending SIGTERM to {self.name}")
+                    self._say(f"{self._lost}; sending SIGTERM to {self.name}")  # names resource and token
                     self._kill_group(signal.SIGTERM)
                     kill_at = now + self.grace_s
                 elif self._signalled is not None:

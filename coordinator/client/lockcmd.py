@@ -209,14 +209,7 @@ def run(client: FencingClient, options: dict[str, Any]) -> int:
             TOKEN_PROOF_ENV: proof.to_text(lease.token_proof) if lease.token_proof else "",
         }
         _say(f"{resource} granted with token {lease.token}; running {argv[0]}")
-        try:
-            child.start(argv, env)
-        except FileNotFoundError as error:
-            _say(f"cannot run {argv[0]}: {error.strerror}")
-            return LockExit.NOT_FOUND
-        except OSError as error:
-            _say(f"cannot run {argv[0]}: {error.strerror or error}")
-            return LockExit.NOT_EXECUTABLE
+        child.start(argv, env)  # a CMD that cannot be run exits 127 or 126 (LockExit)
         status = child.wait(resource)
         _say(f"{argv[0]} exited with status {status}")
         return status
