@@ -192,14 +192,29 @@ def test_durations_take_units_and_the_flags_own_unit_when_bare():
 # -- deadlines against a cluster that is not there ---------------------------------------------
 
 
-def test_lock_timeout_against_closed_ports_ends_within_wait_plus_one_attempt_with_lock_timeout():
+@pytest.fixture
+def silent_endpoints():
+    """Loopback addresses that accept TCP connections (the kernel's backlog) and never say
+    a word: a member that is up but hung."""
+    socks = [socket.socket() for _ in range(3)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+        s.listen(16)
+    yield [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
+    for s in socks:
+        s.close()
+
+
+@pytest.mark.parametrize("dead", ["closed", "silent"])
+def test_lock_timeout_against_a_dead_cluster_ends_within_wait_plus_one_attempt_with_lock_timeout(dead, request):
+    eps = _closed_endpoints() if dead == "closed" else request.getfixturevalue("silent_endpoints")
     timeout_s = 1.0
     sent = time.monotonic()
-    with FencingClient(_closed_endpoints()) as client:
+    with FencingClient(eps) as client:
         with pytest.raises(LockTimeout) as raised:
             client.lock("jobs/dead", ttl_ms=5_000, timeout_s=timeout_s)
     elapsed = time.monotonic() - sent
-    print(f"lock(timeout_s={timeout_s}) against closed ports: {elapsed:.2f} s: {raised.value}")
+    print(f"lock(timeout_s={timeout_s}) against {dead} ports: {elapsed:.2f} s: {raised.value}")
     assert elapsed < timeout_s + ATTEMPT_TIMEOUT_S_DEFAULT + SLACK_S
     message = str(raised.value)
     assert "Lock call(s) in" in message and "attempt(s) in" in message

@@ -847,6 +847,11 @@ class LockWait:
         self._sent_at = now
         self._wait_s = 0.0
         self.calls = 0  # Lock calls made (each may have made several attempts)
+        # Whether a Lock call may have put this waiter in the queue: only then is there
+        # anything for CancelLock to take out. A call that failed NotApplied (every attempt
+        # surely unapplied: no connection, no leader) did not.
+        self.maybe_queued = False
+        self._maybe_queued_before = False
         self.last_error: FencingError | None = None
         # Set by a client's close() that has taken (or tried to take) this waiter out of the
         # queue: the lock() loop makes no further call and ends with RuntimeError.
@@ -865,6 +870,7 @@ class LockWait:
             budget_s = min(self.client._timeout_s, self.end - now - wait_ms / 1000)
         self.granted_after, self._sent_at, self._wait_s = self._sent_at, now, wait_ms / 1000
         self.calls += 1
+        self._maybe_queued_before, self.maybe_queued = self.maybe_queued, True
         return self.client._lock_call(
             self.resource, ttl_ms=self.ttl_ms, holder=self.holder, waiter_id=self.waiter_id, wait_ms=wait_ms,
             timeout_s=budget_s, start_by=self.deadline,
@@ -873,6 +879,8 @@ class LockWait:
     def after_failure(self, error: BaseException) -> float:
         """A Lock call raised ``error``: the pause before the next call, or raises what ends
         lock() (``error`` itself, or LockTimeout once a bounded wait is over)."""
+        if isinstance(error, NotApplied):
+            self.maybe_queued = self._maybe_queued_before
         if not isinstance(error, (NotApplied, OutcomeUnknown)) or self.deadline is None:
             raise error  # a refusal, a bad argument, or an unbounded wait: as any call would
         self.last_error = error
@@ -886,7 +894,9 @@ class LockWait:
     def cancel_timeout_s(self) -> float | None:
         """The budget of the CancelLock that leaves the queue: an attempt timeout, cut to what
         is left of a bounded lock()'s end; None: no time is left (its slot expires by itself,
-        within limits.LOCK_WAITER_TTL_MS)."""
+        within limits.LOCK_WAITER_TTL_MS), or no call ever reached the queue."""
+        if not self.maybe_queued:
+            return None
         if self.end is None:
             return self.client._attempt_timeout_s
         left = min(self.client._attempt_timeout_s, self.end - time.monotonic())
