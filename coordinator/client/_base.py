@@ -820,11 +820,11 @@ class LockWait:
 
     A bounded wait (``timeout_s``) ends within timeout_s plus one attempt timeout, whatever
     the cluster does: each Lock call gets only what is left of the wait plus one attempt
-    timeout (not the client's whole-call timeout) and starts no retry once the wait is over,
-    a call that fails for want of a cluster
-    (unavailable, no leader, overloaded, outcome unknown: repeating a Lock is harmless) is
-    made again while the wait lasts and ends it with LockTimeout once it is over, and leaving
-    the queue afterwards gets only what is left of that same bound."""
+    timeout (not the client's whole-call timeout) and starts no retry once the wait is over;
+    a call that fails for want of a cluster (unavailable, no leader, overloaded, outcome
+    unknown: repeating a Lock is harmless) is made again while the wait lasts and ends it
+    with LockTimeout once it is over; leaving the queue afterwards gets only what is left of
+    that same bound, and is skipped when no call can have reached the queue."""
 
     def __init__(self, client: _ClientBase, resource: str, *, ttl_ms: int, holder: str | None,
                  timeout_s: float | None) -> None:
