@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pty
+import select
 import signal
 import socket
 import stat
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -356,6 +359,81 @@ def test_a_signal_while_waiting_for_the_lease_leaves_the_queue_and_never_runs_cm
         wait_until(lambda: admin.describe("lock/sig-waiting").waiters == 0, timeout_s=STEP_S, what="the waiter to leave")
         assert not marker.exists()
         held.release()
+
+
+def _at_a_terminal(eps: list[str], resource: str, script: str) -> tuple[int, int, Any]:
+    """fencingctl lock run as from a shell at a terminal: a pty of its own, fencingctl's group
+    in the foreground. (pid, the pty's master fd, read(until_s) -> all it printed so far)."""
+    argv = [sys.executable, "-m", "coordinator.client.fencingctl", "--endpoints", ",".join(eps),
+            "lock", resource, "--", sys.executable, "-u", "-c", script]
+    pid, master = pty.fork()
+    if pid == 0:  # the child: straight to exec (no Python-level work after fork)
+        os.chdir(ROOT)
+        os.execv(sys.executable, argv)
+    seen = bytearray()
+
+    def read(for_s: float) -> str:
+        deadline = time.monotonic() + for_s
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.05)
+            if ready:
+                try:
+                    seen.extend(os.read(master, 4096))
+                except OSError:  # EIO: every process on the pty has exited
+                    break
+        return seen.decode(errors="replace")
+
+    return pid, master, read
+
+
+def _exit_of(pid: int, read) -> int:
+    """fencingctl's exit code, read while draining the pty (a full pty blocks its writers)."""
+    def ended():
+        read(0.05)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        return (os.waitstatus_to_exitcode(status),) if done else None  # a tuple: exit 0 is an answer
+    try:
+        (code,) = wait_until(ended, timeout_s=STEP_S, what="fencingctl to exit")
+    except TimeoutError:
+        os.kill(pid, signal.SIGKILL)  # CMD follows it (the parent-death signal)
+        os.waitpid(pid, 0)
+        raise
+    return code
+
+
+# CMD reads a line from the terminal.
+READ_SCRIPT = """
+import os
+print(f"cmd: started pid {os.getpid()}", flush=True)
+print("cmd: read", input(), flush=True)
+"""
+
+
+def test_at_a_terminal_cmd_can_read_it_and_ctrl_c_reaches_cmd_once(cluster):
+    eps = _endpoints(cluster)
+    pid, master, read = _at_a_terminal(eps, "lock/tty-read", READ_SCRIPT)
+    try:
+        wait_until(lambda: "cmd: started" in read(0.05), timeout_s=STEP_S, what="CMD to start")
+        os.write(master, b"typed\n")  # a background group reading here would be stopped
+        code = _exit_of(pid, read)
+        out = read(0.2)
+        print(out)
+        assert code == 0 and "cmd: read typed" in out
+    finally:
+        os.close(master)
+
+    pid, master, read = _at_a_terminal(eps, "lock/tty-int", TRAP_SCRIPT)
+    try:
+        wait_until(lambda: "cmd: started" in read(0.05), timeout_s=STEP_S, what="CMD to start")
+        os.write(master, b"\x03")  # Ctrl-C: SIGINT to the terminal's foreground group
+        code = _exit_of(pid, read)
+        out = read(0.2)
+        print(out)
+        assert code == 128 + signal.SIGINT
+        assert out.count("cmd: got SIGINT") == 1 and "Traceback" not in out
+    finally:
+        os.close(master)
+    _assert_free_at_once(eps, "lock/tty-int")
 
 
 # -- a lost lease --------------------------------------------------------------------------------

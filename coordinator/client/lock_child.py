@@ -8,9 +8,12 @@ exit status as a shell reports it. Must never: return while CMD still runs, or r
 signal handler once CMD has started (a signal before then ends the wait for the lease by
 ``Interrupted``, which the lock command turns into an exit without a traceback).
 
-Why its own process group: a supervisor's SIGTERM reaches fencingctl alone, and a terminal's
-Ctrl-C reaches fencingctl's group; either way CMD hears it once, from here, and fencingctl
-stays alive to wait for it and release the lease only after CMD is gone.
+Why its own process group: a supervisor's SIGTERM reaches fencingctl alone; CMD hears it
+once, from here, and fencingctl stays alive to wait for it and release the lease only after
+CMD is gone. At a terminal (stdin a terminal whose foreground group is fencingctl's), CMD's
+group is made the foreground group while it runs, so that CMD can read the terminal (a
+background group reading it would be stopped) and Ctrl-C reaches CMD directly, once; the
+terminal is handed back when CMD has exited.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class Child:
         self._lost: Any = None  # the LeaseLost, once the lease is lost
         self._wake = threading.Event()
         self._previous: dict[int, Any] = {}
+        self._ttou: Any = None  # SIGTTOU's handler while CMD has the terminal (None: it has not)
         self.process: subprocess.Popen | None = None
 
     # -- signals ---------------------------------------------------------------------------
@@ -90,6 +94,7 @@ class Child:
         self._mode = "done"
 
     def restore(self) -> None:
+        self._give_back_terminal()
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
@@ -138,9 +143,36 @@ class Child:
             [sys.executable, "-I", "-S", "-c", _TRAMPOLINE, str(os.getpid()), *argv], env=env, process_group=0,
         )
         self._mode = "running"
+        self._take_terminal()
         for signum in self._pending:
             self._forward(signum)
         self._pending.clear()
+
+    def _take_terminal(self) -> None:
+        """At a terminal, make CMD's group its foreground group (module docstring)."""
+        assert self.process is not None
+        try:
+            if not os.isatty(0) or os.tcgetpgrp(0) != os.getpgrp():
+                return
+            # Popen returned after CMD's exec, so its group exists. In the background from
+            # now on, fencingctl must not be stopped for writing its messages or for taking
+            # the terminal back (CMD itself started with SIGTTOU's default, before this).
+            self._ttou = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            os.tcsetpgrp(0, self.process.pid)
+        except OSError:  # no terminal after all, or CMD already gone: nothing to hand over
+            return
+        # CMD may have read the terminal before it was its own, and been stopped for it.
+        self._kill_group(signal.SIGCONT)
+
+    def _give_back_terminal(self) -> None:
+        if self._ttou is None:
+            return
+        try:
+            os.tcsetpgrp(0, os.getpgrp())
+        except OSError:
+            pass  # the terminal is gone (hung up): nothing to take back
+        signal.signal(signal.SIGTTOU, self._ttou)
+        self._ttou = None
 
     def wait(self, resource: str) -> int:
         """Wait until CMD has exited, stopping it if a signal came or the lease was lost (SIGKILL
@@ -173,6 +205,7 @@ class Child:
                 killed = True
             self._wake.wait(None if kill_at is None or killed else max(0.0, kill_at - now))
         self._mode = "done"
+        self._give_back_terminal()
         # Whatever CMD started in its group and left behind must not run on without the lease.
         self._kill_group(signal.SIGKILL)
         return exit_status(process.returncode)

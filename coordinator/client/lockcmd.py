@@ -64,7 +64,8 @@ FENCING_TOKEN_PROOF in its environment, while the lease renews itself (every TTL
 Durations: 10s, 500ms, 1.5m, 2h (a bare number: the flag's unit, seconds for --wait/--grace,
 milliseconds for --ttl-ms, seconds for --ttl).
 
-signals: SIGTERM, SIGINT and SIGHUP are passed on to CMD's process group; SIGKILL follows
+signals: SIGTERM, SIGINT and SIGHUP are passed on to CMD's process group (at a terminal it
+  is the foreground group while CMD runs: Ctrl-C reaches CMD directly); SIGKILL follows
   after --grace (default {KILL_GRACE_S_DEFAULT:g} s) if CMD has not exited. The lease is released only
   once CMD is gone. A lost lease (fenced, or renewals failing past its TTL) stops CMD the
   same way: SIGTERM, then SIGKILL after --grace. On Linux, if fencingctl itself is killed
