@@ -1,7 +1,7 @@
-"""The lock queue on a real three-process cluster: FIFO grants, fencing of each holder,
-``fencingctl lock`` running a command (its environment, its exit status, its stop when an
-admin force-releases the lease), the election recipe, Acquire with ``wait_ms`` waiting in the
-same queue (O(1) entries per wait, arrival order), and a cancelled call's wait ending at once.
+"""The lock queue on a real three-process cluster: FIFO grants, fencing of each holder, the
+election recipe, Acquire with ``wait_ms`` waiting in the same queue (O(1) entries per wait,
+arrival order), and a cancelled call's wait ending at once. ``fencingctl lock`` running a
+command, and lock waits against a dead cluster, are tests/test_lock_command.py.
 
 Every test here runs real ``fencingd serve`` processes (testsupport.grpc_cluster) and waits by
 polling with a deadline (``wait_until``), never by sleeping.
@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import subprocess
-import sys
 import threading
 import time
 
@@ -28,7 +26,6 @@ from coordinator.server.config import ServerConfig
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, TEST_SETTINGS
 from testsupport.supervisor import wait_until
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A grant travels one RELEASE entry and one server-side wake-up: a second is generous.
 GRANT_WAIT_S = 10.0
 
@@ -86,84 +83,6 @@ def test_three_clients_are_granted_in_arrival_order_and_each_holder_is_fenced(cl
             admin.write(resource, "owner", b"late", token=stale)
     assert admin.read(resource, "owner").value == b"w3"
     admin.close()
-
-
-def _ctl(eps: list[str], *argv: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "coordinator.client.fencingctl", "--endpoints", ",".join(eps), *argv],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )
-
-
-def test_fencingctl_lock_runs_the_command_with_the_token_and_exits_with_its_status(cluster):
-    eps = _endpoints(cluster)
-    script = (
-        "import os, sys; "
-        "print(os.environ['FENCING_RESOURCE'], os.environ['FENCING_TOKEN'], "
-        "repr(os.environ['FENCING_TOKEN_PROOF'])); sys.exit(7)"
-    )
-    proc = _ctl(eps, "lock", "lock/ctl", "--ttl-ms", "3000", "--", sys.executable, "-c", script)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 7, err
-    resource, token, _proof = out.split(" ", 2)
-    assert resource == "lock/ctl" and int(token) >= 1
-    with FencingClient(eps) as client:
-        described = client.describe("lock/ctl")
-        assert not described.held  # released when CMD exited
-
-
-TERM_SCRIPT = """
-import signal, sys, time
-def stop(signum, frame):
-    print("cmd: got SIGTERM, exiting", flush=True)
-    sys.exit(143)
-signal.signal(signal.SIGTERM, stop)
-print("cmd: started", flush=True)
-while True:
-    time.sleep(0.05)
-"""
-
-IGNORE_TERM_SCRIPT = """
-import signal, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-print("cmd: started, ignoring SIGTERM", flush=True)
-while True:
-    time.sleep(0.05)
-"""
-
-
-def _stop_by_force_release(eps: list[str], resource: str, script: str, *extra: str) -> tuple[int, str, str]:
-    proc = _ctl(eps, "lock", resource, "--ttl-ms", "3000", *extra, "--", sys.executable, "-u", "-c", script)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
-    with FencingClient(eps) as admin:
-        wait_until(lambda: any(line.startswith("cmd: started") for line in lines), timeout_s=GRANT_WAIT_S,
-                   what="the command to start")
-        held = admin.describe(resource)
-        assert held.held
-        admin.force_release(resource)
-        proc.wait(timeout=60)
-        reader.join(timeout=10)
-        assert not admin.describe(resource).held
-    return proc.returncode, "".join(lines), proc.stderr.read()
-
-
-def test_fencingctl_lock_sigterms_its_command_when_an_admin_force_releases_the_lease(cluster):
-    code, out, err = _stop_by_force_release(_endpoints(cluster), "lock/kill", TERM_SCRIPT)
-    print(f"--- transcript (exit {code}) ---\n{out}{err}")
-    assert code == 143
-    assert "cmd: got SIGTERM" in out
-    assert "lost" in err and "sending SIGTERM" in err and "SIGKILL" not in err
-
-
-def test_fencingctl_lock_sigkills_a_command_that_ignores_sigterm_after_the_grace(cluster):
-    code, out, err = _stop_by_force_release(
-        _endpoints(cluster), "lock/kill9", IGNORE_TERM_SCRIPT, "--grace-s", "0.5"
-    )
-    print(f"--- transcript (exit {code}) ---\n{out}{err}")
-    assert code == 128 + 9
-    assert "sending SIGKILL" in err
 
 
 def test_election_campaign_observe_resign(cluster):

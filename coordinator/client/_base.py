@@ -204,6 +204,9 @@ class Call:
     timeout_s: float | None = None  # whole-call override
     extra_attempt_s: float = 0.0  # e.g. an Acquire's server-side wait
     endpoint: str | None = None  # pin to one endpoint, one attempt
+    # Monotonic time after which no new attempt starts (one already started runs to its own
+    # timeout): a bounded lock() wait, whose attempts past its end would only wait longer.
+    start_by: float | None = None
     # UNARY: ``request`` is one message. STREAM_OUT: the responses are read to the end (in the
     # attempt) and ``convert`` gets their list. STREAM_IN: ``request`` makes each attempt's
     # message iterator (an attempt may be resent, and an iterator is read once).
@@ -243,6 +246,8 @@ class Attempts:
         """The next attempt's timeout, or None when the attempts or the deadline ran out."""
         remaining = self.remaining_s()
         if self.count >= self.max_attempts or remaining <= 0:
+            return None
+        if self.count > 0 and self.call.start_by is not None and time.monotonic() >= self.call.start_by:
             return None
         self.count += 1
         return min(self.client._attempt_timeout_s + self.call.extra_attempt_s, remaining)
@@ -298,7 +303,9 @@ class Attempts:
         elif last is None:
             exc = Unavailable(f"no attempt fit in the {self.budget_s:g} s deadline", request=context)
         else:
-            summary = f"{self.count} attempt(s) in {self.budget_s:g} s; last on {last.endpoint}"
+            # The time really spent, not the budget: attempts may run out well before it.
+            elapsed_s = time.monotonic() - self.started
+            summary = f"{self.count} attempt(s) in {elapsed_s:.1f} s; last on {last.endpoint}"
             if isinstance(last, NotApplied):  # Unavailable, NoLeader, Overloaded
                 exc = type(last)(
                     f"{last} ({summary})",
@@ -574,10 +581,14 @@ class _ClientBase:
             batch="release",
         ))
 
-    def _lock_call(self, resource: str, *, ttl_ms: int, holder: str, waiter_id: bytes, wait_ms: int) -> Call:
+    def _lock_call(
+        self, resource: str, *, ttl_ms: int, holder: str, waiter_id: bytes, wait_ms: int,
+        timeout_s: float | None = None, start_by: float | None = None,
+    ) -> Call:
         """One Lock call: queue (or renew) ``waiter_id`` and wait up to ``wait_ms`` for the
         grant. Repeating it is harmless (the waiter_id makes it one waiter), so it is retried
-        like a keep-alive."""
+        like a keep-alive; ``timeout_s`` is its budget on top of the wait (None: the client's
+        whole-call timeout)."""
         ctx = {"rpc": "lock", "resource": resource, "holder": holder}
         req = _request(
             pb.LockRequest, ctx, resource=resource, holder=holder, ttl_ms=ttl_ms, waiter_id=waiter_id
@@ -586,7 +597,7 @@ class _ClientBase:
         return Call(
             "lease", "Lock", req, Kind.REPEATABLE, ctx,
             lambda r: LockStep.of(r, resource=resource, holder=holder, waiter_id=waiter_id),
-            extra_attempt_s=wait_ms / 1000,
+            timeout_s=timeout_s, extra_attempt_s=wait_ms / 1000, start_by=start_by,
         )
 
     def cancel_lock(self, resource: str, waiter_id: bytes, *, timeout_s: float | None = None) -> Any:
@@ -804,7 +815,16 @@ LOCK_BUSY_PAUSE_S = 0.5
 
 class LockWait:
     """The bookkeeping of one ``lock()``, shared by the sync and asyncio loops: the waiter's
-    id, the deadline, which call to make next and how long to pause after an answer."""
+    id, the deadline, which call to make next, how long to pause after an answer, and whether
+    a failed call ends the wait.
+
+    A bounded wait (``timeout_s``) ends within timeout_s plus one attempt timeout, whatever
+    the cluster does: each Lock call gets only what is left of the wait plus one attempt
+    timeout (not the client's whole-call timeout) and starts no retry once the wait is over;
+    a call that fails for want of a cluster (unavailable, no leader, overloaded, outcome
+    unknown: repeating a Lock is harmless) is made again while the wait lasts and ends it
+    with LockTimeout once it is over; leaving the queue afterwards gets only what is left of
+    that same bound, and is skipped when no call can have reached the queue."""
 
     def __init__(self, client: _ClientBase, resource: str, *, ttl_ms: int, holder: str | None,
                  timeout_s: float | None) -> None:
@@ -817,12 +837,22 @@ class LockWait:
         self.timeout_s = timeout_s
         self.waiter_id = new_op_id()
         now = time.monotonic()
+        self.started = now
         self.deadline = None if timeout_s is None else now + timeout_s
+        # The whole lock() ends by here: the wait, then at most one attempt's time.
+        self.end = None if self.deadline is None else self.deadline + client._attempt_timeout_s
         # Send time of the call before the last one: the grant applied after that call was
         # answered "queued", so this bounds the lease's start from below (LeaseBase._renewed_at).
         self.granted_after = now
         self._sent_at = now
         self._wait_s = 0.0
+        self.calls = 0  # Lock calls made (each may have made several attempts)
+        # Whether a Lock call may have put this waiter in the queue: only then is there
+        # anything for CancelLock to take out. A call that failed NotApplied (every attempt
+        # surely unapplied: no connection, no leader) did not.
+        self.maybe_queued = False
+        self._maybe_queued_before = False
+        self.last_error: FencingError | None = None
         # Set by a client's close() that has taken (or tried to take) this waiter out of the
         # queue: the lock() loop makes no further call and ends with RuntimeError.
         self.abandoned = False
@@ -834,10 +864,43 @@ class LockWait:
         if left_ms <= 0:
             return None
         wait_ms = min(left_ms, limits.LOCK_WAIT_MS_MAX)
+        budget_s = None
+        if self.end is not None:
+            # The call's own deadline (budget + its wait) falls at self.end, never later.
+            budget_s = min(self.client._timeout_s, self.end - now - wait_ms / 1000)
         self.granted_after, self._sent_at, self._wait_s = self._sent_at, now, wait_ms / 1000
+        self.calls += 1
+        self._maybe_queued_before, self.maybe_queued = self.maybe_queued, True
         return self.client._lock_call(
-            self.resource, ttl_ms=self.ttl_ms, holder=self.holder, waiter_id=self.waiter_id, wait_ms=wait_ms
+            self.resource, ttl_ms=self.ttl_ms, holder=self.holder, waiter_id=self.waiter_id, wait_ms=wait_ms,
+            timeout_s=budget_s, start_by=self.deadline,
         )
+
+    def after_failure(self, error: BaseException) -> float:
+        """A Lock call raised ``error``: the pause before the next call, or raises what ends
+        lock() (``error`` itself, or LockTimeout once a bounded wait is over)."""
+        if isinstance(error, NotApplied):
+            self.maybe_queued = self._maybe_queued_before
+        if not isinstance(error, (NotApplied, OutcomeUnknown)) or self.deadline is None:
+            raise error  # a refusal, a bad argument, or an unbounded wait: as any call would
+        self.last_error = error
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise self.timed_out() from error
+        # Each call already retried with backoff; a short pause keeps a dead cluster from
+        # being asked in a tight loop for the rest of the wait.
+        return min(LOCK_BUSY_PAUSE_S, left)
+
+    def cancel_timeout_s(self) -> float | None:
+        """The budget of the CancelLock that leaves the queue: an attempt timeout, cut to what
+        is left of a bounded lock()'s end; None: no time is left (its slot expires by itself,
+        within limits.LOCK_WAITER_TTL_MS), or no call ever reached the queue."""
+        if not self.maybe_queued:
+            return None
+        if self.end is None:
+            return self.client._attempt_timeout_s
+        left = min(self.client._attempt_timeout_s, self.end - time.monotonic())
+        return left if left > 0.05 else None
 
     def pause_s(self, step: LockStep) -> float:
         """After a call that was not granted: how long to pause before the next one."""
@@ -853,7 +916,16 @@ class LockWait:
         return 0.0
 
     def timed_out(self) -> LockTimeout:
-        return LockTimeout(request={"rpc": "lock", "resource": self.resource, "timeout_s": self.timeout_s})
+        elapsed_s = time.monotonic() - self.started
+        message = (
+            f"{self.resource} was not granted within {self.timeout_s:g} s "
+            f"({self.calls} Lock call(s) in {elapsed_s:.1f} s"
+        )
+        if self.last_error is not None:
+            message += f"; last: {type(self.last_error).__name__}: {self.last_error}"
+        return LockTimeout(
+            message + ")", request={"rpc": "lock", "resource": self.resource, "timeout_s": self.timeout_s}
+        )
 
 
 class LeaseBase:

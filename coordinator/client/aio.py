@@ -184,7 +184,13 @@ class AsyncFencingClient(_ClientBase):
                     raise wait.timed_out()
                 if wait.abandoned:
                     raise RuntimeError("the AsyncFencingClient was closed while lock() waited")
-                step = await self._execute(call)
+                try:
+                    step = await self._execute(call)
+                except FencingError as error:
+                    pause_s = wait.after_failure(error)  # raises when the wait is over
+                    if pause_s > 0:
+                        await asyncio.sleep(pause_s)
+                    continue
                 if wait.abandoned:  # close() left the line meanwhile (and released a grant)
                     raise RuntimeError("the AsyncFencingClient was closed while lock() waited")
                 if step.acquired is not None:
@@ -205,10 +211,11 @@ class AsyncFencingClient(_ClientBase):
                     raise
                 raise RuntimeError("the AsyncFencingClient was closed while lock() waited") from exc
             closed = self._closed
-            if not closed:
+            cancel_s = wait.cancel_timeout_s()
+            if not closed and cancel_s is not None:
                 try:
                     # Shielded: a cancelled lock() still leaves the queue.
-                    await asyncio.shield(self.cancel_lock(resource, wait.waiter_id, timeout_s=self._attempt_timeout_s))
+                    await asyncio.shield(self.cancel_lock(resource, wait.waiter_id, timeout_s=cancel_s))
                 except (FencingError, RuntimeError, asyncio.CancelledError) as cancel_error:
                     log.info("leaving the lock queue of %s failed: %r", resource, cancel_error)
             if closed and not isinstance(exc, (RuntimeError, asyncio.CancelledError)):
@@ -309,7 +316,8 @@ class AsyncLease(LeaseBase):
             return
         self.lost_error = LeaseLost(message, cause=cause, request=self._context())
         self.lost.set()
-        log.warning("%s", self.lost_error)
+        # A caller with on_lost reports the loss itself: a warning too would say it twice.
+        log.log(logging.INFO if self._on_lost is not None else logging.WARNING, "%s", self.lost_error)
         if self._on_lost is not None:
             try:
                 outcome = self._on_lost(self.lost_error)

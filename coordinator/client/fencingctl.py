@@ -20,9 +20,10 @@ Usage::
               (or --value-file PATH instead of VALUE; "-" is stdin)
     read      RESOURCE KEY
     delete    RESOURCE KEY --token N [--op-id HEX]
-    lock      RESOURCE --ttl-ms N [--holder H] [--wait-s S] [--grace-s S] -- CMD...
+    lock      RESOURCE [--ttl D] [--holder H] [--wait D] [--grace D] -- CMD...
               (waits in line for the lease, runs CMD with FENCING_TOKEN, FENCING_RESOURCE,
-              FENCING_TOKEN_PROOF; stops CMD if the lease is lost; exits with CMD's status:
+              FENCING_TOKEN_PROOF; passes SIGTERM/SIGINT/SIGHUP on to CMD and stops it if
+              the lease is lost; exits with CMD's status, its own failures 124-127:
               coordinator/client/lockcmd.py)
     admin force-release   RESOURCE [--op-id HEX]
     admin set-epoch-floor FLOOR [--no-fence-all]
@@ -70,6 +71,10 @@ Exit codes (scripts may rely on them):
     6  unauthenticated or permission denied
     7  limit exceeded, epoch exhausted or overloaded
 
+``lock`` exits with its CMD's status instead, and with 124-127 for its own outcomes
+(lockcmd.LockExit: 124 wait timed out, 125 any failure of fencingctl's, 126/127 CMD not
+executable/not found), so no code of fencingctl's can pass for CMD's.
+
 Errors are one line on stderr, ``fencingctl: <category>: <what happened>``; with
 ``--output json`` an ``{"error": {...}}`` object also goes to stdout.
 """
@@ -81,6 +86,7 @@ import base64
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
 from typing import Any, Callable
@@ -142,6 +148,10 @@ class UsageError(Exception):
     """What the user typed is not a valid command line; nothing was sent."""
 
     category = "usage"
+
+    def __init__(self, message: str = "", *, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code  # EXIT_USAGE, or lock's LockExit.FAILED
 
 
 class BadField(UsageError):
@@ -335,9 +345,11 @@ def _no_constant(name: str) -> Any:
 
 
 class _Parser(argparse.ArgumentParser):
+    usage_exit = 2  # EXIT_USAGE; `lock` uses a code CMD's own status cannot be confused with
+
     def error(self, message: str) -> None:  # one line, exit 2 (argparse's own convention)
         self.print_usage(sys.stderr)
-        raise UsageError(message)
+        raise UsageError(message, exit_code=self.usage_exit)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -694,6 +706,9 @@ def main(argv: list[str] | None = None) -> int:
         code = _main(argv)
         sys.stdout.flush()  # here, not at exit, where a closed pipe is a line on stderr
         return code
+    except KeyboardInterrupt:  # Ctrl-C: ended as the shell reports it, without a traceback
+        print("fencingctl: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
     except BrokenPipeError:
         # Python's own advice: point stdout at /dev/null so the flush at exit is silent too.
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -718,7 +733,7 @@ def _main(argv: list[str] | None) -> int:
             try:
                 request = lockcmd.parse(args, lock_cmd)
             except lockcmd.LockUsage as error:
-                raise UsageError(str(error)) from None
+                raise UsageError(str(error), exit_code=lockcmd.LockExit.FAILED) from None
         elif name not in ("status", "snapshot") and not name.startswith("member-"):
             if name == "restore":
                 raw_args = {"epoch_floor": args.epoch_floor} if args.epoch_floor is not None else {}
@@ -753,15 +768,21 @@ def _main(argv: list[str] | None) -> int:
         except ValueError as error:
             raise UsageError(f"--endpoints: {error}") from None
     except UsageError as error:
-        _print_error(error, error.category, output, EXIT_USAGE)
-        return EXIT_USAGE
+        code = lockcmd.LockExit.FAILED if lock_cmd and error.exit_code == EXIT_USAGE else error.exit_code
+        _print_error(error, error.category, output, code)
+        return int(code)
     except SystemExit as done:  # --help, or argparse's own exit
         return int(done.code or 0) if isinstance(done.code, int) else EXIT_USAGE
 
     with client:
         try:
             if name == "lock":
-                return lockcmd.run(client, request)
+                try:
+                    return lockcmd.run(client, request)
+                except exc.FencingError as error:  # before CMD ran: a code CMD cannot have
+                    code = lockcmd.exit_code_for(error)
+                    _print_error(error, error.category, output, code)
+                    return int(code)
             _run(client, args, name, request)
         except exc.FencingError as error:
             code = exit_code_for(error)

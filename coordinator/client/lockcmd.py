@@ -1,56 +1,102 @@
-"""``fencingctl lock RESOURCE --ttl-ms N -- CMD...``: run a command while holding a lease.
+"""``fencingctl lock RESOURCE [--ttl D] -- CMD...``: run a command while holding a lease.
 
-Owns: the lock subcommand's arguments, running CMD with the lease's token in its environment,
-stopping CMD when the lease is lost, releasing the lease when CMD exits, and passing CMD's exit
-status on. Must never: run CMD before the lease is granted, leave CMD running once the lease
-is known lost, or keep a lease after CMD has exited.
+Owns: the lock subcommand's arguments, its help, its exit codes, and the order of things:
+wait for the lease, run CMD (coordinator/client/lock_child.py) with the lease's token in its
+environment, release the lease once CMD is gone. Must never: run CMD before the lease is
+granted, release the lease while CMD may still run, or exit with a code of its own that CMD's
+status could be mistaken for.
 
 CMD's environment gets FENCING_TOKEN (the fencing token, decimal), FENCING_RESOURCE and
 FENCING_TOKEN_PROOF (the proof's text form, ``fp1.…``; empty when the cluster signs nothing),
 for CMD to pass to the resources it writes: they refuse it once a newer token exists. The
 lease renews itself while CMD runs. When it is lost (fenced by a force-release, or renewals
-failing past its expiry) CMD gets SIGTERM, then SIGKILL after ``--grace-s``. That stop is
+failing past its expiry) CMD gets SIGTERM, then SIGKILL after ``--grace``. That stop is
 advisory, like every client-side notice: the fence at the resource is the guarantee.
-fencingctl exits with CMD's status (128 + N when a signal N ended it); fencingctl's own
-failures (no grant in time, no cluster) use fencingctl's exit codes before CMD starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import enum
+import logging
 import os
 import signal
-import subprocess
 import sys
-import threading
 from typing import Any
 
-from coordinator.client import proof
+from coordinator.client import durations, lock_child, proof
+from coordinator.client.exceptions import FencingError, LockTimeout
 from coordinator.client.sync import FencingClient
 from coordinator.core import validation
 
 TOKEN_ENV = "FENCING_TOKEN"
 RESOURCE_ENV = "FENCING_RESOURCE"
 TOKEN_PROOF_ENV = "FENCING_TOKEN_PROOF"
-# Time CMD has to exit after SIGTERM once its lease is lost, before SIGKILL: enough to finish
-# a write and exit cleanly, short next to lease TTLs (its writes are refused meanwhile anyway).
+# The lease's TTL when none is given: renewed every third of it while CMD runs, so a
+# fencingctl that dies or is cut off frees the lock for the next holder within 15 s, yet a
+# renewal can fail twice (a leader election is 1-2 s) before the lease is at risk.
+TTL_MS_DEFAULT = 15_000
+# Time CMD has to exit after SIGTERM (a signal passed on, or its lease lost), before SIGKILL:
+# enough to finish a write and exit cleanly, short next to lease TTLs (a lost lease's writes
+# are refused meanwhile anyway). Supervisors wait longer than this before their own SIGKILL
+# (systemd's TimeoutStopSec 90 s, Kubernetes' terminationGracePeriodSeconds 30 s).
 KILL_GRACE_S_DEFAULT = 10.0
 KILL_GRACE_S_MAX = 3600.0  # a grace past an hour is a typo, not a plan
-# --wait-s: longer than any wait a person or a cron job means (none: no deadline); past it
+# --wait: longer than any wait a person or a cron job means (none: no deadline); past it
 # the number is a typo, e.g. milliseconds given as seconds.
 WAIT_S_MAX = 365 * 24 * 3600.0
+
+
+class LockExit(enum.IntEnum):
+    """fencingctl lock's own exit codes, above any status CMD is likely to use and the same
+    as timeout(1)'s and the shell's; everything else is CMD's status (128 + N: signal N)."""
+
+    WAIT_TIMED_OUT = 124  # --wait passed without a grant (timeout(1)'s code); CMD never ran
+    FAILED = 125  # fencingctl's own failure: usage, cluster unreachable, refused; CMD never ran
+    NOT_EXECUTABLE = 126  # CMD exists but cannot be run (the shell's code)
+    NOT_FOUND = 127  # no such CMD (the shell's code)
+
+
+USAGE = "fencingctl lock RESOURCE [--ttl D] [--holder H] [--wait D] [--grace D] [options] -- CMD [ARG...]"
+HELP_EPILOG = f"""\
+CMD runs in a process group of its own with FENCING_TOKEN, FENCING_RESOURCE and
+FENCING_TOKEN_PROOF in its environment, while the lease renews itself (every TTL/3).
+Durations: 10s, 500ms, 1.5m, 2h (a bare number: the flag's unit, seconds for --wait/--grace,
+milliseconds for --ttl-ms, seconds for --ttl).
+
+signals: SIGTERM, SIGINT and SIGHUP are passed on to CMD's process group (at a terminal it
+  is the foreground group while CMD runs: Ctrl-C reaches CMD directly); SIGKILL follows
+  after --grace (default {KILL_GRACE_S_DEFAULT:g} s) if CMD has not exited. The lease is released only
+  once CMD is gone. A lost lease (fenced, or renewals failing past its TTL) stops CMD the
+  same way: SIGTERM, then SIGKILL after --grace. On Linux, if fencingctl itself is killed
+  (even by SIGKILL), the kernel kills CMD. A signal while waiting for the lease leaves the
+  queue and exits 128+N. What CMD leaves running in its group when it exits is killed.
+
+exit codes (CMD's status is passed on, like Consul's lock -child-exit-code):
+  N    CMD's own exit status; 128+N if signal N ended it (as a shell reports it)
+  124  --wait passed before the lease was granted (CMD never ran)
+  125  fencingctl's own failure: usage error, cluster unreachable, refused (CMD never ran)
+  126  CMD cannot be executed (permission denied, not an executable)
+  127  CMD not found
+  128+N  fencingctl got signal N while waiting for the lease (CMD never ran)
+"""
 
 
 def add_parser(sub: Any, command: Any) -> None:
     """Add ``lock`` to fencingctl's subcommands (``command`` makes a subparser)."""
     p = command("lock", "hold the lease on RESOURCE (waiting in line) while running CMD", json_form=False)
+    p.usage = USAGE
+    p.epilog = HELP_EPILOG
+    p.usage_exit = LockExit.FAILED  # a usage error must not look like CMD's status 2
     p.add_argument("resource", nargs="?")
-    p.add_argument("--ttl-ms", dest="ttl_ms", metavar="N", help="the lease's TTL (renewed while CMD runs)")
+    p.add_argument("--ttl", metavar="D",
+                   help=f"the lease's TTL, renewed while CMD runs (default {TTL_MS_DEFAULT // 1000} s)")
+    p.add_argument("--ttl-ms", dest="ttl_ms", metavar="N", help="the TTL in milliseconds (older spelling of --ttl)")
     p.add_argument("--holder")
-    p.add_argument("--wait-s", dest="wait_s", metavar="S",
-                   help="give up waiting for the lease after S seconds (default: wait as long as it takes)")
-    p.add_argument("--grace-s", dest="grace_s", metavar="S", default=str(KILL_GRACE_S_DEFAULT),
-                   help=f"SIGKILL CMD this long after SIGTERM once the lease is lost (default {KILL_GRACE_S_DEFAULT:g})")
+    p.add_argument("--wait", "--wait-s", dest="wait_s", metavar="D",
+                   help="give up waiting for the lease after D, exit 124 (default: wait as long as it takes)")
+    p.add_argument("--grace", "--grace-s", dest="grace_s", metavar="D", default=f"{KILL_GRACE_S_DEFAULT:g}",
+                   help=f"SIGKILL CMD this long after it was told to stop (default {KILL_GRACE_S_DEFAULT:g} s)")
     # CMD is every word after the first "--", split off before argparse sees the line
     # (split_command): argparse would take CMD's own options for fencingctl's.
 
@@ -67,83 +113,110 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 class LockUsage(ValueError):
-    """A bad argument of ``lock``: fencingctl reports it as a usage error (exit 2)."""
+    """A bad argument of ``lock``: fencingctl reports it as a usage error (exit 125)."""
 
 
 def _seconds(name: str, text: str | None, high: float) -> float | None:
     if text is None:
         return None
     try:
-        value = float(text)
-    except ValueError:
-        raise LockUsage(f"--{name} must be a number of seconds, got {text!r}") from None
+        value = durations.parse_s(text, default_unit="s")
+    except ValueError as error:
+        raise LockUsage(f"--{name}: {error}") from None
     if not 0 < value <= high:
         raise LockUsage(f"--{name} must be in (0, {high:g}] seconds, got {text!r}")
     return value
 
 
+def _ttl_ms(args: argparse.Namespace) -> int:
+    if args.ttl is not None and args.ttl_ms is not None:
+        raise LockUsage("give the TTL as --ttl or as --ttl-ms, not both")
+    if args.ttl is None and args.ttl_ms is None:
+        return TTL_MS_DEFAULT
+    flag, text, unit = ("ttl", args.ttl, "s") if args.ttl is not None else ("ttl-ms", args.ttl_ms, "ms")
+    try:
+        ms = durations.parse_s(text, default_unit=unit) * 1000
+    except ValueError as error:
+        raise LockUsage(f"--{flag}: {error}") from None
+    if ms != int(ms):
+        raise LockUsage(f"--{flag} must be a whole number of milliseconds, got {text!r}")
+    try:
+        return validation.check_ttl_ms(int(ms))
+    except validation.InvalidField as error:
+        raise LockUsage(f"--{flag}: {error}") from None
+
+
 def parse(args: argparse.Namespace, cmd: list[str]) -> dict[str, Any]:
     """The checked arguments of ``lock`` and its CMD; LockUsage names the first bad one."""
     if not cmd:
-        raise LockUsage("lock needs a command to run: fencingctl lock RESOURCE --ttl-ms N -- CMD...")
+        raise LockUsage(f"lock needs a command to run: {USAGE}")
     try:
         resource = validation.check_resource(args.resource)
-        if args.ttl_ms is None or not args.ttl_ms.isdigit():
-            raise validation.InvalidField("ttl_ms", f"--ttl-ms must be a whole number of milliseconds, got {args.ttl_ms!r}")
-        ttl_ms = validation.check_ttl_ms(int(args.ttl_ms))
         holder = None if args.holder is None else validation.check_holder(args.holder)
     except validation.InvalidField as error:
         raise LockUsage(str(error)) from None
     return {
-        "resource": resource, "ttl_ms": ttl_ms, "holder": holder, "cmd": cmd,
-        "wait_s": _seconds("wait-s", args.wait_s, WAIT_S_MAX),
-        "grace_s": _seconds("grace-s", args.grace_s, KILL_GRACE_S_MAX),
+        "resource": resource, "ttl_ms": _ttl_ms(args), "holder": holder, "cmd": cmd,
+        "wait_s": _seconds("wait", args.wait_s, WAIT_S_MAX),
+        "grace_s": _seconds("grace", args.grace_s, KILL_GRACE_S_MAX),
     }
+
+
+def exit_code_for(error: FencingError) -> int:
+    """The exit code of a failure before CMD ran."""
+    return LockExit.WAIT_TIMED_OUT if isinstance(error, LockTimeout) else LockExit.FAILED
 
 
 def _say(message: str) -> None:
     print(f"fencingctl: lock: {message}", file=sys.stderr, flush=True)
 
 
-def _exit_status(returncode: int) -> int:
-    """CMD's exit status as a shell reports it: 128 + N when signal N ended it."""
-    return returncode if returncode >= 0 else 128 - returncode
+class _Prefixed(logging.Handler):
+    """The client library's warnings (a release that failed, ...) as fencingctl's one-line
+    messages, not Python's bare last-resort lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        _say(" ".join(record.getMessage().split()))
 
 
 def run(client: FencingClient, options: dict[str, Any]) -> int:
-    """Wait for the lease, run CMD under it, and return CMD's exit status."""
-    resource = options["resource"]
-    wake = threading.Event()  # CMD exited, or the lease was lost: whichever comes first
-    lease = client.lock(
-        resource, ttl_ms=options["ttl_ms"], timeout_s=options["wait_s"], holder=options["holder"],
-        on_lost=lambda _lost: wake.set(),
-    )
+    """Wait for the lease, run CMD under it, and return CMD's exit status (LockExit for what
+    is not CMD's). Raises FencingError for a failure before CMD ran (exit_code_for)."""
+    resource, argv = options["resource"], options["cmd"]
+    library_log = logging.getLogger("coordinator")
+    handler = _Prefixed(logging.WARNING)
+    library_log.addHandler(handler)
+    child = lock_child.Child(argv[0], grace_s=options["grace_s"], say=_say)
+    child.install()
+    lease = None
     try:
+        try:
+            lease = client.lock(
+                resource, ttl_ms=options["ttl_ms"], timeout_s=options["wait_s"], holder=options["holder"],
+                on_lost=child.lease_lost,
+            )
+            child.granted()
+        except lock_child.Interrupted as stop:
+            # lock() has left the queue. A grant that landed between its return and here is
+            # the client's only lease: release it too.
+            for stray in list(client._leases):
+                stray.close()
+            _say(f"{signal.Signals(stop.signum).name} while waiting for {resource}; left the queue")
+            return 128 + stop.signum
         env = {
             **os.environ,
             TOKEN_ENV: str(lease.token),
             RESOURCE_ENV: resource,
             TOKEN_PROOF_ENV: proof.to_text(lease.token_proof) if lease.token_proof else "",
         }
-        _say(f"{resource} granted with token {lease.token}; running {options['cmd'][0]}")
-        try:
-            child = subprocess.Popen(options["cmd"], env=env)
-        except OSError as error:
-            _say(f"cannot run {options['cmd'][0]}: {error}")
-            return 127  # the shell's "command not found"
-        threading.Thread(target=lambda: (child.wait(), wake.set()), name="lock-cmd-wait", daemon=True).start()
-        wake.wait()  # no timeout: one of the two always comes (CMD exits, or the lease ends)
-        if child.poll() is None:  # the lease was lost while CMD runs
-            _say(f"lease on {resource} lost ({lease.lost_error}); sending SIGTERM to {options['cmd'][0]}")
-            child.send_signal(signal.SIGTERM)
-            try:
-                child.wait(timeout=options["grace_s"])
-            except subprocess.TimeoutExpired:
-                _say(f"{options['cmd'][0]} still running {options['grace_s']:g} s after SIGTERM; sending SIGKILL")
-                child.kill()
-                child.wait()
-        status = _exit_status(child.returncode)
-        _say(f"{options['cmd'][0]} exited with status {status}")
+        _say(f"{resource} granted with token {lease.token}; running {argv[0]}")
+        child.start(argv, env)  # a CMD that cannot be run exits 127 or 126 (LockExit)
+        status = child.wait(resource)
+        _say(f"{argv[0]} exited with status {status}")
         return status
     finally:
-        lease.close()  # released if still held; a lost lease has nothing to release
+        child.close()
+        if lease is not None:
+            lease.close()  # released if still held (CMD is gone); a lost lease has nothing to release
+        child.restore()
+        library_log.removeHandler(handler)

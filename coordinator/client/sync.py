@@ -357,7 +357,8 @@ class FencingClient(_ClientBase):
         """Block until ``resource``'s lease is granted to this caller, in arrival order among
         everyone waiting (a FIFO queue in the replicated state), and return it as a ``Lease``
         that renews itself like ``lease()``'s. Raises LockTimeout once ``timeout_s`` passes
-        (None: no deadline), RuntimeError if the client is closed meanwhile; either way the
+        (None: no deadline), also when the cluster cannot be reached meanwhile: the call ends
+        within timeout_s plus one attempt timeout (``LockWait``), RuntimeError if the client is closed meanwhile; either way the
         waiter leaves the queue. While it waits, one Lock call (one Raft entry) per
         limits.LOCK_WAIT_MS_MAX keeps its place; the grant itself is the entry that ended the
         previous lease.
@@ -368,7 +369,13 @@ class FencingClient(_ClientBase):
                 call = wait.next_call()
                 if call is None:
                     raise wait.timed_out()
-                step = self._execute(call)
+                try:
+                    step = self._execute(call)
+                except FencingError as error:
+                    pause_s = wait.after_failure(error)  # raises when the wait is over
+                    if pause_s > 0:
+                        time.sleep(pause_s)
+                    continue
                 if step.acquired is not None:
                     lease = Lease(self, step.acquired, ttl_ms=ttl_ms, on_lost=on_lost, sent_at=wait.granted_after)
                     self._leases.add(lease)
@@ -379,9 +386,10 @@ class FencingClient(_ClientBase):
                     time.sleep(pause_s)
         except BaseException as exc:
             closed = self._closed
-            if not closed:
+            cancel_s = wait.cancel_timeout_s()
+            if not closed and cancel_s is not None:
                 try:
-                    self.cancel_lock(resource, wait.waiter_id, timeout_s=self._attempt_timeout_s)
+                    self.cancel_lock(resource, wait.waiter_id, timeout_s=cancel_s)
                 except (FencingError, RuntimeError) as cancel_error:  # its slot expires by itself
                     log.info("leaving the lock queue of %s failed: %s", resource, cancel_error)
             if closed and not isinstance(exc, RuntimeError):
@@ -473,7 +481,8 @@ class Lease(LeaseBase):
                 return
             self.lost_error = LeaseLost(message, cause=cause, request=self._context())
             self.lost.set()
-        log.warning("%s", self.lost_error)
+        # A caller with on_lost reports the loss itself: a warning too would say it twice.
+        log.log(logging.INFO if self._on_lost is not None else logging.WARNING, "%s", self.lost_error)
         if self._on_lost is not None:
             try:
                 self._on_lost(self.lost_error)
