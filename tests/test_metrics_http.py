@@ -7,6 +7,7 @@ over real sockets. Every wait is a poll with a deadline.
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import socket
 import threading
@@ -77,6 +78,24 @@ def test_a_scrape_gets_the_metrics_and_readyz_follows_ready(endpoint):
     assert get(port, "/metricz")[0] == 404
     assert get(port, "/metrics", method="HEAD")[:2] == (200, b"")
     assert get(port, "/metrics", method="POST")[0] == 405
+
+
+def test_every_reply_carries_the_members_wall_clock_as_its_date(endpoint):
+    # The chaos suite reads a member's (possibly stepped) clock from it: chaos/harness.py.
+    port = endpoint[1]
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        before = time.time()
+        conn.request("GET", "/readyz")
+        reply = conn.getresponse()
+        reply.read()
+        after = time.time()
+        date = reply.getheader("Date")
+    finally:
+        conn.close()
+    assert date, "no Date header"
+    stamped = email.utils.parsedate_to_datetime(date).timestamp()
+    assert int(before) - 1 <= stamped <= after, (before, date, after)
 
 
 def test_half_sent_requests_are_closed_at_the_timeout_without_a_thread_each(endpoint):

@@ -11,6 +11,7 @@ server it did not start, or be imported by ``coordinator/`` (not shipped).
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -126,6 +127,26 @@ class RedisServer(_Server):
         return redis.Redis(unix_socket_path=self.socket_path, db=db, socket_timeout=30, **kwargs)
 
 
+# Redis Cluster also listens on port + 10000 (its bus), so the port must be at most 55535: the
+# kernel's ephemeral range reaches 60999 and once gave 5xxxx ports that redis refused.
+CLUSTER_PORT_MAX = 65535 - 10000
+
+
+def _free_cluster_port() -> int:
+    """A port of 127.0.0.1 free now, with its bus port (+10000) free too. Another process could
+    take either before the server binds; its start then fails and says so."""
+    for _ in range(100):
+        port = random.randint(20000, CLUSTER_PORT_MAX)
+        try:
+            for candidate in (port, port + 10000):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no free pair of ports (P, P + 10000) with P <= {CLUSTER_PORT_MAX} for redis-cluster")
+
+
 class RedisClusterNode(RedisServer):
     """A one-node Redis Cluster (all 16384 slots on this node), for the guard's cluster test.
     A cluster client finds nodes by address, so this one listens on a free port of 127.0.0.1."""
@@ -134,9 +155,7 @@ class RedisClusterNode(RedisServer):
 
     def __init__(self) -> None:
         super().__init__()
-        with socket.socket() as probe:  # a free port now; another process could take it before the
-            probe.bind(("127.0.0.1", 0))  # server binds, and then its start fails and says so
-            self.port = probe.getsockname()[1]
+        self.port = _free_cluster_port()
 
     def _command(self) -> list[str]:
         command = super()._command()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import email.utils
 import threading
 from typing import Callable
 
@@ -139,6 +140,9 @@ class MetricsHttpServer:
                      head_only: bool = False) -> None:
         writer.write(
             f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nContent-Type: {content_type}\r\n"
+            # Date, from this process's wall clock: HTTP/1.1 wants it, and the chaos suite reads a
+            # member's clock (a stepped one included) from it (chaos/harness.py wall_clock_offset_s).
+            f"Date: {email.utils.formatdate(usegmt=True)}\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n".encode("latin-1") + extra + b"\r\n"
             + (b"" if head_only else body)
         )
