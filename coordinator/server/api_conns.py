@@ -176,7 +176,10 @@ def shut_down(fd: int, inode: int) -> bool:
 
 class PeerConnectionCap:
     """Once every ``interval_s``, shuts down the newest API connections of each remote address
-    over ``per_peer_max`` (newest: the highest socket inode, inodes being handed out in order)."""
+    over ``per_peer_max``. Newest: first seen by the latest scan. Socket inode numbers are not
+    an age (Linux hands them out in per-CPU batches: CI saw an older connection numbered above
+    newer ones), so each connection's first scan is remembered; among connections first seen by
+    the same scan, the highest inode goes first."""
 
     def __init__(self, port: int, per_peer_max: int, *, interval_s: float = PEER_SCAN_INTERVAL_S,
                  refused_lines: RefusedLines | None = None,
@@ -185,6 +188,8 @@ class PeerConnectionCap:
         self.per_peer_max = per_peer_max
         self.interval_s = interval_s
         self.closed_total = 0
+        self._scans = 0
+        self._first_seen: dict[int, int] = {}  # inode -> the scan that first saw it (live ones only)
         self._lines = refused_lines or RefusedLines()
         self._on_closed = on_closed
         self._stop = threading.Event()
@@ -192,14 +197,19 @@ class PeerConnectionCap:
 
     def scan_once(self) -> int:
         """One pass; the number of connections shut down."""
-        over = {peer: inodes for peer, inodes in established_by_peer(self.port).items()
-                if len(inodes) > self.per_peer_max}
+        peers = established_by_peer(self.port)
+        self._scans += 1
+        first_seen = {inode: self._first_seen.get(inode, self._scans)
+                      for inodes in peers.values() for inode in inodes}
+        self._first_seen = first_seen  # at most the connections held: closed ones are forgotten
+        over = {peer: inodes for peer, inodes in peers.items() if len(inodes) > self.per_peer_max}
         if not over:
             return 0
         fds = socket_fds()
         closed = 0
         for peer, inodes in over.items():
-            mine = sorted(i for i in inodes if i in fds)  # only sockets of this process
+            # only sockets of this process, oldest first
+            mine = sorted((i for i in inodes if i in fds), key=lambda i: (first_seen[i], i))
             excess = mine[self.per_peer_max:]
             done = sum(shut_down(fds[inode], inode) for inode in excess)
             closed += done
