@@ -436,6 +436,9 @@ class RaftNode:
             "peer_connections_replaced": so.peer_connections_replaced,
             "refused_entries": so.refused_entries,
             "read_index_rounds": so.read_index_rounds,
+            "pre_votes_started": so.pre_votes_started,
+            "pre_votes_won": so.pre_votes_won,
+            "pre_votes_refused": so.pre_votes_refused,
             **self._snapshot_status(),
             **so.membership_status(),
         }

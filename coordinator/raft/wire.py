@@ -321,6 +321,12 @@ _SCHEMAS: dict[int, tuple[str, tuple[tuple[str, Callable, bool], ...]]] = {
     9: ("apply_command_response", (("request_id", _int, False), ("log_idx", _int, False), ("log_term", _int, False))),
     10: ("apply_command_response", (("request_id", _int, False), ("error", _fail_code, False))),
     11: ("timeout_now", (("term", _int, False),)),
+    # Pre-vote (pre_vote.py): would the receiver grant a vote in ``term``? The answer names the
+    # term asked about and the answerer's own, which an asker behind it adopts.
+    13: ("pre_vote", (("term", _int, False), ("last_log_index", _int, False), ("last_log_term", _int, False),
+                      *_SENDER)),
+    14: ("pre_vote_response", (("term", _int, False), ("granted", _bool, False), ("current_term", _int, False),
+                               *_SENDER)),
     # The handshake that binds a connection to both members (peer_binding.py), with the
     # secret: a hello names no receiver's nonce, id or incarnation; a welcome and a confirm
     # name all of them.
