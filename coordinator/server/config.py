@@ -161,12 +161,6 @@ class ServerConfig:
         default=256,
         metadata=_doc("proposals waiting for Raft at once; beyond it RESOURCE_EXHAUSTED/OVERLOADED"),
     )
-    acquire_wait_poll_ms: int = dataclasses.field(
-        # Kept so config files that set it still load (unknown keys are refused): a waiting
-        # Acquire no longer polls, it waits in the lock queue for the entry that grants it.
-        default=100,
-        metadata=_doc("no effect (a waiting Acquire waits in the lock queue, with no tries to pace); still accepted"),
-    )
     # -- gRPC server ----------------------------------------------------------------------
     grpc_threads: int = dataclasses.field(
         default=64,
@@ -658,7 +652,6 @@ def validate(config: ServerConfig, *, read_files: bool = True) -> ServerConfig:
     positive = {
         "propose_timeout_max_s": config.propose_timeout_max_s,
         "inflight_proposals_max": config.inflight_proposals_max,
-        "acquire_wait_poll_ms": config.acquire_wait_poll_ms,
         "grpc_threads": config.grpc_threads,
         "grpc_max_concurrent_rpcs": config.grpc_max_concurrent_rpcs,
         "streams_max": config.streams_max,
