@@ -60,7 +60,7 @@ from coordinator.raft.transport import BoundTCPTransport
 log = logging.getLogger(__name__)
 
 # pysyncobj's fail codes (config.py) as our typed failures. Whether each is definite
-# (PYSYNCOBJ.md "Call semantics") is ProposeFailure's to say; codes not listed here are
+# (RAFT.md "Call semantics") is ProposeFailure's to say; codes not listed here are
 # ProposeFailure.UNRECOGNIZED: outcome unknown.
 FAILURE_OF_FAIL_REASON: dict[int, ProposeFailure] = {
     FAIL_REASON.QUEUE_FULL: ProposeFailure.QUEUE_FULL,
@@ -87,7 +87,7 @@ class RaftConfig:
     peer_addresses: tuple[str, ...]  # the other members (static membership)
     data_dir: str
     # Election timeout window. 1-2 s keeps spurious elections rare on a loaded
-    # 2-core machine (PYSYNCOBJ.md "Settings that behaved well"); tests lower it.
+    # 2-core machine (RAFT.md "Performance and settings"); tests lower it.
     raft_min_timeout_s: float = 1.0
     raft_max_timeout_s: float = 2.0
     # An isolated leader steps down after this long without a majority answering
