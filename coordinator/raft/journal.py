@@ -6,7 +6,7 @@ pysyncobj keeps calling ``add``/``deleteEntriesFrom``/``deleteEntriesTo`` as bef
 but nothing here is durable until ``sync()`` returns: the Raft wrapper calls it once
 per batch (group commit) before any acknowledgement or commit decision.
 
-It closes these gaps of pysyncobj 0.3.17's ``FileJournal`` (PYSYNCOBJ.md "Durability"):
+It closes these gaps of pysyncobj 0.3.17's ``FileJournal`` (RAFT.md "Durability"):
 - no fsync ever (journal.py:117-126, 218-225, 261): ``sync()`` fdatasyncs;
 - meta written by tmp+rename without fsync, corrupt meta silently ``{}``
   (journal.py:152-164): meta is fsynced with its directory and checksummed;

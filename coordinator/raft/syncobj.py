@@ -1,4 +1,4 @@
-"""pysyncobj's SyncObj with the durability, safety and liveness holes of PYSYNCOBJ.md closed.
+"""pysyncobj's SyncObj with the durability, safety and liveness holes RAFT.md lists closed.
 
 Owns: ``HardenedSyncObj`` (every override of SyncObj internals: group commit and coalesced
 sends, the leader's background sync and commit-vote cap, shared entries, append sanitizing,
@@ -83,7 +83,7 @@ assert raft_wire.NO_OP_ENTRY == _ps._bchr(_ps._COMMAND_TYPE.NO_OP)
 
 
 class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate, SyncObj):
-    """pysyncobj with the durability and safety holes of PYSYNCOBJ.md closed."""
+    """pysyncobj with the durability and safety holes RAFT.md lists closed."""
 
     def __init__(
         self,
@@ -773,7 +773,7 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
             return None
         if installing:
             if self._has("no_old_snapshot") and index <= self.raftLastApplied:
-                # An old snapshot would move applied state backwards (PYSYNCOBJ.md:
+                # An old snapshot would move applied state backwards (RAFT.md "Durability":
                 # measured 14972 -> 14772). Keep ours; the ack reports our log end.
                 self.refused_old_snapshots += 1
                 log.warning("refusing snapshot at %d: already applied %d", index, self.raftLastApplied)

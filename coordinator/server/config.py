@@ -534,7 +534,7 @@ class ServerConfig:
 CONNECTION_TIMEOUT_S_MAX = 86_400.0
 
 # The Raft secret is stretched with PBKDF2 under a fixed salt by the Raft library
-# (coordinator/raft/RAFT.md, "secret"): only its own length protects it from guessing.
+# (coordinator/raft/RAFT.md, "Not closed here"): only its own length protects it from guessing.
 RAFT_SECRET_CHARS_MIN = 32
 
 def _secret_from_file(key: str, path: str, *, chars_min: int) -> str:
