@@ -636,8 +636,8 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
     def _SyncObj__doApplyCommand(self, command):
         # Every entry a member of ours writes is a NO_OP (a new leader's first entry) or a typed
         # entry carrying commands for Replica.apply_entry (wire.py "log entries"); the wire
-        # refuses anything else from peers, and a journal from before the typed format is
-        # upgraded when it is loaded. pysyncobj would unpickle an entry (syncobj.py:874, 894,
+        # refuses anything else from peers, and the journal holds only what this member wrote
+        # or accepted (RAFT.md "No pickle on disk either"). pysyncobj would unpickle an entry (syncobj.py:874, 894,
         # 1419) and call whatever method id it names with whatever arguments. Anything else is
         # skipped, by every member alike, so replicas stay equal.
         try:
