@@ -24,7 +24,8 @@ from coordinator.core.state_machine import FencingStateMachine
 from coordinator.server.app import GRPC_SERVER_OPTIONS, add_services, stream_admission
 from coordinator.server.config import ServerConfig
 from coordinator.server.metrics import Metrics
-from coordinator.server.service import Core, LeaseServicer
+from coordinator.server.request_core import Core
+from coordinator.server.service import LeaseServicer
 from testsupport.inmemory_faults import Fault, Faults, ProposeFault, TransportFault
 from testsupport.inmemory_node import InMemoryNode, SharedLog
 

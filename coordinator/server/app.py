@@ -45,15 +45,10 @@ from coordinator.server.metrics import Metrics
 from coordinator.server.stream_admission import StreamAdmission
 from coordinator.server.streams import SlotGate, StreamGate, waiter_gate
 from coordinator.raft.node import RaftConfig, RaftNode
-from coordinator.server.service import (
-    AdminServicer,
-    ClusterServicer,
-    Core,
-    FencedStoreServicer,
-    LeaseServicer,
-    Proposer,
-    error_trailers,
-)
+from coordinator.server.admin import AdminServicer
+from coordinator.server.proposer import Proposer
+from coordinator.server.request_core import Core, error_trailers
+from coordinator.server.service import ClusterServicer, FencedStoreServicer, LeaseServicer
 from coordinator.core.state_machine import FencingStateMachine
 
 log = logging.getLogger(__name__)
