@@ -156,20 +156,21 @@ class AdminServicer(pb_grpc.AdminServicer):
         self._audit_log.info(line)
 
     @_admin
-    def ForceRelease(
-        self, request: pb.ForceReleaseRequest, context, caller: Principal | None
-    ) -> pb.ForceReleaseResponse:
-        command = commands.force_release(**checked_request("ForceRelease", request), stamp_ms=0)
-        result, index = self.core.run(command, context, caller)
+    def ForceRelease(self, request: pb.ForceReleaseRequest, context,
+                     caller: Principal | None) -> pb.ForceReleaseResponse:
+        result, index = self._run_checked("ForceRelease", commands.force_release, request, context, caller)
         return pb.ForceReleaseResponse(header=self.core.header(index), hwm=result["hwm"])
 
     @_admin
-    def SetEpochFloor(
-        self, request: pb.SetEpochFloorRequest, context, caller: Principal | None
-    ) -> pb.SetEpochFloorResponse:
-        command = commands.set_epoch_floor(**checked_request("SetEpochFloor", request), stamp_ms=0)
-        result, index = self.core.run(command, context, caller)
+    def SetEpochFloor(self, request: pb.SetEpochFloorRequest, context,
+                      caller: Principal | None) -> pb.SetEpochFloorResponse:
+        result, index = self._run_checked("SetEpochFloor", commands.set_epoch_floor, request, context, caller)
         return pb.SetEpochFloorResponse(header=self.core.header(index), epoch=result["epoch"])
+
+    def _run_checked(self, rpc: str, build, request, context, caller: Principal | None) -> tuple[dict, int]:
+        """``request`` checked as ``rpc``'s, built into its command by ``build`` and run
+        through the log (a fencing call: it changes what every member answers, DESIGN I7)."""
+        return self.core.run(build(**checked_request(rpc, request), stamp_ms=0), context, caller)
 
     def _copy(self, request: pb.SnapshotRequest, context, caller: Principal | None) -> tuple[bytes, int, int]:
         """(backup, epoch, applied index) of one consistent copy. The barrier makes it at least

@@ -152,10 +152,11 @@ class Proposer:
         slots = 0
         try:
             for i, command in enumerate(commands_):
-                if client_slot and not self._slots.acquire(blocking=False):
-                    round_.refuse(i, self._overloaded())
-                    continue
-                slots += client_slot
+                if client_slot:
+                    if not self._slots.acquire(blocking=False):
+                        round_.refuse(i, self._overloaded())
+                        continue
+                    slots += 1
                 self._submit(round_, i, command, timeout_s, max_bytes, alone=len(commands_) == 1)
             fates = round_.wait(timeout_s)
         finally:
