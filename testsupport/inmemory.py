@@ -2,12 +2,12 @@
 in-memory Raft nodes.
 
 Owns: ``InMemoryCluster`` (N gRPC servers on 127.0.0.1, each wired by
-``coordinator/server/app.py``'s own ``add_services``: service.py's servicers, the errors
+``coordinator/server/app.py``'s own ``add_services``: the real servicers, the errors
 table, metrics and the admin token, in front of its own ``InMemoryNode`` on one shared log), the
 interceptor at each server's edge that records every call (so "nothing was sent" is
 checked, not assumed) and runs transport faults, and ``inject``. A node that is down is
 its server stopped. The faults are in ``inmemory_faults``.
-Must never: implement an RPC (service.py does, once), import pysyncobj, or be shipped: it
+Must never: implement an RPC (the servicers do, once), import pysyncobj, or be shipped: it
 lives in testsupport/, outside the wheel.
 """
 

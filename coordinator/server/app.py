@@ -7,7 +7,7 @@ reflection (off with ``reflection = false``), the admission of every streaming R
 stream caps (stream_admission.py), the health updater and lease ticker threads, the audit log, the metrics endpoint (when
 ``metrics_address`` is set), the API's connection limits and descriptor budget (api_conns.py), the API's TLS credentials (their certificate replaced on SIGHUP,
 certs.py), the peer secrets' reload on SIGHUP, and graceful shutdown.
-Must never: implement an RPC (service.py does) or touch the Raft library (coordinator.raft does).
+Must never: implement an RPC (service.py and admin.py do) or touch the Raft library (coordinator.raft does).
 
 Health (grpc.health.v1), overall ("") and per service: SERVING only while this member is
 connected to a quorum *and* a READ_BARRIER has applied on it since it started (so it has
