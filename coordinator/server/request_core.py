@@ -1,4 +1,4 @@
-"""The request core every servicer shares: who calls, what it sent, and one proposal's round.
+"""The request core every servicer shares: who calls, what it sent, and its one proposal or read.
 
 Owns: reading and checking a request's fields against its RPC's row of
 ``validation.REQUESTS`` (``checked_request``), ``Core`` (authentication and authorization of
