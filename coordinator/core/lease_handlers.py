@@ -140,10 +140,9 @@ class LeaseHandlers(MachineBase):
 
     def _keep_alive(self, now: int, args: dict[str, Any]) -> Outcome:
         resource, token = args["resource"], args["token"]
-        refusal = self._fence(Op.KEEP_ALIVE, resource, token)
-        if refusal is not None:
-            return refusal
-        res = self._resources[resource]
+        res = self._fenced(Op.KEEP_ALIVE, resource, token)
+        if isinstance(res, Rejected):
+            return res
         lease = res.lease
         if lease is None or lease.token != token or lease.expires_at_ms <= now:
             return Rejected(
@@ -158,13 +157,12 @@ class LeaseHandlers(MachineBase):
 
     def _release(self, now: int, args: dict[str, Any]) -> Outcome:
         resource, token = args["resource"], args["token"]
-        refusal = self._fence(Op.RELEASE, resource, token)
-        if refusal is not None:
-            return refusal
-        res = self._resources[resource]
+        res = self._fenced(Op.RELEASE, resource, token)
+        if isinstance(res, Rejected):
+            return res
+        self._usage.remove(resource, res)  # the counts only: res itself is unchanged
         lease = res.lease
         released = False
-        self._usage.remove(resource, res)
         if lease is not None and lease.token == token:
             released = lease.expires_at_ms > now  # an expired lease had already ended
             res.lease = None

@@ -49,8 +49,9 @@ class MachineBase:
 
     # -- fencing and forgetting ---------------------------------------------------------------
 
-    def _fence(self, op: Op, resource: str, token: int) -> Rejected | None:
-        """DESIGN I3: None iff ``token`` equals hwm(resource); else the refusal."""
+    def _fenced(self, op: Op, resource: str, token: int) -> ResourceState | Rejected:
+        """DESIGN I3: the resource ``token`` may act on, iff it equals hwm(resource); else the
+        refusal (a token above the hwm was never issued, one below it is stale)."""
         res = self._resources.get(resource)
         hwm = 0 if res is None else res.high_water_mark
         if token > hwm:
@@ -67,7 +68,8 @@ class MachineBase:
                 message=f"token {token} is stale: {resource!r} has hwm {hwm}",
                 details={"hwm": hwm},
             )
-        return None
+        assert res is not None  # tokens start at 1, so hwm == token names a resource held
+        return res
 
     def _settle(self, name: str, res: ResourceState) -> None:
         """After ``res`` changed (its usage removed first): forget it if it holds nothing --

@@ -45,10 +45,9 @@ class WriteHandlers(MachineBase):
 
     def _write(self, now: int, args: dict[str, Any]) -> Outcome:
         resource, key = args["resource"], args["key"]
-        refusal = self._fence(Op.WRITE, resource, args["token"])
-        if refusal is not None:
-            return refusal
-        res = self._resources[resource]
+        res = self._fenced(Op.WRITE, resource, args["token"])
+        if isinstance(res, Rejected):
+            return res
         current = res.data.get(key)
         current_version = 0 if current is None else current[1]
         expected = args["expected_version"]
@@ -92,10 +91,9 @@ class WriteHandlers(MachineBase):
 
     def _delete(self, now: int, args: dict[str, Any]) -> Outcome:
         resource, key = args["resource"], args["key"]
-        refusal = self._fence(Op.DELETE, resource, args["token"])
-        if refusal is not None:
-            return refusal
-        res = self._resources[resource]
+        res = self._fenced(Op.DELETE, resource, args["token"])
+        if isinstance(res, Rejected):
+            return res
         if key not in res.data:
             return Applied(op=Op.DELETE, result={"version": 0, "deleted": False})
         refusal = _revision_refusal(Op.DELETE, resource, res)
