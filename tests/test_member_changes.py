@@ -21,11 +21,13 @@ treating them as failures made this test fail about one run in three.
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import threading
 import time
 
 import pytest
 
+from chaos import faults
 from chaos.check import check_file, format_report
 from chaos.harness import ChaosCluster
 from chaos.history import read_history
@@ -202,6 +204,57 @@ def test_rolling_restart_remove_re_add_and_replace_at_a_new_address_under_load(c
     assert report.ok, format_report(report)
     assert report.summary["final_states"] == len(RESOURCES)
     assert all(gap < GAP_BOUND_S for gap in gaps.values()), gaps
+
+
+def _metric(cluster, i: int, name: str) -> float:
+    conn = http.client.HTTPConnection(cluster.nodes[i].host, cluster.metrics_port, timeout=5.0)
+    try:
+        conn.request("GET", "/metrics")
+        body = conn.getresponse().read().decode("utf-8", "replace")
+    finally:
+        conn.close()
+    for line in body.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"member {i}'s /metrics has no {name}")
+
+
+def test_a_member_removed_unawares_is_added_again_and_promoted(cluster):
+    """Its Raft traffic is dropped while it is removed, so it never hears of it: it goes on as a
+    voter and, hearing no leader, asks for votes. Pre-vote (RAFT.md "Pre-vote") keeps its term at
+    the cluster's, so once healed and added again the leader's appends reach it and it is
+    promoted. Before pre-vote its term ran ahead and it ignored every append for good (CI)."""
+    admin = FencingClient(cluster.endpoints, timeout_s=20.0, attempt_timeout_s=ADMIN_ATTEMPT_S)
+    try:
+        leader = cluster.wait_leader()
+        i = next(k for k in range(3) if k != leader)
+        member_id, member = f"m{i + 1}", cluster.nodes[i]
+        others = [n.host for k, n in enumerate(cluster.nodes) if k != i]
+        term = cluster.raft_term(i)
+        for host in others:
+            faults.nft_drop(member.host, host, cluster.raft_port)
+            faults.nft_drop(host, member.host, cluster.raft_port)
+        try:
+            _change(lambda: admin.member_remove(member_id), lambda: member_id not in _members(admin))
+            started = _metric(cluster, i, "fencing_raft_pre_votes_started_total")
+
+            def tries() -> float:  # pre-vote rounds, or (with the fix off) elections it stood in
+                return _metric(cluster, i, "fencing_raft_pre_votes_started_total") - started + cluster.raft_term(i) - term
+
+            wait_until(lambda: tries() >= 3, 30.0, what="three tries to be elected by the member cut off")
+            assert cluster.raft_term(i) <= max(term, cluster.raft_term(leader)), "its term ran ahead"
+            assert _metric(cluster, i, "fencing_raft_pre_votes_won_total") == 0
+        finally:
+            faults.nft_heal()
+        _change(lambda: admin.member_add(member_id, member.raft_address), lambda: member_id in _members(admin))
+        wait_until(lambda: _voters(admin).get(member_id) == member.raft_address, 30.0,
+                   what=f"{member_id} promoted again")
+        assert cluster.wait_leader() == leader  # nobody was deposed along the way
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        admin.close()
 
 
 def _members(admin) -> dict[str, str]:

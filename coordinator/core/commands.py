@@ -32,6 +32,7 @@ from typing import Any
 import msgpack
 
 from coordinator.core import limits
+from coordinator.core.validation import is_int
 
 # Version of the envelope above. A replica that meets another version refuses the entry.
 FORMAT_VERSION = 1
@@ -81,11 +82,6 @@ _UNPACK_LIMITS: dict[str, int] = {
 }
 
 
-def _is_int(value: object) -> bool:
-    """True for ints, false for bools (``True`` is an ``int`` in Python, never a number here)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 @dataclasses.dataclass(frozen=True)
 class Command:
     """One state-machine command: what to do, when the proposer stamped it, and its fields."""
@@ -113,13 +109,13 @@ def validate_envelope(op: object, stamp_ms: object, body: object) -> Op:
 
     Raises ``MalformedCommand`` naming the bad field. Body fields are not checked here.
     """
-    if not _is_int(op):
+    if not is_int(op):
         raise MalformedCommand(f"op must be an integer, got {type(op).__name__}")
     try:
         checked_op = Op(op)
     except ValueError:
         raise MalformedCommand(f"unknown op {op}") from None
-    if not _is_int(stamp_ms):
+    if not is_int(stamp_ms):
         raise MalformedCommand(f"stamp_ms must be an integer, got {type(stamp_ms).__name__}")
     if not 0 <= stamp_ms <= limits.STAMP_MS_MAX:
         raise MalformedCommand(f"stamp_ms {stamp_ms} is outside [0, {limits.STAMP_MS_MAX}]")
@@ -174,7 +170,7 @@ def decode(data: bytes) -> Command:
             "command must be a msgpack array [format_version, op, stamp_ms, body]"
         )
     version, op, stamp_ms, body = envelope
-    if not _is_int(version) or version != FORMAT_VERSION:
+    if not is_int(version) or version != FORMAT_VERSION:
         raise MalformedCommand(
             f"unknown command format version {version!r} (this replica reads {FORMAT_VERSION})"
         )

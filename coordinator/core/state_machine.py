@@ -49,20 +49,12 @@ from coordinator.core.dedup import DedupTable
 from coordinator.core.expiry import ExpiryIndex
 from coordinator.core.lease_handlers import LeaseHandlers
 from coordinator.core.lock_queue import LockQueue
-from coordinator.core.outcomes import (
-    Applied,
-    Outcome,
-    Reason,
-    Rejected,
-    is_int,
-    outcome_from_wire,
-    outcome_to_wire,
-)
+from coordinator.core.outcomes import Applied, Outcome, Reason, Rejected, outcome_from_wire, outcome_to_wire
 from coordinator.core.restore_staging import RestoreStaging
 from coordinator.core.snapshot_format import SNAPSHOT_FORMAT_VERSION, Counts, parse_snapshot
 from coordinator.core.snapshot_pack import SnapshotPacking
 from coordinator.core.state import DedupEntry, ResourceTable, Usage, shared
-from coordinator.core.validation import InvalidField
+from coordinator.core.validation import InvalidField, is_int
 from coordinator.core.write_handlers import WriteHandlers
 
 __all__ = [

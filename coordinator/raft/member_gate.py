@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 # Messages that carry their sender's cluster id and incarnation (wire.py _SENDER).
 # Appends carry the cluster id too, so a leader of another cluster (members of two clusters
 # pointed at each other, with the same secret) cannot overwrite this member's log.
-STAMPED_TYPES = frozenset({"request_vote", "response_vote", "next_node_idx", "append_entries"})
+STAMPED_TYPES = frozenset({"request_vote", "response_vote", "next_node_idx", "append_entries",
+                           "pre_vote", "pre_vote_response"})
 
 
 def stamping_transport(transport_class, gate: MemberGate):
@@ -169,6 +170,8 @@ class MemberGate:
             return True  # only its cluster id is checked here; the leader's term rules the rest
         if incarnation is not None:
             self._peer_incarnation[address] = incarnation
+        if kind in ("pre_vote", "pre_vote_response"):
+            return True  # pre_vote.py checks the incarnation against the configuration itself
         if kind == "next_node_idx":
             if message.get("success"):
                 self._acked_index[address] = max(self._acked_index.get(address, 0), message["next_node_idx"] - 1)

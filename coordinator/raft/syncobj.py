@@ -1,4 +1,4 @@
-"""pysyncobj's SyncObj with the durability, safety and liveness holes of PYSYNCOBJ.md closed.
+"""pysyncobj's SyncObj with the durability, safety and liveness holes RAFT.md lists closed.
 
 Owns: ``HardenedSyncObj`` (every override of SyncObj internals: group commit and coalesced
 sends, the leader's background sync and commit-vote cap, shared entries, append sanitizing,
@@ -18,6 +18,8 @@ Every override names the upstream line it fixes (syncobj.py:N is pysyncobj 0.3.1
                        conflicting term, and the leader resends at its next tick
                        (syncobj.py:988-989, 1077-1078: one index per heartbeat, which
                        pipelined sends keep undoing: a divergent follower never caught up)
+  pre_vote             stand for election only after a majority said it would vote
+                       (pre_vote.py; syncobj.py:636-650, 920-924, 945)
 
 Batching: commands proposed with a ``batch_key`` while the tick thread is busy share one
 Raft entry (``raft_wire.encode_shared_entry``), applied one by one in order under one
@@ -46,6 +48,7 @@ from coordinator.raft.leader_sync import LeaderSync
 from coordinator.raft.member_changes import MemberChanges
 from coordinator.raft.member_gate import STAMPED_TYPES, MemberGate, stamping_transport
 from coordinator.raft.peer_keys import PeerKeys
+from coordinator.raft.pre_vote import PRE_VOTE, PRE_VOTE_RESPONSE, PreVote
 from coordinator.raft.read_index import ReadIndex
 from coordinator.raft.replica import Replica
 from coordinator.raft.transport import peer_warnings
@@ -69,6 +72,7 @@ ALL_FIXES = frozenset(
         "no_old_snapshot",
         "commit_needs_match",
         "fast_backup",
+        "pre_vote",
     }
 )
 
@@ -78,8 +82,8 @@ assert raft_wire.ENTRY_TYPE_REGULAR == _ps._COMMAND_TYPE.REGULAR
 assert raft_wire.NO_OP_ENTRY == _ps._bchr(_ps._COMMAND_TYPE.NO_OP)
 
 
-class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, MemberGate, SyncObj):
-    """pysyncobj with the durability and safety holes of PYSYNCOBJ.md closed."""
+class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate, SyncObj):
+    """pysyncobj with the durability and safety holes RAFT.md lists closed."""
 
     def __init__(
         self,
@@ -139,6 +143,7 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, MemberGate, SyncObj
         self._compaction_bytes = config.log_compaction_min_bytes
         self._leader_lost_election_s = config.leader_lost_election_s
         self._init_gate(identity, config.data_dir, config.bootstrap, member_ids)
+        self._init_pre_vote("pre_vote" in self._fixes)
         self._init_read_index()
         self._init_changes(config.peer_addresses)
         replica.config_at = self.config_plain_at
@@ -519,6 +524,7 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, MemberGate, SyncObj
     def _tick(self, timeToWait):
         self.follow_configuration()
         self.hold_election_if_not_voter()
+        self.hold_election_for_pre_vote()
         self.show_counted_acks()
         self._cap_commit_votes()
         # A held-back commit notice bounds the poll wait, so it goes out on time.
@@ -550,6 +556,12 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, MemberGate, SyncObj
             self.refused_peer_messages += 1
             peer_warnings.warning("raft: dropped a forwarded configuration from %s; only the leader writes one", node)
             return
+        if kind == PRE_VOTE:
+            self.answer_pre_vote(node, message)
+            return
+        if kind == PRE_VOTE_RESPONSE:
+            self.count_pre_vote_response(node, message)
+            return
         if kind == "append_entries":
             message = self._sanitize_append(message)
             self.note_append_for_echo(message)
@@ -567,6 +579,8 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, MemberGate, SyncObj
             self._echo_now = None
         if kind == "next_node_idx":
             self.read_echo(node, message)
+        elif kind == "append_entries":
+            self.note_leader_heard(node)
         if next_index_before is not None and self._isLeader():
             # A late ack for an earlier batch set nextIndex back (syncobj.py:1079-1082),
             # re-sending entries the follower has and, across the compacted head,
@@ -622,8 +636,8 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, MemberGate, SyncObj
     def _SyncObj__doApplyCommand(self, command):
         # Every entry a member of ours writes is a NO_OP (a new leader's first entry) or a typed
         # entry carrying commands for Replica.apply_entry (wire.py "log entries"); the wire
-        # refuses anything else from peers, and a journal from before the typed format is
-        # upgraded when it is loaded. pysyncobj would unpickle an entry (syncobj.py:874, 894,
+        # refuses anything else from peers, and the journal holds only what this member wrote
+        # or accepted (RAFT.md "No pickle on disk either"). pysyncobj would unpickle an entry (syncobj.py:874, 894,
         # 1419) and call whatever method id it names with whatever arguments. Anything else is
         # skipped, by every member alike, so replicas stay equal.
         try:
@@ -759,7 +773,7 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, MemberGate, SyncObj
             return None
         if installing:
             if self._has("no_old_snapshot") and index <= self.raftLastApplied:
-                # An old snapshot would move applied state backwards (PYSYNCOBJ.md:
+                # An old snapshot would move applied state backwards (RAFT.md "Durability":
                 # measured 14972 -> 14772). Keep ours; the ack reports our log end.
                 self.refused_old_snapshots += 1
                 log.warning("refusing snapshot at %d: already applied %d", index, self.raftLastApplied)

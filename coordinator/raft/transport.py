@@ -99,10 +99,12 @@ CONNECTION_DEFAULTS = {
 
 # Raft messages a live peer answers: an append or snapshot chunk (with next_node_idx), a vote
 # request it grants (response_vote), a forwarded command (apply_command_response), and a
-# handshake's hello (the welcome): a dial nobody answers is dropped after connectionTimeout.
-ANSWERED_TYPES = frozenset({"append_entries", "request_vote", "apply_command", peer_binding.BIND_TYPE})
+# handshake's hello (the welcome), and a pre-vote request (always answered, yes or no): a dial
+# nobody answers is dropped after connectionTimeout.
+ANSWERED_TYPES = frozenset({"append_entries", "request_vote", "apply_command", "pre_vote", peer_binding.BIND_TYPE})
 # Messages that name their sender's incarnation (member_gate.STAMPED_TYPES; wire.py _SENDER).
-_INCARNATION_STAMPED = frozenset({"request_vote", "response_vote", "next_node_idx", "append_entries"})
+_INCARNATION_STAMPED = frozenset({"request_vote", "response_vote", "next_node_idx", "append_entries",
+                                  "pre_vote", "pre_vote_response"})
 
 
 # pysyncobj drops a connection on which nothing was read for connectionTimeout (3.5 s here),

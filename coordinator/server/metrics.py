@@ -314,6 +314,14 @@ class _MemberCollector:
         ("read_index_rounds", "fencing_raft_read_index_rounds",
          "Read-index confirmation rounds this member sent as leader (one per batch of reads; "
          "read_index, RAFT.md)"),
+        ("pre_votes_started", "fencing_raft_pre_votes_started",
+         "Pre-vote rounds this member started: it heard no leader for an election timeout "
+         "(RAFT.md \"Pre-vote\"; a member cut off from the others counts up here, its term does not)"),
+        ("pre_votes_won", "fencing_raft_pre_votes_won",
+         "Pre-vote rounds a majority granted: each is followed by an election in the next term"),
+        ("pre_votes_refused", "fencing_raft_pre_votes_refused",
+         "Pre-vote requests this member answered with no (it heard a live leader, led, or the "
+         "asker's term or log was behind)"),
         ("refused_cluster_ids", "fencing_raft_refused_cluster_ids",
          "Votes and acks refused because they named another cluster id (a member of another "
          "cluster, or one whose data dir belongs to another cluster; should stay 0)"),

@@ -1,0 +1,156 @@
+"""Pre-vote: a member raises its term only when a majority would elect it.
+
+Owns: ``PreVote``, the part of ``HardenedSyncObj`` (a mixin; syncobj.py wires it) that holds
+pysyncobj's election back until a pre-vote round is won, answers other members' pre-vote
+requests, and catches a member up to the term a refusal names. RAFT.md "Pre-vote" says why.
+Must never: change this member's term, vote or election timer while answering a pre-vote, grant
+one while it leads or hears a live leader, or count a grant from an incarnation the
+configuration does not name as a voter.
+
+pysyncobj stands for election by raising its term (syncobj.py:636-650), and any member that
+receives a vote request with a higher term steps down to it (syncobj.py:920-924). A member cut
+off for a while (paused, partitioned, or removed before it heard of its removal) kept raising
+its term alone; back in touch it deposed a healthy leader, or, when the configuration no longer
+counted its votes (member_gate.py drops them unseen), it ignored every append of the lower
+term for good (syncobj.py:945): a removed member added again was never caught up (seen in CI,
+test_member_changes "m3 promoted again"). Here a member first asks the voters whether they
+would grant it a vote in the next term, without changing anything on their side; it stands
+only once a majority said yes.
+"""
+
+from __future__ import annotations
+
+import pysyncobj.syncobj as _ps
+
+from coordinator.raft.transport import peer_warnings
+
+PRE_VOTE = "pre_vote"
+PRE_VOTE_RESPONSE = "pre_vote_response"
+PRE_VOTE_TYPES = frozenset({PRE_VOTE, PRE_VOTE_RESPONSE})
+
+
+class PreVote:
+    """Mixed into HardenedSyncObj (after MemberGate, whose checks it reuses); ``_init_pre_vote``
+    runs before SyncObj.__init__."""
+
+    def _init_pre_vote(self, enabled: bool) -> None:
+        self._pre_vote_on = enabled
+        self._pre_vote_term: int | None = None  # the term the running round asks for
+        self._pre_vote_grants: set[str] = set()  # addresses that granted it (self included)
+        self._pre_vote_won: int | None = None  # a won round's term: pysyncobj may stand in it
+        self._leader_heard_at = float("-inf")  # monotonic time of the last append from our leader
+        self.pre_votes_started = 0
+        self.pre_votes_won = 0
+        self.pre_votes_refused = 0  # pre-vote requests this member answered with no
+
+    # -- asking ---------------------------------------------------------------------
+
+    def hold_election_for_pre_vote(self) -> None:
+        """Before pysyncobj's tick: where it would stand for election now, run a pre-vote round
+        instead (its timer moves on a whole election timeout), unless a round was just won."""
+        if not self._pre_vote_on or self._SyncObj__selfNode is None:
+            return
+        if self._SyncObj__raftState == _ps._RAFT_STATE.LEADER:
+            return
+        now = _ps.monotonicTime()
+        if self._SyncObj__raftElectionDeadline >= now or not self._SyncObj__connectedToAnyone():
+            return  # pysyncobj would not stand either
+        if self._SyncObj__transferInProgress:
+            return  # the leader handed over (timeout_now): the voters expect this election
+        if not self.is_voter() or self.config() is None:
+            # Not a voter: hold_election_if_not_voter holds it. No configuration: the unanimous
+            # bootstrap counts real votes of every initial member (member_gate.py).
+            return
+        term = self.raftCurrentTerm + 1
+        if self._pre_vote_won == term:
+            return  # won: pysyncobj stands in this very tick
+        self._pre_vote_term = term
+        self._pre_vote_grants = {self._self_address()}
+        self.pre_votes_started += 1
+        # The round lasts until the next election deadline; a round not won by then starts over.
+        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+        request = {
+            "type": PRE_VOTE,
+            "term": term,
+            "last_log_index": self._SyncObj__getCurrentLogIndex(),
+            "last_log_term": self._SyncObj__getCurrentLogTerm(),
+        }
+        for node in self._SyncObj__otherNodes:
+            self._SyncObj__transport.send(node, request)
+        self._pre_vote_check_won()
+
+    def _pre_vote_check_won(self) -> None:
+        # pysyncobj's own count (syncobj.py:650, 1066): learners are among its nodes, so a round
+        # that passes here is one whose election can pass too.
+        if len(self._pre_vote_grants) > (len(self._SyncObj__otherNodes) + 1) / 2:
+            self._pre_vote_won, self._pre_vote_term = self._pre_vote_term, None
+            self.pre_votes_won += 1
+            self._SyncObj__raftElectionDeadline = 0  # stand at the next tick
+            self._wake_raft_thread()
+
+    def count_pre_vote_response(self, node, message: dict) -> None:
+        theirs = message["current_term"]
+        if theirs > self.raftCurrentTerm and self._SyncObj__raftState != _ps._RAFT_STATE.LEADER:
+            # Raft's rule for any message of a later term: adopt it (saved first, durable_term.py).
+            # A member behind the voters' term would otherwise ask for terms they refuse for good.
+            self._SyncObj__setCurrentTerm(theirs, None)
+            self._SyncObj__setState(_ps._RAFT_STATE.FOLLOWER)
+            self._SyncObj__raftLeader = None
+            self._pre_vote_term = None
+            return
+        if not message["granted"] or self._pre_vote_term is None or message["term"] != self._pre_vote_term:
+            return
+        config = self.config()
+        if config is None or not config.counts(node.address, message.get("incarnation")):
+            return
+        self._pre_vote_grants.add(node.address)
+        self._pre_vote_check_won()
+
+    # -- answering ------------------------------------------------------------------
+
+    def answer_pre_vote(self, node, message: dict) -> None:
+        why = self._why_not_grant(self.config(), node.address, message.get("cluster"), message.get("incarnation"))
+        if why:
+            # Counted and logged as a refused vote: the configuration does not count the asker
+            # (or this member), which an operator may have to act on.
+            self.refused_votes += 1
+            peer_warnings.warning("raft: refused a pre_vote from %s (incarnation %s): %s",
+                                  node.address, message.get("incarnation"), why)
+        else:
+            why = self._why_not_pre_vote(message)
+        if why:
+            self.pre_votes_refused += 1
+        self._SyncObj__transport.send(node, {
+            "type": PRE_VOTE_RESPONSE,
+            "term": message["term"],
+            "granted": not why,
+            "current_term": self.raftCurrentTerm,
+        })
+
+    def _why_not_pre_vote(self, message: dict) -> str | None:
+        """None: this member would grant the vote the request asks about; else why not."""
+        if message["term"] <= self.raftCurrentTerm:
+            return "its term is not ahead of this member's"
+        if self._SyncObj__raftState == _ps._RAFT_STATE.LEADER:
+            return "this member leads"
+        if self._hears_leader():
+            return "this member hears a live leader"
+        last_term = self._SyncObj__getCurrentLogTerm()
+        if message["last_log_term"] < last_term or (
+                message["last_log_term"] == last_term and message["last_log_index"] < self._SyncObj__getCurrentLogIndex()):
+            return "its log is behind this member's"
+        return None
+
+    def _hears_leader(self) -> bool:
+        """A leader's append arrived within the shortest election timeout, on a connection still
+        open (a leader whose process died closed it: its followers grant at once, so a crash
+        fails over as fast as before, RAFT.md "A closed leader connection")."""
+        leader = self._SyncObj__raftLeader
+        if leader is None or leader not in self._SyncObj__connectedNodes:
+            return False
+        return _ps.monotonicTime() - self._leader_heard_at < self._SyncObj__conf.raftMinTimeout
+
+    def note_leader_heard(self, node) -> None:
+        """After pysyncobj handled an append: from the leader it follows, it is alive."""
+        if node == self._SyncObj__raftLeader:
+            self._leader_heard_at = _ps.monotonicTime()
