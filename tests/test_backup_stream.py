@@ -20,6 +20,7 @@ from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client import FencingClient
 from coordinator.client import exceptions as E
 from coordinator.core import limits
+from coordinator.core.snapshot_format import SNAPSHOT_FORMAT_VERSION
 from testsupport.backups import backup_of_size, fullest_backup
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, SERVING, running_cluster
 from testsupport.supervisor import wait_until
@@ -44,10 +45,12 @@ def client(cluster):
 
 def fenced(backup: bytes, epoch: int, clock: int) -> bytes:
     """What a restore of ``backup`` at ``epoch`` leaves, as a backup: every resource at hwm
-    ``epoch`` without a lease, no dedup entries, the log clock ``clock`` (the cluster's)."""
+    ``epoch`` without a lease, that hwm one that only fenced it (a lease slot of false, format
+    4: DESIGN I3), no dedup entries, the log clock ``clock`` (the cluster's)."""
     doc = msgpack.unpackb(backup, raw=False)
     for resource in doc[4]:
-        resource[1], resource[3] = epoch, None
+        resource[1], resource[3] = epoch, False
+    doc[1] = SNAPSHOT_FORMAT_VERSION
     doc[2], doc[3], doc[5] = epoch, clock, []
     return msgpack.packb(doc, use_bin_type=True)
 

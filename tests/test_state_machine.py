@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from coordinator.core import commands as cmds
 from coordinator.core import limits
 from coordinator.core.commands import Command, MalformedCommand, Op
+from coordinator.core.snapshot_format import SNAPSHOT_FORMAT_VERSION
+from testsupport.backups import restore_in_chunks
 from coordinator.core.state_machine import (
     Applied,
     FencingStateMachine,
@@ -1022,6 +1024,38 @@ def test_force_release_fences_the_old_holder():
     assert assert_applied(acquire(sm, holder="B", stamp=2))["token"] == 3
 
 
+@pytest.mark.parametrize("fence", ["force_release", "epoch_floor_fence_all", "restore"])
+def test_an_epoch_that_only_fenced_is_never_accepted_as_a_token(fence):
+    """DESIGN I3: the hwm a fence set was issued to nobody. A client that takes it from a
+    STALE_TOKEN refusal's details (or Describe) and writes with it is refused UNKNOWN_TOKEN,
+    through every fenced op, on a replica restored from a snapshot too, until the next grant."""
+    sm = FencingStateMachine()
+    assert_applied(acquire(sm, stamp=0, ttl_ms=limits.LEASE_TTL_MS_MAX))
+    assert_applied(write(sm, token=1, stamp=1))  # data, so the resource outlives its lease
+    if fence == "force_release":
+        assert_applied(sm.execute(cmds.force_release(resource=R, op_id=op_id(1), stamp_ms=2)))
+    elif fence == "epoch_floor_fence_all":
+        assert_applied(sm.execute(cmds.set_epoch_floor(floor=10, fence_all=True, stamp_ms=2)))
+    else:
+        backup = sm.backup()
+        restored = FencingStateMachine()
+        assert_applied(restore_in_chunks(restored, backup, epoch_floor=10, stamp_ms=2))
+        sm = restored
+    fenced = assert_rejected(write(sm, token=1, stamp=3), Reason.STALE_TOKEN).details["hwm"]
+    copy = FencingStateMachine()
+    copy.restore(sm.snapshot())
+    assert copy.digest() == sm.digest()
+    for m in (sm, copy):
+        for command in (cmds.write(resource=R, key="k", value=b"x", token=fenced, op_id=op_id(7), stamp_ms=3),
+                        cmds.delete(resource=R, key="k", token=fenced, op_id=op_id(8), stamp_ms=3),
+                        cmds.keep_alive(resource=R, token=fenced, stamp_ms=3),
+                        cmds.release(resource=R, token=fenced, op_id=op_id(9), stamp_ms=3)):
+            assert_refused_unchanged(m, command, Reason.UNKNOWN_TOKEN)
+    token = assert_applied(acquire(sm, holder="B", stamp=4))["token"]
+    assert token > fenced
+    assert_applied(write(sm, token=token, stamp=5))
+
+
 def test_force_release_of_an_unknown_resource_creates_its_hwm():
     sm = FencingStateMachine()
     assert assert_applied(
@@ -1248,7 +1282,7 @@ BAD_SNAPSHOTS = {
     "truncated": lambda s: s[:-3],
     "not an array": lambda s: msgpack.packb({"epoch": 1}),
     "wrong magic": lambda s: corrupt(s, _set([0], "other")),
-    "newer version": lambda s: corrupt(s, _set([1], 4)),
+    "newer version": lambda s: corrupt(s, _set([1], SNAPSHOT_FORMAT_VERSION + 1)),
     "negative epoch": lambda s: corrupt(s, _set([2], -1)),
     "bool epoch": lambda s: corrupt(s, _set([2], True)),
     "hwm above epoch": lambda s: corrupt(s, _set([4, 0, 1], 99)),

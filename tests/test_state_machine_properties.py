@@ -80,6 +80,7 @@ class ModelResource:
     lease: tuple[str, int, int, int] | None = None  # holder, token, ttl_ms, expires_at_ms
     revision: int = 0
     data: dict[str, tuple[bytes, int]] = dataclasses.field(default_factory=dict)
+    fenced: bool = False  # the hwm only fenced it (force-release, floor with fence_all): never issued
 
 
 # What the model expects: ("applied", result dict) or ("rejected", reason, details or None).
@@ -140,7 +141,7 @@ class Model:
 
     def fence(self, name: str, token: int) -> Expected | None:
         hwm = self.hwm(name)
-        if token > hwm:
+        if token > hwm or (token == hwm and name in self.res and self.res[name].fenced):
             return ("rejected", Reason.UNKNOWN_TOKEN, None)
         if token < hwm:
             return ("rejected", Reason.STALE_TOKEN, {"hwm": hwm})
@@ -167,6 +168,7 @@ class Model:
                 target = self.res.setdefault(name, ModelResource())
                 target.hwm = token
                 target.lease = (holder, token, ttl, now + ttl)
+                target.fenced = False
 
             return ("applied", {"token": token, "expires_at_ms": now + ttl, "hwm": token}), commit
 
@@ -256,6 +258,7 @@ class Model:
                 target = self.res.setdefault(name, ModelResource())
                 target.hwm = token
                 target.lease = None
+                target.fenced = True
 
             return ("applied", {"hwm": token}), commit
 
@@ -271,6 +274,7 @@ class Model:
                     for r in self.res.values():
                         r.hwm = new_epoch
                         r.lease = None
+                        r.fenced = True
 
             return ("applied", {"epoch": new_epoch}), commit
 

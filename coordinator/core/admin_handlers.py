@@ -38,6 +38,7 @@ class AdminHandlers(MachineBase):
         self._epoch += 1
         res.high_water_mark = self._epoch  # the old holder's token is now stale (I7)
         res.lease = None
+        res.fenced = True  # issued to nobody (I3), unless the next waiter is granted it below
         self._advance(resource, res, now)  # the next waiter gets it, above the fence
         # Kept even when empty: an admin's fence stays visible, and its owner's quota scan
         # forgets it once that owner needs the slot.
@@ -63,6 +64,7 @@ class AdminHandlers(MachineBase):
             for res in self._resources.values():
                 res.high_water_mark = new_epoch  # every token issued before is stale (I11)
                 res.lease = None
+                res.fenced = True  # issued to nobody (I3)
             # Queued waiters go too: fencing everything is a stop for every holder, and a
             # waiter granted now would hold a lease the admin meant to clear.
             self._queue.clear(self._resources.values())
@@ -110,6 +112,7 @@ class AdminHandlers(MachineBase):
         for res in parts.resources.values():
             res.high_water_mark = new_epoch  # every token issued before is stale (I11)
             res.lease = None
+            res.fenced = True  # issued to nobody (I3)
             res.waiters = NO_WAITERS  # waiters belong to clients of the state being replaced
         parts.epoch, parts.log_clock_ms = new_epoch, self._log_clock_ms
         parts.dedup, parts.staged = collections.OrderedDict(), None

@@ -50,10 +50,18 @@ class MachineBase:
     # -- fencing and forgetting ---------------------------------------------------------------
 
     def _fenced(self, op: Op, resource: str, token: int) -> ResourceState | Rejected:
-        """DESIGN I3: the resource ``token`` may act on, iff it equals hwm(resource); else the
-        refusal (a token above the hwm was never issued, one below it is stale)."""
+        """DESIGN I3: the resource ``token`` may act on, iff it equals hwm(resource) and that
+        epoch was issued to a holder; else the refusal (a token above the hwm, or an epoch that
+        only fenced the resource, was never issued; one below it is stale)."""
         res = self._resources.get(resource)
         hwm = 0 if res is None else res.high_water_mark
+        if token == hwm and res is not None and res.fenced:
+            return Rejected(
+                op=op,
+                reason=Reason.UNKNOWN_TOKEN,
+                message=f"token {token} was never issued for {resource!r}: that epoch only fenced it",
+                details={"hwm": hwm},
+            )
         if token > hwm:
             return Rejected(
                 op=op,
@@ -106,6 +114,7 @@ class MachineBase:
         res.owner = shared(principal)
         self._epoch += 1
         res.high_water_mark = self._epoch  # fence on acquire (I2)
+        res.fenced = False  # this epoch is a holder's
         res.lease = Lease(
             holder=shared(holder), token=self._epoch, ttl_ms=ttl_ms, expires_at_ms=now + ttl_ms, waiter_id=waiter_id
         )

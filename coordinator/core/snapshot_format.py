@@ -28,12 +28,13 @@ from coordinator.core.validation import InvalidField, is_int
 
 # Version of the snapshot layout written by snapshot(); 2 added the staged restore (a 7th item);
 # 3 the lock queue (a resource's 7th item, its waiters; a lease's 5th, the waiter it was granted
-# to), which a version-2 reader would refuse rather than misread. Versions 1 and 2 (no queue)
-# are still read; any other is refused. A dedup entry names its principal (a 7th item, so that
+# to), which a version-2 reader would refuse rather than misread; 4 a lease slot of false (no
+# lease, and the hwm only fenced the resource: DESIGN I3), which a version-3 reader refuses.
+# Versions 1 to 3 are still read; any other is refused. A dedup entry names its principal (a 7th item, so that
 # its per-principal budget survives a snapshot: core/dedup.py) in every version: entries of 5 or
 # 6 items, written before, are refused (0.1.0 was never released; no such snapshot is kept).
-SNAPSHOT_FORMAT_VERSION = 3
-SNAPSHOT_FORMAT_VERSIONS_READ = (1, 2, 3)
+SNAPSHOT_FORMAT_VERSION = 4
+SNAPSHOT_FORMAT_VERSIONS_READ = (1, 2, 3, 4)
 SNAPSHOT_MAGIC = "fencing-coordinator/state"
 
 
@@ -283,6 +284,10 @@ def _read_resource(item: object, previous_name: str | None, epoch: int, log_cloc
     if not (type(revision) is int and 0 <= revision <= limits.REVISION_MAX):
         _need_int(revision, 0, limits.REVISION_MAX, "revision of %r", name)
     lease = None
+    # Format 4: a lease slot of false is no lease, with an hwm that only fenced the resource.
+    fenced = raw_lease is False and version >= 4
+    if fenced:
+        raw_lease = None
     if raw_lease is not None:
         lease_lengths = (4, 5) if version >= 3 else (4,)
         _need(isinstance(raw_lease, list) and len(raw_lease) in lease_lengths, "lease must be 4 items (5: granted to a waiter)")
@@ -330,7 +335,7 @@ def _read_resource(item: object, previous_name: str | None, epoch: int, log_cloc
     waiters = NO_WAITERS if raw_waiters is None else _read_waiters(raw_waiters, name, log_clock_ms)
     res = ResourceState(
         high_water_mark=hwm, lease=lease, revision=revision, data=data, owner=shared(owner), stored_bytes=stored_bytes,
-        waiters=waiters,
+        waiters=waiters, fenced=fenced,
     )
     return res, name
 

@@ -145,7 +145,8 @@ class SnapshotPacking(MachineBase):
             name,
             res.high_water_mark,
             res.revision,
-            None
+            # No lease: None, or False when the hwm only fenced the resource (format 4).
+            (False if res.fenced else None)
             if lease is None
             else [lease.holder, lease.token, lease.ttl_ms, lease.expires_at_ms]
             # A lease granted to a queued waiter names it (format 3), so its Lock call

@@ -169,6 +169,10 @@ class ResourceState:
     # The lock wait queue, in arrival order (FIFO): waiter_id -> Waiter. NO_WAITERS (read-only)
     # while nobody waits; only LockQueue and whole-state replacements assign it.
     waiters: dict[bytes, Waiter] = dataclasses.field(default_factory=lambda: NO_WAITERS)  # type: ignore[arg-type]
+    # The hwm is an epoch that only fenced this resource (force-release, an epoch floor with
+    # fence_all, a restore): no holder was ever issued it, so a write carrying it is
+    # UNKNOWN_TOKEN (DESIGN I3), not a write "in the same epoch". The next grant clears it.
+    fenced: bool = False
 
 
     def copy(self) -> ResourceState:
@@ -177,7 +181,7 @@ class ResourceState:
         return ResourceState(
             high_water_mark=self.high_water_mark, lease=self.lease, revision=self.revision,
             data=self.data.copy(), owner=self.owner, stored_bytes=self.stored_bytes,
-            waiters=self.waiters if self.waiters is NO_WAITERS else dict(self.waiters),
+            waiters=self.waiters if self.waiters is NO_WAITERS else dict(self.waiters), fenced=self.fenced,
         )
 
 
