@@ -18,7 +18,8 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     retry        the retry policy: which failures are retried, the backoff, what to raise
     multiplex    ``multiplex=True``: concurrent calls of one process sent as one batch RPC
     results      the result dataclasses, built from the API's responses
-    exceptions   the exception tree, and the one table from gRPC errors to it
+    exceptions   the exception tree, and the public home of every name of the error surface
+    rpc_errors   the one table from gRPC errors to the tree, and reading a failed call
     election     ``Election``: leader election on the lock queue
     proof        signed token proofs (DESIGN §6): signing and verifying
     guard_rule   the fencing rule every guard applies at an external store
