@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.client import FencingClient, fencingctl
+from coordinator.client import FencingClient, ctl_request
 from coordinator.client import exceptions as E
 from coordinator.core import bodies, validation
 from coordinator.core.commands import CHARGE_FIELDS, Op
@@ -161,11 +161,11 @@ def test_client_refuses_a_bad_field_of_every_rpc_naming_it(offline_client, call,
 # -- fencingctl takes the table's fields ------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", sorted(fencingctl._RPC_OF))
+@pytest.mark.parametrize("command", sorted(ctl_request._RPC_OF))
 def test_fencingctl_takes_the_rpcs_fields_and_requires_what_the_client_cannot_fill_in(command):
-    spec = validation.REQUESTS[fencingctl._RPC_OF[command]]
-    taken = dict(fencingctl._fields_of(command))
-    extra = set(fencingctl._EXTRA_FIELDS.get(command, ()))
+    spec = validation.REQUESTS[ctl_request._RPC_OF[command]]
+    taken = dict(ctl_request._fields_of(command))
+    extra = set(ctl_request._EXTRA_FIELDS.get(command, ()))
     assert set(taken) - extra == set(spec) - {"data"}  # restore's data is the --in file
     for name, field in spec.items():
         if name in taken and field.filled_by_client:
@@ -175,7 +175,7 @@ def test_fencingctl_takes_the_rpcs_fields_and_requires_what_the_client_cannot_fi
 
 
 def test_fencingctl_requires_exactly_these_fields():
-    required = {c: [n for n, r in fencingctl._fields_of(c) if r] for c in fencingctl._RPC_OF}
+    required = {c: [n for n, r in ctl_request._fields_of(c) if r] for c in ctl_request._RPC_OF}
     assert required == {
         "acquire": ["resource", "ttl_ms"],
         "keepalive": ["resource", "token"],

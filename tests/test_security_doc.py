@@ -2,7 +2,7 @@
 
 Every constant of ``coordinator/core/limits.py``, ``coordinator/raft/limits.py`` and
 ``coordinator/server/log_limits.py``, every
-principals-file quota, the bounds ``server/auth.py`` and ``server/config.py`` hold of their
+principals-file quota, the bounds ``server/auth.py`` and ``server/settings.py`` hold of their
 files, every numeric config setting that is not plain timing, and the numeric constants of
 the client modules in ``CLIENT_LIMIT_MODULES`` must have a row whose default is the code's:
 a new limit without a row, or a changed value, fails here.
@@ -19,7 +19,7 @@ import pytest
 from coordinator.client import lockcmd, redis_guard
 from coordinator.core import limits as core_limits
 from coordinator.raft import limits as raft_limits
-from coordinator.server import auth, config as config_mod, log_limits
+from coordinator.server import auth, config as config_mod, log_limits, settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE_HEADING = "## Limits and quotas"
@@ -53,7 +53,7 @@ def expected_limits() -> dict[str, int | float | bool]:
     """Table key -> the code's default."""
     out: dict[str, int | float] = {**_constants(core_limits), **_constants(raft_limits), **_constants(log_limits)}
     out["PRINCIPALS_MAX"] = auth.PRINCIPALS_MAX
-    out["RAFT_SECRET_CHARS_MIN"] = config_mod.RAFT_SECRET_CHARS_MIN
+    out["RAFT_SECRET_CHARS_MIN"] = settings.RAFT_SECRET_CHARS_MIN
     for module in CLIENT_LIMIT_MODULES:
         out.update({k: v for k, v in vars(module).items() if k.isupper() and type(v) in (int, float)})
     for field, default in auth.QUOTA_DEFAULTS.items():

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from coordinator.server import config
-from coordinator.server import errors
+from coordinator.server import errors, settings
 from coordinator.server.fencingd import build_parser
 from coordinator.raft.interface import ProposeFailure, ProposeResult
 from coordinator.core.names import ErrorReason as R
@@ -198,7 +198,7 @@ PUBLIC = PUBLIC_API + "insecure_api = true\n"
     ("10.0.0.1", False), ("0.0.0.0", False), ("node1", False), ("fencing-0.fencing-peers.fencing.svc", False),
 ])
 def test_only_literal_loopback_counts_as_loopback(host, loopback):
-    assert config.is_loopback_host(host) is loopback
+    assert settings.is_loopback_host(host) is loopback
 
 
 def test_a_public_raft_address_without_the_secret_is_refused_naming_the_setting(tmp_path):

@@ -23,7 +23,8 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     retry        the retry policy: which failures are retried, the backoff, what to raise
     multiplex    ``multiplex=True``: concurrent calls of one process sent as one batch RPC
     results      the result dataclasses, built from the API's responses
-    exceptions   the exception tree, and the one table from gRPC errors to it
+    exceptions   the exception tree, and the public home of every name of the error surface
+    rpc_errors   the one table from gRPC errors to the tree, and reading a failed call
     election     ``Election``: leader election on the lock queue
     proof        signed token proofs (DESIGN §6): signing and verifying
     guard_rule   the fencing rule every guard applies at an external store
@@ -31,7 +32,10 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     pg_guard     the PostgreSQL guard (``[postgres]`` extra)
     mysql_guard  the MySQL/MariaDB guard (``[mysql]`` extra)
     redis_guard  the Redis guard (``[redis]`` extra)
-    fencingctl   the ``fencingctl`` command: parsing, checks, output, exit codes
+    fencingctl   the ``fencingctl`` command: argv to exit code, one line per error
+    ctl_parser   ``fencingctl``'s commands, options and help (argparse)
+    ctl_request  what the user typed, checked field by field before anything is sent
+    ctl_run      each command's client call and its output, as a table or JSON
     lockcmd      ``fencingctl lock``: run a command while holding a lease
     lock_child   the command ``fencingctl lock`` runs: started, signalled, reaped
     durations    durations as typed on a command line (``10s``, ``500ms``)

@@ -6,7 +6,7 @@ of the trailing metadata that says who answered. The server (``coordinator.serve
 ``service``) writes them, the client (``coordinator.client.exceptions``) reads them, and
 tests compare with them, instead of each typing the strings again.
 Must never: decide which status or exception a reason maps to (``server/errors.py``'s
-STATUS_TABLE and ``client/exceptions.py``'s table do), or import anything but ``enum``. It
+STATUS_TABLE and ``client/rpc_errors.py``'s table do), or import anything but ``enum``. It
 sits in core because both the server and the client layer may import core
 (``tests/test_layers.py``).
 

@@ -24,7 +24,10 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     members           the members as the API shows them; membership changes' checks
     lease_ticker      ``LeaseTicker``: the leader's TICK every ``lease_tick_interval_s``
     auth              the principals file, bearer tokens, resource prefixes, admin checks
-    config            ``ServerConfig``: the TOML file and flags, each setting checked
+    config            a ``ServerConfig`` built from the TOML file and flags
+    settings          ``ServerConfig``: every setting, its default and unit, what follows
+                      from it, and the files it names, read
+    config_checks     ``validate``: whether a ``ServerConfig`` is usable, in one fixed order
     tomlfile          reading one TOML file with errors that name it
     certs             the API's TLS files, read and checked at start and on SIGHUP
     listen_check      why an address cannot be listened on, asked of the OS
