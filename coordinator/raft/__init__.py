@@ -30,8 +30,10 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     identity         the data dir's identity file: member id, incarnation, cluster id
     replica          ``Replica``: the state machine as pysyncobj's consumer (apply, snapshot
                      hooks, the apply lock)
-    journal          ``DurableJournal``: checksummed records, group commit, crash-atomic
-                     compaction, the fsynced term and vote
+    journal          ``DurableJournal``: the log and the term and vote on disk, group commit,
+                     crash-atomic compaction (prepared ahead by the snapshot writer)
+    journal_file     the journal's and ``raft.meta``'s file formats (checksummed records),
+                     durable writes, the reaper that frees replaced lists and files
     leader_sync      the leader's background journal sync thread
     snapshot_file    the snapshot file format: written with fsync, verified, read
     snapshot_writer  ``BackgroundSerializer``: snapshots written off the Raft thread

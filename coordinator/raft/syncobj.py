@@ -43,7 +43,7 @@ from coordinator.raft import snapshot_file
 from coordinator.raft import wire as raft_wire
 from coordinator.raft.durable_term import DurableTerm
 from coordinator.raft.fatal import EXIT_APPLY_FAILED, EXIT_DISK_FAILED, FatalHandler, once
-from coordinator.raft.journal import fsync_directory
+from coordinator.raft.journal_file import fsync_directory
 from coordinator.raft.leader_sync import LeaderSync
 from coordinator.raft.member_changes import MemberChanges
 from coordinator.raft.member_gate import STAMPED_TYPES, MemberGate, stamping_transport
