@@ -39,7 +39,9 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     snapshot_writer  ``BackgroundSerializer``: snapshots written off the Raft thread
     stamp_clock      ``StampClock``: each command's stamp, the lease clock (DESIGN I6)
     transport        ``BoundTCPTransport``: own addresses, connection admission and naming,
-                     the bounded frame reader and writer
+                     the binding handshake driven; ``PeerWarnings``
+    connection       what ``patches.install()`` puts on pysyncobj's connections: the bounded
+                     frame reader and writer, the answer-owed timeout
     wire             byte formats: typed frames, typed and shared log entries, frame heads
     peer_binding     the three-message handshake that binds a connection to who dialled whom
     peer_keys        ``PeerKeys``: the peer secrets, replaced on SIGHUP without a restart
