@@ -16,7 +16,15 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     interface        what callers see, without pysyncobj: the ``StateMachine`` protocol and
                      ``ProposeOutcome`` / ``ProposeFailure`` / ``ProposeResult``
     patches          the version pin and ``install()``: every patch of pysyncobj's modules
-    syncobj          ``HardenedSyncObj``: every override of SyncObj internals, the named fixes
+    syncobj          ``HardenedSyncObj``: puts the mixins below together; entry admission,
+                     append sanitizing, forwarding to a lost leader; the SyncObjConf; the
+                     named fixes
+    shared_entries   the mixin that queues commands and packs them into shared entries
+    group_commit     the mixin that syncs the journal once per tick, sends once per tick,
+                     acks after the sync and caps commit votes at durable copies
+    snapshot_install
+                     the mixin that loads and installs snapshots keeping the journal tail,
+                     compacts by bytes, and holds applies while the writer captures
     durable_term     the mixin that saves term and vote before holding them and stops the
                      member on anything escaping a tick
     member_gate      the mixin that counts votes and acks only from the configuration's
