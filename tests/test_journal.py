@@ -179,8 +179,8 @@ def test_compaction_copies_the_kept_records_as_encoding_them_would_write_them(tm
         j.sync()
         journals.append(j)
     encodings = []
-    real_encode = journal_module._encode_record
-    monkeypatch.setattr(journal_module, "_encode_record", lambda *a: encodings.append(a) or real_encode(*a))
+    real_encode = journal_module.encode_record
+    monkeypatch.setattr(journal_module, "encode_record", lambda *a: encodings.append(a) or real_encode(*a))
     journals[0].deleteEntriesTo(30)
     assert encodings == [], "the kept records were copied, not encoded"
     journals[1]._rewrite(journals[1][30:], committed_through=31)  # what encoding the kept entries writes
@@ -227,11 +227,11 @@ def test_a_prepared_compaction_leaves_the_file_an_unprepared_one_leaves(tmp_path
             j.add(b"between-%d" % idx, idx, 3)
     # What the Raft thread reads at compaction: only the records appended since the prepare.
     reads = []
-    real_read = journal_module._read_exactly
-    monkeypatch.setattr(journal_module, "_read_exactly", lambda fd, size, off: reads.append(size) or real_read(fd, size, off))
+    real_read = journal_module.read_exactly
+    monkeypatch.setattr(journal_module, "read_exactly", lambda fd, size, off: reads.append(size) or real_read(fd, size, off))
     prepared.deleteEntriesTo(30)
     delta = sum(reads)
-    assert delta == sum(len(journal_module._encode_record(*prepared[i])) for i in range(20, 20 + appended_between))
+    assert delta == sum(len(journal_module.encode_record(*prepared[i])) for i in range(20, 20 + appended_between))
     plain.deleteEntriesTo(30)
     assert (prepared.prepared_compactions, plain.prepared_compactions) == (1, 0)
     assert not (prepared_dir / (JOURNAL_NAME + ".prepared")).exists()
@@ -317,11 +317,11 @@ def test_dropped_entries_are_freed_off_the_compacting_thread(tmp_path, monkeypat
     from coordinator.raft import journal as journal_module
 
     handed = []
-    real_free = journal_module._REAPER.free
-    monkeypatch.setattr(journal_module._REAPER, "free", lambda *lists: handed.extend(lists) or real_free(*lists))
+    real_free = journal_module.REAPER.free
+    monkeypatch.setattr(journal_module.REAPER, "free", lambda *lists: handed.extend(lists) or real_free(*lists))
     closed = []
-    real_close = journal_module._REAPER.close
-    monkeypatch.setattr(journal_module._REAPER, "close", lambda fd: closed.append(fd) or real_close(fd))
+    real_close = journal_module.REAPER.close
+    monkeypatch.setattr(journal_module.REAPER, "close", lambda fd: closed.append(fd) or real_close(fd))
     j = _filled(tmp_path, last=20_000)
     before, old_fd = j._entries, j._fd
     j.deleteEntriesTo(19_990)

@@ -29,6 +29,7 @@ from pysyncobj import SyncObj
 from pysyncobj.node import TCPNode
 
 from coordinator.raft import journal as journal_module
+from coordinator.raft import journal_file
 from coordinator.raft.fatal import EXIT_APPLY_FAILED, EXIT_DISK_FAILED, exit_code_for, once
 from coordinator.raft.journal import JOURNAL_NAME, META_NAME, read_meta
 from coordinator.raft.node import RaftConfig, RaftNode
@@ -62,7 +63,7 @@ TICK_THREAD_WAIT_S = 10.0
 
 
 class FailingOs:
-    """The journal module's ``os``, failing one step of the ``raft.meta`` write (or a journal
+    """The journal modules' ``os``, failing one step of the ``raft.meta`` write (or a journal
     append) with ``err``; everything else goes to the real ``os``."""
 
     def __init__(self, step: str, err: int):
@@ -117,6 +118,7 @@ def inject(monkeypatch, node, step: str, err: int) -> FailingOs:
     failing = FailingOs(step, err)
     failing.journal_fd = node.journal._fd
     monkeypatch.setattr(journal_module, "os", failing)
+    monkeypatch.setattr(journal_file, "os", failing)  # the meta file's writes and the appends' pwrite
     monkeypatch.setattr(node.journal, "_fsync", failing.fsync)
     monkeypatch.setattr(node.journal, "_fdatasync", failing.fdatasync)
     return failing

@@ -17,7 +17,7 @@ import pytest
 from pysyncobj.poller import createPoller
 
 from coordinator.raft import patches
-from coordinator.raft import transport
+from coordinator.raft import connection
 from testsupport.supervisor import wait_until
 
 TIMEOUT_S = 3.5  # connectionTimeout as syncobj.py sets it for the production timings
@@ -43,7 +43,7 @@ def pair(monkeypatch):
     patches.install()  # what RaftNode does first: the timeout rule under test
     clock = ManualClock()
     monkeypatch.setattr(ps_tcp, "monotonicTime", clock)
-    monkeypatch.setattr(transport, "_monotonic", clock)
+    monkeypatch.setattr(connection, "_monotonic", clock)
     poller = createPoller("auto")
     left, right = socket.socketpair()
     left.setblocking(False)

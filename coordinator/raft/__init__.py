@@ -16,7 +16,15 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     interface        what callers see, without pysyncobj: the ``StateMachine`` protocol and
                      ``ProposeOutcome`` / ``ProposeFailure`` / ``ProposeResult``
     patches          the version pin and ``install()``: every patch of pysyncobj's modules
-    syncobj          ``HardenedSyncObj``: every override of SyncObj internals, the named fixes
+    syncobj          ``HardenedSyncObj``: puts the mixins below together; entry admission,
+                     append sanitizing, forwarding to a lost leader; the SyncObjConf; the
+                     named fixes
+    shared_entries   the mixin that queues commands and packs them into shared entries
+    group_commit     the mixin that syncs the journal once per tick, sends once per tick,
+                     acks after the sync and caps commit votes at durable copies
+    snapshot_install
+                     the mixin that loads and installs snapshots keeping the journal tail,
+                     compacts by bytes, and holds applies while the writer captures
     durable_term     the mixin that saves term and vote before holding them and stops the
                      member on anything escaping a tick
     member_gate      the mixin that counts votes and acks only from the configuration's
@@ -30,14 +38,18 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     identity         the data dir's identity file: member id, incarnation, cluster id
     replica          ``Replica``: the state machine as pysyncobj's consumer (apply, snapshot
                      hooks, the apply lock)
-    journal          ``DurableJournal``: checksummed records, group commit, crash-atomic
-                     compaction, the fsynced term and vote
+    journal          ``DurableJournal``: the log and the term and vote on disk, group commit,
+                     crash-atomic compaction (prepared ahead by the snapshot writer)
+    journal_file     the journal's and ``raft.meta``'s file formats (checksummed records),
+                     durable writes, the reaper that frees replaced lists and files
     leader_sync      the leader's background journal sync thread
     snapshot_file    the snapshot file format: written with fsync, verified, read
     snapshot_writer  ``BackgroundSerializer``: snapshots written off the Raft thread
     stamp_clock      ``StampClock``: each command's stamp, the lease clock (DESIGN I6)
     transport        ``BoundTCPTransport``: own addresses, connection admission and naming,
-                     the bounded frame reader and writer
+                     the binding handshake driven; ``PeerWarnings``
+    connection       what ``patches.install()`` puts on pysyncobj's connections: the bounded
+                     frame reader and writer, the answer-owed timeout
     wire             byte formats: typed frames, typed and shared log entries, frame heads
     peer_binding     the three-message handshake that binds a connection to who dialled whom
     peer_keys        ``PeerKeys``: the peer secrets, replaced on SIGHUP without a restart

@@ -16,7 +16,7 @@ import json
 import os
 import secrets
 
-from coordinator.raft.journal import fsync_directory
+from coordinator.raft.journal_file import fsync_directory
 
 IDENTITY_NAME = "member.identity"
 _FORMAT = 1

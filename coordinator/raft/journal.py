@@ -20,198 +20,54 @@ torn record at the very end of the file (a write that never completed, so it was
 never synced nor acknowledged) is cut with a warning; any other damage raises
 ``JournalCorrupt`` naming the file and offset.
 
-File format: a 24-byte header (magic, format version, the index through which
-entries are known committed), then records ``u32 payload_len, u32 crc32(payload),
-payload = u64 index, u64 term, command bytes``, little-endian.
+The file formats (journal and meta) and the I/O beneath them are in ``journal_file.py``.
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
 import dataclasses
 import logging
 import os
-import queue
 import struct
 import threading
 import time
 import zlib
 from typing import Callable
 
-import msgpack
 from pysyncobj.journal import Journal
 
+from coordinator.raft.journal_file import (
+    ENTRY_HEAD,
+    FORMAT_VERSION,
+    HEADER,
+    JOURNAL_NAME,
+    LOAD_READ_BYTES,
+    MAGIC,
+    META_NAME,
+    PREPARED_SUFFIX,
+    REAPER,
+    RECORD_HEAD,
+    SYNCED_SIDECAR_SUFFIX,
+    JournalCorrupt,
+    cut_to_synced_length,
+    encode_record,
+    fsync_directory,
+    naming,
+    read_exactly,
+    read_meta,
+    rest_is_zero,
+    write_all,
+    write_meta,
+)
 
 log = logging.getLogger(__name__)
 
-JOURNAL_NAME = "raft.journal"
-META_NAME = "raft.meta"
-# The compacted journal a snapshot writer prepares (prepare_compaction), renamed over the
-# journal when the Raft thread compacts. Not the ".compact" file an inline compaction writes:
-# both may be written at once, by different threads.
-PREPARED_SUFFIX = ".prepared"
-# Written only when power-loss tracking is on (tests): the journal length at the
-# last completed sync, so a test can cut the file back to what a power cut would keep.
-SYNCED_SIDECAR_SUFFIX = ".synced"
-
-_MAGIC = b"FNCJRNL\x00"
-_FORMAT_VERSION = 1
-_HEADER = struct.Struct("<8sIIQ")  # magic, format version, reserved, committed_through
-_RECORD_HEAD = struct.Struct("<II")  # payload length, crc32
-_ENTRY_HEAD = struct.Struct("<QQ")  # index, term
-_META_FORMAT_VERSION = 1
-
-
-class JournalCorrupt(RuntimeError):
-    """The journal or meta file is damaged in a way that could hide acknowledged data."""
-
-
-@contextlib.contextmanager
-def naming(path: str):
-    """Re-raise an OSError that names no file (pwrite, fsync, fdatasync) as one naming ``path``:
-    the one line a member stops with (fatal.py) must say which file its disk refused."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.filename is not None or exc.errno is None:
-            raise
-        raise OSError(exc.errno, exc.strerror, path) from exc
-
-
-def fsync_directory(path: str, fsync: Callable[[int], None] = os.fsync) -> None:
-    """Make renames and creations inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        with naming(path):
-            fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_file_durably(path: str, data: bytes, fsync: Callable[[int], None] = os.fsync) -> None:
-    """tmp + fsync + rename + fsync(dir): after return, ``path`` holds ``data`` across power loss.
-    Any step that fails raises an OSError naming the file it was at."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        with naming(tmp):
-            _write_all(fd, data, 0)
-            fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_directory(os.path.dirname(os.path.abspath(path)), fsync)
-
-
-def read_meta(path: str) -> tuple[int, str | None] | None:
-    """(term, vote) of a ``raft.meta`` file, checked; None if there is none. Raises
-    ``JournalCorrupt`` naming the file for anything damaged. The one reader of the format:
-    the journal at start, and the chaos faults that judge a member's saved term from outside."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        return None
-    if len(raw) < 4:
-        raise JournalCorrupt(f"{path}: truncated meta file ({len(raw)} bytes)")
-    body, crc = raw[:-4], struct.unpack("<I", raw[-4:])[0]
-    if zlib.crc32(body) != crc:
-        raise JournalCorrupt(f"{path}: checksum mismatch in meta file")
-    version, term, voted_for = msgpack.unpackb(body, raw=False)
-    if version != _META_FORMAT_VERSION:
-        raise JournalCorrupt(f"{path}: unknown meta format version {version}")
-    if type(term) is not int or not 0 <= term < 2**63:
-        # pysyncobj persisted whatever term a peer sent (a float 1e300 stopped the cluster
-        # for good); the typed wire refuses those now, and one on disk is refused here.
-        raise JournalCorrupt(f"{path}: term {term!r} is not an integer in [0, 2^63)")
-    return term, voted_for
-
-
-def _write_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view = view[written:]
-        offset += written
-
-
-def _read_exactly(fd: int, size: int, offset: int) -> bytes:
-    parts = []
-    while size:
-        part = os.pread(fd, size, offset)
-        if not part:
-            raise OSError(f"journal: {size} bytes missing at offset {offset}")
-        parts.append(part)
-        size -= len(part)
-        offset += len(part)
-    return b"".join(parts)
-
-
-# The journal is read at start through a buffer of this many bytes: large enough that a
-# journal of tens of MiB takes few reads, small against any journal worth streaming.
-_LOAD_READ_BYTES = 1024 * 1024
-
-
-def _rest_is_zero(f) -> bool:
-    """Whether everything left in ``f`` is zero bytes (a zero-filled tail), read a buffer at a time."""
-    while chunk := f.read(_LOAD_READ_BYTES):
-        if any(chunk):
-            return False
-    return True
-
-
-def _encode_record(command: bytes, index: int, term: int) -> bytes:
-    payload = _ENTRY_HEAD.pack(index, term) + command
-    return _RECORD_HEAD.pack(len(payload), zlib.crc32(payload)) + payload
-
-
-class _Reaper:
-    """Frees lists a slice at a time, and closes replaced files, on a thread of its own.
-
-    A compaction drops the journal's in-memory entries up to the snapshot: after a busy
-    interval tens of thousands of (command, index, term) tuples and their offsets, freed here
-    ~1 ms worth at a time, yielding in between. It also replaces the journal file, and closing
-    the last descriptor of the replaced one makes the kernel free its blocks and cached pages
-    in that call: ~6 ms (2 ms CPU) for a 40 MiB file here. Both ran on the Raft thread, which
-    stalled 22-67 ms (10-13 ms CPU) per snapshot at 1,000,000 resources (bench scale)."""
-
-    SLICE = 4096
-
-    def __init__(self) -> None:
-        self._lists: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
-
-    def free(self, *lists: list) -> None:
-        with self._start_lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="journal-reaper", daemon=True)
-                self._thread.start()
-        for each in lists:
-            self._lists.put(each)
-
-    def close(self, fd: int) -> None:
-        """Close ``fd``, which nothing uses any more, on the reaper's thread."""
-        self.free()
-        self._lists.put(fd)
-
-    def _run(self) -> None:
-        while True:
-            doomed = self._lists.get()
-            if isinstance(doomed, int):
-                try:
-                    os.close(doomed)
-                except OSError:
-                    log.exception("journal: closing a replaced file failed")
-                continue
-            while doomed:
-                del doomed[-self.SLICE :]
-                time.sleep(0)  # lets a thread waiting for the GIL have it
-            del doomed
-
-
-_REAPER = _Reaper()
+# The journal's own names, importable from here as before the file format moved out.
+__all__ = [
+    "JOURNAL_NAME", "META_NAME", "SYNCED_SIDECAR_SUFFIX", "DurableJournal", "JournalCorrupt", "cut_to_synced_length",
+    "read_meta",
+]
 
 
 @dataclasses.dataclass
@@ -257,10 +113,10 @@ class DurableJournal(Journal):
         self._entries: list[tuple[bytes, int, int]] = []
         self._offsets: list[int] = []
         self._committed_through = 0
-        self._end = _HEADER.size
-        self._synced_end = _HEADER.size
+        self._end = HEADER.size
+        self._synced_end = HEADER.size
         # The file's length when last rewritten (compacted): a loaded file counts whole.
-        self._end_after_compaction = _HEADER.size
+        self._end_after_compaction = HEADER.size
         # sync() may run on another thread than the one that appends (the leader syncs in
         # the background): it holds this lock, and so does everything that replaces,
         # truncates or closes the file. Appends only ever extend it, from one thread.
@@ -283,7 +139,7 @@ class DurableJournal(Journal):
     def _open_and_load(self) -> int:
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
         if os.fstat(fd).st_size == 0:
-            _write_all(fd, _HEADER.pack(_MAGIC, _FORMAT_VERSION, 0, 0), 0)
+            write_all(fd, HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0), 0)
             self._fsync(fd)
             fsync_directory(self._dir, self._fsync)
         else:
@@ -299,44 +155,44 @@ class DurableJournal(Journal):
         so a start needed the file's size again on top of its entries.
         """
         size = os.fstat(fd).st_size
-        header = os.pread(fd, _HEADER.size, 0)
-        if len(header) < _HEADER.size:
+        header = os.pread(fd, HEADER.size, 0)
+        if len(header) < HEADER.size:
             raise JournalCorrupt(f"{self._path}: file shorter than its header ({len(header)} bytes)")
-        magic, version, _reserved, committed = _HEADER.unpack_from(header, 0)
-        if magic != _MAGIC or version != _FORMAT_VERSION:
-            raise JournalCorrupt(f"{self._path}: not a journal of format {_FORMAT_VERSION} (offset 0)")
+        magic, version, _reserved, committed = HEADER.unpack_from(header, 0)
+        if magic != MAGIC or version != FORMAT_VERSION:
+            raise JournalCorrupt(f"{self._path}: not a journal of format {FORMAT_VERSION} (offset 0)")
         self._committed_through = committed
-        offset = _HEADER.size
+        offset = HEADER.size
         previous_index = None
-        with os.fdopen(os.dup(fd), "rb", buffering=_LOAD_READ_BYTES) as f:
+        with os.fdopen(os.dup(fd), "rb", buffering=LOAD_READ_BYTES) as f:
             f.seek(offset)
             while offset < size:
                 remaining = size - offset
-                if remaining < _RECORD_HEAD.size:
+                if remaining < RECORD_HEAD.size:
                     self._cut_torn_tail(fd, size, offset, "incomplete record header")
                     break
-                head = f.read(_RECORD_HEAD.size)
-                length, crc = _RECORD_HEAD.unpack(head)
-                if length < _ENTRY_HEAD.size:
-                    if not any(head) and _rest_is_zero(f):
+                head = f.read(RECORD_HEAD.size)
+                length, crc = RECORD_HEAD.unpack(head)
+                if length < ENTRY_HEAD.size:
+                    if not any(head) and rest_is_zero(f):
                         self._cut_torn_tail(fd, size, offset, "zero-filled tail")
                         break
                     raise JournalCorrupt(f"{self._path}: invalid record length {length} at offset {offset}")
-                if _RECORD_HEAD.size + length > remaining:
+                if RECORD_HEAD.size + length > remaining:
                     self._cut_torn_tail(fd, size, offset, "record extends past end of file")
                     break
                 payload = f.read(length)
                 if zlib.crc32(payload) != crc:
                     raise JournalCorrupt(f"{self._path}: checksum mismatch in record at offset {offset}")
-                index, term = _ENTRY_HEAD.unpack_from(payload, 0)
+                index, term = ENTRY_HEAD.unpack_from(payload, 0)
                 if previous_index is not None and index != previous_index + 1:
                     raise JournalCorrupt(
                         f"{self._path}: record at offset {offset} has index {index}, expected {previous_index + 1}"
                     )
                 previous_index = index
-                self._entries.append((payload[_ENTRY_HEAD.size :], index, term))
+                self._entries.append((payload[ENTRY_HEAD.size :], index, term))
                 self._offsets.append(offset)
-                offset += _RECORD_HEAD.size + length
+                offset += RECORD_HEAD.size + length
         self._end = offset
 
     def _cut_torn_tail(self, fd: int, size: int, offset: int, why: str) -> None:
@@ -397,9 +253,9 @@ class DurableJournal(Journal):
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         command = bytes(command)
-        record = _encode_record(command, idx, term)
+        record = encode_record(command, idx, term)
         with naming(self._path):
-            _write_all(self._fd, record, self._end)
+            write_all(self._fd, record, self._end)
         self._entries.append((command, idx, term))
         self._offsets.append(self._end)
         self._end += len(record)
@@ -453,8 +309,8 @@ class DurableJournal(Journal):
                 # thread when a snapshot is collected, and encoding every entry applied during
                 # the snapshot's read took ~20-30 ms of it at 1,000,000 resources (bench scale).
                 start = self._offsets[entryTo]
-                records = _read_exactly(self._fd, self._end - start, start)
-                shift = _HEADER.size - start
+                records = read_exactly(self._fd, self._end - start, start)
+                shift = HEADER.size - start
                 offsets = [offset + shift for offset in self._offsets[entryTo:]]
                 self._rewrite_locked(kept, committed, tail=(records, offsets))
             else:
@@ -489,21 +345,21 @@ class DurableJournal(Journal):
             source = os.dup(self._fd)
         start = offsets[0]
         try:
-            records = _read_exactly(source, end - start, start)
+            records = read_exactly(source, end - start, start)
         except OSError:
             return False  # truncated meanwhile: the generation has moved on
         finally:
             os.close(source)
         fd = os.open(self._path + PREPARED_SUFFIX, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            head = _HEADER.pack(_MAGIC, _FORMAT_VERSION, 0, committed)
-            _write_all(fd, head + records, 0)
+            head = HEADER.pack(MAGIC, FORMAT_VERSION, 0, committed)
+            write_all(fd, head + records, 0)
             self._fsync(fd)
         except BaseException:
             os.close(fd)
             raise
-        shift = _HEADER.size - start
-        prepared = _Prepared(generation, first_index, end, fd, _HEADER.size + len(records),
+        shift = HEADER.size - start
+        prepared = _Prepared(generation, first_index, end, fd, HEADER.size + len(records),
                              [offset + shift for offset in offsets], committed)
         with self._io_lock:
             if self._generation != generation or self._fd is None or self._prepared is not None:
@@ -526,7 +382,7 @@ class DurableJournal(Journal):
         end = prepared.end
         try:
             if self._end > prepared.source_end:
-                _write_all(prepared.fd, _read_exactly(self._fd, self._end - prepared.source_end, prepared.source_end), end)
+                write_all(prepared.fd, read_exactly(self._fd, self._end - prepared.source_end, prepared.source_end), end)
                 end += self._end - prepared.source_end
                 self._fsync(prepared.fd)
             os.replace(self._path + PREPARED_SUFFIX, self._path)
@@ -535,12 +391,12 @@ class DurableJournal(Journal):
             raise
         fsync_directory(self._dir, self._fsync)
         shift = prepared.end - prepared.source_end
-        _REAPER.close(self._fd)  # the replaced file: its blocks are freed on close
+        REAPER.close(self._fd)  # the replaced file: its blocks are freed on close
         self._fd = prepared.fd
         dropped = (self._entries, self._offsets)
         self._entries = self._entries[entryTo:]
         self._offsets = prepared.offsets + [offset + shift for offset in delta_offsets]
-        _REAPER.free(*dropped)
+        REAPER.free(*dropped)
         self._set_compacted_locked(end, prepared.committed_through)
         self.prepared_compactions += 1
 
@@ -557,32 +413,32 @@ class DurableJournal(Journal):
         tmp = self._path + ".compact"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            chunks = [_HEADER.pack(_MAGIC, _FORMAT_VERSION, 0, committed_through)]
+            chunks = [HEADER.pack(MAGIC, FORMAT_VERSION, 0, committed_through)]
             if tail is None:
                 offsets = []
-                end = _HEADER.size
+                end = HEADER.size
                 for command, idx, term in entries:
-                    record = _encode_record(command, idx, term)
+                    record = encode_record(command, idx, term)
                     offsets.append(end)
                     chunks.append(record)
                     end += len(record)
             else:
                 records, offsets = tail
                 chunks.append(records)
-                end = _HEADER.size + len(records)
-            _write_all(fd, b"".join(chunks), 0)
+                end = HEADER.size + len(records)
+            write_all(fd, b"".join(chunks), 0)
             self._fsync(fd)
         except BaseException:
             os.close(fd)
             raise
         os.replace(tmp, self._path)
         fsync_directory(self._dir, self._fsync)
-        _REAPER.close(self._fd)  # the replaced file: its blocks are freed on close
+        REAPER.close(self._fd)  # the replaced file: its blocks are freed on close
         self._fd = fd
         dropped = (self._entries, self._offsets)  # lists no caller was handed (entries is a copy)
         self._entries = list(entries)
         self._offsets = offsets
-        _REAPER.free(*dropped)
+        REAPER.free(*dropped)
         self._set_compacted_locked(end, committed_through)
 
     def _set_compacted_locked(self, end: int, committed_through: int) -> None:
@@ -636,8 +492,7 @@ class DurableJournal(Journal):
         # Raises on any failure; the caller (durable_term.py) stops the member then, before
         # its in-memory term changes.
         self.sync()
-        body = msgpack.packb([_META_FORMAT_VERSION, term, votedForNodeId], use_bin_type=True)
-        write_file_durably(self._meta_path, body + struct.pack("<I", zlib.crc32(body)), self._fsync)
+        write_meta(self._meta_path, term, votedForNodeId, self._fsync)
         self._term, self._voted_for = term, votedForNodeId
 
     def getCurrentTerm(self) -> int:
@@ -649,16 +504,3 @@ class DurableJournal(Journal):
     def onOneSecondTimer(self) -> None:
         pass
 
-
-def cut_to_synced_length(data_dir: str) -> tuple[int, int]:
-    """Power-loss simulation for tests: drop what was written after the last sync.
-
-    Returns (old_length, new_length). The node must already be dead (kill -9).
-    """
-    path = os.path.join(data_dir, JOURNAL_NAME)
-    with open(path + SYNCED_SIDECAR_SUFFIX, "rb") as f:
-        synced = struct.unpack("<Q", f.read(8))[0]
-    old = os.path.getsize(path)
-    if synced < old:
-        os.truncate(path, synced)
-    return old, min(old, synced)

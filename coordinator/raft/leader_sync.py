@@ -18,7 +18,7 @@ class LeaderSync:
     what it may not do is count itself toward their commit before. The Raft thread asks
     for a sync of everything up to (term, index) and carries on; this thread runs the
     fdatasync and publishes the (term, index) it covers, and the commit computation counts
-    the leader only up to there (``syncobj.HardenedSyncObj._cap_commit_votes``). Within one term
+    the leader only up to there (``group_commit.GroupCommit._cap_commit_votes``). Within one term
     a leader never truncates its log, so a published index stays durable for that term.
 
     ``background=False`` (the simulation, no threads) syncs inline at request time.

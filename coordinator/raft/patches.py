@@ -5,11 +5,11 @@ Owns: the pinned version (``PYSYNCOBJ_VERSION_REQUIRED``, ``check_pysyncobj_vers
   - ``syncobj.createJournal``: also accepts a ready Journal object (our DurableJournal);
   - ``pickle`` as syncobj.py and tcp_connection.py see it: refuses everything (nothing of
     ours goes through it any more);
-  - TcpConnection's frame reader and writer (``transport.py``: the typed wire, bounded heads,
+  - TcpConnection's frame reader and writer (``connection.py``: the typed wire, bounded heads,
     bytearray buffers) and its per-connection defaults (including the set of unnamed
     connections that the pre-authentication byte budget reads);
   - TcpConnection's connection timeout: silence counts only while the peer owes an answer
-    (``transport.drop_if_unanswered``);
+    (``connection.drop_if_unanswered``);
   - ``syncobj.Serializer``: a Replica's snapshots are written on a thread of their own
     (``snapshot_writer.serializer_for``; other serializers stay stock).
 Why each one is needed: RAFT.md ("A typed wire", "Bounded frames", "Idle is not dead").
@@ -28,7 +28,7 @@ import pysyncobj.tcp_connection as _ps_tcp
 import pysyncobj.version
 from pysyncobj.journal import Journal
 
-from coordinator.raft import snapshot_writer, transport
+from coordinator.raft import connection, snapshot_writer
 from coordinator.raft import wire as raft_wire
 
 PYSYNCOBJ_VERSION_REQUIRED = "0.3.17"
@@ -87,7 +87,7 @@ def _accept_journal_objects() -> None:
 
 # pysyncobj unpickles every Raft frame (tcp_connection.py:291) and every log entry it applies
 # (syncobj.py:874, 894, 977, 1419): code execution for anyone who reaches a Raft port or gets
-# an entry into the log. Frames are now the typed wire (transport.send_typed and the frame
+# an entry into the log. Frames are now the typed wire (connection.send_typed and the frame
 # reader below); entries are typed too and applied by HardenedSyncObj._SyncObj__doApplyCommand
 # without pickle. What is left of pickle in the two modules is refused outright, so a path we
 # did not override fails loudly instead of unpickling.
@@ -107,11 +107,11 @@ class _NoPickle:
 
 def _bound_frame_reads() -> None:
     conn = _ps_tcp.TcpConnection
-    for name, default in transport.CONNECTION_DEFAULTS.items():
+    for name, default in connection.CONNECTION_DEFAULTS.items():
         setattr(conn, name, default)
-    conn._TcpConnection__processRead = transport.process_read_bounded
-    conn._TcpConnection__processParseMessage = transport.parse_message_bounded
-    conn.send = transport.send_typed
-    conn._TcpConnection__processConnectionTimeout = transport.drop_if_unanswered
-    conn.connect = transport.restarting_frame_scan(conn.connect)
-    conn.disconnect = transport.restarting_frame_scan(conn.disconnect)
+    conn._TcpConnection__processRead = connection.process_read_bounded
+    conn._TcpConnection__processParseMessage = connection.parse_message_bounded
+    conn.send = connection.send_typed
+    conn._TcpConnection__processConnectionTimeout = connection.drop_if_unanswered
+    conn.connect = connection.restarting_frame_scan(conn.connect)
+    conn.disconnect = connection.restarting_frame_scan(conn.disconnect)

@@ -1,14 +1,16 @@
 """pysyncobj's SyncObj with the durability, safety and liveness holes RAFT.md lists closed.
 
-Owns: ``HardenedSyncObj`` (every override of SyncObj internals: group commit and coalesced
-sends, the leader's background sync and commit-vote cap, shared entries, append sanitizing,
-snapshot install, entry admission) and the fix names (``ALL_FIXES``) that switch them off
-one by one for tests (``RaftConfig.fixes``).
+Owns: ``HardenedSyncObj``, which puts the mixins together (each owns one family of overrides:
+durable_term, member_gate, member_changes, pre_vote, read_index, shared_entries, group_commit,
+snapshot_install) and itself overrides entry admission (peer messages no member of ours sends,
+entries no member writes), append sanitizing, forwarding to a leader that is gone, and the
+tick; ``syncobj_conf``, the SyncObjConf it runs with; and the fix names (``ALL_FIXES``) that
+switch the fixes off one by one for tests (``RaftConfig.fixes``).
 Must never: be used without ``patches.install()`` (``RaftNode`` calls it first), interpret a
 command, or acknowledge an entry before it is fsynced.
 
 Every override names the upstream line it fixes (syncobj.py:N is pysyncobj 0.3.17). Fix names:
-  durable_journal      own fsynced journal + group commit (journal.py, _flush_tick)
+  durable_journal      own fsynced journal + group commit (journal.py, group_commit.py _flush_tick)
   keep_tail            keep the journal tail on restart (syncobj.py:1489-1495)
   next_index_forward   success acks never move nextIndex back (syncobj.py:1079-1082)
   truncate_on_conflict truncate only on a real term conflict (syncobj.py:991-1004)
@@ -21,18 +23,16 @@ Every override names the upstream line it fixes (syncobj.py:N is pysyncobj 0.3.1
   pre_vote             stand for election only after a majority said it would vote
                        (pre_vote.py; syncobj.py:636-650, 920-924, 945)
 
-Batching: commands proposed with a ``batch_key`` while the tick thread is busy share one
-Raft entry (``raft_wire.encode_shared_entry``), applied one by one in order under one
-index. Two commands with the same key never share an entry, so per key (the service uses
-the resource name) every command still has an index of its own.
+Batching (shared_entries.py): commands proposed with a ``batch_key`` while the tick thread is
+busy share one Raft entry, applied one by one in order under one index; two commands with the
+same key never share an entry.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import pysyncobj.syncobj as _ps
 from pysyncobj import SyncObj, SyncObjConf
@@ -42,26 +42,22 @@ from coordinator.raft import limits as raft_limits
 from coordinator.raft import snapshot_file
 from coordinator.raft import wire as raft_wire
 from coordinator.raft.durable_term import DurableTerm
-from coordinator.raft.fatal import EXIT_APPLY_FAILED, EXIT_DISK_FAILED, FatalHandler, once
-from coordinator.raft.journal import fsync_directory
-from coordinator.raft.leader_sync import LeaderSync
+from coordinator.raft.fatal import EXIT_APPLY_FAILED, FatalHandler, once
+from coordinator.raft.group_commit import GroupCommit
 from coordinator.raft.member_changes import MemberChanges
 from coordinator.raft.member_gate import STAMPED_TYPES, MemberGate, stamping_transport
 from coordinator.raft.peer_keys import PeerKeys
 from coordinator.raft.pre_vote import PRE_VOTE, PRE_VOTE_RESPONSE, PreVote
 from coordinator.raft.read_index import ReadIndex
 from coordinator.raft.replica import Replica
+from coordinator.raft.shared_entries import SharedEntries
+from coordinator.raft.snapshot_install import SnapshotInstall
 from coordinator.raft.transport import peer_warnings
 
 if TYPE_CHECKING:
     from coordinator.raft.node import RaftConfig
 
 log = logging.getLogger(__name__)
-
-# How long closing a node waits for a snapshot write still running: the longest measured
-# (1,000,000 resources, bench/README.md) takes a few seconds; a disk slower than this is
-# reported and left behind.
-_SNAPSHOT_WRITER_JOIN_S = 60.0
 
 ALL_FIXES = frozenset(
     {
@@ -82,7 +78,47 @@ assert raft_wire.ENTRY_TYPE_REGULAR == _ps._COMMAND_TYPE.REGULAR
 assert raft_wire.NO_OP_ENTRY == _ps._bchr(_ps._COMMAND_TYPE.NO_OP)
 
 
-class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate, SyncObj):
+def syncobj_conf(
+    config: RaftConfig, journal, replica: Replica, *, auto_tick: bool, on_state_changed: Callable
+) -> SyncObjConf:
+    """The SyncObjConf a HardenedSyncObj runs with: pysyncobj's settings from ``config``."""
+    return SyncObjConf(
+        autoTick=auto_tick,
+        # Send one append per new entry (not every 100 ms) and coalesce them
+        # into one send per tick (group_commit.py): 1 ms latency instead of 100 ms.
+        appendEntriesUseBatch=False,
+        appendEntriesPeriod=config.heartbeat_s,
+        # Far above limits.COMMAND_BYTES_MAX and above the largest admin entry
+        # (RESTORE_COMMAND_BYTES_MAX), so the split-transmission path with its
+        # length bug (syncobj.py:1276-1281) is never used.
+        appendEntriesBatchSizeBytes=raft_limits.RAFT_BATCH_BYTES,
+        raftMinTimeout=config.raft_min_timeout_s,
+        raftMaxTimeout=config.raft_max_timeout_s,
+        connectionTimeout=max(3.5, config.raft_max_timeout_s),
+        connectionRetryTime=config.connection_retry_s,
+        leaderFallbackTimeout=config.leader_fallback_timeout_s,
+        # Fail fast with MISSING_LEADER instead of queueing behind an election.
+        commandsWaitLeader=False,
+        commandsQueueSize=config.commands_queue_size,
+        journalFile=journal,
+        fullDumpFile=os.path.join(config.data_dir, snapshot_file.DUMP_NAME),
+        serializer=replica.serialize,
+        deserializer=replica.deserialize,
+        useFork=False,  # never fork() a process that runs gRPC threads
+        # Snapshot chunks on the wire: the typed wire refuses longer ones.
+        logCompactionBatchSize=raft_limits.RAFT_SNAPSHOT_CHUNK_BYTES,
+        logCompactionMinEntries=config.log_compaction_min_entries,
+        logCompactionMinTime=config.log_compaction_min_time_s,
+        bindAddress=config.self_address,
+        dynamicMembershipChange=False,
+        password=None,  # HardenedSyncObj.peer_keys encrypts instead (its encryptor property)
+        onStateChanged=on_state_changed,
+    )
+
+
+class HardenedSyncObj(
+    DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate, SharedEntries, GroupCommit, SnapshotInstall, SyncObj
+):
     """pysyncobj with the durability and safety holes RAFT.md lists closed."""
 
     def __init__(
@@ -103,23 +139,36 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
         self._journal = journal
         # Only the first fatal acts (RaftNode hands the same once-wrapped handler to the
         # replica; once() returns a wrapped handler as it is).
-        on_fatal = self._on_fatal = once(on_fatal)
+        self._on_fatal = once(on_fatal)
         # Anything escaping a tick of the auto-tick thread stops the member (durable_term.py).
         self._guard_ticks = kwargs.get("autoTick", True)
-        self._pending_acks: list[tuple] = []
-        self._append_pending = False
-        self._append_has_new_entries = True
         self._replica = replica
-        self._queued_lock = threading.Lock()
-        self._queued: list[tuple[bytes, Any, Callable]] = []  # (command, batch key, callback)
-        self._queued_max = config.commands_queue_size
-        self._packing = False
-        self.shared_entries = 0  # entries that carried more than one command
-        self._commit_notify_delay_s = config.commit_notify_delay_s
-        self._commit_notify_at = None  # when a held-back commit-only append must go out
-        self.commit_only_sends = 0  # appends sent that carried no entry to anyone
-        self.truncated_applied = 0  # times an applied entry would have been truncated
-        self.refused_old_snapshots = 0
+        self._leader_lost_election_s = config.leader_lost_election_s
+        self._init_shared_entries(config.commands_queue_size)
+        self._init_group_commit(config.commit_notify_delay_s)
+        self._init_snapshots(config.log_compaction_min_bytes)
+        self._init_admission(config.secrets)
+        self._init_appends()
+        self._init_gate(identity, config.data_dir, config.bootstrap, member_ids)
+        self._init_pre_vote("pre_vote" in self._fixes)
+        self._init_read_index()
+        self._init_changes(config.peer_addresses)
+        replica.config_at = self.config_plain_at
+        replica.on_snapshot_config = self.snapshot_config_loaded
+        kwargs["transportClass"] = stamping_transport(kwargs["transportClass"], self)
+        auto_tick = kwargs.pop("autoTick", True)
+        conf = syncobj_conf(config, journal, replica, auto_tick=auto_tick, on_state_changed=self._state_changed)
+        super().__init__(
+            config.self_address,
+            list(config.peer_addresses),
+            conf=conf,
+            consumers=[replica],
+            **kwargs,
+        )
+        self._start_group_commit(journal, background_sync=config.leader_sync_in_background and conf.autoTick)
+        self._init_snapshot_writer(journal, auto_tick=conf.autoTick)
+
+    def _init_admission(self, secrets) -> None:
         # Peer input no member of ours sends: connections that did not name a member (or not in
         # time, or past the bound on waiting ones), frames over the size bound, and split
         # transmissions (frames that call anything are dropped by the frame reader before we
@@ -131,77 +180,15 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
         self.refused_bindings: dict[str, int] = {}
         self.peer_connections_replaced = 0
         # The peer secrets, in place of pysyncobj's one Fernet (password=, syncobj.py:123-128):
-        # the ``encryptor`` every connection is given (below), replaceable on SIGHUP.
-        self.peer_keys = PeerKeys(config.secrets) if config.secrets else None
+        # the ``encryptor`` every connection is given (the property below), replaceable on SIGHUP.
+        self.peer_keys = PeerKeys(secrets) if secrets else None
         self.refused_entries = 0  # committed entries no member of ours writes: skipped everywhere
+
+    def _init_appends(self) -> None:
+        self._append_has_new_entries = True
+        self.truncated_applied = 0  # times an applied entry would have been truncated
         self.leader_commit_seen = None  # commit index announced to this process by a leader
-        self._leader_sync = None  # set once the transport's pipe notifier exists (below)
-        self._true_match: dict = {}  # follower -> highest index it acked, this term
-        self._true_match_term = -1
-        self._match_capped = False  # some follower's matchIndex is shown below its ack
         self._conflict_hint = None  # where to resume, for the append being handled
-        self._compaction_bytes = config.log_compaction_min_bytes
-        self._leader_lost_election_s = config.leader_lost_election_s
-        self._init_gate(identity, config.data_dir, config.bootstrap, member_ids)
-        self._init_pre_vote("pre_vote" in self._fixes)
-        self._init_read_index()
-        self._init_changes(config.peer_addresses)
-        replica.config_at = self.config_plain_at
-        replica.on_snapshot_config = self.snapshot_config_loaded
-        kwargs["transportClass"] = stamping_transport(kwargs["transportClass"], self)
-        conf = SyncObjConf(
-            autoTick=kwargs.pop("autoTick", True),
-            # Send one append per new entry (not every 100 ms) and coalesce them
-            # into one send per tick below: 1 ms latency instead of 100 ms.
-            appendEntriesUseBatch=False,
-            appendEntriesPeriod=config.heartbeat_s,
-            # Far above limits.COMMAND_BYTES_MAX and above the largest admin entry
-            # (RESTORE_COMMAND_BYTES_MAX), so the split-transmission path with its
-            # length bug (syncobj.py:1276-1281) is never used.
-            appendEntriesBatchSizeBytes=raft_limits.RAFT_BATCH_BYTES,
-            raftMinTimeout=config.raft_min_timeout_s,
-            raftMaxTimeout=config.raft_max_timeout_s,
-            connectionTimeout=max(3.5, config.raft_max_timeout_s),
-            connectionRetryTime=config.connection_retry_s,
-            leaderFallbackTimeout=config.leader_fallback_timeout_s,
-            # Fail fast with MISSING_LEADER instead of queueing behind an election.
-            commandsWaitLeader=False,
-            commandsQueueSize=config.commands_queue_size,
-            journalFile=journal,
-            fullDumpFile=os.path.join(config.data_dir, snapshot_file.DUMP_NAME),
-            serializer=replica.serialize,
-            deserializer=replica.deserialize,
-            useFork=False,  # never fork() a process that runs gRPC threads
-            # Snapshot chunks on the wire: the typed wire refuses longer ones.
-            logCompactionBatchSize=raft_limits.RAFT_SNAPSHOT_CHUNK_BYTES,
-            logCompactionMinEntries=config.log_compaction_min_entries,
-            logCompactionMinTime=config.log_compaction_min_time_s,
-            bindAddress=config.self_address,
-            dynamicMembershipChange=False,
-            password=None,  # self.peer_keys encrypts instead (the encryptor property below)
-            onStateChanged=self._state_changed,
-        )
-        super().__init__(
-            config.self_address,
-            list(config.peer_addresses),
-            conf=conf,
-            consumers=[replica],
-            **kwargs,
-        )
-        if self._has("durable_journal"):
-            self._leader_sync = LeaderSync(
-                journal,
-                background=config.leader_sync_in_background and conf.autoTick,
-                wake=self._wake_raft_thread,
-                on_fatal=on_fatal,
-                exit_code=EXIT_DISK_FAILED,
-            )
-        self.addOnTickCallback(self._flush_tick)
-        writer = self._snapshot_writer()
-        if writer is not None and not conf.autoTick:
-            writer.inline = True  # ticked by hand (the simulation): stay deterministic
-        if writer is not None and self._has("durable_journal") and hasattr(journal, "prepare_compaction"):
-            writer.on_durable = journal.prepare_compaction  # the writer made the rename durable
 
     @property
     def encryptor(self):
@@ -223,35 +210,6 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
             self._on_leadership(now)
         except Exception:  # noqa: BLE001 - an observer must never break the Raft thread
             log.exception("raft: the leadership observer failed")
-
-    # -- shared entries -----------------------------------------------------------
-
-    def queue_command(self, command: bytes, batch_key, callback) -> None:
-        """Queue ``command`` for the next tick, which packs queued commands into entries.
-
-        Replaces pysyncobj's own queue for our commands (same bound: commands_queue_size),
-        so commands keep their arrival order whether they share an entry or not.
-        """
-        with self._queued_lock:
-            full = len(self._queued) >= self._queued_max
-            if not full:
-                self._queued.append((command, batch_key, callback))
-                wake = len(self._queued) == 1
-        if full:
-            callback(None, FAIL_REASON.QUEUE_FULL)
-            return
-        if wake:
-            self._wake_raft_thread()  # what pysyncobj's _applyCommand does (syncobj.py:498-499)
-
-    def _wake_raft_thread(self) -> None:
-        """End the Raft thread's poll early, from any thread (pysyncobj's pipe notifier)."""
-        notifier = getattr(self, "_SyncObj__pipeNotifier", None)
-        if notifier is None:
-            return
-        try:
-            notifier.notify()
-        except BlockingIOError:
-            pass  # the pipe is full: a wake-up is pending already
 
     def _checkCommandsToApply(self):
         # pysyncobj takes queued commands here (syncobj.py:503); ours go first, packed.
@@ -327,197 +285,6 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
         if deadline < self._SyncObj__raftElectionDeadline:
             self._SyncObj__raftElectionDeadline = deadline
 
-    def _applyCommand(self, command, callback, commandType=None):
-        if not self._packing:
-            return SyncObj._applyCommand(self, command, callback, commandType)
-        # syncobj.py:492-501 without its pipe notify: on the Raft thread, right before
-        # the queue is read, a wake-up would only cost one more (empty) tick per entry.
-        if commandType is not None:
-            command = _ps._bchr(commandType) + command
-        try:
-            self._SyncObj__commandsQueue.put_nowait((command, callback))
-        except _ps.Queue.Full:
-            self._SyncObj__callErrCallback(FAIL_REASON.QUEUE_FULL, callback)
-
-    def _pack_queued(self) -> None:
-        with self._queued_lock:
-            queued, self._queued = self._queued, []
-        group: list[tuple[bytes, Any, Callable]] = []
-        keys: set = set()
-        size = 0
-        for item in queued:
-            command, key, _ = item
-            if key is None:
-                # Commands without a key keep their place in line, each in an entry of its own.
-                if group:
-                    self._propose_group(group)
-                    group, keys, size = [], set(), 0
-                self._propose_group([item])
-                continue
-            if group and (
-                key in keys
-                or len(group) >= raft_limits.RAFT_ENTRY_COMMANDS_MAX
-                or size + len(command) > raft_limits.RAFT_ENTRY_BYTES_MAX
-            ):
-                self._propose_group(group)
-                group, keys, size = [], set(), 0
-            group.append(item)
-            keys.add(key)
-            size += len(command)
-        if group:
-            self._propose_group(group)
-
-    def _propose_group(self, group: list[tuple[bytes, Any, Callable]]) -> None:
-        if len(group) == 1:
-            command, _, callback = group[0]
-            self._applyCommand(raft_wire.encode_entry(command), callback)
-            return
-        callbacks = [callback for _, _, callback in group]
-
-        def fan_out(result, error):
-            if error != FAIL_REASON.SUCCESS:
-                for callback in callbacks:
-                    callback(None, error)
-                return
-            index, outcomes = result
-            if not isinstance(outcomes, list) or len(outcomes) != len(callbacks):
-                # Only a shared entry we did not build could get here; never guess.
-                self._on_fatal(f"shared entry at {index} answered {outcomes!r}", EXIT_APPLY_FAILED)
-                return
-            for callback, outcome in zip(callbacks, outcomes):
-                callback((index, outcome), error)
-
-        self.shared_entries += 1
-        shared = raft_wire.encode_shared_entry([command for command, _, _ in group])
-        self._applyCommand(raft_wire.encode_entry(shared), fan_out)
-
-    # -- group commit and coalesced sends --------------------------------------
-
-    def _SyncObj__sendAppendEntries(self):
-        # With appendEntriesUseBatch=False pysyncobj sends after every single
-        # command (syncobj.py:541, 692); remember and send once per tick instead.
-        self._append_pending = True
-
-    def _SyncObj__sendNextNodeIdx(self, node, reset=False, nextNodeIdx=None, success=False):
-        # A follower acks right after writing its journal (syncobj.py:1005-1019).
-        # Queue the ack; _flush_tick syncs the journal once, then sends them all.
-        if nextNodeIdx is None:
-            nextNodeIdx = self._SyncObj__getCurrentLogIndex() + 1
-        if reset and not success and self._conflict_hint is not None:
-            nextNodeIdx = min(nextNodeIdx, self._conflict_hint)
-        # The term and round of the append being answered, echoed for read-index reads.
-        self._pending_acks.append((node, reset, nextNodeIdx, success, self._echo_now))
-
-    def _flush_tick(self):
-        """Runs once per tick, after commands were appended and before polling.
-
-        One sync covers every entry appended this tick (leader and follower), so a
-        leader counts itself in the next commit computation (syncobj.py:528, 660)
-        only for durable entries, and a follower acks only durable entries.
-
-        Order matters. The leader sends first and syncs second, so its fsync runs in
-        parallel with the followers' (Raft allows it: the leader's own vote in the
-        commit count is taken at the start of the next tick, after this sync; an
-        entry appended later, during poll, cannot be acked before it is sent here,
-        after which it is synced). Follower acks go out only after the sync.
-        """
-        # Reads waiting on a round nobody sent yet: the round goes out now, not at the
-        # next heartbeat (read_index.py).
-        read_round = self.read_index_tick()
-        if (self._append_pending or read_round) and not self._snapshot_blocks_sends():
-            # While a snapshot's result is not yet collected (pysyncobj does that at
-            # the compaction check once the writer is done), a follower needing a snapshot
-            # gets nothing to send and __sendAppendEntries spins for a whole
-            # appendEntriesPeriod (syncobj.py:1266-1330). Wait for the result instead;
-            # followers that need entries only are sent them meanwhile.
-            if not self._isLeader():
-                self._append_pending = False
-            elif read_round or self._append_worth_sending():
-                self._append_pending = False
-                self._commit_notify_at = None
-                if read_round:
-                    self.start_read_round()
-                SyncObj._SyncObj__sendAppendEntries(self)
-                if read_round:
-                    self.read_round_sent()
-        leading = self._leader_sync is not None and self._isLeader()
-        if self._pending_acks or not leading:
-            self._sync_then_ack()
-        if leading:
-            # Ask for our own sync and go on: _cap_commit_votes counts us only up to it.
-            self._leader_sync.request(self.raftCurrentTerm, self._SyncObj__getCurrentLogIndex())
-
-    def _sync_then_ack(self) -> None:
-        """One journal sync for everything appended so far, then the acks that wait on it."""
-        try:
-            if self._has("durable_journal"):
-                self._journal.sync()
-        except BaseException as exc:  # noqa: BLE001
-            self._on_fatal(f"journal sync failed: {exc!r}", EXIT_DISK_FAILED)
-            raise
-        acks, self._pending_acks = self._pending_acks, []
-        try:
-            for node, reset, index, success, echo in acks:
-                self._echo_sending = echo  # outgoing_fields (read_index.py) adds it
-                SyncObj._SyncObj__sendNextNodeIdx(self, node, reset=reset, nextNodeIdx=index, success=success)
-        finally:
-            self._echo_sending = None
-
-    def _append_worth_sending(self) -> bool:
-        """Send now: entries for someone, a heartbeat due, or a commit notice held long enough."""
-        last = self._SyncObj__getCurrentLogIndex()
-        next_index = self._SyncObj__raftNextIndex
-        if any(next_index.get(node, 0) <= last for node in self._SyncObj__otherNodes):
-            return True  # new entries (or a snapshot) to send: they carry the commit index
-        now = _ps.monotonicTime()
-        if self._commit_notify_delay_s <= 0 or now >= self._SyncObj__newAppendEntriesTime:
-            self.commit_only_sends += 1
-            return True
-        if self._commit_notify_at is None:
-            # pysyncobj asks for a send after every apply (syncobj.py:731-733) only to
-            # announce the new commit index: hold it, the next command usually carries it.
-            self._commit_notify_at = now + self._commit_notify_delay_s
-            return False
-        if now >= self._commit_notify_at:
-            self.commit_only_sends += 1
-            return True
-        return False
-
-    def _cap_commit_votes(self) -> None:
-        """Let pysyncobj's commit count (leader = 1, syncobj.py:655-672) see only durable copies.
-
-        The leader's own copy is durable up to what its sync thread published for this term.
-        Commit bound C = the quorum-th largest of {followers' acked indexes, our durable
-        index}; every follower's matchIndex is shown to pysyncobj as min(acked, C). Then
-        1 + #(shown >= i) reaches a quorum exactly for i <= C. The true acked indexes are
-        kept aside (pysyncobj only ever raises matchIndex, and resets it on election).
-        """
-        if self._leader_sync is None or not self._isLeader():
-            return
-        term = self.raftCurrentTerm
-        if self._true_match_term != term:
-            self._true_match, self._true_match_term = {}, term
-            self._match_capped = False
-        synced_term, synced_index = self._leader_sync.synced
-        own = synced_index if synced_term == term else 0
-        match = self._SyncObj__raftMatchIndex
-        if not self._match_capped and all(acked <= own for acked in match.values()):
-            # The usual case, checked without hashing a node (pysyncobj's nodes hash in
-            # Python): our durable copy covers every ack, so pysyncobj's count is exact.
-            return
-        others = list(self._SyncObj__otherNodes)
-        true = self._true_match
-        for node in others:
-            true[node] = max(true.get(node, 0), match.get(node, 0))
-        durable = sorted([true[node] for node in others] + [own], reverse=True)
-        bound = durable[(len(others) + 1) // 2]  # quorum = n // 2 + 1; 0-based position
-        capped = False
-        for node in others:
-            shown = min(true[node], bound)
-            match[node] = shown
-            capped = capped or shown < true[node]
-        self._match_capped = capped
-
     def _onTick(self, timeToWait=0.0):
         return self._guarded_tick(self._tick, timeToWait)
 
@@ -544,7 +311,7 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == "append_entries" and "transmission" in message:
             # An entry split over several messages, unpickled whole (syncobj.py:977). Ours never
-            # split (appendEntriesBatchSizeBytes is above any entry we make, see __init__).
+            # split (appendEntriesBatchSizeBytes is above any entry we make, see syncobj_conf).
             self.refused_peer_messages += 1
             peer_warnings.warning("raft: dropped a split append from %s; members of ours never send one", node)
             return
@@ -588,50 +355,6 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
             nxt = self._SyncObj__raftNextIndex
             if node in nxt and nxt[node] < next_index_before:
                 nxt[node] = next_index_before
-
-    # -- snapshots written off the Raft thread (snapshot_writer.py) -------------------
-
-    def _snapshot_writer(self):
-        """The BackgroundSerializer, or None where pysyncobj's stock one is in place."""
-        serializer = self._SyncObj__serializer
-        return serializer if hasattr(serializer, "capturing") else None
-
-    def _SyncObj__applyLogEntries(self):
-        # From the moment the Raft thread starts a snapshot until the writer thread has read
-        # its first piece (which fixes the state it holds; the state machine keeps what later
-        # entries change as it was) nothing is applied: the pieces then describe the state at
-        # the snapshot's last index exactly. Committed entries wait in the journal meanwhile;
-        # elections, heartbeats, appends and commits go on.
-        writer = self._snapshot_writer()
-        if writer is not None and writer.capturing:
-            return False
-        return SyncObj._SyncObj__applyLogEntries(self)
-
-    def _snapshot_blocks_sends(self) -> bool:
-        """Whether a snapshot's result is still uncollected (and, while the writer thread still
-        runs, a follower needs a snapshot sent): pysyncobj has nothing to send it then
-        (getTransmissionData), and sending on every tick would spin (see _flush_tick). While a
-        write runs (hundreds of ms), followers that need entries only are still sent them."""
-        serializer = self._SyncObj__serializer
-        if serializer._Serializer__pid == 0:
-            return False
-        writer = self._snapshot_writer()
-        if writer is None or not writer.writing():
-            return True  # a result waiting for the next check: one tick, as pysyncobj's inline path
-        log_ = self._SyncObj__raftLog
-        first = log_[0][1] if len(log_) else 0
-        nxt = self._SyncObj__raftNextIndex
-        return any(nxt.get(node, first + 1) <= first for node in self._SyncObj__otherNodes)
-
-    def _doDestroy(self):
-        writer = self._snapshot_writer()
-        # A write still running would rename its file into a data dir the next process may
-        # already use; a snapshot write takes seconds at most (RAFT.md), so this waits long.
-        if writer is not None and not writer.wait(timeout_s=_SNAPSHOT_WRITER_JOIN_S):
-            log.warning("raft: the snapshot writer is still running at shutdown")
-        if writer is not None:
-            writer.stop()
-        SyncObj._doDestroy(self)
 
     def _SyncObj__doApplyCommand(self, command):
         # Every entry a member of ours writes is a NO_OP (a new leader's first entry) or a typed
@@ -740,75 +463,3 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
                 )
                 return
         SyncObj._SyncObj__deleteEntriesFrom(self, fromIDx)
-
-    def _SyncObj__tryLogCompaction(self):
-        """Compact by bytes as well: stock pysyncobj compacts after logCompactionMinEntries
-        entries or logCompactionMinTime seconds only (syncobj.py:1436-1439), so 64 KiB writes
-        grew every member's journal, in memory and on disk, to 50,000 x 64 KiB. Once the
-        journal has grown by ``log_compaction_min_bytes`` since its last compaction, the stock
-        method is told to compact now (its force flag; it resets it when it starts).
-
-        No compaction starts while the state machine says a snapshot would free nothing
-        (``Replica.snapshot_deferred``: a restore staged in chunks, whose chunks a snapshot
-        holds as the journal does); one already written is still collected."""
-        if self._replica.snapshot_deferred() and self._SyncObj__serializer._Serializer__pid == 0:
-            return None
-        grown = getattr(self._journal, "bytes_since_compaction", 0)  # the stock journal: count only
-        if self._compaction_bytes and grown > self._compaction_bytes and not self._SyncObj__forceLogCompaction:
-            self._SyncObj__forceLogCompaction = True
-        return SyncObj._SyncObj__tryLogCompaction(self)
-
-    def _SyncObj__loadDumpFile(self, clearJournal):
-        path = self.conf.fullDumpFile
-        installing = clearJournal
-        try:
-            index, term = snapshot_file.verify(path)
-        except (OSError, ValueError) as exc:
-            if installing:
-                log.warning("ignoring damaged snapshot from leader: %s", exc)
-                return None
-            # pysyncobj would log and carry on without the snapshot (syncobj.py:1510),
-            # replaying a compacted journal onto empty state: a silent divergence.
-            self._on_fatal(f"cannot load snapshot at startup: {exc}", EXIT_DISK_FAILED)
-            return None
-        if installing:
-            if self._has("no_old_snapshot") and index <= self.raftLastApplied:
-                # An old snapshot would move applied state backwards (RAFT.md "Durability":
-                # measured 14972 -> 14772). Keep ours; the ack reports our log end.
-                self.refused_old_snapshots += 1
-                log.warning("refusing snapshot at %d: already applied %d", index, self.raftLastApplied)
-                return None
-            if self._has("durable_journal"):
-                # pysyncobj renamed the received file into place without fsync
-                # (serializer.py:198); make it durable before the journal is cleared.
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                fsync_directory(os.path.dirname(os.path.abspath(path)))
-        if self._has("keep_tail") and self._align_journal_head(index, term):
-            # The journal holds the snapshot point: keep everything after it.
-            # Stock code clears the whole journal when its head is older than the
-            # dump (syncobj.py:1489-1495), dropping acknowledged entries.
-            clearJournal = False
-        loaded = SyncObj._SyncObj__loadDumpFile(self, clearJournal)
-        # The election timer restarts once the state is loaded. Installing: it started when the
-        # leader's message arrived (syncobj.py:952), and a follower that spent the restore on
-        # the leader's own snapshot must not then depose it. Starting: pysyncobj set it in
-        # __init__ (syncobj.py:162) and loads in the first tick; a load that outlasts it (~7 s
-        # at a million resources, RAFT.md) would call an election the moment it ends and,
-        # with no pre-vote, depose a healthy leader at every restart.
-        self._SyncObj__raftElectionDeadline = _ps.monotonicTime() + self._SyncObj__generateRaftTimeout()
-        return loaded
-
-    def _align_journal_head(self, index: int, term: int) -> bool:
-        log_ = self._journal_obj()
-        if not len(log_):
-            return False
-        pos = index - log_[0][1]
-        if pos < 1 or pos >= len(log_) or log_[pos][2] != term:
-            return False
-        if pos > 1:
-            log_.deleteEntriesTo(pos - 1)  # head becomes [prev, last] of the snapshot
-        return True
