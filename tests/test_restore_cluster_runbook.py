@@ -71,7 +71,7 @@ def restore_argv(cluster, backup: str) -> list[str]:
 def run(argv: list[str], cluster) -> subprocess.CompletedProcess:
     env = child_env({"FENCING_ENDPOINTS": ",".join(cluster.endpoints)})
     return subprocess.run([sys.executable, "-m", *argv], env=env, capture_output=True, text=True,
-                          timeout=PROCESS_TIMEOUT_S)
+                          timeout=PROCESS_TIMEOUT_S, check=False)
 
 
 def test_the_document_names_the_steps_this_test_runs():
@@ -103,6 +103,11 @@ def _issue_after_backup(client, tokens: dict[str, int]) -> None:
         tokens[f"x{i}"] = client.acquire(f"dr/x{i}", holder="holder-x", ttl_ms=600_000).token
 
 
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
 def _wipe_two_and_see_it_stuck(cluster, keep: int) -> None:
     """Two data dirs lost: those members start empty and the cluster has no quorum."""
     wiped = [n for n in cluster.nodes if n.index != keep]
@@ -111,7 +116,7 @@ def _wipe_two_and_see_it_stuck(cluster, keep: int) -> None:
         shutil.rmtree(node.data_dir)
         cluster.start(node.index)
     for node in wiped:
-        wait_until(lambda: "may not bootstrap one" in open(node.log_path, encoding="utf-8", errors="replace").read(),
+        wait_until(lambda path=node.log_path: "may not bootstrap one" in _read(path),
                    30, what=f"{node} waiting without a configuration")
     stuck = make_client(cluster.endpoints, timeout_s=3.0)
     try:

@@ -33,8 +33,7 @@ import secrets
 import sys
 from typing import Any
 
-from coordinator.core import commands
-from coordinator.core import limits
+from coordinator.core import commands, limits
 from coordinator.core.outcomes import Rejected
 from coordinator.core.snapshot_format import parse_snapshot
 from coordinator.core.state_machine import FencingStateMachine
@@ -179,7 +178,7 @@ def restored_entries(plan: Plan, config: Configuration) -> tuple[list[snapshot_f
     """The log of a cluster bootstrapped with ``config`` whose first leader then restored the
     backup, each entry as the journal stores it, and the state machine that applied them."""
     entries: list[snapshot_file.Entry] = [
-        (raft_wire.NO_OP_ENTRY, 1, 0),  # pysyncobj's first entry, before any term
+        (raft_wire.NO_OP_ENTRY, 1, 0),  # the Raft library's first entry, before any term
         (raft_wire.NO_OP_ENTRY, 2, RESTORED_TERM),  # the first leader's NO_OP
         (config.encode_entry(), 3, RESTORED_TERM),  # the bootstrap's CONFIG entry
     ]
@@ -237,7 +236,7 @@ def write_member_dir(path: str, member: Member, config: Configuration,
         snapshot_file.write(dump + ".tmp", last, prev, state, config.to_plain())
         os.replace(dump + ".tmp", dump)
         fsync_directory(path)
-        # Then the compaction pysyncobj runs after a snapshot: the journal keeps [prev, last].
+        # Then the compaction the Raft library runs after a snapshot: the journal keeps [prev, last].
         journal.deleteEntriesTo(len(entries) - 2)
     finally:
         journal._destroy()
