@@ -114,6 +114,15 @@ def test_bare_addresses_take_the_ids_the_config_files_derive(tmp_path):
     assert Configuration.from_plain(plain).by_id("m3").address == "10.0.0.3:7000"
 
 
+def test_an_id_its_address_does_not_derive_is_pointed_out(tmp_path, capsys):
+    make_backup(tmp_path / "backup.bin")
+    assert restore(tmp_path, members="m1=10.0.0.1:7000,m2=10.0.0.2:7000,m4=10.0.0.3:7000",
+                   dirs=("m1", "m2", "m4")) == 0
+    out = capsys.readouterr().out
+    assert 'm4 at 10.0.0.3:7000 is not the id its address derives (m3): its config file must set member_id = "m4"' in out
+    assert "m1 at" not in out
+
+
 @pytest.mark.parametrize("case, extra, expected", [
     ("margin 0", {"margin": "0"}, "--epoch-margin 0 would let a token"),
     ("negative margin", {"margin": "-1"}, "--epoch-margin: must be 0 or more"),

@@ -303,4 +303,19 @@ def cmd_restore_cluster(args: argparse.Namespace) -> int:
     )
     for member_id, address, incarnation, path in summary["members"]:
         print(f"  {member_id}  {address}  incarnation {incarnation}  {path}")
+    for note in id_notes(plan.members):
+        print(f"  note: {note}")
     return 0
+
+
+def id_notes(members: tuple[tuple[str, str], ...]) -> list[str]:
+    """Members whose id is not the one their address derives: their config file must say so
+    (``member_id``), or the member refuses its data dir at start (identity.py)."""
+    addresses = [address for _, address in members]
+    notes = []
+    for member_id, address in members:
+        derived = initial_member_id(address, addresses)
+        if member_id != derived:
+            notes.append(f'{member_id} at {address} is not the id its address derives ({derived}):'
+                         f' its config file must set member_id = "{member_id}"')
+    return notes
