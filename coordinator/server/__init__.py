@@ -9,7 +9,9 @@ Must never: touch the Raft library (only ``coordinator.raft`` does), decide a fe
 Modules (one job each; ``tests/test_layers.py`` checks this map against the files):
 
     fencingd          the ``fencingd`` command: ``serve``, ``dev``, ``health``, ``keygen``,
-                      ``gen-secret``, ``check-config``
+                      ``gen-secret``, ``check-config``, ``restore-cluster``
+    restore_cluster   ``fencingd restore-cluster``: a new cluster's data dirs made offline
+                      from a backup, fenced above every old token (disaster recovery)
     app               one ``fencingd serve`` process: the Raft node, the gRPC server, wiring
     service           the Lease, FencedStore and Cluster servicers: pb in, pb out, nothing more
     admin             the Admin servicer: its authorization and its audit log

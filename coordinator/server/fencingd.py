@@ -6,6 +6,7 @@
     fencingd keygen --private-key F --public-key G           a token signing key pair (DESIGN §6)
     fencingd gen-secret FILE                                 a peer credential (raft_secret_file), mode 0600
     fencingd check-config FILE [--values-only]               exit 0 iff ``serve`` would accept the config
+    fencingd restore-cluster --backup F --epoch-margin N ...  offline: a new cluster's data dirs from a backup
     fencingd --version
 
 Owns: argument parsing, logging setup, signal handling (SIGTERM/SIGINT stop a member, SIGHUP
@@ -37,7 +38,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from coordinator.server import config as config_mod  # noqa: E402 - after GRPC_VERBOSITY
 from coordinator.client.version import distribution_version  # noqa: E402
-from coordinator.server import api_conns, cpu_pin, log_limits, server_extra  # noqa: E402
+from coordinator.server import api_conns, cpu_pin, log_limits, restore_cluster, server_extra  # noqa: E402
 
 log = logging.getLogger("fencingd")
 
@@ -537,6 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen_secret.add_argument("file", help="file to create (never overwritten); copy it to every member")
     gen_secret.set_defaults(func=cmd_gen_secret)
+    restore_cluster.add_parser(sub)
     return parser
 
 
