@@ -57,27 +57,17 @@ LEADER_TIMEOUT_S = 30.0
 # library's FencingClient one per thread, or one FencingClient(multiplex=True) per client
 # process shared by its threads (their concurrent writes, acquires and releases go out as
 # WriteMany, AcquireMany and ReleaseMany batches).
-# "loop": raw stubs against a second cluster of ours whose members tick Raft on one event loop
-# that also serves Acquire, Release and Write (bench/_loop_node.py, a prototype of issue 17's lever);
-# "front": raw stubs against a cluster of ours whose members' Acquire, Release and Write are
-# served by front processes feeding the Raft process (bench/_front_node.py, another prototype).
-OURS_CLIENTS = {"raw": "ours", "lib": "ours-lib", "multiplex": "ours-mux", "loop": "ours-loop", "front": "ours-front"}
-OURS_MODES = {"raw": "raw", "lib": "lib", "multiplex": "mux", "loop": "raw", "front": "raw"}
-# The prototypes: member module (its ``command`` and the address clients call) per kind.
-PROTOTYPES = {"loop": ("_loop_node", "loop_address"), "front": ("_front_node", "front_address")}
+OURS_CLIENTS = {"raw": "ours", "lib": "ours-lib", "multiplex": "ours-mux"}
+OURS_MODES = {"raw": "raw", "lib": "lib", "multiplex": "mux"}
 
 
 class Side:
     """One system under test: its cluster, where its leader is, and how clients call it."""
 
     def __init__(self, name: str, cluster, *, system: str | None = None, mode: str = "raw",
-                 leader: int | None = None, cluster_name: str | None = None, target_of=None,
-                 pids_of=None) -> None:
-        self.name = name  # the row's system: ours, ours-lib, ours-mux, ours-loop or etcd
-        self.system = system or name  # which kind of cluster the worker talks to: ours or etcd
-        self.cluster_name = cluster_name or self.system  # whose server CPU the row counts
-        self.target_of = target_of or (lambda node: node.api_address)
-        self.pids_of = pids_of or (lambda node: [node.proc.pid])  # a member's processes
+                 leader: int | None = None) -> None:
+        self.name = name  # the row's system: ours, ours-lib, ours-mux or etcd
+        self.system = system or name  # which cluster the worker talks to: ours or etcd
         self.mode = mode
         self.cluster = cluster
         self.leader = cluster.wait_ready(STARTUP_TIMEOUT_S) if leader is None else leader
@@ -90,14 +80,14 @@ class Side:
             self.leader = now
 
     def server_pids(self) -> list[int]:
-        return [pid for n in self.cluster.nodes if n.alive for pid in self.pids_of(n)]
+        return [n.proc.pid for n in self.cluster.nodes if n.alive]
 
 
 def _snapshot(sides: dict, workers) -> dict:
     return {
         "t": time.monotonic(), "host": host_cpu_s(),
         # Per cluster (every ours-client side shares ours): each process counted once.
-        "servers": {side.cluster_name: sum(proc_cpu_s(p) for p in side.server_pids()) for side in sides.values()},
+        "servers": {side.system: sum(proc_cpu_s(p) for p in side.server_pids()) for side in sides.values()},
         "clients": sum(proc_cpu_s(p.pid) for p in workers.procs),
         "driver": proc_cpu_s(os.getpid()),
     }
@@ -109,7 +99,7 @@ def measure(side: Side, sides: dict, workers, args, workload: str, clients: int,
 
     side.follow_leader()
     spec = {"system": side.system, "mode": side.mode, "workload": workload, "run_id": run_id,
-            "target": side.target_of(side.cluster.nodes[side.leader]), "fixed_token": 0,
+            "target": side.cluster.nodes[side.leader].api_address, "fixed_token": 0,
             "warmup": args.warmup, "seconds": args.seconds}
     snaps: dict = {}
 
@@ -135,7 +125,7 @@ def measure(side: Side, sides: dict, workers, args, workload: str, clients: int,
            "server_cpu_ms_per_op": nan, "client_cpu_ms_per_op": nan, "cores": {}}
     if a and b and ops:
         wall = b["t"] - a["t"]
-        server_s = b["servers"][side.cluster_name] - a["servers"][side.cluster_name]
+        server_s = b["servers"][side.system] - a["servers"][side.system]
         client_s = b["clients"] - a["clients"]
         # Every process of this benchmark (both clusters, clients, this driver): the rest is "other".
         bench_s = sum(b["servers"].values()) - sum(a["servers"].values()) + client_s + b["driver"] - a["driver"]
@@ -179,11 +169,7 @@ def parse_args(argv=None):
                         "raw (generated stubs, a channel per client; the default), lib (a FencingClient per "
                         "client), multiplex (one FencingClient(multiplex=True) per client process: concurrent "
                         "writes, acquires and releases share WriteMany, AcquireMany and ReleaseMany calls); "
-                        "loop (raw stubs against a second cluster of ours whose members tick Raft on the "
-                        "event loop that serves Acquire, Release and Write: bench/_loop_node.py, a prototype), "
-                        "front (raw stubs against a second cluster of ours whose Acquire, Release and Write are "
-                        "served by front processes feeding the Raft process: bench/_front_node.py, a prototype); "
-                        "e.g. raw,multiplex or raw,loop,front for an A/B")
+                        "e.g. raw,multiplex for an A/B")
     args = p.parse_args(argv)
     args.ours_clients = [k.strip() for k in args.ours_client.split(",") if k.strip()]
     unknown = [k for k in args.ours_clients if k not in OURS_CLIENTS]
@@ -250,26 +236,7 @@ def run_side_by_side(args, base_dir: str, started: float, rows: list[dict], tria
         ours_leader = ours.wait_ready(STARTUP_TIMEOUT_S)
         sides = {OURS_CLIENTS[kind]: Side(OURS_CLIENTS[kind], ours, system="ours", mode=OURS_MODES[kind],
                                           leader=ours_leader)
-                 for kind in args.ours_clients if kind not in PROTOTYPES}
-        for kind in [k for k in args.ours_clients if k in PROTOTYPES]:
-            import importlib
-
-            module_name, address_name = PROTOTYPES[kind]
-            module = importlib.import_module(f"bench.{module_name}")
-
-            class PrototypeCluster(GrpcCluster):
-                def command(self, node, module=module) -> list[str]:
-                    return module.command(node.config_path)
-
-            cluster = stack.enter_context(PrototypeCluster(
-                os.path.join(base_dir, OURS_CLIENTS[kind]), settings={**CLUSTER_SETTINGS, **args.ours_settings}))
-            cluster.start_all(timeout_s=STARTUP_TIMEOUT_S)
-            address_of = getattr(module, address_name)
-            children_of = getattr(module, "children_of", lambda pid: [])
-            sides[OURS_CLIENTS[kind]] = Side(
-                OURS_CLIENTS[kind], cluster, system="ours", cluster_name=OURS_CLIENTS[kind],
-                target_of=lambda node, address_of=address_of: address_of(node.api_address),
-                pids_of=lambda node, children_of=children_of: [node.proc.pid, *children_of(node.proc.pid)])
+                 for kind in args.ours_clients}
         sides["etcd"] = Side("etcd", etcd)
         systems = list(sides)
         log(f"both clusters up in {time.monotonic() - started:.1f} s; measured: {', '.join(systems)}")

@@ -49,7 +49,7 @@ _FAIL_NAMES = {
 
 class Counter(SyncObj):
     def __init__(self, self_address: str, peers: list[str], conf: SyncObjConf):
-        # Set before SyncObj.__init__ starts the tick thread (PYSYNCOBJ.md "Call semantics").
+        # Set before SyncObj.__init__ starts the tick thread (coordinator/raft/RAFT.md "Call semantics").
         self.value = 0
         super().__init__(self_address, peers, conf=conf)
 

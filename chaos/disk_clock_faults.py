@@ -2,7 +2,7 @@
 point 4). Kept apart from chaos/faults.py so other fault work there does not collide.
 
 ``ClockStep``: steps one member's wall clock (leader or follower, forward or back) while it
-runs, through libfaketime (CHAOS.md, "Clock steps"; the harness starts members under it when
+runs, through libfaketime (the harness starts members under it when
 ``FENCING_CHAOS_FAKETIME`` allows, see ``chaos.harness``); monotonic stays real. Heal steps it
 back. Leases must neither shorten nor lengthen (I6): the workload and the checker see it.
 The fault proves each step took effect: it reads the member's wall clock (the ``Date`` of its

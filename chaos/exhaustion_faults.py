@@ -11,10 +11,11 @@ its descriptor count reaches the limit (a few more wait in the listen queue, to 
 descriptor it frees). Heal closes them and puts the limit back.
 
 Both, while exhausted, provoke an election that reaches the member: packets from the leader to
-one other member (not the exhausted one, unless it leads) are dropped for
-``PROVOKE_ELECTION_S`` (nft, as ``faults.OneWay``), so that member hears no leader, stands for
-election, and its vote requests (which still arrive everywhere) ask the exhausted member to
-write a higher term. That is the moment a full disk or an empty descriptor table meets Raft's
+every other member are dropped for ``PROVOKE_ELECTION_S`` (nft, as ``faults.OneWay``), so the
+followers hear no leader and, a majority of them, grant each other's pre-votes (one follower
+cut off alone would be refused by the other, which still hears the leader: RAFT.md
+"Pre-vote"); one stands for election, and its vote requests (which still arrive everywhere)
+ask the exhausted member to write a higher term, or the exhausted follower stands itself. That is the moment a full disk or an empty descriptor table meets Raft's
 durable state (a ``raft.meta`` that cannot be written).
 
 Every step has its own deadline (the constants below), so a fault ends in well under a minute
@@ -53,6 +54,10 @@ CLEAN_EXIT_CODES = (EXIT_DISK_FAILED,)
 # round: the cut-off member stands for election at least once, its vote requests reach the
 # exhausted one, and the cluster is left leaderless for about this long at most.
 PROVOKE_ELECTION_S = 2.0
+# The cut lasts at least PROVOKE_ELECTION_S and until the cut-off member's term rose, at most
+# this long: with pre-vote, where the exhausted follower has stopped, the other one is granted
+# a vote only once the leader, which reaches no majority, steps down (leader_fallback_timeout_s).
+PROVOKE_ELECTION_MAX_S = 8.0
 # Descriptors the member may still open after the limit is lowered: what the held
 # connections eat up. Small, so the connections needed stay few (each is one of ours too).
 FD_HEADROOM = 48
@@ -163,17 +168,23 @@ class ExhaustionFault(Fault):
             self.elect_while_exhausted(c)
 
     def elect_while_exhausted(self, c: ChaosCluster) -> None:
-        """Cut the leader's packets to one other member for ``PROVOKE_ELECTION_S``: that one
-        stands for election and asks the exhausted member, among others, for its vote."""
+        """Cut the leader's packets to every other member for ``PROVOKE_ELECTION_S``: they stand
+        for election and ask the exhausted member, among others, for its vote."""
         leader = self.i if self.role == "leader" else c.named_leader()
         if leader is None:
             self.info["election"] = {"skipped": "no leader named to cut off"}
             return
-        other = next(n for n in c.nodes if n.index not in (self.i, leader))
+        other = next(n for n in c.nodes if n.index not in (self.i, leader))  # its term is reported
         term_before = self._term_of(c, other.index)
         try:
-            nft_drop(c.nodes[leader].host, other.host, c.raft_port)
-            time.sleep(PROVOKE_ELECTION_S)  # a duration: the cut-off member's election timeouts
+            for node in c.nodes:
+                if node.index != leader:
+                    nft_drop(c.nodes[leader].host, node.host, c.raft_port)
+            time.sleep(PROVOKE_ELECTION_S)  # a duration: the cut-off members' election timeouts
+            risen = lambda: (self._term_of(c, other.index) or 0) > (term_before or 0)  # noqa: E731
+            deadline = time.monotonic() + PROVOKE_ELECTION_MAX_S - PROVOKE_ELECTION_S
+            while not risen() and time.monotonic() < deadline:
+                time.sleep(0.1)
         finally:
             nft_heal()
         self.info["election"] = {"cut_off": other.raft_address, "from": c.nodes[leader].raft_address,

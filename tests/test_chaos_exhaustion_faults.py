@@ -169,7 +169,14 @@ def test_a_member_comes_out_of_exhaustion_and_an_election_with_one_leader_per_te
         fault.inject(fresh_cluster)
     finally:
         fault.heal(fresh_cluster)
-    assert fault.info["election"]["term_after"] > fault.info["election"]["term_before"], fault.info
+    election = fault.info["election"]
+    # With pre-vote a member stands only with a majority's yes. The leader cut off from both
+    # followers steps down and they elect one of them: the term rises. An exhausted follower
+    # (the soak's case) may stand itself, with the other's yes, and stop on the term it cannot
+    # save; the other one then stands for nothing until the heal (the old leader's log is
+    # ahead of its own and the old leader's packets to it are dropped).
+    assert election["term_after"] > election["term_before"] or (
+        role == "follower" and fault.info["outcome"] == "stopped"), fault.info
     assert fault.info["outcome"] in ("kept running", "stopped")
     fresh_cluster.wait_ready(30.0)
     reports = [r for n in fresh_cluster.nodes for r in leader_reports(n.log_path, n.raft_address)]

@@ -19,7 +19,7 @@ journal byte written after the last sync), restarted, and then checks:
 Some crashes land at random moments, others right after the victim renamed a new
 snapshot into place (``kill_right_after_snapshot``): until the journal is compacted on
 the next tick the snapshot is newer than the journal head, the window in which stock
-pysyncobj clears the journal on restart (PYSYNCOBJ.md "Durability"). Scenarios use
+pysyncobj clears the journal on restart (coordinator/raft/RAFT.md "Durability"). Scenarios use
 log compaction every 200 entries (one kill-all variant also 5000: no snapshot at all).
 
 ``FENCING_TEST_RAFT_FIXES`` ("all" by default, "none", or a comma list of fix names
@@ -70,7 +70,7 @@ needs_durable_journal = pytest.mark.skipif(
     reason=(
         f"FENCING_TEST_RAFT_FIXES={FIXES!r} runs the stock pysyncobj journal, which is never "
         "synced and records no synced length: a simulated power loss has nothing to cut "
-        "back to, so this test would be meaningless (see PYSYNCOBJ.md 'Durability')"
+        "back to, so this test would be meaningless (see coordinator/raft/RAFT.md 'Durability')"
     ),
 )
 
@@ -612,7 +612,7 @@ def _dump_identity(cluster: ProcessCluster, i: int):
 def kill_right_after_snapshot(run: Run, indices, timeout_s: float = 5.0) -> None:
     """kill -9 each node in ``indices`` the moment its next snapshot file is renamed into place.
 
-    That is the crash point PYSYNCOBJ.md calls the central gap: the snapshot is newer
+    That is the crash point RAFT.md "Durability" calls a restart dropping acknowledged entries: the snapshot is newer
     than the journal head until the journal is compacted on the next tick, and stock
     pysyncobj then clears the whole journal on restart. Random kills rarely land there.
     """

@@ -178,13 +178,12 @@ def test_compaction_copies_the_kept_records_as_encoding_them_would_write_them(tm
             j.add(b"cmd-%d" % idx * (idx % 7), idx, 1 + idx // 20)
         j.sync()
         journals.append(j)
-    journals[1]._records_are_entries = False  # forces the encoding path
     encodings = []
     real_encode = journal_module._encode_record
     monkeypatch.setattr(journal_module, "_encode_record", lambda *a: encodings.append(a) or real_encode(*a))
     journals[0].deleteEntriesTo(30)
     assert encodings == [], "the kept records were copied, not encoded"
-    journals[1].deleteEntriesTo(30)
+    journals[1]._rewrite(journals[1][30:], committed_through=31)  # what encoding the kept entries writes
     assert len(encodings) == 20
     for j in journals:
         j.add(b"after", 51, 3)
@@ -196,29 +195,6 @@ def test_compaction_copies_the_kept_records_as_encoding_them_would_write_them(tm
     reopened = DurableJournal(str(copied))
     assert [e[1] for e in reopened[:]] == list(range(31, 52))
     assert reopened[0] == (b"cmd-31" * 3, 31, 2) and reopened[-1] == (b"after", 51, 3)
-
-
-def test_a_loaded_pre_typed_entry_makes_the_next_compaction_encode_every_record(tmp_path):
-    from coordinator.raft import wire as raft_wire
-    from coordinator.raft.journal import _encode_record
-
-    j = DurableJournal(str(tmp_path))
-    for idx in range(1, 6):
-        j.add(raft_wire.encode_entry(b"cmd-%d" % idx), idx, 1)
-    j.sync()
-    j._destroy()
-    # A pickled membership entry (pysyncobj type 2): a NO_OP once loaded.
-    legacy = b"\x02\x80" + b"anything"
-    with open(tmp_path / JOURNAL_NAME, "ab") as f:
-        f.write(_encode_record(legacy, 6, 1))
-    j2 = DurableJournal(str(tmp_path))
-    assert j2[-1][0] != legacy and not j2._records_are_entries
-    j2.deleteEntriesTo(2)
-    assert j2._records_are_entries
-    body = (tmp_path / JOURNAL_NAME).read_bytes()
-    assert legacy not in body, "the compacted file holds the typed entry, not the pickled one"
-    j2._destroy()
-    assert [e[0] for e in DurableJournal(str(tmp_path))[:]] == [e[0] for e in j2[:]]
 
 
 # -- compaction prepared by the snapshot writer (prepare_compaction) -------------------------

@@ -10,6 +10,9 @@
 - a lower layer never imports a higher one, and ``raft`` and ``client`` never import each other;
 - nothing under ``coordinator/`` imports the test harness (``testsupport``, ``tests``,
   ``chaos``, ``bench``), which is not shipped.
+- every layer's ``__init__`` docstring maps its modules (a ``Modules`` block, one line per
+  module, subpackages' modules dotted: ``v1.fencing_pb2``), and the map names exactly the
+  ``.py`` files present: no module missing from it, no name in it without a file.
 
 Imports are read from the AST, anywhere in a module (inside functions and try blocks too), so
 a lazy import cannot slip past. The checker's own tests below build small trees that break each
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import textwrap
 
 import pytest
@@ -135,6 +139,82 @@ def test_only_raft_imports_pysyncobj_and_it_does():
     assert importers and all(m.startswith("coordinator.raft.") for m in importers)
 
 
+LAYER_PACKAGES = ("core", "raft", "server", "client", "api")
+# The map's header line, then one line per module: four spaces, the name, two spaces or more,
+# what it does; deeper-indented lines continue the description. A blank line or text at the
+# docstring's own indentation ends the map.
+MAP_HEADER = re.compile(r"^Modules\b.*:\s*$")
+MAP_LINE = re.compile(r"^ {4}(?P<name>[A-Za-z_][\w.]*)(?: {2,}\S.*)?$")
+MAP_CONTINUATION = re.compile(r"^ {5,}\S")
+
+
+def module_map(init: pathlib.Path) -> list[str] | None:
+    """The module names the ``Modules`` block of ``init``'s docstring lists, in order; None if
+    it has no such block."""
+    doc = ast.get_docstring(ast.parse(init.read_text()), clean=True) or ""
+    lines = doc.splitlines()
+    starts = [i for i, line in enumerate(lines) if MAP_HEADER.match(line)]
+    if not starts:
+        return None
+    names: list[str] = []
+    for line in lines[starts[0] + 1:]:
+        if not line.strip():
+            if names:
+                break
+            continue
+        entry = MAP_LINE.match(line)
+        if entry:
+            names.append(entry.group("name"))
+        elif not (names and MAP_CONTINUATION.match(line)):
+            break
+    return names
+
+
+def modules_of(package: pathlib.Path) -> set[str]:
+    """Every module under ``package`` (``__init__`` files aside), dotted from it."""
+    return {
+        ".".join(path.relative_to(package).with_suffix("").parts)
+        for path in package.rglob("*.py")
+        if path.name != "__init__.py" and "__pycache__" not in path.parts
+    }
+
+
+def map_problems(package_dir: pathlib.Path, packages=LAYER_PACKAGES) -> list[str]:
+    """One line per module missing from its package's map, per name in a map without a file,
+    per name listed twice, and per package without a map."""
+    root = package_dir.name
+    found: list[str] = []
+    for name in packages:
+        package = package_dir / name
+        init = package / "__init__.py"
+        listed = module_map(init)
+        if listed is None:
+            found.append(f"{root}/{name}/__init__.py has no module map (a 'Modules ...:' block in its docstring)")
+            continue
+        present = modules_of(package)
+        for module in sorted(present - set(listed)):
+            found.append(
+                f"{root}/{name}/{module.replace('.', '/')}.py is missing from the module map in {root}/{name}/__init__.py"
+            )
+        for module in sorted(set(listed) - present):
+            found.append(
+                f"the module map in {root}/{name}/__init__.py names {module}, but {root}/{name}/{module.replace('.', '/')}.py does not exist"
+            )
+        for module in sorted({m for m in listed if listed.count(m) > 1}):
+            found.append(f"the module map in {root}/{name}/__init__.py names {module} twice")
+    return found
+
+
+def test_every_layer_maps_exactly_its_modules():
+    assert map_problems(PACKAGE_DIR) == []
+
+
+def test_the_maps_are_not_empty():
+    """Not vacuous: each map was found and lists modules."""
+    for name in LAYER_PACKAGES:
+        assert module_map(PACKAGE_DIR / name / "__init__.py"), name
+
+
 def test_only_the_raft_package_names_the_raft_library():
     """Outside ``coordinator/raft/`` the library is "the Raft library": a module that needs its
     name (in code or in a comment about its internals) belongs in the Raft package."""
@@ -204,3 +284,52 @@ def test_checker_reports_each_kind_of_violation(tmp_path, files, expected):
 
 def test_checker_lets_core_import_only_the_named_pure_function_of_sys(tmp_path):
     assert violations(_tree(tmp_path, {"core/sm.py": "from sys import intern\n"})) == []
+
+
+def _mapped_tree(tmp_path: pathlib.Path, doc: str, modules: list[str]) -> pathlib.Path:
+    pkg = tmp_path / "coordinator"
+    (pkg / "core").mkdir(parents=True)
+    (pkg / "core" / "__init__.py").write_text(f'"""{doc}"""\n')
+    for module in modules:
+        path = pkg / "core" / (module.replace(".", "/") + ".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not (path.parent / "__init__.py").exists():
+            (path.parent / "__init__.py").write_text("")
+        path.write_text("")
+    return pkg
+
+
+_MAP_DOC = """The core layer.
+
+Owns: things.
+
+Modules (one job each):
+
+    limits      numbers
+    commands    the command codec, described
+                over two lines
+    v1.gen      generated
+
+Must never: do I/O.
+"""
+
+
+def test_map_checker_passes_a_matching_map(tmp_path):
+    pkg = _mapped_tree(tmp_path, _MAP_DOC, ["limits", "commands", "v1.gen"])
+    assert module_map(pkg / "core" / "__init__.py") == ["limits", "commands", "v1.gen"]
+    assert map_problems(pkg, ("core",)) == []
+
+
+def test_map_checker_names_the_module_missing_from_the_map_and_the_name_without_a_file(tmp_path):
+    pkg = _mapped_tree(tmp_path, _MAP_DOC, ["limits", "v1.gen", "dedup"])
+    assert map_problems(pkg, ("core",)) == [
+        "coordinator/core/dedup.py is missing from the module map in coordinator/core/__init__.py",
+        "the module map in coordinator/core/__init__.py names commands, but coordinator/core/commands.py does not exist",
+    ]
+
+
+def test_map_checker_reports_a_package_without_a_map(tmp_path):
+    pkg = _mapped_tree(tmp_path, "The core layer, with no map.", ["limits"])
+    assert map_problems(pkg, ("core",)) == [
+        "coordinator/core/__init__.py has no module map (a 'Modules ...:' block in its docstring)"
+    ]

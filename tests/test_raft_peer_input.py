@@ -1,20 +1,17 @@
 """What a stranger who reaches a Raft port can do: not run code, not join, not skip the secret.
 
-pysyncobj unpickles every frame and every log entry (PYSYNCOBJ.md); ``patches.install()``
+pysyncobj unpickles every frame and every log entry (coordinator/raft/RAFT.md "Network transport"); ``patches.install()``
 puts in the typed wire (raft_wire.decode_frame: no pickle at all), and the transport
 accepts only connections that name a member. The probe sends one frame exactly as a stock
 pysyncobj peer would (length, zlib, pickle) whose unpickling would create a marker file:
 harmless, and visible. Each test first shows that the same bytes do create the marker when
-unpickled the stock way. ``raft_wire.plain_loads`` remains for this member's own pre-typed
-journal only; its tests stay below.
+unpickled the stock way.
 """
 
 from __future__ import annotations
 
-import copyreg
 import os
 import pickle
-import pickletools
 import socket
 import struct
 import threading
@@ -22,7 +19,6 @@ import zlib
 
 import pysyncobj.pickle as ps_pickle
 import pytest
-from hypothesis import given, settings, strategies as st
 
 from chaos.faults import hung_up_on
 from coordinator.server import config as config_mod
@@ -193,68 +189,6 @@ def test_a_missing_or_short_secret_stops_the_member_at_start(tmp_path, content, 
 
 def test_the_secret_never_shows_in_a_config_repr():
     assert SECRET not in repr(RaftConfig("127.0.0.1:1", (), "/nonexistent", secret=SECRET))
-
-
-# -- raft_wire.plain_loads (own pre-typed journals only): plain data in, nothing callable -------
-
-plain = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text() | st.binary(),
-    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
-    | st.dictionaries(st.text(max_size=8) | st.integers(), inner, max_size=4),
-    max_leaves=20,
-)
-
-
-@settings(max_examples=300, deadline=None)
-@given(plain, st.sampled_from([2, 4, 5]))
-def test_plain_data_round_trips(value, protocol):
-    # Protocol 2 is what pysyncobj writes (bytes as _codecs.encode(text, "latin1")).
-    assert raft_wire.plain_loads(pickle.dumps(value, protocol=protocol)) == value
-
-
-def test_what_pysyncobj_sends_loads_unchanged():
-    message = {"type": "append_entries", "term": 3, "commit_index": 9, "prevLogIdx": 9, "prevLogTerm": 3,
-               "entries": [(b"\x00" + ps_pickle.dumps((0, (b"cmd",))), 10, 3), (b"", 11, 3)]}
-    assert raft_wire.plain_loads(ps_pickle.dumps(message)) == message
-
-
-class _Calls:
-    def __init__(self, fn, *args):
-        self.fn, self.args = fn, args
-
-    def __reduce__(self):
-        return (self.fn, self.args)
-
-
-def _ext_payload():
-    copyreg.add_extension("os", "getcwd", 0x7FFF_FF01)
-    try:
-        return pickle.dumps(_Calls(os.getcwd), protocol=2)
-    finally:
-        copyreg.remove_extension("os", "getcwd", 0x7FFF_FF01)
-
-
-REFUSED = {
-    "global-protocol-0": lambda: pickle.dumps(_Calls(os.getcwd), protocol=0),
-    "global-protocol-2": lambda: pickle.dumps(_Calls(os.getcwd), protocol=2),
-    "stack-global-protocol-4": lambda: pickle.dumps(_Calls(os.getcwd), protocol=4),
-    "inst-opcode": lambda: b"(ios\ngetcwd\n.",
-    "obj-opcode": lambda: b"(cos\ngetcwd\no.",
-    "ext-registry": _ext_payload,
-    "persistent-id": lambda: b"P0\n.",
-    "codecs-other-encoding": lambda: pickle.dumps(_Calls(__import__("_codecs").encode, "x" * 9, "zlib"), protocol=2),
-    "codecs-not-text": lambda: pickle.dumps(_Calls(__import__("_codecs").encode, b"x", "latin1"), protocol=2),
-    "bytes-with-a-size": lambda: pickle.dumps(_Calls(bytes, 10**12), protocol=2),
-}
-
-
-@pytest.mark.parametrize("name", sorted(REFUSED))
-def test_anything_callable_is_refused(name):
-    payload = REFUSED[name]()
-    kinds = {op.name for op, _, _ in pickletools.genops(payload)}
-    assert kinds & {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "EXT4", "EXT2", "EXT1", "PERSID"}
-    with pytest.raises(pickle.UnpicklingError):
-        raft_wire.plain_loads(payload)
 
 
 # -- frame bounds (raft_limits.RAFT_MESSAGE_BYTES_MAX) ------------------------------

@@ -28,7 +28,6 @@ TABLE_HEADING = "## Limits and quotas"
 # hold: each needs a reason to stay out of the table.
 NOT_LIMITS = {
     "propose_deadline_margin_s": "a margin kept back from the caller's own deadline",
-    "acquire_wait_poll_ms": "no effect: still accepted so older config files load",
     "shutdown_grace_s": "how long a stopping member lets running RPCs finish",
     "health_check_interval_s": "how often health is re-checked",
     "raft_min_timeout_s": "election timing",

@@ -136,6 +136,19 @@ def test_serve_exits_2_with_the_message(tmp_path):
     assert "unknown key(s) colour" in out.stderr
 
 
+def test_the_dropped_acquire_wait_poll_ms_is_refused_as_an_unknown_key(tmp_path):
+    # It had no effect since a waiting Acquire waits in the lock queue; 0.1.0 was never
+    # released, so no config file needs it to load.
+    path = write_toml(tmp_path, GOOD + "acquire_wait_poll_ms = 100\n")
+    with pytest.raises(config.ConfigError) as caught:
+        parse(["--config", path])
+    assert str(caught.value) == f"config file {path}: unknown key(s) acquire_wait_poll_ms"
+    out = subprocess.run([sys.executable, "-m", "coordinator.server.fencingd", "serve", "--config", path],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [f"fencingd: configuration error: config file {path}: unknown key(s) acquire_wait_poll_ms"]
+
+
 def test_every_refusal_reason_has_one_status():
     for reason in Reason:
         code, name = errors.STATUS_TABLE[reason]

@@ -366,17 +366,29 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     def command(name: str, help_text: str, *, json_form: bool = True, parent=sub):
-        p = parent.add_parser(
-            name, help=help_text, description=help_text, epilog=_EXIT_CODES_HELP,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        _add_common_options(p, defaults=False)
-        if json_form:
-            p.add_argument("--json", metavar="OBJECT", help="the request as one JSON object ('-': stdin)")
-        return p
+        return _add_command(parent, name, help_text, json_form=json_form)
 
     command("status", "cluster members, leader, term, indexes and epoch", json_form=False)
+    _add_lease_commands(command)
+    _add_key_commands(command)
+    lockcmd.add_parser(sub, command)
+    _add_admin_commands(sub, command)
+    return parser
 
+
+def _add_command(parent, name: str, help_text: str, *, json_form: bool = True) -> argparse.ArgumentParser:
+    """A subcommand of ``parent`` with the common options, and --json unless ``json_form`` is false."""
+    p = parent.add_parser(
+        name, help=help_text, description=help_text, epilog=_EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_common_options(p, defaults=False)
+    if json_form:
+        p.add_argument("--json", metavar="OBJECT", help="the request as one JSON object ('-': stdin)")
+    return p
+
+
+def _add_lease_commands(command) -> None:
     p = command("acquire", "take the lease on RESOURCE and print its fencing token")
     p.add_argument("resource", nargs="?")
     p.add_argument("--ttl-ms", dest="ttl_ms")
@@ -397,6 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("describe", "lease holder, token, expiry and high-water mark of RESOURCE")
     p.add_argument("resource", nargs="?")
 
+
+def _add_key_commands(command) -> None:
     p = command("write", "fenced write of KEY=VALUE under RESOURCE with TOKEN")
     p.add_argument("resource", nargs="?")
     p.add_argument("key", nargs="?")
@@ -416,8 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token")
     p.add_argument("--op-id", dest="op_id", metavar="HEX")
 
-    lockcmd.add_parser(sub, command)
 
+def _add_admin_commands(sub, command) -> None:
     admin = sub.add_parser("admin", help="admin commands (need a credential)")
     admin_sub = admin.add_subparsers(dest="admin_command", metavar="ADMIN_COMMAND", parser_class=_Parser)
     admin_sub.required = True
@@ -435,6 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
                 parent=admin_sub)
     p.add_argument("--in", dest="in_path", required=True, metavar="FILE")
     p.add_argument("--epoch-floor", dest="epoch_floor", metavar="N")
+    _add_member_commands(admin_sub, command)
+
+
+def _add_member_commands(admin_sub, command) -> None:
     member = admin_sub.add_parser("member", help="list or change the cluster's members (one change at a time)")
     member_sub = member.add_subparsers(dest="member_command", metavar="MEMBER_COMMAND", parser_class=_Parser)
     member_sub.required = True
@@ -451,7 +469,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("member_id", metavar="MEMBER_ID")
     p.add_argument("--address", dest="raft_address", default="", metavar="RAFT_ADDRESS",
                    help="the fresh member's HOST:PORT (default: the address the member has)")
-    return parser
 
 
 def _add_common_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -559,40 +576,59 @@ def _value_fields(value: bytes) -> dict[str, Any]:
 def _run(client: FencingClient, args: argparse.Namespace, name: str, request: dict[str, Any]) -> None:
     out = args.output
     if name == "status":
-        status = client.status()
-        doc = _jsonable(status)
-        if out == "json":
-            _emit(doc, out)
-            return
-        _emit(doc, out, [
-            ("leader", f"{status.leader_api_address or '-'} (raft {status.leader or '-'})"),
-            ("term", status.term),
-            ("epoch", status.epoch),
-            ("commit_index", status.commit_index),
-            ("applied_index", status.applied_index),
-            ("has_quorum", status.has_quorum),
-            ("answered_by", status.header.member_id),
-        ])
-        print()
-        _print_members(status.members)
+        _run_status(client, out)
+    elif name.startswith("member-"):
+        _run_member(client, args, name, out)
+    elif name in _LEASE_COMMANDS:
+        _run_lease(client, name, request, out)
+    elif name in _KEY_COMMANDS:
+        _run_key(client, name, request, out)
+    else:
+        _run_admin(client, args, name, request, out)
+
+
+_LEASE_COMMANDS = ("acquire", "keepalive", "release", "describe")
+_KEY_COMMANDS = ("write", "read", "delete")
+
+
+def _run_status(client: FencingClient, out: str) -> None:
+    status = client.status()
+    doc = _jsonable(status)
+    if out == "json":
+        _emit(doc, out)
         return
-    if name.startswith("member-"):
-        if name == "member-list":
-            r = client.member_list()
-        elif name == "member-add":
-            r = client.member_add(args.member_id, args.raft_address)
-        elif name == "member-remove":
-            r = client.member_remove(args.member_id)
-        else:
-            r = client.member_replace(args.member_id, args.raft_address)
-        if out == "json":
-            _emit(_jsonable(r), out)
-            return
-        _emit(_jsonable(r), out, [("cluster_id", r.cluster_id or "-"), ("index", r.index),
-                                  ("answered_by", r.header.member_id)])
-        print()
-        _print_members(r.members)
+    _emit(doc, out, [
+        ("leader", f"{status.leader_api_address or '-'} (raft {status.leader or '-'})"),
+        ("term", status.term),
+        ("epoch", status.epoch),
+        ("commit_index", status.commit_index),
+        ("applied_index", status.applied_index),
+        ("has_quorum", status.has_quorum),
+        ("answered_by", status.header.member_id),
+    ])
+    print()
+    _print_members(status.members)
+
+
+def _run_member(client: FencingClient, args: argparse.Namespace, name: str, out: str) -> None:
+    if name == "member-list":
+        r = client.member_list()
+    elif name == "member-add":
+        r = client.member_add(args.member_id, args.raft_address)
+    elif name == "member-remove":
+        r = client.member_remove(args.member_id)
+    else:
+        r = client.member_replace(args.member_id, args.raft_address)
+    if out == "json":
+        _emit(_jsonable(r), out)
         return
+    _emit(_jsonable(r), out, [("cluster_id", r.cluster_id or "-"), ("index", r.index),
+                              ("answered_by", r.header.member_id)])
+    print()
+    _print_members(r.members)
+
+
+def _run_lease(client: FencingClient, name: str, request: dict[str, Any], out: str) -> None:
     if name == "acquire":
         r = client.acquire(
             request["resource"], ttl_ms=request["ttl_ms"], holder=request.get("holder"),
@@ -609,9 +645,12 @@ def _run(client: FencingClient, args: argparse.Namespace, name: str, request: di
     elif name == "release":
         r = client.release(request["resource"], request["token"], op_id=request.get("op_id"))
         _emit({"resource": request["resource"], "token": request["token"], **_jsonable(r)}, out)
-    elif name == "describe":
+    else:  # describe
         _emit(_jsonable(client.describe(request["resource"])), out)
-    elif name == "write":
+
+
+def _run_key(client: FencingClient, name: str, request: dict[str, Any], out: str) -> None:
+    if name == "write":
         r = client.write(
             request["resource"], request["key"], request["value"], token=request["token"],
             op_id=request.get("op_id"), expected_version=request.get("expected_version"),
@@ -622,10 +661,13 @@ def _run(client: FencingClient, args: argparse.Namespace, name: str, request: di
         doc = {"resource": request["resource"], "key": request["key"], **_jsonable(r)}
         doc.update(_value_fields(r.value) if r.found else {"value": None, "value_base64": None})
         _emit(doc, out)
-    elif name == "delete":
+    else:  # delete
         r = client.delete(request["resource"], request["key"], token=request["token"], op_id=request.get("op_id"))
         _emit({"resource": request["resource"], "key": request["key"], **_jsonable(r)}, out)
-    elif name == "force-release":
+
+
+def _run_admin(client: FencingClient, args: argparse.Namespace, name: str, request: dict[str, Any], out: str) -> None:
+    if name == "force-release":
         r = client.force_release(request["resource"], op_id=request.get("op_id"))
         _emit({"resource": request["resource"], **_jsonable(r)}, out)
     elif name == "set-epoch-floor":

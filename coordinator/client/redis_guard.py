@@ -32,7 +32,7 @@ crash can lose the last second of writes, the hwm raise among them, and a replic
 after a failover may lack the last writes the old primary acknowledged; then an older holder
 is accepted again. For a fence that holds across both, run AOF with ``appendfsync always``
 and call ``WAIT numreplicas timeout`` (``guard.wait_for_replicas``) after a write before
-acting on it; README, "What each guard protects".
+acting on it; README, "What each guard protects, and what it does not".
 
 Outcome of a failed call: a ``redis.ConnectionError`` or ``TimeoutError`` after the request
 was sent leaves it unknown whether the script ran. Retrying with the same token is safe for

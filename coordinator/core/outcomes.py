@@ -13,6 +13,8 @@ import enum
 from typing import Any
 
 from coordinator.core.commands import Op
+from coordinator.core.validation import is_int
+
 
 class Reason(enum.IntEnum):
     """Why a command was refused. The numbers are stored in snapshots: never renumber."""
@@ -56,10 +58,6 @@ Outcome = Applied | Rejected
 
 _WIRE_APPLIED = 1
 _WIRE_REJECTED = 2
-
-
-def is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 _CONTAINERS = (dict, list, tuple)

@@ -22,9 +22,9 @@ import msgpack
 from coordinator.core import limits
 from coordinator.core import validation
 from coordinator.core.commands import Op
-from coordinator.core.outcomes import Applied, is_flat_map, is_int, outcome_from_wire, outcome_to_wire
+from coordinator.core.outcomes import Applied, is_flat_map, outcome_from_wire, outcome_to_wire
 from coordinator.core.state import NO_WAITERS, DedupEntry, KeyData, Lease, ResourceState, ResourceTable, StagedRestore, Waiter, entry_bytes, shared
-from coordinator.core.validation import InvalidField
+from coordinator.core.validation import InvalidField, is_int
 
 # Version of the snapshot layout written by snapshot(); 2 added the staged restore (a 7th item);
 # 3 the lock queue (a resource's 7th item, its waiters; a lease's 5th, the waiter it was granted
@@ -195,7 +195,7 @@ class SnapshotReader:
             _need_count(tally["resources"], counts.resources_max, "resources")
             for name, keys in tally["keys_records"]:
                 _need_count(keys, counts.keys_per_resource_max, "keys of %r", name)
-            # The cluster-wide bounds a live write is held to (state_machine._write).
+            # The cluster-wide bounds a live write is held to (write_handlers._write).
             _need(tally["keys"] <= counts.keys_max, "keys: %d, more than %d", tally["keys"], counts.keys_max)
             _need(
                 tally["stored_bytes"] <= counts.stored_bytes_max,

@@ -1,6 +1,6 @@
 """Term and vote saved before they are held, and a Raft thread that never swallows a failure.
 
-Owns: two overrides for ``HardenedSyncObj`` (DESIGN I1, I8; PYSYNCOBJ.md "Failures it swallows"):
+Owns: two overrides for ``HardenedSyncObj`` (DESIGN I1, I8; RAFT.md "Failures it swallows"):
 - ``_SyncObj__setCurrentTerm``: pysyncobj sets its in-memory term and vote first and only then
   writes them (syncobj.py:1234-1237); when that write failed (EMFILE, ENOSPC) the member went on
   acting in a term its ``raft.meta`` never held, and after a restart could vote a second time in

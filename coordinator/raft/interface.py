@@ -61,7 +61,7 @@ class ProposeFailure(enum.Enum):
     Values are the ``detail`` strings clients have always seen in ErrorInfo metadata.
     """
 
-    # Definite: the entry was never appended by a leader, or was overwritten (PYSYNCOBJ.md
+    # Definite: the entry was never appended by a leader, or was overwritten (RAFT.md
     # "Call semantics"), or never left this member.
     QUEUE_FULL = "queue_full"
     NO_LEADER = "no_leader"

@@ -6,7 +6,7 @@ pysyncobj keeps calling ``add``/``deleteEntriesFrom``/``deleteEntriesTo`` as bef
 but nothing here is durable until ``sync()`` returns: the Raft wrapper calls it once
 per batch (group commit) before any acknowledgement or commit decision.
 
-It closes these gaps of pysyncobj 0.3.17's ``FileJournal`` (PYSYNCOBJ.md "Durability"):
+It closes these gaps of pysyncobj 0.3.17's ``FileJournal`` (RAFT.md "Durability"):
 - no fsync ever (journal.py:117-126, 218-225, 261): ``sync()`` fdatasyncs;
 - meta written by tmp+rename without fsync, corrupt meta silently ``{}``
   (journal.py:152-164): meta is fsynced with its directory and checksummed;
@@ -42,7 +42,6 @@ from typing import Callable
 import msgpack
 from pysyncobj.journal import Journal
 
-from coordinator.raft import wire as raft_wire
 
 log = logging.getLogger(__name__)
 
@@ -257,9 +256,6 @@ class DurableJournal(Journal):
         self._sidecar_fd: int | None = None  # the synced-length sidecar, kept open (below)
         self._entries: list[tuple[bytes, int, int]] = []
         self._offsets: list[int] = []
-        # Whether every record in the file encodes its entry as held in memory: false after a
-        # load upgraded a pre-typed entry, until a compaction has written them all anew.
-        self._records_are_entries = True
         self._committed_through = 0
         self._end = _HEADER.size
         self._synced_end = _HEADER.size
@@ -338,23 +334,10 @@ class DurableJournal(Journal):
                         f"{self._path}: record at offset {offset} has index {index}, expected {previous_index + 1}"
                     )
                 previous_index = index
-                command = payload[_ENTRY_HEAD.size :]
-                typed = self._typed_entry(command, index)
-                if typed != command:
-                    self._records_are_entries = False
-                self._entries.append((typed, index, term))
+                self._entries.append((payload[_ENTRY_HEAD.size :], index, term))
                 self._offsets.append(offset)
                 offset += _RECORD_HEAD.size + length
         self._end = offset
-
-    def _typed_entry(self, command: bytes, index: int) -> bytes:
-        # A journal written before the typed entry format holds pickled calls: this member's
-        # own, read here once (raft_wire.upgrade_own_entry; RAFT.md "A typed wire"). In memory,
-        # and so on the wire and in the next compaction's file, every entry is typed.
-        upgraded, why = raft_wire.upgrade_own_entry(command)
-        if why is not None:
-            log.error("%s: entry %d of the pre-typed format is skipped (a NO_OP now): %s", self._path, index, why)
-        return upgraded
 
     def _cut_torn_tail(self, fd: int, size: int, offset: int, why: str) -> None:
         # Only the last record can be torn: a write that never completed was never
@@ -465,7 +448,7 @@ class DurableJournal(Journal):
         kept = self._entries[entryTo:]
         committed = max(self._committed_through, kept[0][1] if kept else 0)
         with self._io_lock:
-            if kept and self._records_are_entries:
+            if kept:
                 # The kept records' bytes are copied, not encoded again: this runs on the Raft
                 # thread when a snapshot is collected, and encoding every entry applied during
                 # the snapshot's read took ~20-30 ms of it at 1,000,000 resources (bench scale).
@@ -489,7 +472,7 @@ class DurableJournal(Journal):
         does a compaction to another point. False when there is nothing to prepare."""
         with self._io_lock:
             self._drop_prepared_locked()
-            if self._fd is None or not self._records_are_entries or not self._entries:
+            if self._fd is None or not self._entries:
                 return False
             # Appends run meanwhile without this lock (add: the entry, then its offset, then the
             # end): every record before the end read here has its offset in the list already.
@@ -600,7 +583,6 @@ class DurableJournal(Journal):
         self._entries = list(entries)
         self._offsets = offsets
         _REAPER.free(*dropped)
-        self._records_are_entries = True
         self._set_compacted_locked(end, committed_through)
 
     def _set_compacted_locked(self, end: int, committed_through: int) -> None:

@@ -7,19 +7,8 @@ Must never: decide domain rules (the state machine does), patch pysyncobj itself
 (``patches.py`` does, from here, before anything is built), or acknowledge a command before
 it is durable on a majority.
 
-The package's modules, one concern each (RAFT.md says what each fix does and why):
-  patches.py       version pin + every patch of pysyncobj's modules, by install()
-  transport.py     connection admission and bounded frame reading
-  addresses.py     members' names looked up on every connection attempt; peer_log.py: connect/quorum log
-  leader_log.py    one line per leader change, and their count (a metric)
-  syncobj.py       HardenedSyncObj: every override of SyncObj internals, the fix names
-  replica.py       the state machine as pysyncobj's consumer; snapshot hooks
-  snapshot_file.py the dump file format
-  journal.py, leader_sync.py, wire.py   the durable journal, the leader's sync thread, byte formats
-  interface.py     StateMachine protocol, ProposeOutcome / ProposeFailure / ProposeResult
-  stamp_clock.py   the stamp of each command: the log clock by the leader's monotonic time
-  membership.py, member_gate.py, member_changes.py   the configuration in the log, who counts, changes
-  fatal.py         exit codes and the default fatal handler
+The package's modules are mapped in its ``__init__`` docstring; RAFT.md says what each fix
+does and why.
 """
 
 from __future__ import annotations
@@ -60,7 +49,7 @@ from coordinator.raft.transport import BoundTCPTransport
 log = logging.getLogger(__name__)
 
 # pysyncobj's fail codes (config.py) as our typed failures. Whether each is definite
-# (PYSYNCOBJ.md "Call semantics") is ProposeFailure's to say; codes not listed here are
+# (RAFT.md "Call semantics") is ProposeFailure's to say; codes not listed here are
 # ProposeFailure.UNRECOGNIZED: outcome unknown.
 FAILURE_OF_FAIL_REASON: dict[int, ProposeFailure] = {
     FAIL_REASON.QUEUE_FULL: ProposeFailure.QUEUE_FULL,
@@ -87,7 +76,7 @@ class RaftConfig:
     peer_addresses: tuple[str, ...]  # the other members (static membership)
     data_dir: str
     # Election timeout window. 1-2 s keeps spurious elections rare on a loaded
-    # 2-core machine (PYSYNCOBJ.md "Settings that behaved well"); tests lower it.
+    # 2-core machine (RAFT.md "Performance and settings"); tests lower it.
     raft_min_timeout_s: float = 1.0
     raft_max_timeout_s: float = 2.0
     # An isolated leader steps down after this long without a majority answering

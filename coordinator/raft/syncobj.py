@@ -1,4 +1,4 @@
-"""pysyncobj's SyncObj with the durability, safety and liveness holes of PYSYNCOBJ.md closed.
+"""pysyncobj's SyncObj with the durability, safety and liveness holes RAFT.md lists closed.
 
 Owns: ``HardenedSyncObj`` (every override of SyncObj internals: group commit and coalesced
 sends, the leader's background sync and commit-vote cap, shared entries, append sanitizing,
@@ -83,7 +83,7 @@ assert raft_wire.NO_OP_ENTRY == _ps._bchr(_ps._COMMAND_TYPE.NO_OP)
 
 
 class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate, SyncObj):
-    """pysyncobj with the durability and safety holes of PYSYNCOBJ.md closed."""
+    """pysyncobj with the durability and safety holes RAFT.md lists closed."""
 
     def __init__(
         self,
@@ -636,8 +636,8 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
     def _SyncObj__doApplyCommand(self, command):
         # Every entry a member of ours writes is a NO_OP (a new leader's first entry) or a typed
         # entry carrying commands for Replica.apply_entry (wire.py "log entries"); the wire
-        # refuses anything else from peers, and a journal from before the typed format is
-        # upgraded when it is loaded. pysyncobj would unpickle an entry (syncobj.py:874, 894,
+        # refuses anything else from peers, and the journal holds only what this member wrote
+        # or accepted (RAFT.md "No pickle on disk either"). pysyncobj would unpickle an entry (syncobj.py:874, 894,
         # 1419) and call whatever method id it names with whatever arguments. Anything else is
         # skipped, by every member alike, so replicas stay equal.
         try:
@@ -773,7 +773,7 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
             return None
         if installing:
             if self._has("no_old_snapshot") and index <= self.raftLastApplied:
-                # An old snapshot would move applied state backwards (PYSYNCOBJ.md:
+                # An old snapshot would move applied state backwards (RAFT.md "Durability":
                 # measured 14972 -> 14772). Keep ours; the ack reports our log end.
                 self.refused_old_snapshots += 1
                 log.warning("refusing snapshot at %d: already applied %d", index, self.raftLastApplied)

@@ -1,21 +1,17 @@
-"""Byte formats of the Raft layer that need no pysyncobj: the typed wire, log entries,
-shared entries, and the reading of this member's own pre-wire journals.
+"""Byte formats of the Raft layer that need no pysyncobj: the typed wire, log entries and
+shared entries.
 
 Owns: the Raft wire (``encode_frame`` / ``decode_frame``: msgpack with a version tag and a
 fixed schema per message type, every field's type and range checked before anything acts
 on it), the log entry format (``encode_entry``; ``ENTRY_VERSION``), the encoding of an entry
-that carries several commands, frame heads (``scan_frames``), and ``upgrade_own_entry``,
-which turns an entry this member's journal wrote before the typed format (a pickled call)
-into the typed one with a restricted unpickler (``plain_loads``) that builds plain data only.
+that carries several commands, and frame heads (``scan_frames``).
 Must never: import pysyncobj (the modules that wrap it use these formats), decide what a
-command means (the state machine does), or let a peer's byte reach pickle: ``plain_loads``
-reads this member's own journal only (RAFT.md "A typed wire").
+command means (the state machine does), or unpickle anything (RAFT.md "A typed wire").
 """
 
 from __future__ import annotations
 
 import hmac
-import io
 import pickle
 import struct
 
@@ -78,55 +74,8 @@ def scan_frames(buffer: bytes, start: int, max_bytes: int = raft_limits.RAFT_MES
     return pos
 
 
-# Journals written before the typed format hold pysyncobj's entries: a pickled call of the
-# replica's apply (syncobj.py:1599). This member reads its OWN such journal once, at start
-# (upgrade_own_entry below); no peer byte is ever unpickled. Everything pysyncobj put
-# there is plain data: dicts, lists, tuples, bytes, str, int, float, bool, None. pickle can only
-# reach code through find_class (GLOBAL, STACK_GLOBAL, INST, OBJ and the EXT* registry all go
-# through it; REDUCE/NEWOBJ/BUILD need an object only find_class can make) or through a
-# persistent_load hook, which we never define. So find_class below hands out two harmless
-# stand-ins and refuses every other name: the pickle documentation's "Restricting Globals".
-#
-# The stand-ins exist because pysyncobj pickles with protocol 2 (pysyncobj/pickle.py), which
-# has no opcode for bytes: b"" is written as a call of builtins.bytes() and any other bytes
-# as _codecs.encode(text, "latin1"). Journals on disk hold entries written that way
-# (protocol 5, written before the typed format too, needs no global).
-
-
 class RefusedPickle(pickle.UnpicklingError):
-    """A pickle that calls anything but the two bytes constructors: never pysyncobj's own."""
-
-
-def _latin1_bytes(text, encoding):
-    if type(text) is not str or encoding != "latin1":
-        raise RefusedPickle("_codecs.encode is accepted only as protocol 2 writes bytes (str, 'latin1')")
-    return text.encode("latin1")
-
-
-def _empty_bytes(*args):
-    if args:
-        raise RefusedPickle("builtins.bytes is accepted only without arguments (protocol 2's b'')")
-    return b""
-
-
-_BYTES_CONSTRUCTORS = {
-    ("_codecs", "encode"): _latin1_bytes,
-    ("__builtin__", "bytes"): _empty_bytes,
-    ("builtins", "bytes"): _empty_bytes,
-}
-
-
-class _PlainDataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        try:
-            return _BYTES_CONSTRUCTORS[(module, name)]
-        except KeyError:
-            raise RefusedPickle(f"pickle names {module}.{name}; only plain data is accepted") from None
-
-
-def plain_loads(data: bytes):
-    """``pickle.loads`` for this member's own pre-wire journal: plain data only; anything that calls is refused."""
-    return _PlainDataUnpickler(io.BytesIO(data)).load()
+    """pickle as pysyncobj's modules see it (patches.py ``_NoPickle``): the Raft layer pickles nothing."""
 
 
 # -- log entries ----------------------------------------------------------------------
@@ -142,11 +91,6 @@ _ENTRY_HEAD = bytes((ENTRY_TYPE_REGULAR, ENTRY_VERSION))
 # A CONFIG entry (membership.py): the cluster's configuration, never handed to the state
 # machine. Its second byte is no ENTRY_VERSION, so no command entry can be taken for one.
 CONFIG_ENTRY_HEAD = bytes((ENTRY_TYPE_REGULAR, 0x43))
-# A pickled call's first byte (PROTO, protocol >= 2): what a pre-typed journal holds after the type.
-_PICKLE_PROTO = 0x80
-# The one replicated method pysyncobj numbered before the typed format: Replica.apply, id 0
-# (methods are numbered over sorted names; it was the only one, syncobj.py:248-255).
-LEGACY_APPLY_METHOD_ID = 0
 
 
 def encode_entry(command: bytes) -> bytes:
@@ -168,35 +112,6 @@ def _is_entry(value) -> bool:
         value == NO_OP_ENTRY
         or (value[:2] in (_ENTRY_HEAD, CONFIG_ENTRY_HEAD) and len(value) <= raft_limits.RAFT_LOG_ENTRY_BYTES_MAX)
     )
-
-
-# pysyncobj's REGULAR, MEMBERSHIP and VERSION entries: a type byte and a pickle (syncobj.py:56-60).
-_LEGACY_TYPES = (b"\x00", b"\x02", b"\x03")
-
-
-def upgrade_own_entry(entry: bytes) -> tuple[bytes, str | None]:
-    """An entry of this member's own journal in the typed format, and why it was skipped, if it was.
-
-    Only pickled entries (a pysyncobj type byte, then a pickle) are changed. A pickled call of the replica's apply with one bytes
-    argument (all that members wrote before) becomes the typed entry of that command. Any
-    other pre-typed entry (membership and code-version changes, anything a peer got into the
-    log before) was skipped by every member at apply: it becomes a NO_OP, which every member
-    skips alike, so replicas stay equal and the entry can still be sent to a lagging member.
-    """
-    if entry[1:2] != bytes((_PICKLE_PROTO,)) or entry[:1] not in _LEGACY_TYPES:
-        return entry, None  # typed, or no pysyncobj entry at all: apply skips what is not typed
-    if entry[:1] != bytes((ENTRY_TYPE_REGULAR,)):
-        return NO_OP_ENTRY, f"a pickled entry of type {entry[0]} (membership or code version)"
-    try:
-        call = plain_loads(entry[1:])
-    except Exception as exc:  # noqa: BLE001 - refused or not a pickle at all
-        return NO_OP_ENTRY, f"not a plain-data pickle: {exc}"
-    if (
-        type(call) is not tuple or len(call) != 2 or call[0] != LEGACY_APPLY_METHOD_ID
-        or type(call[1]) is not tuple or len(call[1]) != 1 or type(call[1][0]) is not bytes
-    ):
-        return NO_OP_ENTRY, "not a call of the replica's apply with one bytes argument"
-    return encode_entry(call[1][0]), None
 
 
 # -- the Raft wire ---------------------------------------------------------------------

@@ -7,7 +7,7 @@ reflection (off with ``reflection = false``), the admission of every streaming R
 stream caps (stream_admission.py), the health updater and lease ticker threads, the audit log, the metrics endpoint (when
 ``metrics_address`` is set), the API's connection limits and descriptor budget (api_conns.py), the API's TLS credentials (their certificate replaced on SIGHUP,
 certs.py), the peer secrets' reload on SIGHUP, and graceful shutdown.
-Must never: implement an RPC (service.py does) or touch the Raft library (coordinator.raft does).
+Must never: implement an RPC (service.py and admin.py do) or touch the Raft library (coordinator.raft does).
 
 Health (grpc.health.v1), overall ("") and per service: SERVING only while this member is
 connected to a quorum *and* a READ_BARRIER has applied on it since it started (so it has
@@ -45,15 +45,10 @@ from coordinator.server.metrics import Metrics
 from coordinator.server.stream_admission import StreamAdmission
 from coordinator.server.streams import SlotGate, StreamGate, waiter_gate
 from coordinator.raft.node import RaftConfig, RaftNode
-from coordinator.server.service import (
-    AdminServicer,
-    ClusterServicer,
-    Core,
-    FencedStoreServicer,
-    LeaseServicer,
-    Proposer,
-    error_trailers,
-)
+from coordinator.server.admin import AdminServicer
+from coordinator.server.proposer import Proposer
+from coordinator.server.request_core import Core, error_trailers
+from coordinator.server.service import ClusterServicer, FencedStoreServicer, LeaseServicer
 from coordinator.core.state_machine import FencingStateMachine
 
 log = logging.getLogger(__name__)

@@ -161,12 +161,6 @@ class ServerConfig:
         default=256,
         metadata=_doc("proposals waiting for Raft at once; beyond it RESOURCE_EXHAUSTED/OVERLOADED"),
     )
-    acquire_wait_poll_ms: int = dataclasses.field(
-        # Kept so config files that set it still load (unknown keys are refused): a waiting
-        # Acquire no longer polls, it waits in the lock queue for the entry that grants it.
-        default=100,
-        metadata=_doc("no effect (a waiting Acquire waits in the lock queue, with no tries to pace); still accepted"),
-    )
     # -- gRPC server ----------------------------------------------------------------------
     grpc_threads: int = dataclasses.field(
         default=64,
@@ -540,7 +534,7 @@ class ServerConfig:
 CONNECTION_TIMEOUT_S_MAX = 86_400.0
 
 # The Raft secret is stretched with PBKDF2 under a fixed salt by the Raft library
-# (coordinator/raft/RAFT.md, "secret"): only its own length protects it from guessing.
+# (coordinator/raft/RAFT.md, "Not closed here"): only its own length protects it from guessing.
 RAFT_SECRET_CHARS_MIN = 32
 
 def _secret_from_file(key: str, path: str, *, chars_min: int) -> str:
@@ -623,10 +617,69 @@ def _coerce(name: str, value: Any) -> Any:
     raise AssertionError(f"unhandled config type {kind} for {name}")
 
 
+# Settings that must be > 0 (validate).
+_POSITIVE = (
+    "propose_timeout_max_s",
+    "inflight_proposals_max",
+    "grpc_threads",
+    "grpc_max_concurrent_rpcs",
+    "streams_max",
+    "streams_per_principal_max",
+    "stream_idle_timeout_s",
+    "acquire_waiters_max",
+    "acquire_waiters_per_principal_max",
+    "health_check_interval_s",
+    "lease_tick_interval_s",
+    "raft_min_timeout_s",
+    "raft_max_timeout_s",
+    "leader_fallback_timeout_s",
+    "heartbeat_s",
+    "refused_log_window_s",
+    "commands_queue_size",
+    "log_compaction_min_entries",
+    "log_compaction_min_time_s",
+    "log_compaction_min_bytes",
+    "api_connections_max",
+    "api_connections_per_peer_max",
+    "api_handshake_timeout_s",
+    "api_connection_idle_s",
+    "metrics_connections_max",
+    "metrics_request_timeout_s",
+)
+
+
 def validate(config: ServerConfig, *, read_files: bool = True) -> ServerConfig:
     """Return ``config`` if every field is usable, else raise ConfigError naming the key.
     ``read_files`` False: the values only, not the files they name nor this machine's CPUs
-    (``fencingd check-config --values-only``, for a config meant for another machine)."""
+    (``fencingd check-config --values-only``, for a config meant for another machine).
+    The checks keep one order, so a config with several faults always hears of the same one first."""
+    _check_cluster(config)
+    _check_listen_addresses(config)
+    if config.admin_token and config.admin_token_file:
+        raise ConfigError("admin_token and admin_token_file: give one, not both")
+    for key in _POSITIVE:
+        value = getattr(config, key)
+        if not value > 0:
+            raise ConfigError(f"{key}: must be > 0, got {value}")
+    _check_timing(config)
+    _check_connection_limits(config)
+    _check_thread_budget(config)
+    _check_choices(config)
+    _check_peer_credential(config)
+    _check_api_credential(config)
+    if not read_files:
+        return config
+    config.resolved_admin_token()  # a missing or empty token file fails at start, not at first use
+    config.principals()  # so does a bad principals file
+    config.tls_files()  # and unreadable TLS files
+    config.resolved_raft_secrets()  # and a missing or short Raft secret, or too many
+    config.proof_signer()  # and a token signing key that is not an Ed25519 private key
+    config.pinned_cpu()  # and a CPU this machine does not let us use
+    return config
+
+
+def _check_cluster(config: ServerConfig) -> None:
+    """data_dir, this member's Raft address and member id, and the member list it is in."""
     if not config.data_dir:
         raise ConfigError("data_dir: required")
     if not config.raft_address:
@@ -645,6 +698,10 @@ def validate(config: ServerConfig, *, read_files: bool = True) -> ServerConfig:
     if config.member_id and (len(config.member_id) > raft_limits.RAFT_MEMBER_ID_CHARS_MAX
                              or not config.member_id.isprintable() or " " in config.member_id):
         raise ConfigError("member_id: 1 to RAFT_MEMBER_ID_CHARS_MAX printable characters, no spaces")
+
+
+def _check_listen_addresses(config: ServerConfig) -> None:
+    """listen_address and metrics_address: HOST:PORT each, metrics on a port of its own."""
     if config.listen_address:
         _parse_address("listen_address", config.listen_address)
     if config.metrics_address:
@@ -653,40 +710,10 @@ def validate(config: ServerConfig, *, read_files: bool = True) -> ServerConfig:
         for what, address in taken.items():
             if _parse_address(what, address) == metrics:
                 raise ConfigError(f"metrics_address: {config.metrics_address} is also {what}")
-    if config.admin_token and config.admin_token_file:
-        raise ConfigError("admin_token and admin_token_file: give one, not both")
-    positive = {
-        "propose_timeout_max_s": config.propose_timeout_max_s,
-        "inflight_proposals_max": config.inflight_proposals_max,
-        "acquire_wait_poll_ms": config.acquire_wait_poll_ms,
-        "grpc_threads": config.grpc_threads,
-        "grpc_max_concurrent_rpcs": config.grpc_max_concurrent_rpcs,
-        "streams_max": config.streams_max,
-        "streams_per_principal_max": config.streams_per_principal_max,
-        "stream_idle_timeout_s": config.stream_idle_timeout_s,
-        "acquire_waiters_max": config.acquire_waiters_max,
-        "acquire_waiters_per_principal_max": config.acquire_waiters_per_principal_max,
-        "health_check_interval_s": config.health_check_interval_s,
-        "lease_tick_interval_s": config.lease_tick_interval_s,
-        "raft_min_timeout_s": config.raft_min_timeout_s,
-        "raft_max_timeout_s": config.raft_max_timeout_s,
-        "leader_fallback_timeout_s": config.leader_fallback_timeout_s,
-        "heartbeat_s": config.heartbeat_s,
-        "refused_log_window_s": config.refused_log_window_s,
-        "commands_queue_size": config.commands_queue_size,
-        "log_compaction_min_entries": config.log_compaction_min_entries,
-        "log_compaction_min_time_s": config.log_compaction_min_time_s,
-        "log_compaction_min_bytes": config.log_compaction_min_bytes,
-        "api_connections_max": config.api_connections_max,
-        "api_connections_per_peer_max": config.api_connections_per_peer_max,
-        "api_handshake_timeout_s": config.api_handshake_timeout_s,
-        "api_connection_idle_s": config.api_connection_idle_s,
-        "metrics_connections_max": config.metrics_connections_max,
-        "metrics_request_timeout_s": config.metrics_request_timeout_s,
-    }
-    for key, value in positive.items():
-        if not value > 0:
-            raise ConfigError(f"{key}: must be > 0, got {value}")
+
+
+def _check_timing(config: ServerConfig) -> None:
+    """Margins, the lease tick against the log clock, and the election timings against each other."""
     if config.propose_deadline_margin_s < 0 or config.shutdown_grace_s < 0:
         raise ConfigError("propose_deadline_margin_s and shutdown_grace_s: must be >= 0")
     if config.lease_tick_interval_s * 1000 * 2 > raft_limits.STAMP_ADVANCE_MS_MAX:
@@ -707,6 +734,10 @@ def validate(config: ServerConfig, *, read_files: bool = True) -> ServerConfig:
             f"leader_lost_election_s: {config.leader_lost_election_s} must be 0 (off), or at least"
             f" heartbeat_s ({config.heartbeat_s:g}) and below raft_min_timeout_s ({config.raft_min_timeout_s:g})"
         )
+
+
+def _check_connection_limits(config: ServerConfig) -> None:
+    """The API connection caps against each other, and the connection timeouts' ceiling."""
     if config.api_connections_per_peer_max > config.api_connections_max:
         raise ConfigError(
             f"api_connections_per_peer_max: {config.api_connections_per_peer_max} is above"
@@ -715,6 +746,10 @@ def validate(config: ServerConfig, *, read_files: bool = True) -> ServerConfig:
     for key in ("api_handshake_timeout_s", "api_connection_idle_s", "metrics_request_timeout_s"):
         if getattr(config, key) > CONNECTION_TIMEOUT_S_MAX:
             raise ConfigError(f"{key}: {getattr(config, key)} is above {CONNECTION_TIMEOUT_S_MAX:g} s")
+
+
+def _check_thread_budget(config: ServerConfig) -> None:
+    """What may hold a gRPC worker thread for long leaves threads for health and Admin."""
     if config.grpc_max_concurrent_rpcs < config.grpc_threads:
         raise ConfigError("grpc_max_concurrent_rpcs: must be >= grpc_threads")
     if config.streams_max >= config.grpc_threads:
@@ -731,6 +766,10 @@ def validate(config: ServerConfig, *, read_files: bool = True) -> ServerConfig:
             f" ({config.grpc_threads}), or streams, waiting Acquires and backups could hold every"
             " thread health and Admin need"
         )
+
+
+def _check_choices(config: ServerConfig) -> None:
+    """Settings that take one of a few values, and the TLS files that come as a pair."""
     if config.initial_cluster_state not in INITIAL_CLUSTER_STATES:
         raise ConfigError(
             f"initial_cluster_state: must be 'new' (may help bootstrap a brand-new cluster) or"
@@ -743,17 +782,6 @@ def validate(config: ServerConfig, *, read_files: bool = True) -> ServerConfig:
     if (config.tls_cert_file or config.tls_key_file or config.tls_client_ca_file) and not (
             config.tls_cert_file and config.tls_key_file):
         raise ConfigError("tls_cert_file and tls_key_file: give both (or neither, for plaintext)")
-    _check_peer_credential(config)
-    _check_api_credential(config)
-    if not read_files:
-        return config
-    config.resolved_admin_token()  # a missing or empty token file fails at start, not at first use
-    config.principals()  # so does a bad principals file
-    config.tls_files()  # and unreadable TLS files
-    config.resolved_raft_secrets()  # and a missing or short Raft secret, or too many
-    config.proof_signer()  # and a token signing key that is not an Ed25519 private key
-    config.pinned_cpu()  # and a CPU this machine does not let us use
-    return config
 
 
 def _check_peer_credential(config: ServerConfig) -> None:

@@ -17,6 +17,7 @@ Must never: serve RPCs itself (server.py does) or leave a child running when it 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import logging
@@ -317,121 +318,180 @@ def _toml_list(values: list[str]) -> str:
     return "[" + ", ".join(f'"{v}"' for v in values) + "]"
 
 
-def cmd_dev(args: argparse.Namespace) -> int:
-    data_dir = os.path.abspath(args.data_dir)
-    os.makedirs(data_dir, exist_ok=True)
-    host = args.host
-    apis = [f"{host}:{args.base_port + i}" for i in range(DEV_MEMBERS)]
-    rafts = [f"{host}:{args.base_port + DEV_RAFT_PORT_OFFSET + i}" for i in range(DEV_MEMBERS)]
-    metrics = [f"{host}:{args.base_port + DEV_METRICS_PORT_OFFSET + i}" for i in range(DEV_MEMBERS)]
-    busy = [a for a in apis + rafts + metrics if not port_free(host, int(a.rsplit(":", 1)[1]))]
-    if busy:
-        print(f"fencingd dev: ports in use: {', '.join(busy)} (choose another --base-port)", file=sys.stderr)
-        return 1
-    members = [f"{r}={a}" for r, a in zip(rafts, apis, strict=True)]
+@dataclasses.dataclass(frozen=True)
+class _DevCluster:
+    """Where ``fencingd dev``'s members listen and keep their files, all under ``data_dir``."""
+
+    data_dir: str
+    apis: list[str]
+    rafts: list[str]
+    metrics: list[str]
+
+    @classmethod
+    def on(cls, data_dir: str, host: str, base_port: int) -> _DevCluster:
+        def addresses(offset: int) -> list[str]:
+            return [f"{host}:{base_port + offset + i}" for i in range(DEV_MEMBERS)]
+
+        return cls(data_dir, addresses(0), addresses(DEV_RAFT_PORT_OFFSET), addresses(DEV_METRICS_PORT_OFFSET))
+
+    @property
+    def members(self) -> list[str]:
+        return [f"{r}={a}" for r, a in zip(self.rafts, self.apis, strict=True)]
+
+    @property
+    def signing_key(self) -> str:
+        return os.path.join(self.data_dir, DEV_SIGNING_KEY)
+
+    @property
+    def verify_key(self) -> str:
+        return os.path.join(self.data_dir, DEV_VERIFY_KEY)
+
+    @property
+    def raft_secret(self) -> str:
+        return os.path.join(self.data_dir, DEV_RAFT_SECRET)
+
+    @property
+    def logs(self) -> list[str]:
+        return [os.path.join(self.data_dir, f"node{i}.log") for i in range(DEV_MEMBERS)]
+
+    def busy_ports(self, host: str) -> list[str]:
+        return [a for a in self.apis + self.rafts + self.metrics if not port_free(host, int(a.rsplit(":", 1)[1]))]
+
+
+def _dev_credentials(dev: _DevCluster) -> str | None:
+    """The dev cluster's signing pair and peer credential, made on its first start; the error line, or None."""
     # The dev cluster signs token proofs (DESIGN §6) with a key made on its first start.
-    signing_key, verify_key = (os.path.join(data_dir, DEV_SIGNING_KEY), os.path.join(data_dir, DEV_VERIFY_KEY))
-    if not os.path.exists(signing_key):
-        error = _write_key_pair(signing_key, verify_key)
+    if not os.path.exists(dev.signing_key):
+        error = _write_key_pair(dev.signing_key, dev.verify_key)
         if error is not None:
-            print(f"fencingd dev: {error}", file=sys.stderr)
-            return 1
+            return error
     # Members authenticate each other even on loopback: the dev cluster makes its own credential.
-    raft_secret = os.path.join(data_dir, DEV_RAFT_SECRET)
-    if not os.path.exists(raft_secret):
-        error = _write_raft_secret(raft_secret)
-        if error is not None:
-            print(f"fencingd dev: {error}", file=sys.stderr)
-            return 1
-    children: list[subprocess.Popen] = []
-    logs = []
-    for i in range(DEV_MEMBERS):
-        cfg_path = os.path.join(data_dir, f"node{i}.toml")
-        with open(cfg_path, "w", encoding="utf-8") as f:
-            f.write(
-                "# Written by `fencingd dev` on every start.\n"
-                f'data_dir = "{os.path.join(data_dir, f"node{i}")}"\n'
-                f'raft_address = "{rafts[i]}"\n'
-                f"members = {_toml_list(members)}\n"
-                f'metrics_address = "{metrics[i]}"\n'
-                f'token_signing_key_file = "{signing_key}"\n'
-                f'raft_secret_file = "{raft_secret}"\n'
-                f'log_level = "{args.log_level}"\n'
-                # Harmless on later starts: once formed, the cluster refuses a re-bootstrap.
-                'initial_cluster_state = "new"\n'
-            )
-        log_path = os.path.join(data_dir, f"node{i}.log")
-        logs.append(log_path)
-        with open(log_path, "ab") as out:
-            children.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "coordinator.server.fencingd", "serve", "--config", cfg_path],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
-                    preexec_fn=_die_with_parent,
-                )
-            )
+    if not os.path.exists(dev.raft_secret):
+        return _write_raft_secret(dev.raft_secret)
+    return None
 
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
 
-    def stop_children() -> int:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + DEV_STOP_TIMEOUT_S
-        clean = True
-        for child in children:
-            try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-                clean = False
-            clean = clean and child.returncode == 0
-        print("fencingd dev: all members stopped" + ("" if clean else " (some did not stop cleanly)"), flush=True)
-        return 0 if clean else 1
+def _write_dev_config(dev: _DevCluster, i: int, log_level: str) -> str:
+    """Member ``i``'s TOML file, written anew on every start; its path."""
+    cfg_path = os.path.join(dev.data_dir, f"node{i}.toml")
+    with open(cfg_path, "w", encoding="utf-8") as f:
+        f.write(
+            "# Written by `fencingd dev` on every start.\n"
+            f'data_dir = "{os.path.join(dev.data_dir, f"node{i}")}"\n'
+            f'raft_address = "{dev.rafts[i]}"\n'
+            f"members = {_toml_list(dev.members)}\n"
+            f'metrics_address = "{dev.metrics[i]}"\n'
+            f'token_signing_key_file = "{dev.signing_key}"\n'
+            f'raft_secret_file = "{dev.raft_secret}"\n'
+            f'log_level = "{log_level}"\n'
+            # Harmless on later starts: once formed, the cluster refuses a re-bootstrap.
+            'initial_cluster_state = "new"\n'
+        )
+    return cfg_path
 
-    print(f"fencingd dev: starting {DEV_MEMBERS} members, data in {data_dir}", flush=True)
-    deadline = time.monotonic() + args.start_timeout
+
+def _start_dev_member(cfg_path: str, log_path: str) -> subprocess.Popen:
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "coordinator.server.fencingd", "serve", "--config", cfg_path],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
+            preexec_fn=_die_with_parent,
+        )
+
+
+def _stop_dev_members(children: list[subprocess.Popen]) -> int:
+    """SIGTERM every member still running, kill those that outlast DEV_STOP_TIMEOUT_S; 0 iff all stopped cleanly."""
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + DEV_STOP_TIMEOUT_S
+    clean = True
+    for child in children:
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            clean = False
+        clean = clean and child.returncode == 0
+    print("fencingd dev: all members stopped" + ("" if clean else " (some did not stop cleanly)"), flush=True)
+    return 0 if clean else 1
+
+
+def _wait_dev_healthy(dev: _DevCluster, children: list[subprocess.Popen], stop: threading.Event,
+                      start_timeout: float) -> str:
+    """Wait for every member to be healthy: "up"; "failed" (said on stderr) if one exits or
+    time runs out first; "stopped" if a signal comes first."""
+    deadline = time.monotonic() + start_timeout
     waiting = set(range(DEV_MEMBERS))
     while waiting and not stop.is_set():
         for i in sorted(waiting):
             if children[i].poll() is not None:
-                print(f"fencingd dev: member {i} exited with {children[i].returncode}; see {logs[i]}", file=sys.stderr)
-                stop_children()
-                return 1
-            if _healthy(apis[i]):
+                print(f"fencingd dev: member {i} exited with {children[i].returncode}; see {dev.logs[i]}", file=sys.stderr)
+                return "failed"
+            if _healthy(dev.apis[i]):
                 waiting.discard(i)
         if time.monotonic() > deadline:
-            print(f"fencingd dev: not healthy after {args.start_timeout:.0f} s; see {', '.join(logs)}", file=sys.stderr)
-            stop_children()
-            return 1
+            print(f"fencingd dev: not healthy after {start_timeout:.0f} s; see {', '.join(dev.logs)}", file=sys.stderr)
+            return "failed"
         if waiting:
             stop.wait(0.2)
-    if stop.is_set():
-        return stop_children()
+    return "stopped" if stop.is_set() else "up"
 
+
+def _print_dev_endpoints(dev: _DevCluster) -> None:
+    apis, logs = dev.apis, dev.logs
     print("fencingd dev: cluster is up", flush=True)
     for i in range(DEV_MEMBERS):
-        print(f"  member {i}: api {apis[i]}  raft {rafts[i]}  metrics http://{metrics[i]}/metrics  log {logs[i]}", flush=True)
-    print(f"  token proofs: Acquire signs them; guards verify with {verify_key}", flush=True)
-    print(f"  peer credential (raft_secret_file of all three): {raft_secret}", flush=True)
+        print(f"  member {i}: api {apis[i]}  raft {dev.rafts[i]}  metrics http://{dev.metrics[i]}/metrics  log {logs[i]}",
+              flush=True)
+    print(f"  token proofs: Acquire signs them; guards verify with {dev.verify_key}", flush=True)
+    print(f"  peer credential (raft_secret_file of all three): {dev.raft_secret}", flush=True)
     print(f"ENDPOINTS {','.join(apis)}", flush=True)
     print(f"try: fencingctl --endpoints {','.join(apis)} status", flush=True)
     print(f"     fencingctl --endpoints {','.join(apis)} acquire orders/7 --ttl-ms 10000 --holder me", flush=True)
     print("Ctrl-C stops all three; run `fencingd dev` again to restart on the same data.", flush=True)
 
+
+def _report_dev_exits(dev: _DevCluster, children: list[subprocess.Popen], stop: threading.Event) -> None:
+    """Until a signal comes: say once of each member that exits."""
     reported: set[int] = set()
     while not stop.wait(0.5):
         for i, child in enumerate(children):
             if child.poll() is not None and i not in reported:
                 reported.add(i)
-                print(f"fencingd dev: member {i} exited with {child.returncode}; see {logs[i]}", file=sys.stderr, flush=True)
-    return stop_children()
+                print(f"fencingd dev: member {i} exited with {child.returncode}; see {dev.logs[i]}", file=sys.stderr,
+                      flush=True)
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    """Three ``fencingd serve`` children on loopback, until SIGINT or SIGTERM stops them all."""
+    data_dir = os.path.abspath(args.data_dir)
+    os.makedirs(data_dir, exist_ok=True)
+    dev = _DevCluster.on(data_dir, args.host, args.base_port)
+    busy = dev.busy_ports(args.host)
+    if busy:
+        print(f"fencingd dev: ports in use: {', '.join(busy)} (choose another --base-port)", file=sys.stderr)
+        return 1
+    error = _dev_credentials(dev)
+    if error is not None:
+        print(f"fencingd dev: {error}", file=sys.stderr)
+        return 1
+    children = [_start_dev_member(_write_dev_config(dev, i, args.log_level), dev.logs[i]) for i in range(DEV_MEMBERS)]
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"fencingd dev: starting {DEV_MEMBERS} members, data in {data_dir}", flush=True)
+    started = _wait_dev_healthy(dev, children, stop, args.start_timeout)
+    if started != "up":
+        code = _stop_dev_members(children)
+        return code if started == "stopped" else 1  # stopped by a signal: as after Ctrl-C later
+    _print_dev_endpoints(dev)
+    _report_dev_exits(dev, children, stop)
+    return _stop_dev_members(children)
 
 
 def build_parser() -> argparse.ArgumentParser:

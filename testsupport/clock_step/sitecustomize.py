@@ -1,7 +1,7 @@
 """Loaded at start-up into a member of the clock-step test (tests/test_clock_step.py puts this
 directory first on the member's PYTHONPATH); never part of the product.
 
-Owns: what libfaketime cannot do for a Python member on this machine (CHAOS.md, "Clock steps"):
+Owns: what libfaketime cannot do for a Python member on this machine (as measured here):
 - ``time.sleep`` under libfaketime with FAKETIME_DONT_FAKE_MONOTONIC=1 (a wall-only step)
   fails with EINVAL (libfaketime shifts clock_nanosleep's absolute monotonic deadline as if
   monotonic were faked); pysyncobj sleeps on its Raft thread, so it would die. Replaced by a
