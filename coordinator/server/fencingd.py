@@ -38,7 +38,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from coordinator.server import config as config_mod  # noqa: E402 - after GRPC_VERBOSITY
 from coordinator.client.version import distribution_version  # noqa: E402
-from coordinator.server import api_conns, cpu_pin, log_limits, restore_cluster, server_extra  # noqa: E402
+from coordinator.server import api_conns, cpu_pin, log_limits, server_extra  # noqa: E402
 
 log = logging.getLogger("fencingd")
 
@@ -538,6 +538,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen_secret.add_argument("file", help="file to create (never overwritten); copy it to every member")
     gen_secret.set_defaults(func=cmd_gen_secret)
+    # Imported here, not at the top: it reaches the Raft layer (pysyncobj, a [server]
+    # dependency), and a client-only install must get server_extra's one line first (main).
+    from coordinator.server import restore_cluster
+
     restore_cluster.add_parser(sub)
     return parser
 
