@@ -213,7 +213,7 @@ def _watch_gc() -> None:
 
 def install(path: str) -> None:
     global _out
-    _out = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the process's life
+    _out = open(path, "a", encoding="utf-8")  # open for the process's life
     _record("start", t0=_now())
     _watch_gc()
     so = raft_syncobj.HardenedSyncObj

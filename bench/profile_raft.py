@@ -290,7 +290,7 @@ def main(argv=None) -> int:
                     t_sample = time.monotonic()
                     r = L.call({"op": "bench", "threads": conc, "count": per_thread}, timeout_s=120)
                     t_sample = time.monotonic() - t_sample + 1.0  # py-spy also sampled the idle second before
-                    for n, raw, proc in procs:
+                    for _n, _raw, proc in procs:
                         proc.send_signal(2)  # SIGINT: py-spy writes its output and exits
                         try:
                             proc.wait(timeout=20)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import array
 import concurrent.futures
+import functools
 import json
 import multiprocessing
 import os
@@ -212,7 +213,7 @@ def _call_many(method, request_of, items: dict, outcome: str, errors: dict) -> d
         if got is None:
             return done
         retry = {}
-        for (j, item), result in zip(pending.items(), got.results):
+        for (j, item), result in zip(pending.items(), got.results, strict=True):
             if result.WhichOneof("outcome") != "error":
                 done[j] = getattr(result, outcome)
                 continue
@@ -801,7 +802,7 @@ def in_process(n: int, base_dir: str) -> dict:
     out["state_bytes"] = len(state)
     path = os.path.join(base_dir, DUMP_NAME)
     last, prev = (b"", 2 * n, 1), (b"", 2 * n - 1, 1)
-    _, out["snapshot_write"] = timed(lambda: snapshot_file.write(path, last, prev, state, None))
+    _, out["snapshot_write"] = timed(functools.partial(snapshot_file.write, path, last, prev, state, None))
     # What the snapshot writer thread does instead (snapshot_writer.py): the state in pieces,
     # each one a stretch the GIL is held for (the longest is what the Raft thread can wait on
     # it), then the file written from the pieces.
@@ -820,11 +821,11 @@ def in_process(n: int, base_dir: str) -> dict:
     pieces, out["snapshot_pieces"] = timed(read_pieces)
     out["snapshot_pieces"].update(count=len(pieces), longest_ms=max(piece_ms))
     _, out["snapshot_write_pieces"] = timed(
-        lambda: snapshot_file.write_pieces(path, last, prev, pieces, None))
+        functools.partial(snapshot_file.write_pieces, path, last, prev, pieces, None))
     del pieces
     body, out["snapshot_read"] = timed(lambda: snapshot_file.read_body(path))
-    parts, out["snapshot_decode"] = timed(lambda: snapshot_file.decode(body))
-    _, out["restore"] = timed(lambda: FencingStateMachine().restore(parts[2]))
+    parts, out["snapshot_decode"] = timed(functools.partial(snapshot_file.decode, body))
+    _, out["restore"] = timed(lambda parts=parts: FencingStateMachine().restore(parts[2]))
     del body, parts, state
     # A full pass of the cyclic GC walks every container the state holds; it runs in whichever
     # thread allocates when it is due, the Raft thread included (replica.py pauses it only

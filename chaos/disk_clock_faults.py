@@ -38,8 +38,8 @@ import msgpack
 
 from chaos.faults import Fault, PowerLoss, _pick
 from chaos.harness import ChaosCluster
-from coordinator.raft.journal import JOURNAL_NAME, META_NAME, SYNCED_SIDECAR_SUFFIX, JournalCorrupt, read_meta
 from coordinator.raft import snapshot_file
+from coordinator.raft.journal import JOURNAL_NAME, META_NAME, SYNCED_SIDECAR_SUFFIX, JournalCorrupt, read_meta
 from coordinator.raft.snapshot_file import DUMP_NAME
 from testsupport.supervisor import wait_until
 
@@ -228,7 +228,7 @@ class TornPowerLoss(PowerLoss):
         for i in self.indexes:
             node = c.nodes[i]
 
-            def recovered():
+            def recovered(node=node, i=i):
                 with open(node.log_path, encoding="utf-8", errors="replace") as f:
                     f.seek(offsets[i])
                     return "cutting torn tail" in f.read()

@@ -85,12 +85,12 @@ def unsaved_terms(c: ChaosCluster) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for node in [n for n in c.nodes if n.up]:
         try:
-            (term,) = wait_until(lambda: (c.raft_term(node.index),), TERM_READ_TIMEOUT_S, interval_s=0.2,
+            (term,) = wait_until(lambda node=node: (c.raft_term(node.index),), TERM_READ_TIMEOUT_S, interval_s=0.2,
                                  what=f"the term of {node.raft_address}")
         except TimeoutError:
             continue  # no answer: convergence reports a member that never serves again
 
-        def saved():
+        def saved(node=node, term=term):
             meta = read_meta_term(node.data_dir)
             return meta is not None and meta[0] >= term
 

@@ -274,7 +274,7 @@ class Run:
         except TimeoutError:
             pass
         else:
-            for n, s in zip(nodes, snaps):
+            for n, s in zip(nodes, snaps, strict=True):
                 self.writer.write({"type": "final", "node": n.raft_address, "applied_index": int(s.index),
                                    "digest": hashlib.sha256(s.data).hexdigest()})
             out["digest"] = {"index": int(snaps[0].index), "attempts": attempts,

@@ -26,11 +26,10 @@ from coordinator.client import exceptions as E
 from coordinator.core import limits
 from coordinator.core.names import ErrorMeta as M
 from coordinator.core.names import ErrorReason as R
-from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
-from testsupport.supervisor import wait_until
-
 from tests.test_server import failure
 from tests.test_write_many import op_id, unique
+from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
+from testsupport.supervisor import wait_until
 
 T = RPC_TIMEOUT_S
 TTL_MS = 60_000  # no lease of these tests expires while it runs
@@ -93,7 +92,7 @@ def test_a_mixed_acquire_batch_gives_each_item_the_outcome_it_would_have_alone(c
     assert "AcquireMany" in reply.results[5].error.message
     # Each refused item answers exactly as the same Acquire alone (which changes nothing
     # either); the waiting one is refused by the batch form only.
-    for i, error in zip((1, 2, 4), (lease_held, bad, short)):
+    for i, error in zip((1, 2, 4), (lease_held, bad, short), strict=True):
         assert error == alone(node.lease.Acquire, items[i]), i
     # Only the two good items took their leases; the held one is still its holder's.
     for resource, token in ((free, first.token), (other, fourth.token), (held, holder_token)):

@@ -355,7 +355,7 @@ def test_a_member_whose_descriptor_limit_cannot_hold_the_cap_refuses_to_start_in
     finally:
         proc.kill()
     assert proc.returncode == 2, (out, err)  # like a configuration error: a restart meets the same limit
-    [line] = [l for l in err.splitlines() if l.startswith("fencingd: cannot start:")]
+    [line] = [text for text in err.splitlines() if text.startswith("fencingd: cannot start:")]
     assert "api_connections_max 1000" in line and "descriptor limit 256" in line
     reserve = api_conns.fd_reserve(config_mod.ServerConfig())
     assert f"lower api_connections_max to {256 - reserve}" in line
@@ -367,7 +367,7 @@ def test_a_member_raises_its_soft_descriptor_limit_to_the_hard_one_and_starts(tm
     try:
         wait_until(lambda: "READY" in (proc.stdout.readline() or ""), 60, interval_s=0, what="READY")
         with open(f"/proc/{proc.pid}/limits", encoding="ascii") as f:
-            line = next(l for l in f if l.startswith("Max open files"))
+            line = next(text for text in f if text.startswith("Max open files"))
         assert line.split()[3:5] == ["4096", "4096"]
     finally:
         proc.terminate()

@@ -171,7 +171,7 @@ def unresolved(root: pathlib.Path, files: list[pathlib.Path] | None = None) -> l
             continue
         rel = path.relative_to(root)
 
-        def where(offset: int) -> str:
+        def where(offset: int, rel: pathlib.Path = rel, text: str = text) -> str:
             return f"{rel}:{text.count(chr(10), 0, offset) + 1}"
 
         for match in re.finditer(re.escape(GONE), text):

@@ -39,14 +39,15 @@ import dataclasses
 import os
 import threading
 import time
+from itertools import pairwise
 
 import pytest
 
 from coordinator.core import commands
+from coordinator.core.state_machine import Applied, outcome_from_wire
 from coordinator.raft.journal import cut_to_synced_length
 from coordinator.raft.node import ALL_FIXES
 from coordinator.raft.snapshot_file import DUMP_NAME
-from coordinator.core.state_machine import Applied, outcome_from_wire
 from testsupport.cluster import ProcessCluster, wait_until
 from testsupport.control import ControlClient, ControlError
 
@@ -362,7 +363,7 @@ def check_token_order(acks: list[Ack]) -> list[str]:
     for a in sorted(acks, key=lambda a: a.acked_at):
         by_client[a.client].append(a)
     for client, seq in sorted(by_client.items()):
-        bad = [(p, a) for p, a in zip(seq, seq[1:]) if a.token <= p.token]
+        bad = [(p, a) for p, a in pairwise(seq) if a.token <= p.token]
         if bad:
             p, a = bad[0]
             problems.append(

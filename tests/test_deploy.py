@@ -23,9 +23,9 @@ import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from coordinator.raft.fatal import EXIT_APPLY_FAILED, EXIT_DISK_FAILED
 from coordinator.server import config as config_mod
 from coordinator.server.fencingd import build_parser
-from coordinator.raft.fatal import EXIT_APPLY_FAILED, EXIT_DISK_FAILED
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEPLOY = os.path.join(REPO, "deploy")

@@ -230,7 +230,7 @@ def _dies_in_the_middle(store, pem, proof, inside, results):
 
             store.write(guard, RESOURCE, proof, "6", between=hang)
         results.put("finished")
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the child's every failure, assertions too, goes back to the test
         results.put(traceback.format_exc())
 
 
@@ -304,7 +304,7 @@ def _old_holder(store, pem, proof, checked, go, results, broken):
 
             store.write(guard, RESOURCE, proof, "5", between=pause)
         results.put((5, "committed"))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the child's every failure, assertions too, goes back to the test
         results.put((5, traceback.format_exc()))
 
 
@@ -314,7 +314,7 @@ def _new_holder(store, pem, proof, attempting, done, results):
         attempting.set()
         store.write(store.guard(conn, _verifier(pem)), RESOURCE, proof, "6")
         results.put((6, "committed"))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the child's every failure, assertions too, goes back to the test
         results.put((6, traceback.format_exc()))
     finally:
         done.set()

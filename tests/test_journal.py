@@ -290,7 +290,7 @@ def test_appends_during_the_prepare_are_copied_at_the_compaction(tmp_path):
         stop = threading.Event()
         appended = [200]
 
-        def append():
+        def append(stop=stop, appended=appended, j=j):
             while not stop.is_set() and appended[0] < 5_000:
                 appended[0] += 1
                 j.add(b"x" * (appended[0] % 300), appended[0], 5)

@@ -24,6 +24,7 @@ import concurrent.futures
 import http.client
 import threading
 import time
+from itertools import pairwise
 
 import pytest
 
@@ -63,7 +64,7 @@ def _longest_gap_s(paths, since_ns: int, until_ns: int) -> float:
     ends = sorted(op.complete_ns for path in paths for op in read_history(path).ops
                   if op.outcome == "ok" and op.complete_ns is not None and since_ns <= op.complete_ns <= until_ns)
     edges = [since_ns, *ends, until_ns]
-    return max(b - a for a, b in zip(edges, edges[1:])) / 1e9
+    return max(b - a for a, b in pairwise(edges)) / 1e9
 
 
 def _change(change, applied):

@@ -21,13 +21,13 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from coordinator.core import commands as cmds
 from coordinator.core.commands import Command, Op
+from coordinator.core.state import Usage
 from coordinator.core.state_machine import (
     Applied,
     FencingStateMachine,
     Reason,
     Rejected,
 )
-from coordinator.core.state import Usage
 
 TTL = 1_000
 _op_ids = (n.to_bytes(16, "big") for n in itertools.count(1))

@@ -8,12 +8,11 @@ import sys
 import grpc
 import pytest
 
-from coordinator.server import config
-from coordinator.server import errors
-from coordinator.server.fencingd import build_parser
-from coordinator.raft.interface import ProposeFailure, ProposeResult
 from coordinator.core.names import ErrorReason as R
 from coordinator.core.state_machine import Reason, Rejected
+from coordinator.raft.interface import ProposeFailure, ProposeResult
+from coordinator.server import config, errors
+from coordinator.server.fencingd import build_parser
 
 MEMBERS = ["127.0.0.2:7000=127.0.0.2:7100", "127.0.0.3:7000=127.0.0.3:7100", "127.0.0.4:7000=127.0.0.4:7100"]
 
@@ -255,7 +254,7 @@ def starts_warning_each_time(path: str, setting: str) -> None:
                 lines.append(line)
                 if line.startswith("READY "):
                     break
-            assert any("WARNING" in l and setting in l for l in lines), "".join(lines)
+            assert any("WARNING" in text and setting in text for text in lines), "".join(lines)
             assert lines[-1].startswith("READY "), "".join(lines)
         finally:
             proc.terminate()

@@ -12,6 +12,7 @@ import itertools
 import os
 import threading
 import time
+from itertools import pairwise
 
 import msgpack
 import pytest
@@ -288,6 +289,6 @@ def test_a_thread_waiting_for_the_apply_lock_gets_it_between_pieces(tmp_path):
     finally:
         stop.set()
         thread.join(WAIT_S)
-    between = sum(1 for a, b in zip(machine.seen, machine.seen[1:]) if b > a)
+    between = sum(1 for a, b in pairwise(machine.seen) if b > a)
     print(f"the applier got the lock between {between} of {len(machine.seen) - 1} pairs of pieces")
     assert between >= (len(machine.seen) - 1) // 2

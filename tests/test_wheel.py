@@ -25,6 +25,7 @@ import sys
 import zipfile
 
 import pytest
+
 # packaging comes with pytest: the requirement and marker grammar, not reimplemented here.
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name

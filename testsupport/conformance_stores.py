@@ -223,6 +223,7 @@ class Redis:
     def write_failing(self, guard, resource: str, proof, value: str) -> type[BaseException]:
         """The second mutation hits a key of the wrong type: the script must refuse before writing."""
         import redis
+
         from coordinator.client.redis_guard import Mutation
 
         log, parts = self._keys(resource)

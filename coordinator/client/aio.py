@@ -26,6 +26,7 @@ from typing import Any, Callable, Generator
 import grpc
 import grpc.aio
 
+from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client._base import (
     CHANNEL_OPTIONS,
     RENEWAL_ERRORS,
@@ -41,9 +42,8 @@ from coordinator.client._base import (
     keepalive_step,
     send,
 )
-from coordinator.client.results import AcquireResult, KeepAliveResult, ReleaseResult
-from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client.exceptions import FencingError, LeaseLost, Refused
+from coordinator.client.results import AcquireResult, KeepAliveResult, ReleaseResult
 
 log = logging.getLogger("coordinator.client.aio")
 
@@ -323,7 +323,7 @@ class AsyncLease(LeaseBase):
                 outcome = self._on_lost(self.lost_error)
                 if inspect.isawaitable(outcome):
                     await outcome
-            except Exception:  # noqa: BLE001 - a callback bug must not kill the task
+            except Exception:  # a callback bug must not kill the task
                 log.exception("on_lost callback for %s raised", self.resource)
 
     def _start_keepalive(self) -> None:

@@ -92,10 +92,10 @@ import tempfile
 from typing import Any, Callable
 
 from coordinator.client import exceptions as exc
-from coordinator.core import limits, validation
 from coordinator.client import lockcmd, proof
 from coordinator.client.sync import DEFAULT_ENDPOINTS, FencingClient, tls_credentials
 from coordinator.client.version import distribution_version
+from coordinator.core import limits, validation
 
 EXIT_OK = 0
 EXIT_OTHER = 1
@@ -695,9 +695,9 @@ def _print_members(members) -> None:
     ]
     rows = [[cell(m) for _, cell in columns] for m in members]
     widths = [max([len(title), *(len(row[i]) for row in rows)]) for i, (title, _) in enumerate(columns)]
-    print("  ".join(f"{title:<{w}}" for (title, _), w in zip(columns, widths)).rstrip())
+    print("  ".join(f"{title:<{w}}" for (title, _), w in zip(columns, widths, strict=True)).rstrip())
     for row in rows:
-        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _write_file_atomically(path: str, data: bytes) -> None:

@@ -266,7 +266,7 @@ class Batcher:
             if batch:
                 with self._lock:
                     self._pass_turn(key)
-                for attempt, outcome in zip(batch, outcomes):
+                for attempt, outcome in zip(batch, outcomes, strict=True):
                     attempt.finish(outcome)
 
     def _call(self, key: tuple[str, BatchKind], batch: list[_Attempt]) -> list[ItemOutcome]:

@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from coordinator.client import pemfile
+
 # InvalidProof lives in the client's one exception tree; imported here, where it is raised,
 # and still importable from here as before.
 from coordinator.client.exceptions import InvalidProof

@@ -53,7 +53,7 @@ from typing import Any, Callable, Sequence
 
 import grpc
 
-from coordinator.client.aio import AsyncFencingClient, AsyncLease
+from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client._base import (
     CHANNEL_OPTIONS,
     DEFAULT_ENDPOINTS,
@@ -70,6 +70,10 @@ from coordinator.client._base import (
     new_op_id,
     send,
 )
+from coordinator.client.aio import AsyncFencingClient, AsyncLease
+from coordinator.client.exceptions import FencingError, LeaseLost, Refused, error_for_reason
+from coordinator.client.multiplex import KINDS as BATCH_KINDS
+from coordinator.client.multiplex import Batcher, ItemOutcome
 from coordinator.client.results import (
     AcquireResult,
     ClusterStatus,
@@ -85,12 +89,8 @@ from coordinator.client.results import (
     ReleaseResult,
     Snapshot,
     WriteResult,
+    header_from_pb,
 )
-from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.client.exceptions import FencingError, LeaseLost, Refused, error_for_reason
-from coordinator.client.multiplex import KINDS as BATCH_KINDS
-from coordinator.client.multiplex import Batcher, ItemOutcome
-from coordinator.client.results import header_from_pb
 
 __all__ = [
     "DEFAULT_ENDPOINTS",
@@ -486,7 +486,7 @@ class Lease(LeaseBase):
         if self._on_lost is not None:
             try:
                 self._on_lost(self.lost_error)
-            except Exception:  # noqa: BLE001 - a callback bug must not kill the thread
+            except Exception:  # a callback bug must not kill the thread
                 log.exception("on_lost callback for %s raised", self.resource)
 
     def _start_keepalive(self) -> None:

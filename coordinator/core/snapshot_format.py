@@ -19,11 +19,21 @@ from typing import Any
 
 import msgpack
 
-from coordinator.core import limits
-from coordinator.core import validation
+from coordinator.core import limits, validation
 from coordinator.core.commands import Op
 from coordinator.core.outcomes import Applied, is_flat_map, outcome_from_wire, outcome_to_wire
-from coordinator.core.state import NO_WAITERS, DedupEntry, KeyData, Lease, ResourceState, ResourceTable, StagedRestore, Waiter, entry_bytes, shared
+from coordinator.core.state import (
+    NO_WAITERS,
+    DedupEntry,
+    KeyData,
+    Lease,
+    ResourceState,
+    ResourceTable,
+    StagedRestore,
+    Waiter,
+    entry_bytes,
+    shared,
+)
 from coordinator.core.validation import InvalidField, is_int
 
 # Version of the snapshot layout written by snapshot(); 2 added the staged restore (a 7th item);

@@ -19,6 +19,7 @@ import msgpack
 from coordinator.core.commands import Op
 from coordinator.core.outcomes import Applied, outcome_from_wire
 
+
 # The waiters of a resource nobody waits on: one shared, read-only empty mapping rather than an
 # empty dict per resource (80 B each with its GC header: 80 MB of every member at a million
 # resources). LockQueue gives a resource a dict of its own when a first waiter queues and puts

@@ -42,7 +42,6 @@ from typing import Callable
 import msgpack
 from pysyncobj.journal import Journal
 
-
 log = logging.getLogger(__name__)
 
 JOURNAL_NAME = "raft.journal"

@@ -76,7 +76,7 @@ class BackgroundSerializer(Serializer):
         self._Serializer__currentID = id
         try:
             job = self._replica.snapshot_job(data[1:])  # here, on the Raft thread
-        except Exception:  # noqa: BLE001 - as pysyncobj's inline path: FAILED, retried later
+        except Exception:  # as pysyncobj's inline path: FAILED, retried later
             log.exception("cannot start a snapshot")
             self._Serializer__pid = -2
             return
@@ -109,7 +109,7 @@ class BackgroundSerializer(Serializer):
                 return
             try:
                 self._write(job)  # sets _idle, then publishes its outcome, as its last acts
-            except BaseException:  # noqa: BLE001 - never leave the Raft thread waiting forever
+            except BaseException:  # never leave the Raft thread waiting forever
                 log.exception("the snapshot writer failed")
                 self.capturing = False
                 self._finish(SERIALIZER_STATE.FAILED)
@@ -133,7 +133,7 @@ class BackgroundSerializer(Serializer):
             job(tmp, captured)  # the file is fsynced before this returns
             atomicReplace(tmp, path)
             _fsync_directory(path)
-        except Exception:  # noqa: BLE001 - reported as FAILED, tried again later
+        except Exception:  # reported as FAILED, tried again later
             log.exception("writing the snapshot failed; the previous one stays in place")
             self.capturing = False
             try:
@@ -150,7 +150,7 @@ class BackgroundSerializer(Serializer):
         if self.on_durable is not None:
             try:
                 self.on_durable(self._Serializer__currentID)
-            except Exception:  # noqa: BLE001 - the snapshot stands; compaction then copies it all
+            except Exception:  # the snapshot stands; compaction then copies it all
                 log.exception("preparing the journal's compaction failed")
         freeze_long_lived()
         self._finish(SERIALIZER_STATE.SUCCESS)

@@ -221,7 +221,7 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
             return
         try:
             self._on_leadership(now)
-        except Exception:  # noqa: BLE001 - an observer must never break the Raft thread
+        except Exception:  # an observer must never break the Raft thread
             log.exception("raft: the leadership observer failed")
 
     # -- shared entries -----------------------------------------------------------
@@ -384,7 +384,7 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
                 # Only a shared entry we did not build could get here; never guess.
                 self._on_fatal(f"shared entry at {index} answered {outcomes!r}", EXIT_APPLY_FAILED)
                 return
-            for callback, outcome in zip(callbacks, outcomes):
+            for callback, outcome in zip(callbacks, outcomes, strict=True):
                 callback((index, outcome), error)
 
         self.shared_entries += 1
@@ -452,7 +452,7 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
         try:
             if self._has("durable_journal"):
                 self._journal.sync()
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             self._on_fatal(f"journal sync failed: {exc!r}", EXIT_DISK_FAILED)
             raise
         acks, self._pending_acks = self._pending_acks, []

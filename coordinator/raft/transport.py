@@ -40,9 +40,8 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.tcp_server import TcpServer
 from pysyncobj.transport import TCPTransport
 
-from coordinator.raft import addresses
+from coordinator.raft import addresses, peer_binding
 from coordinator.raft import limits as raft_limits
-from coordinator.raft import peer_binding
 from coordinator.raft import wire as raft_wire
 from coordinator.raft.peer_binding import Party, Refusal, Transcript
 from coordinator.raft.peer_log import PeerLog

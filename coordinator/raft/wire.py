@@ -14,7 +14,6 @@ from __future__ import annotations
 import hmac
 import pickle
 import struct
-
 from typing import Callable
 
 import msgpack
@@ -355,7 +354,7 @@ def decode_frame(data: bytes, key: bytes | None = None):
             raise PeerMessageRefused(f"{name}: {len(fields)} fields, the schema has {len(spec)}")
         spec = spec + trailing
     message = {"type": name}
-    for value, (field, check, optional) in zip(fields, spec):
+    for value, (field, check, optional) in zip(fields, spec, strict=True):
         if not check(value):
             raise PeerMessageRefused(f"{name}: field {field} fails its type or range ({type(value).__name__})")
         if not (optional and value is None):

@@ -29,22 +29,19 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from coordinator.core import commands
-from coordinator.core import limits
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from coordinator.server import api_conns
+from coordinator.core import commands, limits
+from coordinator.core.state_machine import FencingStateMachine
+from coordinator.raft.node import RaftConfig, RaftNode
+from coordinator.server import api_conns, listen_check
 from coordinator.server.auth import Authenticator
 from coordinator.server.certs import ApiCertificates, TlsMaterial
 from coordinator.server.config import ConfigError, ServerConfig
 from coordinator.server.errors import ServiceError
 from coordinator.server.lease_ticker import LeaseTicker
-from coordinator.server import listen_check
 from coordinator.server.log_limits import RefusedLines
 from coordinator.server.metrics import Metrics
-from coordinator.server.stream_admission import StreamAdmission
-from coordinator.server.streams import SlotGate, StreamGate, waiter_gate
-from coordinator.raft.node import RaftConfig, RaftNode
 from coordinator.server.service import (
     AdminServicer,
     ClusterServicer,
@@ -54,7 +51,8 @@ from coordinator.server.service import (
     Proposer,
     error_trailers,
 )
-from coordinator.core.state_machine import FencingStateMachine
+from coordinator.server.stream_admission import StreamAdmission
+from coordinator.server.streams import SlotGate, StreamGate, waiter_gate
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +227,7 @@ class HealthUpdater(threading.Thread):
     def check_once(self) -> None:
         try:
             serving = self.is_serving()
-        except Exception:  # noqa: BLE001 - a probe must never kill the updater
+        except Exception:  # a probe must never kill the updater
             log.exception("health check failed")
             serving = False
         if serving == self.serving:

@@ -28,12 +28,11 @@ import ipaddress
 import os
 from typing import Any
 
+from coordinator.client.proof import ProofError, ProofSigner
 from coordinator.core import limits as core_limits
 from coordinator.raft import limits as raft_limits
-from coordinator.server import certs, cpu_pin, log_limits
-from coordinator.server import tomlfile
+from coordinator.server import certs, cpu_pin, log_limits, tomlfile
 from coordinator.server.auth import PrincipalsError, load_principals
-from coordinator.client.proof import ProofError, ProofSigner
 
 
 class ConfigError(ValueError):

@@ -35,9 +35,9 @@ import time
 # sets GRPC_VERBOSITY. The core reads it once, when grpc is first imported: before the imports below.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from coordinator.server import config as config_mod  # noqa: E402 - after GRPC_VERBOSITY
-from coordinator.client.version import distribution_version  # noqa: E402
-from coordinator.server import api_conns, cpu_pin, log_limits, server_extra  # noqa: E402
+from coordinator.client.version import distribution_version
+from coordinator.server import api_conns, cpu_pin, log_limits, server_extra
+from coordinator.server import config as config_mod
 
 log = logging.getLogger("fencingd")
 
@@ -152,8 +152,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     placement = cpu_pin.Placement(cfg.cpu_affinity, cfg.member_index, log=log.info)
     placement.start()  # before any thread starts: threads inherit where they were started
     _name_os_threads()
-    from coordinator.server.app import FencingServer, StartupError  # imports grpc and the Raft layer: after config checks
     from coordinator.raft.replica import freeze_after_slow_full_passes
+    from coordinator.server.app import (  # imports grpc and the Raft layer: after config checks
+        FencingServer,
+        StartupError,
+    )
 
     freeze_after_slow_full_passes()  # the GC's full passes stay short as the state grows (replica.py)
 
