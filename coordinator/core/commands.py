@@ -72,7 +72,7 @@ class MalformedCommand(ValueError):
 # The decoder never builds anything bigger than a whole command could hold. A RESTORE
 # (admin, DESIGN I11) carries a backup and may reach RESTORE_COMMAND_BYTES_MAX; every
 # other command stays within COMMAND_BYTES_MAX.
-_UNPACK_LIMITS: dict[str, int] = {
+_UNPACK_LIMITS: dict[str, Any] = {
     "max_str_len": limits.RESTORE_COMMAND_BYTES_MAX,
     "max_bin_len": limits.RESTORE_COMMAND_BYTES_MAX,
     "max_array_len": limits.COMMAND_ITEMS_MAX,

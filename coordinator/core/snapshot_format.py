@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import msgpack
@@ -99,11 +99,11 @@ def _need(condition: bool, message: str, *args: object) -> None:
 
 def _need_int(value: object, low: int, high: int, what: str, *args: object) -> int:
     """``value``, if an int in [low, high]; ``what % args`` names it."""
-    if not (is_int(value) and low <= value <= high):
-        name = what % args if args else what
-        _need(is_int(value), "%s must be an integer", name)
-        _need(False, "%s %s is outside [%s, %s]", name, value, low, high)
-    return value
+    if is_int(value) and low <= value <= high:
+        return value
+    name = what % args if args else what
+    _need(is_int(value), "%s must be an integer", name)
+    raise ValueError("bad snapshot: " + "%s %s is outside [%s, %s]" % (name, value, low, high))
 
 
 def _need_field(check: Callable[[object], Any], value: object, what: str, *args: object) -> Any:
@@ -139,7 +139,7 @@ class SnapshotReader:
 
     def __init__(self, size: int, *, keep_dedup: bool = True) -> None:
         # As unpackb(data) bounds strings, arrays and maps by len(data): the declared size.
-        self._unpacker = msgpack.Unpacker(
+        self._unpacker: msgpack.Unpacker | None = msgpack.Unpacker(
             raw=False, strict_map_key=True, use_list=True, max_buffer_size=max(1, size)
         )
         self._fed = 0
@@ -154,15 +154,17 @@ class SnapshotReader:
         if self.error is not None:
             return  # refused already: nothing more is buffered
         self._fed += len(data)
+        unpacker = self._unpacker
+        assert unpacker is not None  # dropped only by _fail, which sets the error tested above
         try:
-            self._unpacker.feed(data)
+            unpacker.feed(data)
         except Exception as exc:  # noqa: BLE001 - past the bound given at construction
             self._fail(ValueError(f"snapshot is not valid msgpack: {type(exc).__name__}: {exc}"))
             return
         while self._wanted is not None:
             kind, need = self._wanted
             try:
-                value = self._unpacker.read_array_header() if kind is _HEAD else self._unpacker.unpack()
+                value = unpacker.read_array_header() if kind is _HEAD else unpacker.unpack()
             except msgpack.OutOfData:
                 return
             # Any parser failure means the bytes are not one of our snapshots.
@@ -198,6 +200,7 @@ class SnapshotReader:
             raise self.error
         if self._parts is None:
             raise ValueError("snapshot is not valid msgpack: the document is incomplete")
+        assert self._unpacker is not None  # dropped only by _fail, which sets the error tested above
         if self._unpacker.tell() != self._fed:
             raise ValueError("snapshot is not valid msgpack: extra data after the document")
         if counts is not None:
@@ -215,7 +218,7 @@ class SnapshotReader:
         return self._parts
 
 
-def _read_steps(tallies: dict[str, Any], keep_dedup: bool):
+def _read_steps(tallies: dict[str, Any], keep_dedup: bool) -> Generator[tuple[str, str], Any, Parts]:
     """The document, item by item: yields what it needs next, is sent it, returns the Parts.
     ``tallies`` gets the counts ``SnapshotReader.finish`` holds to the configured limits."""
     length = yield _HEAD, "top level must be a 6- or 7-item array"
@@ -236,7 +239,8 @@ def _read_steps(tallies: dict[str, Any], keep_dedup: bool):
     tallies["resources"] = count
     # The resources whose key count beats every earlier one's: the first of them over a limit
     # is the first resource over it, whatever the limit (finish checks them in order).
-    tallies["keys_records"] = keys_records = []
+    keys_records: list[tuple[str, int]] = []
+    tallies["keys_records"] = keys_records
     resources = ResourceTable()
     previous_name: str | None = None
     keys_total = stored_bytes_total = 0
@@ -269,8 +273,8 @@ def _read_steps(tallies: dict[str, Any], keep_dedup: bool):
     return Parts(epoch, log_clock_ms, resources, dedup, staged)
 
 
-def _read_resource(item: object, previous_name: str | None, epoch: int, log_clock_ms: int, version: int = 3,
-                   labels: dict[str, str] | None = None):
+def _read_resource(item: Any, previous_name: str | None, epoch: int, log_clock_ms: int, version: int = 3,
+                   labels: dict[str, str] | None = None) -> tuple[ResourceState, str]:
     """(the resource, its name) of one resources item, every field checked. ``labels`` holds
     the holders and keys checked by earlier items of the same snapshot (a million resources
     mostly repeat a few), so each distinct one is checked and interned once."""
@@ -345,11 +349,11 @@ def _read_resource(item: object, previous_name: str | None, epoch: int, log_cloc
     return res, name
 
 
-def _read_waiters(raw: object, name: str, log_clock_ms: int) -> dict[bytes, Waiter]:
+def _read_waiters(raw: Any, name: str, log_clock_ms: int) -> dict[bytes, Waiter]:
     """A resource's queue, in FIFO order: non-empty (an empty one is written as no item), at
     most LOCK_WAITERS_PER_RESOURCE_MAX, ids unique, each slot ending no later than a renewal
     at the log clock would set it."""
-    _need(isinstance(raw, list) and raw, "waiters of %r must be a non-empty array", name)
+    _need(isinstance(raw, list) and len(raw) > 0, "waiters of %r must be a non-empty array", name)
     _need_count(len(raw), limits.LOCK_WAITERS_PER_RESOURCE_MAX, "waiters of %r", name)
     waiters: dict[bytes, Waiter] = {}
     for entry in raw:
@@ -373,9 +377,9 @@ def _read_waiters(raw: object, name: str, log_clock_ms: int) -> dict[bytes, Wait
 
 
 def _read_dedup(
-    item: object, seen_op_ids: set[bytes], checked_names: set[str], previous_at: int, log_clock_ms: int,
+    item: Any, seen_op_ids: set[bytes], checked_names: set[str], previous_at: int, log_clock_ms: int,
     keep: bool, principals: dict[str, str],
-) -> tuple:
+) -> tuple[Any, ...]:
     """DedupEntry's arguments for one dedup item, every field checked (``seen_op_ids`` and
     ``checked_names`` are updated). With ``keep`` False the stored outcome is not rebuilt.
     ``principals`` holds the principal names checked by earlier entries (a table of 100,000
@@ -412,7 +416,7 @@ def _read_dedup(
     return op_id, outcome.op, resource, wire, applied_at_ms, first_index, known
 
 
-def _read_staged(raw: object, log_clock_ms: int) -> StagedRestore | None:
+def _read_staged(raw: Any, log_clock_ms: int) -> StagedRestore | None:
     """A staged restore as RESTORE_BEGIN and RESTORE_CHUNK leave it (nil: none)."""
     if raw is None:
         return None

@@ -16,10 +16,17 @@ the same stop print a second line (``fatal.once``, and ``default_fatal``'s lock 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from coordinator.raft.fatal import exit_code_for
 
+if TYPE_CHECKING:  # for mypy only: the class it is mixed into is a pysyncobj SyncObj (untyped: Any)
+    from pysyncobj import SyncObj as _Host
+else:
+    _Host = object
 
-class DurableTerm:
+
+class DurableTerm(_Host):
     """Mixin for ``HardenedSyncObj``: needs ``self._on_fatal`` and ``self._guard_ticks``."""
 
     def _SyncObj__setCurrentTerm(self, term, votedForNodeId):

@@ -15,10 +15,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from coordinator.raft import membership
 from coordinator.raft.interface import MemberChangeResult, MemberRefusal, ProposeFailure
+
+if TYPE_CHECKING:  # for mypy only: the class it is mixed into is a pysyncobj SyncObj (untyped: Any)
+    from pysyncobj import SyncObj as _Host
+else:
+    _Host = object
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +32,7 @@ log = logging.getLogger(__name__)
 Done = Callable[[object], None]
 
 
-class MemberChanges:
+class MemberChanges(_Host):
     """Mixed into HardenedSyncObj after MemberGate; ``_init_changes`` runs before SyncObj.__init__."""
 
     def _init_changes(self, initial_peers) -> None:

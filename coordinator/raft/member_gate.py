@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import pysyncobj.syncobj as _ps
 
@@ -23,6 +24,11 @@ from coordinator.raft import limits as raft_limits
 from coordinator.raft.fatal import EXIT_APPLY_FAILED, exit_code_for
 from coordinator.raft.membership import ConfigLog, Configuration, Member
 from coordinator.raft.transport import peer_warnings
+
+if TYPE_CHECKING:  # for mypy only: the class it is mixed into is a pysyncobj SyncObj (untyped: Any)
+    from pysyncobj import SyncObj as _Host
+else:
+    _Host = object
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +52,7 @@ def stamping_transport(transport_class, gate: MemberGate):
     return Stamped
 
 
-class MemberGate:
+class MemberGate(_Host):
     """Mixed into HardenedSyncObj; ``_init_gate`` runs before SyncObj.__init__."""
 
     def _init_gate(self, identity, data_dir: str, bootstrap: bool, member_ids: dict[str, str]) -> None:

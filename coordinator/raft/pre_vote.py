@@ -20,16 +20,23 @@ only once a majority said yes.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pysyncobj.syncobj as _ps
 
 from coordinator.raft.transport import peer_warnings
+
+if TYPE_CHECKING:  # for mypy only: the class it is mixed into is a pysyncobj SyncObj (untyped: Any)
+    from pysyncobj import SyncObj as _Host
+else:
+    _Host = object
 
 PRE_VOTE = "pre_vote"
 PRE_VOTE_RESPONSE = "pre_vote_response"
 PRE_VOTE_TYPES = frozenset({PRE_VOTE, PRE_VOTE_RESPONSE})
 
 
-class PreVote:
+class PreVote(_Host):
     """Mixed into HardenedSyncObj (after MemberGate, whose checks it reuses); ``_init_pre_vote``
     runs before SyncObj.__init__."""
 

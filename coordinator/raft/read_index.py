@@ -15,9 +15,15 @@ from __future__ import annotations
 
 import enum
 import threading
+from typing import TYPE_CHECKING
 
 from coordinator.raft import limits as raft_limits
 from coordinator.raft.read_rounds import ReadRounds
+
+if TYPE_CHECKING:  # for mypy only: the class it is mixed into is a pysyncobj SyncObj (untyped: Any)
+    from pysyncobj import SyncObj as _Host
+else:
+    _Host = object
 
 
 class ReadIndexOutcome(enum.Enum):
@@ -43,7 +49,7 @@ class PendingRead:
             self.done.set()
 
 
-class ReadIndex:
+class ReadIndex(_Host):
     """Mixed into HardenedSyncObj; ``_init_read_index`` runs before SyncObj.__init__."""
 
     def _init_read_index(self) -> None:
