@@ -21,7 +21,7 @@ import asyncio
 import inspect
 import logging
 import time
-from typing import Any, Callable, Generator
+from typing import Any, Awaitable, Callable, Generator, TypeVar, cast
 
 import grpc
 import grpc.aio
@@ -244,6 +244,16 @@ class AsyncFencingClient(_ClientBase):
         )
 
 
+_T = TypeVar("_T")
+
+
+def _awaited(result: _T) -> Awaitable[_T]:
+    """What a method of this client gives, to the type checker: the methods are _ClientBase's,
+    annotated with the result they produce, and ``_execute`` here makes each return an
+    awaitable of it."""
+    return cast("Awaitable[_T]", result)
+
+
 class _LeaseStarter:
     """Awaitable and async context manager around one acquisition (the aiohttp pattern)."""
 
@@ -258,7 +268,7 @@ class _LeaseStarter:
         on_lost = options.pop("on_lost")
         auto_renew = options.pop("auto_renew")
         sent_at = time.monotonic()
-        acquired = await self._client.acquire(self._resource, **options)
+        acquired = await _awaited(self._client.acquire(self._resource, **options))
         lease = AsyncLease(
             self._client, acquired, ttl_ms=options["ttl_ms"], on_lost=on_lost, sent_at=sent_at
         )
@@ -299,7 +309,7 @@ class AsyncLease(LeaseBase):
         )
         self.lost = asyncio.Event()
         self._on_lost = on_lost
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def _is_lost(self) -> bool:
         return self.lost.is_set()
@@ -307,7 +317,7 @@ class AsyncLease(LeaseBase):
     async def keep_alive(self, *, timeout_s: float | None = None) -> KeepAliveResult:
         """Renew once now (the background task does this by itself)."""
         sent_at = time.monotonic()
-        result = await self._client.keep_alive(self.resource, self.token, timeout_s=timeout_s)
+        result: KeepAliveResult = await self._client.keep_alive(self.resource, self.token, timeout_s=timeout_s)
         self._renewed(result, sent_at)
         return result
 
@@ -364,7 +374,8 @@ class AsyncLease(LeaseBase):
         if self._released:
             return None
         self._released = True
-        return await self._client.release(self.resource, self.token, timeout_s=timeout_s)
+        released: ReleaseResult = await self._client.release(self.resource, self.token, timeout_s=timeout_s)
+        return released
 
     async def close(self) -> None:
         """Stop renewing and release, best effort: failures are logged, never raised."""

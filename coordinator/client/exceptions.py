@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, cast
 
 import grpc
 
@@ -632,7 +632,10 @@ def from_rpc_error(
     reason, metadata = _parse_error_info(err)
     trailers: dict[str, str] = {}
     if callable(getattr(err, "trailing_metadata", None)):
-        for key, value in err.trailing_metadata() or ():
+        # (key, value) pairs, from a sync call (its _Metadatum tuples) and an asyncio one
+        # (grpc.aio.Metadata) alike; the stubs know only the sync kind, and not as tuples.
+        pairs = cast("Iterable[tuple[str, str | bytes]]", err.trailing_metadata() or ())
+        for key, value in pairs:
             if isinstance(value, str):
                 trailers[key] = value
     return error_for_reason(

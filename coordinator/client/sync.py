@@ -121,7 +121,7 @@ log = logging.getLogger("coordinator.client")
 
 
 def open_channel(
-    target: str, credentials: grpc.ChannelCredentials | None = None, *, options: Sequence = ()
+    target: str, credentials: grpc.ChannelCredentials | None = None, *, options: Sequence[tuple[str, Any]] = ()
 ) -> grpc.Channel:
     """A sync channel to ``target``: TLS with ``credentials``, plaintext without."""
     if credentials is None:
@@ -259,6 +259,8 @@ class FencingClient(_ClientBase):
         of a multiplexing client: the same attempts, deadlines, endpoint choice and retry
         rules; each attempt rides in a batch of its kind, and its own item's answer (or the
         batch RPC's failure) is judged as the plain call's would be."""
+        batcher = self._batcher
+        assert call.batch is not None and batcher is not None  # _execute sends only these here
         kind = BATCH_KINDS[call.batch]
         attempts = Attempts(self, call)
         while True:
@@ -268,7 +270,7 @@ class FencingClient(_ClientBase):
             attempt_s = attempts.begin()
             if attempt_s is None:
                 raise attempts.exhausted()
-            outcome = self._batcher.send(kind, endpoint, call.request, attempt_s)
+            outcome = batcher.send(kind, endpoint, call.request, attempt_s)
             if outcome.response is not None:
                 return call.convert(outcome.response)
             if outcome.closed:
@@ -291,6 +293,7 @@ class FencingClient(_ClientBase):
                 code=grpc.StatusCode.DEADLINE_EXCEEDED, endpoint=endpoint, request=call.context,
             )
         error = outcome.item_error
+        assert error is not None  # neither a response, nor closed, nor a failed RPC: an item error
         code = getattr(grpc.StatusCode, error.code, None) if error.code else None
         return error_for_reason(
             error.reason, error.message, code=code if isinstance(code, grpc.StatusCode) else None,
@@ -310,7 +313,7 @@ class FencingClient(_ClientBase):
     def _discover(self, budget_s: float) -> str | None:
         """Ask every endpoint for Cluster.Status at once; the first leader address that is
         one of our endpoints wins. None if nobody named one within ``budget_s``."""
-        answers: queue.Queue = queue.Queue()
+        answers: queue.Queue[grpc.Future[pb.StatusResponse]] = queue.Queue()
         futures = []
         for stubs in self._stubs.values():
             try:
@@ -470,7 +473,7 @@ class Lease(LeaseBase):
     def keep_alive(self, *, timeout_s: float | None = None) -> KeepAliveResult:
         """Renew once now (the background thread does this by itself)."""
         sent_at = time.monotonic()
-        result = self._client.keep_alive(self.resource, self.token, timeout_s=timeout_s)
+        result: KeepAliveResult = self._client.keep_alive(self.resource, self.token, timeout_s=timeout_s)
         with self._state_lock:
             self._renewed(result, sent_at)
         return result
@@ -536,7 +539,8 @@ class Lease(LeaseBase):
             if self._released:
                 return None
             self._released = True
-        return self._client.release(self.resource, self.token, timeout_s=timeout_s)
+        released: ReleaseResult = self._client.release(self.resource, self.token, timeout_s=timeout_s)
+        return released
 
     def close(self) -> None:
         """Stop renewing and release, best effort: failures are logged, never raised."""
