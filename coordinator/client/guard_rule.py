@@ -67,7 +67,7 @@ def token_of(verifier: ProofVerifier | None, resource: str, proof: object) -> in
             raise TypeError(
                 f"this guard checks signed proofs: pass the proof as bytes or text, not {type(proof).__name__}"
             )
-        return verifier.verify(proof, resource=resource).token
+        return verifier.verify(bytes(proof) if isinstance(proof, bytearray) else proof, resource=resource).token
     if not validation.is_int(proof):
         raise TypeError(f"a guard without a verifier takes the token as an int, not {type(proof).__name__}")
     if not 0 < proof <= TOKEN_MAX:
