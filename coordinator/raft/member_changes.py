@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from coordinator.raft import membership
 from coordinator.raft.interface import MemberChangeResult, MemberRefusal, ProposeFailure
@@ -35,11 +35,13 @@ Done = Callable[[object], None]
 class MemberChanges(_Host):
     """Mixed into HardenedSyncObj after MemberGate; ``_init_changes`` runs before SyncObj.__init__."""
 
+    _packing: bool  # set by HardenedSyncObj: entries are being packed into one append
+
     def _init_changes(self, initial_peers) -> None:
         self._change_lock = threading.Lock()
         self._change_requests: list[tuple[str, str, str | None, Done]] = []
         self._initial_peers = frozenset(initial_peers)  # the config file's: until the log has a configuration
-        self._followed_key = None  # what the node set was last computed from
+        self._followed_key: tuple[Any, ...] | None = None  # what the node set was last computed from
         self._removed_logged = False
         self.member_changes_appended = 0  # CONFIG entries this member appended as the leader
 
@@ -96,6 +98,7 @@ class MemberChanges(_Host):
         config = self.config()
         try:
             if kind == "add":
+                assert address is not None  # request_member_change takes an add only with its address
                 return None, membership.plan_add(config, member_id, address)
             new = membership.plan_remove(config, member_id)
         except membership.ChangeRefused as exc:

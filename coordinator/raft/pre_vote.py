@@ -40,6 +40,8 @@ class PreVote(_Host):
     """Mixed into HardenedSyncObj (after MemberGate, whose checks it reuses); ``_init_pre_vote``
     runs before SyncObj.__init__."""
 
+    _SyncObj__raftElectionDeadline: float  # pysyncobj's (untyped), pushed back here
+
     def _init_pre_vote(self, enabled: bool) -> None:
         self._pre_vote_on = enabled
         self._pre_vote_term: int | None = None  # the term the running round asks for

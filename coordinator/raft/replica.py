@@ -193,7 +193,7 @@ class Replica(SyncObjConsumer):
         return job
 
     def _read_in_pieces(self, pieces_of: Callable[[], Any], captured: Callable[[], None]) -> list[bytes]:
-        pieces = []
+        pieces: list[bytes] = []
         with self.lock:
             produce = iter(pieces_of())
         try:

@@ -47,6 +47,8 @@ def serializer_for(fileName, transmissionBatchSize, tryUseFork, serializer, dese
 class BackgroundSerializer(Serializer):
     """pysyncobj's Serializer with ``serialize`` run by a thread (see the module docstring)."""
 
+    _Serializer__pid: int  # pysyncobj's (untyped): the forked writer's pid, 0 when none runs
+
     def __init__(self, replica: Replica, fileName, transmissionBatchSize, serializer, deserializer):
         super().__init__(fileName, transmissionBatchSize, False, serializer, deserializer, None)
         self._replica = replica

@@ -85,6 +85,10 @@ assert raft_wire.NO_OP_ENTRY == _ps._bchr(_ps._COMMAND_TYPE.NO_OP)
 class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate, SyncObj):
     """pysyncobj with the durability and safety holes RAFT.md lists closed."""
 
+    # pysyncobj's own state that this class replaces (pysyncobj itself is untyped).
+    _SyncObj__commandsWaitingReply: dict[Any, Any]
+    _SyncObj__forceLogCompaction: bool
+
     def __init__(
         self,
         config: RaftConfig,
@@ -135,11 +139,11 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
         self.peer_keys = PeerKeys(config.secrets) if config.secrets else None
         self.refused_entries = 0  # committed entries no member of ours writes: skipped everywhere
         self.leader_commit_seen = None  # commit index announced to this process by a leader
-        self._leader_sync = None  # set once the transport's pipe notifier exists (below)
+        self._leader_sync: LeaderSync | None = None  # set once the transport's pipe notifier exists (below)
         self._true_match: dict = {}  # follower -> highest index it acked, this term
         self._true_match_term = -1
         self._match_capped = False  # some follower's matchIndex is shown below its ack
-        self._conflict_hint = None  # where to resume, for the append being handled
+        self._conflict_hint: int | None = None  # where to resume, for the append being handled
         self._compaction_bytes = config.log_compaction_min_bytes
         self._leader_lost_election_s = config.leader_lost_election_s
         self._init_gate(identity, config.data_dir, config.bootstrap, member_ids)
@@ -440,12 +444,13 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
                 SyncObj._SyncObj__sendAppendEntries(self)
                 if read_round:
                     self.read_round_sent()
-        leading = self._leader_sync is not None and self._isLeader()
+        leader_sync = self._leader_sync
+        leading = leader_sync is not None and self._isLeader()
         if self._pending_acks or not leading:
             self._sync_then_ack()
-        if leading:
+        if leader_sync is not None and leading:
             # Ask for our own sync and go on: _cap_commit_votes counts us only up to it.
-            self._leader_sync.request(self.raftCurrentTerm, self._SyncObj__getCurrentLogIndex())
+            leader_sync.request(self.raftCurrentTerm, self._SyncObj__getCurrentLogIndex())
 
     def _sync_then_ack(self) -> None:
         """One journal sync for everything appended so far, then the acks that wait on it."""

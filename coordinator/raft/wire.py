@@ -54,7 +54,7 @@ class FrameTooLarge(ValueError):
 FRAME_HEAD = struct.Struct("i")
 
 
-def scan_frames(buffer: bytes, start: int, max_bytes: int = raft_limits.RAFT_MESSAGE_BYTES_MAX) -> int:
+def scan_frames(buffer: bytes | bytearray, start: int, max_bytes: int = raft_limits.RAFT_MESSAGE_BYTES_MAX) -> int:
     """Check every frame head in ``buffer`` from offset ``start`` (a frame boundary).
 
     Returns the offset of the first frame not yet complete (where the next scan starts),

@@ -186,7 +186,7 @@ def api_credentials(certificates: ApiCertificates) -> grpc.ServerCredentials:
 
     return grpc.dynamic_ssl_server_credentials(
         _certificate_configuration(certificates.current),
-        fetch,
+        fetch,  # type: ignore[arg-type]  # None: keep the certificate (gRPC's docs); the stubs omit it
         require_client_authentication=certificates.requires_client_certificate,
     )
 

@@ -228,7 +228,8 @@ def _healthy(api_address: str, timeout_s: float = 1.0, credentials=None) -> bool
 
     with open_channel(api_address, credentials) as channel:
         try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
+            # The stubs declare HealthStub without its methods.
+            reply = health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
             )
         except grpc.RpcError:
