@@ -150,7 +150,8 @@ class AsyncFencingClient(_ClientBase):
                     leader = await next_done
                 except asyncio.TimeoutError:
                     break
-                except Exception:  # noqa: BLE001 - a channel closed under us: no answer
+                # A channel closed under the call fails in types grpc.aio does not document: no answer.
+                except Exception:  # noqa: BLE001 - see above
                     continue
                 if leader is not None:
                     break
@@ -201,7 +202,7 @@ class AsyncFencingClient(_ClientBase):
                 pause_s = wait.pause_s(step)
                 if pause_s > 0:
                     await asyncio.sleep(pause_s)
-        except BaseException as exc:
+        except BaseException as exc:  # any exit, cancellation too, leaves the queue; re-raised
             if wait.abandoned:
                 # close() took the waiter out of line. Closing the channels cancels the Lock
                 # call in flight, which grpc.aio raises as CancelledError: that is the close,
@@ -333,7 +334,7 @@ class AsyncLease(LeaseBase):
                 outcome = self._on_lost(self.lost_error)
                 if inspect.isawaitable(outcome):
                     await outcome
-            except Exception:  # a callback bug must not kill the task
+            except Exception:  # the caller's callback, failing in any way, must not kill the task
                 log.exception("on_lost callback for %s raised", self.resource)
 
     def _start_keepalive(self) -> None:

@@ -134,7 +134,7 @@ class Guard(abc.ABC):
                     "leave that to the guard, so the mutation and the hwm commit as one"
                 )
             self._commit()
-        except BaseException:
+        except BaseException:  # any exit of the body, interrupts too, rolls back; re-raised
             # The database may already have rolled back on some errors (SQLite on a full disk).
             if self._in_transaction():
                 self._rollback()

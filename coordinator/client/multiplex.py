@@ -164,7 +164,7 @@ class Batcher:
                             queue.remove(attempt)
                             attempt.finish(ItemOutcome(expired=True))
                     # Else it is in flight: the RPC's deadline, never later than its own, ends it.
-        except BaseException:
+        except BaseException:  # any exit, interrupts too, gives the turn back; re-raised
             self._leave(key, attempt)  # interrupted: never take the turn away with it
             raise
 

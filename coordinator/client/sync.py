@@ -336,7 +336,9 @@ class FencingClient(_ClientBase):
                     leader = self._leader_from_answer(response=future.result())
                 except grpc.RpcError as err:
                     leader = self._leader_from_answer(error=err)
-                except Exception:  # noqa: BLE001 - a cancelled future: no answer
+                # A cancelled future or a channel closed under it fails in types grpc does not document:
+                # no answer from that endpoint.
+                except Exception:  # noqa: BLE001 - see above
                     continue
                 if leader is not None:
                     break
@@ -387,7 +389,7 @@ class FencingClient(_ClientBase):
                 pause_s = wait.pause_s(step)
                 if pause_s > 0:
                     time.sleep(pause_s)
-        except BaseException as exc:
+        except BaseException as exc:  # any exit, interrupts too, leaves the queue; re-raised
             closed = self._closed
             cancel_s = wait.cancel_timeout_s()
             if not closed and cancel_s is not None:
@@ -489,7 +491,7 @@ class Lease(LeaseBase):
         if self._on_lost is not None:
             try:
                 self._on_lost(self.lost_error)
-            except Exception:  # a callback bug must not kill the thread
+            except Exception:  # the caller's callback, failing in any way, must not kill the thread
                 log.exception("on_lost callback for %s raised", self.resource)
 
     def _start_keepalive(self) -> None:

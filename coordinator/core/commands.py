@@ -161,7 +161,7 @@ def decode(data: bytes) -> Command:
         )
     # The input is untrusted bytes and msgpack documents that "other exceptions can be
     # raised during unpacking": every failure of the parser is a malformed command.
-    except Exception as exc:
+    except Exception as exc:  # any type (the comment above): a malformed command
         raise MalformedCommand(
             f"command is not valid msgpack: {type(exc).__name__}: {exc}"
         ) from exc

@@ -158,7 +158,9 @@ class SnapshotReader:
         assert unpacker is not None  # dropped only by _fail, which sets the error tested above
         try:
             unpacker.feed(data)
-        except Exception as exc:  # noqa: BLE001 - past the bound given at construction
+        # Past the bound given at construction, or any other failure msgpack may raise (it
+        # documents that "other exceptions can be raised"): not a snapshot.
+        except Exception as exc:  # noqa: BLE001 - see above
             self._fail(ValueError(f"snapshot is not valid msgpack: {type(exc).__name__}: {exc}"))
             return
         while self._wanted is not None:
@@ -168,7 +170,7 @@ class SnapshotReader:
             except msgpack.OutOfData:
                 return
             # Any parser failure means the bytes are not one of our snapshots.
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - msgpack may raise any type
                 if kind is _HEAD:
                     self._fail(ValueError(f"bad snapshot: {need}"))
                 else:
@@ -184,7 +186,7 @@ class SnapshotReader:
             # Unreachable past the checks above; should an item still make one fail, it is a
             # refusal like any other: a staged chunk must never make apply, or a member loading
             # a snapshot taken mid-restore (which reads the chunks again), raise.
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - so any type
                 self._fail(ValueError(f"bad snapshot: reading it failed ({type(exc).__name__}: {exc})"))
                 return
 

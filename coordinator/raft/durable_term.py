@@ -33,7 +33,7 @@ class DurableTerm(_Host):
         journal = self._SyncObj__raftLog
         try:
             journal.setCurrentTerm(term, votedForNodeId)
-        except BaseException as exc:  # whatever it is, the term is not saved
+        except BaseException as exc:  # whatever it is, the term is not saved: fatal
             where = getattr(journal, "meta_path", "the journal's meta file")
             self._on_fatal(
                 f"cannot save term {term} (vote {votedForNodeId}) to {where}, stopping before acting in it: {_describe(exc)}",
@@ -55,7 +55,7 @@ class DurableTerm(_Host):
             # The node itself is gone (pysyncobj's tick thread holds a weak proxy to it):
             # its _autoTickThread ends quietly on this, as it should.
             raise
-        except BaseException as exc:  # pysyncobj would log it and tick on
+        except BaseException as exc:  # any type: pysyncobj would log it and tick on; fatal
             self._on_fatal(f"the Raft thread failed: {_describe(exc)}", exit_code_for(exc))
             raise
 

@@ -498,7 +498,7 @@ class DurableJournal(Journal):
             head = _HEADER.pack(_MAGIC, _FORMAT_VERSION, 0, committed)
             _write_all(fd, head + records, 0)
             self._fsync(fd)
-        except BaseException:
+        except BaseException:  # the descriptor goes on any failure, interrupts too; re-raised
             os.close(fd)
             raise
         shift = _HEADER.size - start
@@ -529,7 +529,7 @@ class DurableJournal(Journal):
                 end += self._end - prepared.source_end
                 self._fsync(prepared.fd)
             os.replace(self._path + PREPARED_SUFFIX, self._path)
-        except BaseException:
+        except BaseException:  # the descriptor goes on any failure, interrupts too; re-raised
             os.close(prepared.fd)
             raise
         fsync_directory(self._dir, self._fsync)
@@ -571,7 +571,7 @@ class DurableJournal(Journal):
                 end = _HEADER.size + len(records)
             _write_all(fd, b"".join(chunks), 0)
             self._fsync(fd)
-        except BaseException:
+        except BaseException:  # the descriptor goes on any failure, interrupts too; re-raised
             os.close(fd)
             raise
         os.replace(tmp, self._path)

@@ -107,7 +107,8 @@ def decode_entry(entry: bytes) -> Configuration:
         raise ValueError("not a CONFIG entry")
     try:
         plain = msgpack.unpackb(entry[2:], raw=False, max_map_len=0, max_ext_len=0)
-    except Exception as exc:  # noqa: BLE001 - any decoding failure: not a configuration
+    # msgpack documents that "other exceptions can be raised during unpacking": any type.
+    except Exception as exc:  # noqa: BLE001 - not a configuration
         raise ValueError(f"a CONFIG entry that is not msgpack: {exc}") from None
     return Configuration.from_plain(plain)
 

@@ -225,7 +225,7 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
             return
         try:
             self._on_leadership(now)
-        except Exception:  # an observer must never break the Raft thread
+        except Exception:  # the observer is the caller's code: any type, logged, never raised here
             log.exception("raft: the leadership observer failed")
 
     # -- shared entries -----------------------------------------------------------
@@ -457,7 +457,7 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
         try:
             if self._has("durable_journal"):
                 self._journal.sync()
-        except BaseException as exc:
+        except BaseException as exc:  # a sync failing in any way leaves durability unknown: fatal, re-raised
             self._on_fatal(f"journal sync failed: {exc!r}", EXIT_DISK_FAILED)
             raise
         acks, self._pending_acks = self._pending_acks, []

@@ -234,7 +234,9 @@ def parse_message_bounded(conn):
     except raft_wire.LegacyWireFrame:
         _refuse_frame(conn, _LEGACY_WIRE_LINE, legacy=True)
         return None
-    except Exception as exc:  # noqa: BLE001 - as pysyncobj: any bad frame drops the connection
+    # Hostile bytes fail the decoder (Fernet, msgpack, the schema) in many types; each one drops
+    # the connection, as in pysyncobj.
+    except Exception as exc:  # noqa: BLE001 - see above
         _refuse_frame(conn, f"raft: dropped a connection: refused frame ({exc})")
         return None
     del buffer[:end]

@@ -38,7 +38,8 @@ def decode_shared_entry(entry: bytes) -> list[bytes] | None:
             entry[1:], use_list=True, raw=False,
             max_array_len=raft_limits.RAFT_ENTRY_COMMANDS_MAX, max_bin_len=raft_limits.RAFT_ENTRY_BYTES_MAX,
         )
-    except Exception:  # noqa: BLE001 - any decoding failure: not a shared entry
+    # msgpack documents that "other exceptions can be raised during unpacking": any type.
+    except Exception:  # noqa: BLE001 - not a shared entry
         return None
     if not isinstance(commands, list) or not commands or not all(isinstance(c, bytes) for c in commands):
         return None
@@ -325,7 +326,8 @@ def decode_frame(data: bytes, key: bytes | None = None):
             data, use_list=False, raw=False, max_map_len=0, max_ext_len=0,
             max_str_len=raft_limits.RAFT_ADDRESS_CHARS_MAX, max_array_len=raft_limits.RAFT_APPEND_ENTRIES_MAX,
         )
-    except Exception as exc:  # noqa: BLE001 - every msgpack failure is a refusal
+    # msgpack documents that "other exceptions can be raised during unpacking": any type.
+    except Exception as exc:  # noqa: BLE001 - a refusal
         raise PeerMessageRefused(f"not one msgpack value within the wire's bounds: {exc}") from None
     if type(frame) is not tuple or len(frame) < 4:
         raise PeerMessageRefused("not a wire frame (an array of version, kind, key, fields)")

@@ -227,7 +227,7 @@ class HealthUpdater(threading.Thread):
     def check_once(self) -> None:
         try:
             serving = self.is_serving()
-        except Exception:  # a probe must never kill the updater
+        except Exception:  # a probe failing in any way means not serving; the updater lives on
             log.exception("health check failed")
             serving = False
         if serving == self.serving:
@@ -281,7 +281,7 @@ class FencingServer:
         self.node = node or RaftNode(raft_config(config), FencingStateMachine(), on_leadership=on_leadership)
         try:
             self._build(config)
-        except BaseException:
+        except BaseException:  # any failed start, interrupts too, closes the node; re-raised
             self.node.close()  # its threads and its Raft port go with the failed start
             raise
 

@@ -245,7 +245,7 @@ class _RpcInterceptor(grpc.ServerInterceptor):
                     received_c.inc()
                 try:
                     response = inner(request, context)
-                except BaseException:
+                except BaseException:  # every exit, aborts and interrupts too, counts as failed; re-raised
                     finish(context, started, True)
                     raise
                 finish(context, started, False)
@@ -266,7 +266,7 @@ class _RpcInterceptor(grpc.ServerInterceptor):
                 for response in inner(request, context):
                     sent_c.inc()
                     yield response
-            except BaseException:
+            except BaseException:  # every exit, aborts and interrupts too, counts as failed; re-raised
                 finish(context, started, True)
                 raise
             finish(context, started, False)

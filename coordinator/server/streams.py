@@ -161,7 +161,7 @@ class StreamGate(SlotGate):
                 for item in source:
                     if not offer(item):
                         return
-            except Exception as exc:  # noqa: BLE001 - handed to the worker, which raises it
+            except Exception as exc:  # noqa: BLE001 - whatever the source raises is the caller's: raised there
                 offer(_Raised(exc))
                 return
             offer(_END)
