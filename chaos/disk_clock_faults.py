@@ -106,8 +106,10 @@ class ClockStep(Fault):
             self.info["ok"] = True
         except (ClockNotStepped, OSError) as exc:
             self.info.update(ok=False, heal_error=str(exc))
-        self.info["summary"] = (f"{self.nodes[0]}: wall clock stepped {self.seconds:+d} s, read "
-                                f"{self.info.get('offset_seen_s')} s off after the step, {self.info.get('offset_after_heal_s')} s after heal")
+        self.info["summary"] = (
+            f"{self.nodes[0]}: wall clock stepped {self.seconds:+d} s, read "
+            f"{self.info.get('offset_seen_s')} s off after the step, {self.info.get('offset_after_heal_s')} s after heal"
+        )
 
 
 def read_meta_term(data_dir: str) -> tuple[int, object] | None:

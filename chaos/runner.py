@@ -313,7 +313,9 @@ class Run:
     def merge(self) -> str:
         path = os.path.join(self.out, "history.jsonl")
         with open(path, "w", encoding="utf-8") as out:
-            for src in [os.path.join(self.out, "nemesis.jsonl")] + sorted(glob.glob(os.path.join(self.out, "clients", "*.jsonl"))):
+            for src in [os.path.join(self.out, "nemesis.jsonl")] + sorted(
+                glob.glob(os.path.join(self.out, "clients", "*.jsonl"))
+            ):
                 with open(src, encoding="utf-8") as f:
                     for line in f:
                         if line.strip():

@@ -178,10 +178,14 @@ def test_a_call_past_a_limit_is_refused_whole_and_applies_nothing(cluster):
     assert not any(describe(node, item.resource).held for item in too_many)
 
     # At the limit it is served: every item applied.
-    at_limit = node.lease.AcquireMany(pb.AcquireManyRequest(acquires=acquires(limits.ACQUIRE_MANY_ITEMS_MAX)), timeout=T)
+    at_limit = node.lease.AcquireMany(
+        pb.AcquireManyRequest(acquires=acquires(limits.ACQUIRE_MANY_ITEMS_MAX)), timeout=T
+    )
     granted = [r.acquire for r in at_limit.results if r.WhichOneof("outcome") == "acquire"]
     assert len(granted) == limits.ACQUIRE_MANY_ITEMS_MAX, at_limit.results[:3]
-    releases = [pb.ReleaseRequest(resource=f"{prefix}/{i}", token=g.token, op_id=op_id()) for i, g in enumerate(granted)]
+    releases = [
+        pb.ReleaseRequest(resource=f"{prefix}/{i}", token=g.token, op_id=op_id()) for i, g in enumerate(granted)
+    ]
 
     over = releases + releases[:1]
     code, reason, metadata, err = failure(node.lease.ReleaseMany, pb.ReleaseManyRequest(releases=over), timeout=T)
@@ -205,7 +209,9 @@ class _Recording:
         real = getattr(self.real, method)
 
         def call(request, **kwargs):
-            items = next((len(getattr(request, f)) for f in ("acquires", "releases", "writes") if hasattr(request, f)), 1)
+            items = next(
+                (len(getattr(request, f)) for f in ("acquires", "releases", "writes") if hasattr(request, f)), 1
+            )
             self.before(method, items)
             return real(request, **kwargs)
 

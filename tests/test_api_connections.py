@@ -255,8 +255,11 @@ def test_a_client_whose_idle_connection_was_closed_reconnects_on_its_next_call(c
     with grpc.insecure_channel(node.api_address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
         states = []
         channel.subscribe(states.append)
-        status = channel.unary_unary("/fencing.v1.Cluster/Status", request_serializer=pb.StatusRequest.SerializeToString,
-                                     response_deserializer=pb.StatusResponse.FromString)
+        status = channel.unary_unary(
+            "/fencing.v1.Cluster/Status",
+            request_serializer=pb.StatusRequest.SerializeToString,
+            response_deserializer=pb.StatusResponse.FromString,
+        )
         status(pb.StatusRequest(), timeout=RPC_TIMEOUT_S)
         ready_at = states.index(grpc.ChannelConnectivity.READY)
 
@@ -381,4 +384,6 @@ def test_the_firewall_example_is_valid_nftables():
     assert check.returncode == 0, check.stderr
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    assert "tcp dport 7100" in text and f"ct count over {config_mod.ServerConfig().api_connections_per_peer_max}" in text
+    assert (
+        "tcp dport 7100" in text and f"ct count over {config_mod.ServerConfig().api_connections_per_peer_max}" in text
+    )

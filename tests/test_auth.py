@@ -219,7 +219,9 @@ def test_acquire_many_and_release_many_refuse_each_foreign_item_alone(cluster):
     assert released.results[1].error.reason == ErrorReason.PERMISSION_DENIED
     # Without a credential the whole call is refused, as an Acquire or Release would be.
     assert code_of(node.lease.AcquireMany, pb.AcquireManyRequest(acquires=items[:1])) is grpc.StatusCode.UNAUTHENTICATED
-    assert code_of(node.lease.ReleaseMany, pb.ReleaseManyRequest(releases=releases[:1])) is grpc.StatusCode.UNAUTHENTICATED
+    assert (
+        code_of(node.lease.ReleaseMany, pb.ReleaseManyRequest(releases=releases[:1])) is grpc.StatusCode.UNAUTHENTICATED
+    )
 
 
 def test_keep_alive_many_refuses_each_foreign_item_alone(cluster):

@@ -327,7 +327,9 @@ def _race(store, conn, guard, broken):
     _write(store, guard, 5)
     ctx = multiprocessing.get_context("spawn")
     checked, go, attempting, done, results = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event(), ctx.Queue()
-    old = ctx.Process(target=_old_holder, args=(store, PUBLIC_PEM, SIGNER.sign(RESOURCE, 5), checked, go, results, broken))
+    old = ctx.Process(
+        target=_old_holder, args=(store, PUBLIC_PEM, SIGNER.sign(RESOURCE, 5), checked, go, results, broken)
+    )
     new = ctx.Process(target=_new_holder, args=(store, PUBLIC_PEM, SIGNER.sign(RESOURCE, 6), attempting, done, results))
     admin = store.connect()
     paused = store.scripted and broken is None

@@ -228,7 +228,9 @@ def test_a_prepared_compaction_leaves_the_file_an_unprepared_one_leaves(tmp_path
     # What the Raft thread reads at compaction: only the records appended since the prepare.
     reads = []
     real_read = journal_module._read_exactly
-    monkeypatch.setattr(journal_module, "_read_exactly", lambda fd, size, off: reads.append(size) or real_read(fd, size, off))
+    monkeypatch.setattr(
+        journal_module, "_read_exactly", lambda fd, size, off: reads.append(size) or real_read(fd, size, off)
+    )
     prepared.deleteEntriesTo(30)
     delta = sum(reads)
     assert delta == sum(len(journal_module._encode_record(*prepared[i])) for i in range(20, 20 + appended_between))

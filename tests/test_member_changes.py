@@ -240,7 +240,9 @@ def test_a_member_removed_unawares_is_added_again_and_promoted(cluster):
             started = _metric(cluster, i, "fencing_raft_pre_votes_started_total")
 
             def tries() -> float:  # pre-vote rounds, or (with the fix off) elections it stood in
-                return _metric(cluster, i, "fencing_raft_pre_votes_started_total") - started + cluster.raft_term(i) - term
+                return (
+                    _metric(cluster, i, "fencing_raft_pre_votes_started_total") - started + cluster.raft_term(i) - term
+                )
 
             wait_until(lambda: tries() >= 3, 30.0, what="three tries to be elected by the member cut off")
             assert cluster.raft_term(i) <= max(term, cluster.raft_term(leader)), "its term ran ahead"

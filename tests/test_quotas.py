@@ -302,8 +302,11 @@ class QuotaMachine(RuleBasedStateMachine):
         token = tokens[-1 - pick % len(tokens)] if tokens else 1
         hwm = self.hwm(name)
         cmd = cmds.charged(
-            cmds.write(resource=name, key=key, value=b"x" * size, token=token, op_id=next(_op_ids), stamp_ms=self.clock),
-            principal="-", quota=QUOTA,
+            cmds.write(
+                resource=name, key=key, value=b"x" * size, token=token, op_id=next(_op_ids), stamp_ms=self.clock
+            ),
+            principal="-",
+            quota=QUOTA,
         )
         outcome = self.apply(cmd)
         if token != hwm:  # I3: only the current hwm writes; a forgotten resource has none

@@ -145,7 +145,10 @@ def test_member_restarted_under_a_new_address_rejoins_under_load(tmp_path, names
     token order. (Before: its peers kept dialling the address they had cached for 10 minutes,
     and it stayed NOT_SERVING with no Raft connection.)"""
     histories = [str(tmp_path / f"c{k}.jsonl") for k in range(2)]
-    with HostNames(dict(zip(names, NAME_IPS, strict=True))) as hosts, NamedCluster(str(tmp_path / "cluster"), names) as cluster:
+    with (
+        HostNames(dict(zip(names, NAME_IPS, strict=True))) as hosts,
+        NamedCluster(str(tmp_path / "cluster"), names) as cluster,
+    ):
         try:
             assert port_free(MOVED_IP, cluster.raft_port)
             cluster.start_all(timeout_s=30.0)

@@ -274,7 +274,9 @@ def test_admin_needs_the_token_and_every_call_is_audited(cluster):
                                  metadata=(("authorization", "Bearer wrong"),))
     assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, R.PERMISSION_DENIED)
     node.admin.ForceRelease(request, timeout=T, metadata=ADMIN)
-    lines = wait_until(lambda: (lambda got: got if len(got) >= before + 3 else None)(audit_lines()), 5, what="audit lines")
+    lines = wait_until(
+        lambda: (lambda got: got if len(got) >= before + 3 else None)(audit_lines()), 5, what="audit lines"
+    )
     assert len(lines) == before + 3
     assert [(entry["rpc"], entry["outcome"]) for entry in lines[before:]] == [
         ("ForceRelease", "UNAUTHENTICATED/UNAUTHENTICATED"),
@@ -723,7 +725,11 @@ def assert_auto_placement(cluster, leader_index: int) -> None:
             continue
         cpu = cpu_pin.choose_cpu("auto", node.index, cpu_pin.allowed_cpus())
         want = {frozenset({cpu})} if node.index == leader_index and cpu is not None else everything
-        wait_until(lambda node=node, want=want: cpu_pin.threads_cpus(node.proc.pid) == want, 10, what=f"node {node.index} on CPUs {want}")
+        wait_until(
+            lambda node=node, want=want: cpu_pin.threads_cpus(node.proc.pid) == want,
+            10,
+            what=f"node {node.index} on CPUs {want}",
+        )
 
 
 @pytest.fixture(scope="module")

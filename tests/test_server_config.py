@@ -145,7 +145,9 @@ def test_the_dropped_acquire_wait_poll_ms_is_refused_as_an_unknown_key(tmp_path)
     out = subprocess.run([sys.executable, "-m", "coordinator.server.fencingd", "serve", "--config", path],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
-    assert out.stderr.splitlines() == [f"fencingd: configuration error: config file {path}: unknown key(s) acquire_wait_poll_ms"]
+    assert out.stderr.splitlines() == [
+        f"fencingd: configuration error: config file {path}: unknown key(s) acquire_wait_poll_ms"
+    ]
 
 
 def test_every_refusal_reason_has_one_status():
@@ -186,8 +188,10 @@ def test_refusal_details_become_string_metadata():
 
 # -- peer credential (SECURITY.md, "Peer authentication") -------------------------------------
 
-PUBLIC_API = ('data_dir = "/tmp/x"\nraft_address = "10.0.0.2:7000"\n'
-              'members = ["10.0.0.1:7000=10.0.0.1:7100", "10.0.0.2:7000=10.0.0.2:7100", "10.0.0.3:7000=10.0.0.3:7100"]\n')
+PUBLIC_API = (
+    'data_dir = "/tmp/x"\nraft_address = "10.0.0.2:7000"\n'
+    'members = ["10.0.0.1:7000=10.0.0.1:7100", "10.0.0.2:7000=10.0.0.2:7100", "10.0.0.3:7000=10.0.0.3:7100"]\n'
+)
 # The peer side's tests: the API's own check (below) is satisfied explicitly.
 PUBLIC = PUBLIC_API + "insecure_api = true\n"
 

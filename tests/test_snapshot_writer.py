@@ -62,7 +62,9 @@ def populated(resources: int, *, seed: int = 7) -> FencingStateMachine:
         token = out.result["token"]
         for key in ("b", "a"):
             sm.execute(
-                cmds.write(resource=name, key=key, value=b"v" * (i % 5), token=token, op_id=next(_op_ids), stamp_ms=stamp)
+                cmds.write(
+                    resource=name, key=key, value=b"v" * (i % 5), token=token, op_id=next(_op_ids), stamp_ms=stamp
+                )
             )
         if i % 3 == 0:
             sm.execute(cmds.delete(resource=name, key="a", token=token, op_id=next(_op_ids), stamp_ms=stamp))

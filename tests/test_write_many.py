@@ -307,7 +307,9 @@ def test_close_fails_writes_still_waiting_to_be_sent(cluster):
     batcher.batches_in_flight_max = 1  # the writes after the first queue behind it
     real = batcher._stub_for
     # The first batch stays in flight until the test says.
-    batcher._stub_for = lambda endpoint, service: _Store(real(endpoint, service), lambda size: released.wait(timeout=30))
+    batcher._stub_for = lambda endpoint, service: _Store(
+        real(endpoint, service), lambda size: released.wait(timeout=30)
+    )
     outcomes: dict[int, object] = {}
 
     def writer(i: int) -> None:

@@ -208,7 +208,9 @@ class ProofVerifier:
         if msgpack.packb(fields, use_bin_type=True) != bytes(raw):
             raise InvalidProof("malformed", "token proof is not in canonical msgpack form")
         if key is None:
-            raise InvalidProof("unknown_key", f"token proof signed by key {key_id.hex()}, which this guard does not trust")
+            raise InvalidProof(
+                "unknown_key", f"token proof signed by key {key_id.hex()}, which this guard does not trust"
+            )
         try:
             key.verify(signature, _signed_part(key_id, proof_resource, token))
         except InvalidSignature:

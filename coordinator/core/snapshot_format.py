@@ -285,7 +285,9 @@ def _read_resource(item: Any, previous_name: str | None, epoch: int, log_clock_m
     # 5 items: no owner (written before quotas, or never acquired by a principal); 7: waiters
     # queued (format 3 on).
     lengths = (5, 6, 7) if version >= 3 else (5, 6)
-    _need(isinstance(item, list) and len(item) in lengths, "a resource must be %s items", " or ".join(map(str, lengths)))
+    _need(
+        isinstance(item, list) and len(item) in lengths, "a resource must be %s items", " or ".join(map(str, lengths))
+    )
     name, hwm, revision, raw_lease, raw_data, owner, raw_waiters = (*item, "", None)[:7] if len(item) == 5 else (
         (*item, None) if len(item) == 6 else item
     )
@@ -301,7 +303,10 @@ def _read_resource(item: Any, previous_name: str | None, epoch: int, log_clock_m
     lease = None
     if raw_lease is not None:
         lease_lengths = (4, 5) if version >= 3 else (4,)
-        _need(isinstance(raw_lease, list) and len(raw_lease) in lease_lengths, "lease must be 4 items (5: granted to a waiter)")
+        _need(
+            isinstance(raw_lease, list) and len(raw_lease) in lease_lengths,
+            "lease must be 4 items (5: granted to a waiter)",
+        )
         holder, token, ttl_ms, expires_at_ms, waiter_id = raw_lease if len(raw_lease) == 5 else (*raw_lease, b"")
         if len(raw_lease) == 5:
             waiter_id = _need_field(validation.check_waiter_id, waiter_id, "lease waiter_id of %r", name)

@@ -525,7 +525,11 @@ class DurableJournal(Journal):
         end = prepared.end
         try:
             if self._end > prepared.source_end:
-                _write_all(prepared.fd, _read_exactly(self._live_fd(), self._end - prepared.source_end, prepared.source_end), end)
+                _write_all(
+                    prepared.fd,
+                    _read_exactly(self._live_fd(), self._end - prepared.source_end, prepared.source_end),
+                    end,
+                )
                 end += self._end - prepared.source_end
                 self._fsync(prepared.fd)
             os.replace(self._path + PREPARED_SUFFIX, self._path)

@@ -132,8 +132,11 @@ class MemberChanges(_Host):
             self._packing = was_packing
         self.member_changes_appended += 1
         log.warning(
-            "raft: membership change (%s): appending configuration %s", what,
-            ", ".join(f"{m.member_id}={m.address}#{m.incarnation}{'' if m.voter else ' (learner)'}" for m in config.members),
+            "raft: membership change (%s): appending configuration %s",
+            what,
+            ", ".join(
+                f"{m.member_id}={m.address}#{m.incarnation}{'' if m.voter else ' (learner)'}" for m in config.members
+            ),
         )
 
     def _maybe_promote(self) -> None:
@@ -151,7 +154,9 @@ class MemberChanges(_Host):
             return
         new = membership.plan_promote(config, learner.member_id, incarnation)
         self._append_config(
-            new, None, f"promote {learner.member_id}: caught up to {acked} of {self.raftCommitIndex}, incarnation {incarnation}"
+            new,
+            None,
+            f"promote {learner.member_id}: caught up to {acked} of {self.raftCommitIndex}, incarnation {incarnation}",
         )
 
     # -- following the configuration (every tick) -----------------------------------

@@ -329,7 +329,9 @@ class MemberGate(_Host):
             "incarnation": self._identity.incarnation,
             # Read on another thread than the Raft thread's: no log scan here.
             "voter": (
-                config.counts(self._self_address(), self._identity.incarnation) if config is not None else self._bootstrap
+                config.counts(self._self_address(), self._identity.incarnation)
+                if config is not None
+                else self._bootstrap
             ),
             "members": members,
             "refused_votes": self.refused_votes,

@@ -93,7 +93,10 @@ def _check(config: Configuration) -> None:
             raise ValueError("voter: a bool")
         # 0: a learner whose incarnation is not bound yet (it is when it is promoted); a voter
         # always has one, or no vote or acknowledgement could ever count for it.
-        if type(m.incarnation) is not int or not (0 if not m.voter else 1) <= m.incarnation < raft_limits.RAFT_WIRE_INT_END:
+        if (
+            type(m.incarnation) is not int
+            or not (0 if not m.voter else 1) <= m.incarnation < raft_limits.RAFT_WIRE_INT_END
+        ):
             raise ValueError("incarnation: an integer in [1, 2^63) (0: a learner not bound yet)")
     if len({m.member_id for m in config.members}) != len(config.members):
         raise ValueError("two members with one id")

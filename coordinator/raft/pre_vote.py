@@ -146,7 +146,8 @@ class PreVote(_Host):
             return "this member hears a live leader"
         last_term = self._SyncObj__getCurrentLogTerm()
         if message["last_log_term"] < last_term or (
-                message["last_log_term"] == last_term and message["last_log_index"] < self._SyncObj__getCurrentLogIndex()):
+            message["last_log_term"] == last_term and message["last_log_index"] < self._SyncObj__getCurrentLogIndex()
+        ):
             return "its log is behind this member's"
         return None
 

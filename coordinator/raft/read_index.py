@@ -58,7 +58,8 @@ class ReadIndex(_Host):
         self._read_inbox: list[PendingRead] = []
         self._reads_open = 0  # requested and not finished (under _read_inbox_lock)
         self._read_applying: list[PendingRead] = []  # confirmed, waiting for this member to apply C
-        self._echo_now: tuple[int, int] | None = None  # (term, read_seq) of the append being handled, for its acknowledgement
+        # (term, read_seq) of the append being handled, for its acknowledgement
+        self._echo_now: tuple[int, int] | None = None
         self._echo_sending = None  # (term, read_seq) of the acknowledgement being sent
         self.read_index_rounds = 0  # confirmation rounds sent (status: reads per round)
 

@@ -662,7 +662,11 @@ class HardenedSyncObj(DurableTerm, ReadIndex, MemberChanges, PreVote, MemberGate
         # Only the append sender passes a size (syncobj.py:1272); there the count is capped
         # too, so an append of many tiny entries stays within raft_limits.RAFT_MESSAGE_BYTES_MAX.
         if maxSizeBytes is not None:
-            count = raft_limits.RAFT_APPEND_ENTRIES_MAX if count is None else min(count, raft_limits.RAFT_APPEND_ENTRIES_MAX)
+            count = (
+                raft_limits.RAFT_APPEND_ENTRIES_MAX
+                if count is None
+                else min(count, raft_limits.RAFT_APPEND_ENTRIES_MAX)
+            )
         return SyncObj._SyncObj__getEntries(self, fromIDx, count, maxSizeBytes)
 
     def _sanitize_append(self, message: dict) -> dict:

@@ -194,7 +194,9 @@ def from_member_change(result: MemberChangeResult, leader: str = "", leader_api:
                                     unknown_hint=RETRY_AFTER_MEMBER_LIST)
     if result.refusal is MemberRefusal.INVALID:
         return invalid("member", result.detail)
-    failure = Failure.UNKNOWN_MEMBER if result.refusal is MemberRefusal.UNKNOWN_MEMBER else Failure.MEMBER_CHANGE_REFUSED
+    failure = (
+        Failure.UNKNOWN_MEMBER if result.refusal is MemberRefusal.UNKNOWN_MEMBER else Failure.MEMBER_CHANGE_REFUSED
+    )
     return ServiceError(failure, f"nothing changed: {result.detail}", {"detail": result.refusal.value})
 
 
