@@ -243,7 +243,8 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
     stock = {r["proposers"]: r for r in rows if r["kind"] == "stock"}
     nofsync = {r["proposers"]: r for r in rows if r["config"].startswith("ours/no-fsync")}
     headers = ["config", "proposers", "ops", "ops/s", "p50 ms", "p99 ms", "max ms",
-               "x stock", "x no-fsync", "syncs/op L", "syncs/op F", "cpu ms/op L", "cpu ms/op F", "cores busy", "other load",
+               "x stock", "x no-fsync", "syncs/op L", "syncs/op F", "cpu ms/op L", "cpu ms/op F", "cores busy",
+               "other load",
                "ops/s of each round"]
     table = []
     for r in rows:
@@ -267,7 +268,8 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
     print(line, file=out)
     print("-" * len(line), file=out)
     for row in table:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))), file=out)
+        cells = enumerate(zip(row, widths, strict=True))
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in cells), file=out)
     for r in rows:
         notes = []
         if r["errors"]:

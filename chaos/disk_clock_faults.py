@@ -108,7 +108,8 @@ class ClockStep(Fault):
             self.info.update(ok=False, heal_error=str(exc))
         self.info["summary"] = (
             f"{self.nodes[0]}: wall clock stepped {self.seconds:+d} s, read "
-            f"{self.info.get('offset_seen_s')} s off after the step, {self.info.get('offset_after_heal_s')} s after heal"
+            f"{self.info.get('offset_seen_s')} s off after the step,"
+            f" {self.info.get('offset_after_heal_s')} s after heal"
         )
 
 

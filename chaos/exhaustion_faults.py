@@ -15,8 +15,9 @@ every other member are dropped for ``PROVOKE_ELECTION_S`` (nft, as ``faults.OneW
 followers hear no leader and, a majority of them, grant each other's pre-votes (one follower
 cut off alone would be refused by the other, which still hears the leader: RAFT.md
 "Pre-vote"); one stands for election, and its vote requests (which still arrive everywhere)
-ask the exhausted member to write a higher term, or the exhausted follower stands itself. That is the moment a full disk or an empty descriptor table meets Raft's
-durable state (a ``raft.meta`` that cannot be written).
+ask the exhausted member to write a higher term, or the exhausted follower stands itself. That
+is the moment a full disk or an empty descriptor table meets Raft's durable state (a
+``raft.meta`` that cannot be written).
 
 Every step has its own deadline (the constants below), so a fault ends in well under a minute
 whatever the member does: fill (bounded by the filesystem's size), connections

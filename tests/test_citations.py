@@ -200,7 +200,8 @@ def unresolved(root: pathlib.Path, files: list[pathlib.Path] | None = None) -> l
             target = tree.resolve(cited, path)
             if target is None:
                 problems.append(
-                    f'{where(match.start())}: cites {cited} "{match.group("name")}", but {cited} is not in the repository'
+                    f'{where(match.start())}: cites {cited} "{match.group("name")}",'
+                    f" but {cited} is not in the repository"
                 )
                 continue
             if _plain(match.group("name")) not in tree.headings(target).names:

@@ -244,7 +244,8 @@ class Workload:
                         self.outcomes[outcome] += 1
                     if outcome == "applied":
                         result = outcome_from_wire(reply["value"])
-                        ack = Ack(client, resource, int(result.result["token"]), op_id, sent_at, time.monotonic(), attempts)
+                        token = int(result.result["token"])
+                        ack = Ack(client, resource, token, op_id, sent_at, time.monotonic(), attempts)
                         with self._lock:
                             self.acks.append(ack)
                         break
@@ -403,7 +404,9 @@ def check_token_order(acks: list[Ack]) -> list[str]:
     return problems
 
 
-def check_no_acknowledged_loss(cluster: ProcessCluster, acks: list[Ack], timeout_s: float = 60.0) -> tuple[list[str], dict]:
+def check_no_acknowledged_loss(
+    cluster: ProcessCluster, acks: list[Ack], timeout_s: float = 60.0
+) -> tuple[list[str], dict]:
     """Read every acknowledged token back through the log; the epoch covers the greatest."""
     if not acks:
         return ["no command was acknowledged: the workload never ran"], {}
@@ -456,7 +459,9 @@ def check_no_acknowledged_loss(cluster: ProcessCluster, acks: list[Ack], timeout
         )
     if epoch < max_token:
         problems.append(f"cluster epoch {epoch} is below the greatest acknowledged token {max_token}")
-    return problems, {"acked": len(acks), "lost": len(lost), "wrong_hwm": len(wrong), "epoch": epoch, "max_token": max_token}
+    return problems, {
+        "acked": len(acks), "lost": len(lost), "wrong_hwm": len(wrong), "epoch": epoch, "max_token": max_token,
+    }
 
 
 def check_converged(cluster: ProcessCluster, timeout_s: float = 20.0) -> list[str]:
@@ -530,7 +535,9 @@ def verify(run: Run, name: str) -> None:
     workload.stop()
     problems = list(run.problems)
     if workload.refusals:
-        problems.append(f"{len(workload.refusals)} acquires of fresh resources were refused, e.g. {workload.refusals[0]}")
+        problems.append(
+            f"{len(workload.refusals)} acquires of fresh resources were refused, e.g. {workload.refusals[0]}"
+        )
     problems += check_token_order(workload.acks)
     stats = {}
     try:
@@ -549,7 +556,8 @@ def verify(run: Run, name: str) -> None:
     problems += check_counter_never_backwards(run.monitor.samples, len(cluster.nodes))
     ready = sum(s.ready for s in run.monitor.samples)
     summary = (
-        f"[{name}] fixes={FIXES} scenario {scenario_s:.1f}s + checks {time.monotonic() - run.started - scenario_s:.1f}s: "
+        f"[{name}] fixes={FIXES} scenario {scenario_s:.1f}s"
+        f" + checks {time.monotonic() - run.started - scenario_s:.1f}s: "
         f"{len(workload.acks)} acknowledged, outcomes {dict(workload.outcomes)}, "
         f"abandoned {workload.abandoned}, {stats}, monitor {len(run.monitor.samples)} samples "
         f"({ready} ready); " + "; ".join(run.notes)

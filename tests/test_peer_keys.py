@@ -95,7 +95,8 @@ def test_several_lines_are_several_secrets_in_order(tmp_path):
         (f"{NEW}\n{OLD}\n{NEW}\n", "secret 3 repeats an earlier line"),
         (
             "".join(f"{i:02d}-secret-0123456789abcdef0123456789\n" for i in range(raft_limits.RAFT_SECRETS_MAX + 1)),
-            f"holds {raft_limits.RAFT_SECRETS_MAX + 1} secrets; at most {raft_limits.RAFT_SECRETS_MAX} (RAFT_SECRETS_MAX)",
+            f"holds {raft_limits.RAFT_SECRETS_MAX + 1} secrets;"
+            f" at most {raft_limits.RAFT_SECRETS_MAX} (RAFT_SECRETS_MAX)",
         ),
     ],
     ids=["empty", "blank", "short", "duplicate", "too-many"],

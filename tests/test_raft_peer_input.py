@@ -1,11 +1,12 @@
 """What a stranger who reaches a Raft port can do: not run code, not join, not skip the secret.
 
-pysyncobj unpickles every frame and every log entry (coordinator/raft/RAFT.md "Network transport"); ``patches.install()``
-puts in the typed wire (raft_wire.decode_frame: no pickle at all), and the transport
-accepts only connections that name a member. The probe sends one frame exactly as a stock
-pysyncobj peer would (length, zlib, pickle) whose unpickling would create a marker file:
-harmless, and visible. Each test first shows that the same bytes do create the marker when
-unpickled the stock way.
+pysyncobj unpickles every frame and every log entry
+(coordinator/raft/RAFT.md "Network transport"); ``patches.install()`` puts in the typed wire
+(raft_wire.decode_frame: no pickle at all), and the transport accepts only connections that
+name a member. The probe sends one
+frame exactly as a stock pysyncobj peer would (length, zlib, pickle) whose unpickling would
+create a marker file: harmless, and visible. Each test first shows that the same bytes do
+create the marker when unpickled the stock way.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Owns: asyncio channels, the awaiting retry loop and discovery, and ``AsyncLease`` (its
 keep-alive is a task). Everything else (validation, requests, the retry policy, the
-bookkeeping of attempts, the results and exceptions) is shared with the sync client
-through ``_base`` (the constructor too: this class only opens asyncio channels). Must never: block the event loop (no time.sleep, no sync RPC).
+bookkeeping of attempts, the results and exceptions) is shared with the sync client through
+``_base`` (the constructor too: this class only opens asyncio channels). Must never: block the
+event loop (no time.sleep, no sync RPC).
 
     async with AsyncFencingClient(endpoints) as client:
         async with client.lease("orders/7", ttl_ms=5000) as lease:

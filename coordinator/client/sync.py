@@ -363,10 +363,10 @@ class FencingClient(_ClientBase):
         everyone waiting (a FIFO queue in the replicated state), and return it as a ``Lease``
         that renews itself like ``lease()``'s. Raises LockTimeout once ``timeout_s`` passes
         (None: no deadline), also when the cluster cannot be reached meanwhile: the call ends
-        within timeout_s plus one attempt timeout (``LockWait``), RuntimeError if the client is closed meanwhile; either way the
-        waiter leaves the queue. While it waits, one Lock call (one Raft entry) per
-        limits.LOCK_WAIT_MS_MAX keeps its place; the grant itself is the entry that ended the
-        previous lease.
+        within timeout_s plus one attempt timeout (``LockWait``), RuntimeError if the client
+        is closed meanwhile; either way the waiter leaves the queue. While it waits, one Lock
+        call (one Raft entry) per limits.LOCK_WAIT_MS_MAX keeps its place; the grant itself is
+        the entry that ended the previous lease.
         """
         wait = LockWait(self, resource, ttl_ms=ttl_ms, holder=holder, timeout_s=timeout_s)
         try:

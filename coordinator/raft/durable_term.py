@@ -36,7 +36,8 @@ class DurableTerm(_Host):
         except BaseException as exc:  # whatever it is, the term is not saved: fatal
             where = getattr(journal, "meta_path", "the journal's meta file")
             self._on_fatal(
-                f"cannot save term {term} (vote {votedForNodeId}) to {where}, stopping before acting in it: {_describe(exc)}",
+                f"cannot save term {term} (vote {votedForNodeId}) to {where},"
+                f" stopping before acting in it: {_describe(exc)}",
                 exit_code_for(exc),
             )
             raise

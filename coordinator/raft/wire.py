@@ -225,13 +225,15 @@ KIND_NAME = 2  # an outgoing connection names its member: the address, str
 # and incarnation (identity.py).
 _SENDER = (("cluster", _cluster_id, False), ("incarnation", _incarnation, False))
 _SCHEMAS: dict[int, tuple[str, tuple[tuple[str, Callable, bool], ...]]] = {
-    3: ("request_vote", (("term", _int, False), ("last_log_index", _int, False), ("last_log_term", _int, False), *_SENDER)),
+    3: ("request_vote", (("term", _int, False), ("last_log_index", _int, False), ("last_log_term", _int, False),
+                         *_SENDER)),
     4: ("response_vote", (("term", _int, False), *_SENDER)),
     5: ("append_entries", (("term", _int, False), ("commit_index", _int, False), ("prevLogIdx", _opt_int, False),
                            ("prevLogTerm", _opt_int, False), ("entries", _entries, False), *_SENDER)),
     6: ("append_entries", (("term", _int, False), ("commit_index", _int, False), ("serialized", _chunk, False),
                            *_SENDER)),
-    7: ("next_node_idx", (("next_node_idx", _int, False), ("reset", _bool, False), ("success", _bool, False), *_SENDER)),
+    7: ("next_node_idx", (("next_node_idx", _int, False), ("reset", _bool, False), ("success", _bool, False),
+                          *_SENDER)),
     8: ("apply_command", (("command", _is_entry, False), ("request_id", _opt_int, True))),
     9: ("apply_command_response", (("request_id", _int, False), ("log_idx", _int, False), ("log_term", _int, False))),
     10: ("apply_command_response", (("request_id", _int, False), ("error", _fail_code, False))),

@@ -1,12 +1,13 @@
 """One ``fencingd serve`` process: a Raft node plus a gRPC server in front of it.
 
-Owns: building the grpc.server (bounded thread pool, ``maximum_concurrent_rpcs``, message
-size limits), wiring and registering the fencing services (``add_services``, which the
-in-memory test cluster uses too), the standard health service and server
-reflection (off with ``reflection = false``), the admission of every streaming RPC under the
-stream caps (stream_admission.py), the health updater and lease ticker threads, the audit log, the metrics endpoint (when
-``metrics_address`` is set), the API's connection limits and descriptor budget (api_conns.py), the API's TLS credentials (their certificate replaced on SIGHUP,
-certs.py), the peer secrets' reload on SIGHUP, and graceful shutdown.
+Owns: building the grpc.server (bounded thread pool, ``maximum_concurrent_rpcs``, message size
+limits), wiring and registering the fencing services (``add_services``, which the in-memory
+test cluster uses too), the standard health service and server reflection (off with
+``reflection = false``), the admission of every streaming RPC under the stream caps
+(stream_admission.py), the health updater and lease ticker threads, the audit log, the metrics
+endpoint (when ``metrics_address`` is set), the API's connection limits and descriptor budget
+(api_conns.py), the API's TLS credentials (their certificate replaced on SIGHUP, certs.py),
+the peer secrets' reload on SIGHUP, and graceful shutdown.
 Must never: implement an RPC (service.py does) or touch the Raft library (coordinator.raft does).
 
 Health (grpc.health.v1), overall ("") and per service: SERVING only while this member is

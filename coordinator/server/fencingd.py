@@ -89,9 +89,8 @@ class JsonFormatter(logging.Formatter):
 def _setup_logging(level: str, log_format: str = "text",
                    refused_log_window_s: float = log_limits.REFUSED_LOG_WINDOW_S) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter() if log_format == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    )
+    text_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(text_format))
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
     # The gRPC library logs a line per request it cannot decode, from anyone who connects:
     # a few per kind and window, the rest counted (log_limits).
@@ -434,7 +433,8 @@ def _wait_dev_healthy(dev: _DevCluster, children: list[subprocess.Popen], stop: 
     while waiting and not stop.is_set():
         for i in sorted(waiting):
             if children[i].poll() is not None:
-                print(f"fencingd dev: member {i} exited with {children[i].returncode}; see {dev.logs[i]}", file=sys.stderr)
+                print(f"fencingd dev: member {i} exited with {children[i].returncode}; see {dev.logs[i]}",
+                      file=sys.stderr)
                 return "failed"
             if _healthy(dev.apis[i]):
                 waiting.discard(i)
@@ -450,8 +450,8 @@ def _print_dev_endpoints(dev: _DevCluster) -> None:
     apis, logs = dev.apis, dev.logs
     print("fencingd dev: cluster is up", flush=True)
     for i in range(DEV_MEMBERS):
-        print(f"  member {i}: api {apis[i]}  raft {dev.rafts[i]}  metrics http://{dev.metrics[i]}/metrics  log {logs[i]}",
-              flush=True)
+        print(f"  member {i}: api {apis[i]}  raft {dev.rafts[i]}  metrics http://{dev.metrics[i]}/metrics"
+              f"  log {logs[i]}", flush=True)
     print(f"  token proofs: Acquire signs them; guards verify with {dev.verify_key}", flush=True)
     print(f"  peer credential (raft_secret_file of all three): {dev.raft_secret}", flush=True)
     print(f"ENDPOINTS {','.join(apis)}", flush=True)
@@ -515,8 +515,10 @@ def build_parser() -> argparse.ArgumentParser:
     config_mod.add_arguments(check)
     check.set_defaults(func=cmd_check_config)
     dev = sub.add_parser("dev", help="run a local three-member cluster on loopback until Ctrl-C")
-    dev.add_argument("--data-dir", default="./fencing-dev-data", help="where the members keep their data (reused on restart)")
-    dev.add_argument("--base-port", type=int, default=7100, help="API ports N..N+2, Raft ports N+100..N+102, metrics N+200..N+202")
+    dev.add_argument("--data-dir", default="./fencing-dev-data",
+                     help="where the members keep their data (reused on restart)")
+    dev.add_argument("--base-port", type=int, default=7100,
+                     help="API ports N..N+2, Raft ports N+100..N+102, metrics N+200..N+202")
     dev.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
     dev.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     dev.add_argument("--start-timeout", type=float, default=DEV_START_TIMEOUT_S, help="seconds to wait for health")
