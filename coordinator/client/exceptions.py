@@ -553,6 +553,7 @@ def _parse_error_info(err: grpc.RpcError) -> tuple[str, dict[str, str]]:
     from grpc_status import rpc_status
 
     try:
+        # from_call wants a grpc.Call; an RpcError raised by a call is one (it has the trailers).
         status = rpc_status.from_call(err)  # type: ignore[arg-type]
     except (ValueError, AttributeError, TypeError):
         # ValueError: the rich status disagrees with the call's code/message; a server
