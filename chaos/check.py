@@ -44,7 +44,11 @@ Checks, each reporting its own violation kind (the constants below):
    read is the value of a write that was refused on every attempt (values are unique per write).
    Such a read is reported only here and left out of the linearizability search (it cannot be
    linearized; one report per cause). A final value of a refused write is likewise not also
-   reported as LOST_WRITE.
+   reported as LOST_WRITE. ``DURABILITY_UNCHECKED``: the history has final states, but none for
+   a resource that a write / delete may have changed (one not refused on every attempt): its
+   acknowledged writes would go unchecked, so the run fails. A resource only ever written with
+   refused ops (a malformed name, say) needs none. A history with no final state at all is
+   only warned about (a run that ended before its final reads).
 4. ``NOT_LINEARIZABLE`` (I9): per (resource, key), writes / deletes / reads as one register
    (``chaos.linearizability``; initial value: absent). Ok ops take effect between invoke and
    complete; unknown-outcome writes / deletes at any time after invoke (even after the client
@@ -128,6 +132,7 @@ REPLICAS_DIVERGED = "REPLICAS_DIVERGED"
 EPOCH_FLOOR_BROKEN = "EPOCH_FLOOR_BROKEN"
 HOSTILE_ACCEPTED = "HOSTILE_ACCEPTED"
 REFUSAL_CHANGED_STATE = "REFUSAL_CHANGED_STATE"
+DURABILITY_UNCHECKED = "DURABILITY_UNCHECKED"
 
 VIOLATION_KINDS = (
     TOKEN_DUPLICATE,
@@ -578,7 +583,10 @@ def _check_epoch_floors(logical: list[_Logical], refs: _Refs, warnings: list[str
 def _restore_writes(history: History, logical: list[_Logical]) -> list[_Logical]:
     """A restore (not refused) as one write per key: the backup's value, or a delete for a key
     the backup lacks — at the restore's applied index, with its outcome and times."""
-    keys = {(op.resource, op.key) for op in history.ops if op.key is not None and op.f not in EPOCH_FUNCTIONS}
+    # Keys only ever refused hold nothing before the restore or after it: left out, so a
+    # malformed name's refused writes do not become a resource the restore "changed".
+    keys = {(op.resource, op.key) for op in history.ops
+            if op.key is not None and op.f not in EPOCH_FUNCTIONS and op.outcome != "refused"}
     keys |= {(s.resource, k) for s in history.final_states for k in s.data}
     out: list[_Logical] = []
     for op in logical:
@@ -756,8 +764,21 @@ def _check_durability(
 
     keys = {k for k in mutations if k[0] in checked_resources}
     keys |= {(r, k) for r, s in finals.items() for k in s.data}
-    unchecked = {r for r, _ in mutations} - checked_resources
-    if unchecked:
+    # A resource whose every write / delete was refused cannot have changed: nothing to check.
+    changed = {r for (r, _), ops in mutations.items() if any(op.outcome != "refused" for op in ops)}
+    unchecked = changed - checked_resources
+    if unchecked and finals:
+        for resource in sorted(unchecked):
+            ops = [op for (r, _), group in mutations.items() if r == resource for op in group]
+            violations.append(
+                Violation(
+                    DURABILITY_UNCHECKED,
+                    f"no final_state for {resource}, which {len(ops)} write(s) / delete(s) may have "
+                    "changed: its durability is not checked",
+                    refs.many([op.rep for op in ops[:5]]),
+                )
+            )
+    elif unchecked:
         warnings.append(
             "no final_state for " + ", ".join(sorted(unchecked)) + ": durability not checked"
         )

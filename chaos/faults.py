@@ -78,6 +78,9 @@ class Fault:
     #: a hard bound on the whole step (inject, hold, heal, convergence), in seconds: past it
     #: the runner tears the run down and exits 3, naming the fault (None: only the run's budget)
     timeout_s: float | None = None
+    #: a fault on followers only: the leader must lead through it in the same term (pre-vote,
+    #: RAFT.md "Pre-vote"); the run records an error if the leader or the term moved
+    keeps_leader = False
 
     def __init__(self) -> None:
         self.nodes: list[str] = []
@@ -109,6 +112,7 @@ class Pause(Fault):
         self.role = role
         self.kind = f"pause_{role}"
         self.leader_fault = role == "leader"
+        self.keeps_leader = role == "follower"
         self.i = -1
 
     def inject(self, c):
@@ -128,6 +132,7 @@ class KillRestart(Fault):
         self.role = role
         self.kind = f"kill_{role}"
         self.leader_fault = role == "leader"
+        self.keeps_leader = role == "follower"
         self.i = -1
 
     def inject(self, c):
@@ -327,6 +332,7 @@ class Partition(Fault):
         self.role = role
         self.kind = {"leader": "isolate_leader", "follower": "partition_follower", "bridge": "partition_bridge"}[role]
         self.leader_fault = role == "leader"
+        self.keeps_leader = role in ("follower", "bridge")
 
     def inject(self, c):
         leader = c.wait_leader()

@@ -51,6 +51,8 @@ def summarize(history: History, report, steps: list[dict], errors: list[str], fi
         "failover_s": _stats([s.get("failover_s") for s in steps if "failover_s" in s]),
         "failover_missed": [s["kind"] for s in steps if "failover_s" in s and s["failover_s"] is None],
         "convergence_s": _stats([s.get("convergence_s") for s in steps]),
+        # Terms a new leader took during each fault (0: the leader led through it in its term).
+        "leader_changes_by_fault": {s["kind"]: s["leader_changes"] for s in steps if "leader_changes" in s},
         "final_digest": final_info.get("digest"),
         "steps": steps,
         "errors": errors,

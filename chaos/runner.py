@@ -200,6 +200,7 @@ class Run:
     def _run_fault(self, fault: F.Fault, hold_s: float) -> dict:
         step: dict = {"kind": fault.kind}
         t_start = time.monotonic()
+        leadership_before = self.leadership()
         try:
             t_inject = self.fault_record_after(fault, "inject")
             step["inject_t_ns"] = t_inject
@@ -232,12 +233,32 @@ class Run:
         step["convergence_s"] = round(conv, 3) if conv is not None else None
         if conv is None:
             self.errors.append(f"{fault.kind}: no convergence within {self.converge_timeout_s}s after heal")
+        self.check_leadership_kept(fault, step, leadership_before)
         step["seconds"] = round(time.monotonic() - t_start, 2)
         print(f"[chaos] {fault.kind:24s} failover={step.get('failover_s', '-')} convergence={step['convergence_s']}"
-              f" ({step['seconds']} s)", flush=True)
+              f" leader_changes={step['leader_changes']} ({step['seconds']} s)", flush=True)
         if fault.info.get("summary"):  # what a fault proved it did (clock read, files torn)
             print(f"[chaos]   {fault.info['summary']}", flush=True)
         return step
+
+    def leadership(self) -> tuple[str, int] | None:
+        """(leader's Raft address, term) as the highest-term answering member names them."""
+        best = None
+        for status in self.cluster.statuses().values():
+            if status.leader and (best is None or status.term > best.term):
+                best = status
+        return None if best is None else (best.leader, best.term)
+
+    def check_leadership_kept(self, fault: F.Fault, step: dict, before: tuple[str, int] | None) -> None:
+        """A follower fault must leave the leader leading in its term (an election, even one the
+        same member wins, is a leader change: every term has its own leader)."""
+        after = self.leadership()
+        step["leadership"] = {"before": before, "after": after}
+        moved = before is not None and after is not None and before != after
+        step["leader_changes"] = (after[1] - before[1]) if moved else 0
+        if fault.keeps_leader and moved:
+            self.errors.append(f"{fault.kind}: a follower fault moved the leadership: {before[0]} in term {before[1]}"
+                               f" -> {after[0]} in term {after[1]}")
 
     def fault_record_after(self, fault: F.Fault, action: str) -> int:
         """Inject, then write the record (the fault's node list is known only after inject);

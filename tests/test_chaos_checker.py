@@ -420,6 +420,37 @@ def test_failed_write_visible_in_final_state():
     assert "final value" in report.violations[0].detail
 
 
+def test_a_changed_resource_without_a_final_state_fails_the_run():
+    """Durability is checked for every resource a write may have changed: a final state missing
+    for one (while others have theirs) is a violation, not a warning."""
+    records = base() + [
+        acquire(40, 50, 2, index=3, process="c2", resource="r2"),
+        op("write", 60, 70, value="b", token=2, version=1, hwm=2, applied_index=4, resource="r2"),
+        final_state(hwm=1, k=("a", 1)),
+    ]
+    report = assert_only(records, chk.DURABILITY_UNCHECKED)
+    assert "r2" in report.violations[0].detail
+    records.append(final_state("r2", hwm=2, k=("b", 1)))
+    assert check(records).ok
+
+
+def test_a_resource_only_written_with_refused_ops_needs_no_final_state():
+    # A malformed name (the hostile role's "hot0 !") is refused at the door: nothing changed.
+    records = base() + [
+        op("write", 40, 45, value="h", token=1, outcome="refused", reason="INVALID_ARGUMENT",
+           resource="r1 !"),
+        final_state(hwm=1, k=("a", 1)),
+    ]
+    assert check(records).ok
+    records[-2]["outcome"] = "unknown"  # an attempt whose outcome is unknown may have changed it
+    assert chk.DURABILITY_UNCHECKED in check(records).kinds()
+
+
+def test_a_history_without_any_final_state_is_only_warned_about():
+    report = check(base())
+    assert report.ok and any("no final_state for r1" in w for w in report.warnings)
+
+
 def test_refused_then_unknown_retry_is_not_definitely_failed():
     # A refusal does not cover an attempt of the same op still in flight.
     oid = "bb" * 16

@@ -29,7 +29,7 @@ from coordinator.client import exceptions as E
 from coordinator.core.names import DOMAIN, Trailer
 from coordinator.core.names import ErrorMeta as M
 from coordinator.core.names import ErrorReason as R
-from coordinator.server import errors, service
+from coordinator.server import errors, request_core, service
 from coordinator.server.streams import waiter_gate
 
 MEMBER_ID = "127.0.0.1:7200"  # what the stand-in node calls itself (the trailers carry it)
@@ -81,7 +81,7 @@ def _expected(key) -> tuple[type[E.FencingError], dict[M, str], dict[str, Any]]:
 
 
 class _FailingProposer:
-    """Stands in for service.Proposer: every proposal fails with ``error``."""
+    """Stands in for proposer.Proposer: every proposal fails with ``error``."""
 
     deadline_margin_s = 0.0
 
@@ -111,7 +111,7 @@ def server():
         read=lambda query: query(types.SimpleNamespace(lock_state=lambda resource, waiter_id: {"granted": False})),
     )
     proposer = _FailingProposer()
-    core = service.Core(node, proposer, members={MEMBER_ID: "127.0.0.1:7100"})
+    core = request_core.Core(node, proposer, members={MEMBER_ID: "127.0.0.1:7100"})
     lease = service.LeaseServicer(
         core, waiters=waiter_gate(waiters_max=2, per_caller_max=2),
     )

@@ -8,8 +8,8 @@ import logging
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.server import log_limits
+from coordinator.server.admin import audit_args
 from coordinator.server.log_limits import Admitted, RefusedLines
-from coordinator.server.service import _audit_args
 
 
 class ManualClock:
@@ -91,7 +91,7 @@ def test_a_string_is_shown_by_its_prefix_and_length_beyond_the_prefix():
 
 def test_an_audit_lines_arguments_are_bounded_whatever_the_request_carries():
     request = pb.MemberAddRequest(member_id="\U0001f600" * 1_000_000, raft_address="a" * 4_000_000)
-    line = json.dumps(_audit_args(request))
+    line = json.dumps(audit_args(request))
     assert len(line.encode()) < 1024
     assert json.loads(line)["raft_address_chars"] == 4_000_000
 

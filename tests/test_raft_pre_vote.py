@@ -1,17 +1,21 @@
 """Pre-vote (coordinator/raft/pre_vote.py, RAFT.md "Pre-vote"): a member cut off from the others
 raises no term of its own, so coming back it deposes nobody; with the fix off it does.
 
-Runs in the deterministic simulation (tests/sim) with explicit schedules: the first leader is
+First in the deterministic simulation (tests/sim) with explicit schedules: the first leader is
 elected with no fault, then one member is partitioned (it keeps running and timing out) or
-one-way cut, for several election timeouts, and healed.
+paused, for several election timeouts, and healed. Then one member by hand: what it answers,
+what it counts, and that a round precedes every election.
 """
 
 from __future__ import annotations
 
 import pytest
+from pysyncobj.node import TCPNode
 
+from coordinator.raft.membership import Configuration, Member
 from coordinator.raft.syncobj import ALL_FIXES
 from tests.sim.harness import Fault, Simulation
+from tests.test_raft_overrides import LEADER, OTHER, PEER_INCARNATIONS, SELF, append, make_node
 
 PARTITION_US = 4_000_000  # two to four election timeouts (1-2 s each)
 SEED = 5
@@ -43,3 +47,113 @@ def test_a_leader_partitioned_away_is_replaced():
     result = _run([Fault(1_500_000, "partition", "leader", "any", PARTITION_US)])
     assert result.stats["elections_won"] >= 2, dict(result.stats)
     assert result.stats["acked"] > 0
+
+
+# -- one member, messages by hand (tests/test_raft_overrides.py's recording transport) ------
+
+
+
+@pytest.fixture
+def member(tmp_path):
+    """A configured voter (m1) with two voter peers, following nobody yet, both peers connected."""
+    node = make_node(tmp_path)
+    so = node.syncobj
+    config = Configuration("cluster-a", (
+        Member("m1", SELF, node.identity.incarnation),
+        Member("m2", LEADER, PEER_INCARNATIONS[LEADER]),
+        Member("m3", OTHER, PEER_INCARNATIONS[OTHER]),
+    ))
+    node.tick()
+    append(node, 1, 0, [(config.encode_entry(), 2, 1)], commit=2)
+    assert so.config() == config
+    for peer in (LEADER, OTHER):
+        so._SyncObj__transport._onNodeConnected(TCPNode(peer))
+    return node
+
+
+def _sent(node, kind):
+    return [(to, m) for to, m in node.syncobj._SyncObj__transport.sent if m.get("type") == kind]
+
+
+def _pre_vote(so, term, *, peer=OTHER, incarnation=None, last_index=None, last_term=None):
+    so._SyncObj__onMessageReceived(TCPNode(peer), {
+        "type": "pre_vote", "term": term,
+        "last_log_index": so._SyncObj__getCurrentLogIndex() if last_index is None else last_index,
+        "last_log_term": so._SyncObj__getCurrentLogTerm() if last_term is None else last_term,
+        "cluster": "cluster-a", "incarnation": PEER_INCARNATIONS[peer] if incarnation is None else incarnation,
+    })
+
+
+def _answer(node):
+    return _sent(node, "pre_vote_response")[-1][1]
+
+
+def test_answering_a_pre_vote_changes_nothing_on_the_answerer(member, monkeypatch):
+    so = member.syncobj
+    monkeypatch.setattr(so, "_leader_heard_at", float("-inf"))  # no leader heard for long
+    so._SyncObj__raftLeader = None
+    term, vote, deadline = so.raftCurrentTerm, so._SyncObj__votedForNodeId, so._SyncObj__raftElectionDeadline
+    _pre_vote(so, term + 1)
+    answer = _answer(member)
+    assert {k: answer[k] for k in ("term", "granted", "current_term")} == {"term": term + 1, "granted": True,
+                                                                           "current_term": term}
+    assert answer["incarnation"] == member.identity.incarnation  # stamped: the asker counts it only so
+    kept = (so.raftCurrentTerm, so._SyncObj__votedForNodeId, so._SyncObj__raftElectionDeadline)
+    assert kept == (term, vote, deadline)
+
+
+def test_a_member_that_hears_its_leader_says_no(member):
+    so = member.syncobj
+    append(member, 2, 1, [], commit=2)  # the leader's heartbeat, just now
+    assert so._SyncObj__raftLeader.address == LEADER
+    _pre_vote(so, so.raftCurrentTerm + 1)
+    assert _answer(member)["granted"] is False
+    assert so.pre_votes_refused == 1
+
+
+@pytest.mark.parametrize("why", ["term-not-ahead", "log-behind"])
+def test_no_to_a_term_not_ahead_or_a_log_behind(member, why):
+    so = member.syncobj
+    so._SyncObj__raftLeader = None
+    term = so.raftCurrentTerm
+    if why == "term-not-ahead":
+        _pre_vote(so, term)
+    else:
+        _pre_vote(so, term + 1, last_index=so._SyncObj__getCurrentLogIndex() - 1)
+    assert _answer(member)["granted"] is False
+
+
+def test_an_incarnation_the_configuration_does_not_name_is_refused_and_counted(member):
+    so = member.syncobj
+    so._SyncObj__raftLeader = None
+    _pre_vote(so, so.raftCurrentTerm + 1, incarnation=999)
+    assert _answer(member)["granted"] is False
+    assert member.status()["refused_votes"] == 1
+
+
+def test_only_a_configured_voter_s_answer_moves_the_term(member):
+    so = member.syncobj
+    term = so.raftCurrentTerm
+    answer = {"type": "pre_vote_response", "term": term + 1, "granted": False, "current_term": term + 40,
+              "cluster": "cluster-a"}
+    so._SyncObj__onMessageReceived(TCPNode(OTHER), {**answer, "incarnation": 999})  # not the configured one
+    assert so.raftCurrentTerm == term
+    so._SyncObj__onMessageReceived(TCPNode(OTHER), {**answer, "incarnation": PEER_INCARNATIONS[OTHER]})
+    assert so.raftCurrentTerm == term + 40  # behind the voters: it catches up (saved first)
+
+
+def test_a_round_asks_first_and_stands_only_with_a_majority(member):
+    so = member.syncobj
+    so._SyncObj__raftLeader = None
+    term = so.raftCurrentTerm
+    so._SyncObj__raftElectionDeadline = 0
+    member.tick(0)
+    asked = _sent(member, "pre_vote")
+    assert sorted(to for to, _ in asked) == [LEADER, OTHER] and asked[0][1]["term"] == term + 1
+    assert so.raftCurrentTerm == term and not _sent(member, "request_vote")
+    so._SyncObj__onMessageReceived(TCPNode(OTHER), {
+        "type": "pre_vote_response", "term": term + 1, "granted": True, "current_term": term,
+        "cluster": "cluster-a", "incarnation": PEER_INCARNATIONS[OTHER]})
+    member.tick(0)
+    assert so.raftCurrentTerm == term + 1
+    assert sorted(to for to, m in _sent(member, "request_vote") if m["term"] == term + 1) == [LEADER, OTHER]

@@ -15,7 +15,7 @@ from coordinator.client import FencingClient, fencingctl
 from coordinator.client import exceptions as E
 from coordinator.core import state_machine, validation
 from coordinator.core.commands import CHARGE_FIELDS, Op
-from coordinator.server import errors, service
+from coordinator.server import errors, request_core
 
 GOOD_OP_ID = bytes(16)
 
@@ -82,11 +82,11 @@ def test_check_request_refuses_a_field_the_rpc_does_not_take():
 
 
 def test_service_reads_unset_optional_fields_as_absent():
-    fields = service._checked_request("KeepAlive", pb.KeepAliveRequest(resource="r", token=3))
+    fields = request_core.checked_request("KeepAlive", pb.KeepAliveRequest(resource="r", token=3))
     assert fields["ttl_ms"] is None  # 0 on the wire: keep the lease's TTL
-    fields = service._checked_request("Release", pb.ReleaseRequest(resource="r", token=3))
+    fields = request_core.checked_request("Release", pb.ReleaseRequest(resource="r", token=3))
     assert fields["op_id"] is None
-    fields = service._checked_request(
+    fields = request_core.checked_request(
         "Write", pb.WriteRequest(resource="r", key="k", value=b"", token=3, op_id=GOOD_OP_ID)
     )
     assert fields["expected_version"] is None and fields["value"] == b""
@@ -97,15 +97,15 @@ def test_service_keeps_values_that_equal_the_proto_default_where_they_mean_somet
     request = pb.WriteRequest(
         resource="r", key="k", value=b"v", token=3, op_id=GOOD_OP_ID, expected_version=0
     )
-    assert service._checked_request("Write", request)["expected_version"] == 0
+    assert request_core.checked_request("Write", request)["expected_version"] == 0
     # A bool has no "unset": fence_all=False is the caller's choice.
-    fields = service._checked_request("SetEpochFloor", pb.SetEpochFloorRequest(floor=5, fence_all=False))
+    fields = request_core.checked_request("SetEpochFloor", pb.SetEpochFloorRequest(floor=5, fence_all=False))
     assert fields == {"floor": 5, "fence_all": False}
 
 
 def test_service_refuses_a_bad_field_as_invalid_argument_naming_it():
     with pytest.raises(errors.ServiceError) as caught:
-        service._checked_request("Acquire", pb.AcquireRequest(resource="r", holder="h", ttl_ms=5))
+        request_core.checked_request("Acquire", pb.AcquireRequest(resource="r", holder="h", ttl_ms=5))
     assert caught.value.key is errors.Failure.INVALID_INPUT
     assert caught.value.metadata == {"field": "ttl_ms"}
 

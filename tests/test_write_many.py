@@ -375,7 +375,7 @@ def test_propose_many_waits_for_every_proposal_even_when_one_answers_at_once():
     # not end the wait for the others: they would come back OUTCOME_UNKNOWN without waiting.
     from coordinator.core import commands, validation
     from coordinator.server import errors as server_errors
-    from coordinator.server.service import Proposer
+    from coordinator.server.proposer import Proposer
 
     node = _HeldNode()
     proposer = Proposer(node, inflight_max=8, timeout_max_s=5.0, deadline_margin_s=0.1, members={})

@@ -2,12 +2,12 @@
 in-memory Raft nodes.
 
 Owns: ``InMemoryCluster`` (N gRPC servers on 127.0.0.1, each wired by
-``coordinator/server/app.py``'s own ``add_services``: service.py's servicers, the errors
+``coordinator/server/app.py``'s own ``add_services``: the real servicers, the errors
 table, metrics and the admin token, in front of its own ``InMemoryNode`` on one shared log), the
 interceptor at each server's edge that records every call (so "nothing was sent" is
 checked, not assumed) and runs transport faults, and ``inject``. A node that is down is
 its server stopped. The faults are in ``inmemory_faults``.
-Must never: implement an RPC (service.py does, once), import pysyncobj, or be shipped: it
+Must never: implement an RPC (the servicers do, once), import pysyncobj, or be shipped: it
 lives in testsupport/, outside the wheel.
 """
 
@@ -24,7 +24,8 @@ from coordinator.core.state_machine import FencingStateMachine
 from coordinator.server.app import GRPC_SERVER_OPTIONS, add_services, stream_admission
 from coordinator.server.config import ServerConfig
 from coordinator.server.metrics import Metrics
-from coordinator.server.service import Core, LeaseServicer
+from coordinator.server.request_core import Core
+from coordinator.server.service import LeaseServicer
 from testsupport.inmemory_faults import Fault, Faults, ProposeFault, TransportFault
 from testsupport.inmemory_node import InMemoryNode, SharedLog
 

@@ -98,6 +98,9 @@ class PreVote(_Host):
             self._wake_raft_thread()
 
     def count_pre_vote_response(self, node, message: dict) -> None:
+        config = self.config()
+        if config is None or not config.counts(node.address, message.get("incarnation")):
+            return  # neither its yes nor its term counts: it is no voter the configuration names
         theirs = message["current_term"]
         if theirs > self.raftCurrentTerm and self._SyncObj__raftState != _ps._RAFT_STATE.LEADER:
             # Raft's rule for any message of a later term: adopt it (saved first, durable_term.py).
@@ -108,9 +111,6 @@ class PreVote(_Host):
             self._pre_vote_term = None
             return
         if not message["granted"] or self._pre_vote_term is None or message["term"] != self._pre_vote_term:
-            return
-        config = self.config()
-        if config is None or not config.counts(node.address, message.get("incarnation")):
             return
         self._pre_vote_grants.add(node.address)
         self._pre_vote_check_won()

@@ -11,8 +11,14 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     fencingd          the ``fencingd`` command: ``serve``, ``dev``, ``health``, ``keygen``,
                       ``gen-secret``, ``check-config``
     app               one ``fencingd serve`` process: the Raft node, the gRPC server, wiring
-    service           the servicers of ``fencing.v1``: request checks, the proposer, the
-                      Acquire/Lock waits, batch fan-out, Admin with its audit log
+    service           the Lease, FencedStore and Cluster servicers: pb in, pb out, nothing more
+    admin             the Admin servicer: its authorization and its audit log
+    request_core      what every servicer shares: request checks, the caller's authorization
+                      and quota charge, one proposal or read barrier, headers, error trailers
+    lock_wait         the Acquire that waits in line and the Lock call's wait for its grant
+    batches           the *Many RPCs' fan-out (each item as the call alone) and their limits
+    proposer          every proposal: stamp, in-flight bound, deadline, fate to ServiceError
+    stream_slots      open KeepAliveStreams per principal, against its ``streams_max`` quota
     errors            every failure the API reports, and the one table to gRPC statuses
     backups           snapshots handed out and restores proposed in chunks
     members           the members as the API shows them; membership changes' checks

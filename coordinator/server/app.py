@@ -8,7 +8,7 @@ test cluster uses too), the standard health service and server reflection (off w
 endpoint (when ``metrics_address`` is set), the API's connection limits and descriptor budget
 (api_conns.py), the API's TLS credentials (their certificate replaced on SIGHUP, certs.py),
 the peer secrets' reload on SIGHUP, and graceful shutdown.
-Must never: implement an RPC (service.py does) or touch the Raft library (coordinator.raft does).
+Must never: implement an RPC (service.py and admin.py do) or touch the Raft library (coordinator.raft does).
 
 Health (grpc.health.v1), overall ("") and per service: SERVING only while this member is
 connected to a quorum *and* a READ_BARRIER has applied on it since it started (so it has
@@ -36,6 +36,7 @@ from coordinator.core import commands, limits
 from coordinator.core.state_machine import FencingStateMachine
 from coordinator.raft.node import RaftConfig, RaftNode
 from coordinator.server import api_conns, listen_check
+from coordinator.server.admin import AdminServicer
 from coordinator.server.auth import Authenticator
 from coordinator.server.certs import ApiCertificates, TlsMaterial
 from coordinator.server.config import ConfigError, ServerConfig
@@ -43,15 +44,9 @@ from coordinator.server.errors import ServiceError
 from coordinator.server.lease_ticker import LeaseTicker
 from coordinator.server.log_limits import RefusedLines
 from coordinator.server.metrics import Metrics
-from coordinator.server.service import (
-    AdminServicer,
-    ClusterServicer,
-    Core,
-    FencedStoreServicer,
-    LeaseServicer,
-    Proposer,
-    error_trailers,
-)
+from coordinator.server.proposer import Proposer
+from coordinator.server.request_core import Core, error_trailers
+from coordinator.server.service import ClusterServicer, FencedStoreServicer, LeaseServicer
 from coordinator.server.stream_admission import StreamAdmission
 from coordinator.server.streams import SlotGate, StreamGate, waiter_gate
 

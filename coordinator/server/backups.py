@@ -6,7 +6,7 @@ read (bounded by limits.BACKUP_BYTES_MAX), how many transfers a member runs at o
 (limits.BACKUP_TRANSFERS_MAX: each holds a whole backup in memory), and the proposal sequence
 of one restore: check the whole backup as the state machine will, then RESTORE_BEGIN,
 RESTORE_CHUNK..., RESTORE_COMMIT, and RESTORE_ABORT after any failure once BEGIN was proposed.
-Must never: authorize or audit (service.py's Admin servicer does, before calling in), decide
+Must never: authorize or audit (admin.py's Admin servicer does, before calling in), decide
 what a backup may hold (the state machine's ``check_backup`` does), or propose a backup as one
 entry (every entry stays within the Raft bounds, so none takes the split path).
 """

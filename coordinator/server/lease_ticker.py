@@ -18,7 +18,7 @@ import threading
 from coordinator.core import commands
 from coordinator.raft.node import RaftNode
 from coordinator.server.errors import ServiceError
-from coordinator.server.service import Proposer
+from coordinator.server.proposer import Proposer
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ through, in a table of at most ``REFUSED_LOG_CALLERS_MAX`` callers), the shorten
 caller-supplied values for a line (``shown``, ``field_summary``: a short prefix and a size,
 never the whole value), and the filter that puts the gRPC library's per-request lines through
 the same limiter (``install_library_filter``).
-Must never: decide whether a call is refused (auth and service.py do), write an audit line
-itself (service.py's Admin servicer does), keep more than ``REFUSED_LOG_CALLERS_MAX`` callers
+Must never: decide whether a call is refused (auth and the servicers do), write an audit line
+itself (admin.py's Admin servicer does), keep more than ``REFUSED_LOG_CALLERS_MAX`` callers
 in memory, or read the clock anywhere but ``clock``.
 """
 

@@ -5,7 +5,7 @@ Member* Admin RPCs), checking a change's member id and Raft address before anyth
 proposed, and running one change (``RaftNode.add_member`` / ``remove_member`` /
 ``replace_member``) into a response or a ServiceError (errors.from_member_change).
 Must never: touch the Raft library (the Raft node does), decide whether a change is allowed (the
-leader does, against its log), or authorize and audit (service.py's ``_admin`` does).
+leader does, against its log), or authorize and audit (admin.py's ``_admin`` does).
 """
 
 from __future__ import annotations

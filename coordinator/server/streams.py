@@ -8,7 +8,7 @@ Owns: one admission mechanism (``SlotGate``: a count of held slots, in total and
 and the refusal of a slot past either cap), its two uses (``StreamGate`` for streams, with
 reading a stream's requests, or a server-streaming servicer's responses, under an idle
 timeout; ``waiter_gate`` for waiting Acquires), and
-who a slot counts against (``caller_key``). Must never: implement an RPC (service.py does),
+who a slot counts against (``caller_key``). Must never: implement an RPC (the servicers do),
 read or propose anything, or hold a gRPC worker thread beyond the idle timeout waiting for a
 request that does not come.
 
@@ -17,7 +17,7 @@ long as it waits. ``streams_max`` + ``acquire_waiters_max`` (+ the backup transf
 count (config.py checks it), so however many streams are open and Acquires wait, threads remain for
 health, Admin and unary calls. A stream past a cap is refused with RESOURCE_EXHAUSTED /
 LIMIT_EXCEEDED naming the cap. An Acquire past a waiter cap is answered at once as if its
-``wait_ms`` were 0 (service.py): its one try still runs, so a free lease is granted, and a held
+``wait_ms`` were 0 (lock_wait.py): its one try still runs, so a free lease is granted, and a held
 one is answered LEASE_HELD, an answer every client already handles and one that is true; a
 LIMIT_EXCEEDED would refuse a caller whose only fault is that others wait, and waiting is a
 convenience that only saves the client its own retries. A stream's requests (or a

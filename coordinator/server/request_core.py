@@ -1,0 +1,186 @@
+"""The request core every servicer shares: who calls, what it sent, and its one proposal or read.
+
+Owns: reading and checking a request's fields against its RPC's row of
+``validation.REQUESTS`` (``checked_request``), ``Core`` (authentication and authorization of
+the caller, DESIGN I10; charging each command to the caller's quotas, checked in the state
+machine; proposing it with the RPC's deadline; the read barrier, DESIGN I9, by read index or
+through the log; response headers and the trailers of every error), and ``unary``, the
+decorator that authenticates a unary call once and turns its ServiceError into a status.
+Must never: decide a domain rule (the state machine does), build a response message (the
+servicers do), or map an error to a status anywhere but ``errors``.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import grpc
+
+from coordinator.api.v1 import fencing_pb2 as pb
+from coordinator.client.proof import ProofSigner
+from coordinator.core import commands, validation
+from coordinator.core.names import Trailer
+from coordinator.raft.node import RaftNode
+from coordinator.server import errors
+from coordinator.server.auth import Authenticator, Principal
+from coordinator.server.errors import Failure, ServiceError
+from coordinator.server.proposer import PROPOSE_TIMEOUT_S_MIN, Proposer
+from coordinator.server.stream_slots import StreamSlots
+
+
+def checked_request(rpc: str, request: Any) -> dict[str, Any]:
+    """The fields ``validation.REQUESTS[rpc]`` names, read from ``request`` and checked; a
+    bad one is INVALID_ARGUMENT naming it. An optional field the caller left unset is None:
+    unset is ``not HasField`` for a field with presence and the zero value for the rest (an
+    empty op_id, a ttl_ms of 0), except a bool, whose False is a choice, not an absence."""
+    fields: dict[str, Any] = {}
+    for name, required, has_presence, zero in _presence_plan(rpc, request.DESCRIPTOR):
+        value = getattr(request, name)
+        unset = (not request.HasField(name)) if has_presence else (zero is not _NEVER_UNSET and value == zero)
+        fields[name] = None if unset and not required else value
+    try:
+        return validation.check_request(rpc, fields)
+    except validation.InvalidField as exc:
+        raise errors.invalid(exc.field, str(exc)) from None
+
+
+_NEVER_UNSET = object()  # a bool's False is a value the caller chose
+
+
+@functools.cache
+def _presence_plan(rpc: str, descriptor: Any) -> tuple[tuple[str, bool, bool, Any], ...]:
+    """Per RPC, once (not per request on the hot path): each field of its table row with
+    whether it is required, whether the wire tracks its presence, and the zero value that
+    means "unset" where it does not."""
+    plan = []
+    for name, spec in validation.REQUESTS[rpc].items():
+        field = descriptor.fields_by_name[name]
+        zero = _NEVER_UNSET if field.type == field.TYPE_BOOL else field.default_value
+        plan.append((name, spec.required, field.has_presence, zero))
+    return tuple(plan)
+
+
+def error_trailers(node: RaftNode, index: int = 0) -> tuple[tuple[str, str], ...]:
+    """The trailers every error of this member carries: its id, term and applied index (or
+    ``index``, the entry the error is about)."""
+    term, applied = node.term_and_applied()
+    return (
+        (Trailer.MEMBER_ID, node.config.self_address),
+        (Trailer.RAFT_TERM, str(term)),
+        (Trailer.APPLIED_INDEX, str(index or applied)),
+    )
+
+
+class Core:
+    """What every servicer shares: the node, the proposer, who may call, headers and error replies."""
+
+    def __init__(
+        self,
+        node: RaftNode,
+        proposer: Proposer,
+        *,
+        members: dict[str, str],
+        authenticator: Authenticator | None = None,
+        proof_signer: ProofSigner | None = None,
+        read_index: bool = True,
+    ) -> None:
+        self.node = node
+        self.read_index = read_index  # Read and Describe on the leader without a log entry
+        self.proposer = proposer
+        self.member_id = node.config.self_address
+        self.members = members
+        self.authenticator = authenticator  # None: open data plane (no principals file)
+        self.proof_signer = proof_signer  # None: Acquire returns no token_proof
+        self.streams = StreamSlots()  # open KeepAliveStreams per principal
+
+    def principal(self, context) -> Principal | None:
+        """The authenticated caller (None when there is no principals file); raises
+        UNAUTHENTICATED for a missing or unknown bearer token."""
+        if self.authenticator is None:
+            return None
+        found = self.authenticator.principal(context.invocation_metadata() or ())
+        if found is None:
+            raise ServiceError(
+                Failure.UNAUTHENTICATED, "this cluster needs 'authorization: Bearer TOKEN' of a known principal"
+            )
+        return found
+
+    def authorize(self, caller: Principal | None, resource: str | None) -> None:
+        """DESIGN I10: ``caller`` (what ``principal`` found) may act on ``resource`` (any
+        resource: admin principals; anyone: no principals file)."""
+        if caller is None:
+            if self.authenticator is not None:  # only an open data plane has no caller
+                raise ServiceError(Failure.UNAUTHENTICATED, "no authenticated caller for this call")
+            return
+        if resource is None or caller.admin or caller.may_use(resource):
+            return
+        raise ServiceError(
+            Failure.PERMISSION_DENIED,
+            f"principal {caller.name!r} may not use resource {resource!r}"
+            f" (its prefixes: {', '.join(repr(p) for p in caller.prefixes) or 'none'})",
+        )
+
+    def header(self, index: int = 0) -> pb.ResponseHeader:
+        term, applied = self.node.term_and_applied()
+        return pb.ResponseHeader(member_id=self.member_id, raft_term=term, applied_index=index or applied)
+
+    def trailing(self, index: int = 0) -> tuple[tuple[str, str], ...]:
+        return error_trailers(self.node, index)
+
+    def abort(self, context: grpc.ServicerContext, error: ServiceError):
+        errors.abort(context, error, self.trailing(error.index))
+
+    def run(
+        self,
+        command: commands.Command,
+        context,
+        caller: Principal | None,
+        *,
+        max_bytes: int | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[dict, int]:
+        """Authorize, charge to the caller's quotas, then propose with the RPC's deadline
+        (or ``timeout_s``); (result dict, Raft index) or ServiceError."""
+        self.authorize(caller, command.resource)
+        if caller is not None:
+            command = commands.charged(command, principal=caller.name, quota=caller.quota.replicated())
+        wait_s = self.proposer.timeout_s(context) if timeout_s is None else timeout_s
+        result = self.proposer.propose(command, wait_s, max_bytes=max_bytes)
+        return result.value.result, result.index
+
+    def barrier(
+        self, context, caller: Principal | None, resource: str | None = None, key: str | None = None,
+        *, read_index: bool = False,
+    ) -> tuple[dict, int]:
+        """A READ_BARRIER's result (DESIGN I9). ``read_index``: on the leader, with the setting
+        on, try the read-index barrier first (no log entry); the log whenever it cannot answer."""
+        command = commands.read_barrier(stamp_ms=0, resource=resource, key=key)
+        if read_index and self.read_index and self.node.is_leader():
+            self.authorize(caller, resource)
+            started = time.monotonic()
+            wait_s = self.proposer.timeout_s(context)
+            answered = self.proposer.read_index(command, wait_s)
+            if answered is not None:
+                return answered
+            # Not the leader (any more), no entry of its term committed yet, or too many
+            # waiting: the entry answers, within what is left of the deadline.
+            left = wait_s - (time.monotonic() - started)
+            return self.run(command, context, caller, timeout_s=max(PROPOSE_TIMEOUT_S_MIN, left))
+        return self.run(command, context, caller)
+
+
+def unary(method):
+    """Authenticate the caller once, pass it on as ``caller``, and turn a ServiceError raised
+    by the handler into a rich status with header trailers."""
+
+    @functools.wraps(method)
+    def handler(self, request, context):
+        try:
+            caller = self.core.principal(context)  # who is calling comes first, before any input check
+            return method(self, request, context, caller)
+        except ServiceError as error:
+            self.core.abort(context, error)
+
+    return handler
