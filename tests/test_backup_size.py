@@ -19,7 +19,7 @@ from coordinator.core import limits
 from coordinator.core.commands import Op
 from coordinator.core.outcomes import Applied, Rejected, outcome_to_wire
 from coordinator.core.state_machine import FencingStateMachine
-from testsupport.backups import BIG, fullest_backup
+from testsupport.backups import BIG, fullest_backup, restore_in_chunks
 
 
 def test_the_fullest_state_the_limits_allow_writes_a_backup_under_backup_bytes_max():
@@ -125,6 +125,6 @@ def test_a_backup_past_the_cluster_limits_is_refused_whole():
         small = FencingStateMachine(**config)
         with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
             small.check_backup(backup)
-        out = small.execute(cmds.restore(data=backup, epoch_floor=10, stamp_ms=5))
+        out = restore_in_chunks(small, backup, epoch_floor=10, stamp_ms=5)
         assert isinstance(out, Rejected) and out.details == {"field": "data"}
         assert small.epoch == 0

@@ -1,5 +1,5 @@
 """A restore staged in chunks (RESTORE_BEGIN, RESTORE_CHUNK..., RESTORE_COMMIT), in the state
-machine alone: the happy path equals a one-entry restore, every crafted sequence is refused and
+machine alone: the happy path brings the backup back fenced, every crafted sequence is refused and
 changes nothing, the staging is part of the snapshot, and version 1 snapshots still load."""
 
 from __future__ import annotations
@@ -44,15 +44,22 @@ def run(sm, *commands):
 BACKUP = backup_of_size(3 * limits.BACKUP_CHUNK_BYTES)  # three full chunks and a bit
 
 
-def test_a_chunked_restore_equals_the_one_entry_restore():
-    chunked, whole = busy(), busy()
+def test_a_chunked_restore_brings_back_the_backup_fenced_above_every_token():
+    chunked = busy()
     outcomes = run(chunked, begin(BACKUP), *chunks(BACKUP), cmds.restore_commit(restore_id=ID, stamp_ms=22))
     assert len(outcomes) == 6 and all(isinstance(o, Applied) for o in outcomes), outcomes
-    assert isinstance(whole.execute(cmds.restore(data=BACKUP, epoch_floor=100, stamp_ms=22)), Applied)
     assert chunked.staged_restore_bytes is None
-    assert chunked.digest() == whole.digest()
-    assert chunked.read("big/000000", "k000")[0] == whole.read("big/000000", "k000")[0]
-    assert outcomes[-1].result == {"epoch": 100, "resources": chunked.resources_count}
+    loaded = FencingStateMachine()
+    loaded.restore(BACKUP)  # the backup as it is: the snapshot-file path, unfenced
+    assert outcomes[-1].result == {"epoch": 100, "resources": loaded.resources_count}
+    assert chunked.resources_count == loaded.resources_count
+    assert chunked.keys_count == loaded.keys_count > 1
+    assert chunked.describe("live") is None  # not in the backup: gone
+    assert (chunked.epoch, chunked.log_clock_ms, chunked.dedup_size) == (100, 22, 0)
+    for name, res in loaded._resources.items():
+        assert chunked.describe(name) == {**loaded.describe(name), "hwm": 100, "lease": None}
+        for key in res.data:
+            assert chunked.read(name, key) == loaded.read(name, key)
 
 
 def _refused_and_unchanged(sm, command, field_or_reason):

@@ -230,7 +230,7 @@ def test_a_call_sent_once_whose_connection_dropped_is_unknown_not_unavailable():
     may have applied it: the caller must hear OutcomeUnknown and check, not Unavailable, which
     says nothing was applied (fencingctl: exit 4 instead of 5)."""
     from coordinator.api.v1 import fencing_pb2 as pb
-    from coordinator.client._base import Attempts, Call
+    from coordinator.client._calls import Attempts, Call
 
     client = FencingClient(["127.0.0.1:1"], timeout_s=5.0)  # never dialled: Attempts only
     try:

@@ -1,4 +1,4 @@
-"""The keep-alive policy of Lease and AsyncLease (``_base.keepalive_step``), driven with a
+"""The keep-alive policy of Lease and AsyncLease (``_lease.keepalive_step``), driven with a
 manual clock: when a lease is renewed, how long a failing renewal is retried, when it is lost.
 
 The policy is a pure function, so these tests walk it step by step the way both loops do
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator.client import exceptions as E
-from coordinator.client._base import (
+from coordinator.client._lease import (
     RENEW_FRACTION,
     RENEW_RETRY_S,
     KeepAliveAction,

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from coordinator.client import AsyncFencingClient, FencingClient, durations, lockcmd
-from coordinator.client._base import ATTEMPT_TIMEOUT_S_DEFAULT
+from coordinator.client._defaults import ATTEMPT_TIMEOUT_S_DEFAULT
 from coordinator.client.exceptions import LockTimeout
 from testsupport.supervisor import wait_until
 

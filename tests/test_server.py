@@ -615,8 +615,8 @@ def test_snapshot_and_restore_fence_every_restored_resource(cluster_b):
     a = n0.lease.Acquire(pb.AcquireRequest(resource=kept, holder="h", ttl_ms=600_000, op_id=op_id()), timeout=T)
     w = n0.store.Write(pb.WriteRequest(resource=kept, key="k", value=b"in-backup", token=a.token, op_id=op_id()),
                        timeout=T)
-    # Enough data that the backup is far bigger than an ordinary command: the RESTORE entry
-    # takes the large-command path through Raft.
+    # Enough data that the backup is far bigger than an ordinary command: its RESTORE_CHUNK
+    # entries take the large-command path through Raft.
     for i in range(20):
         n0.store.Write(pb.WriteRequest(resource=kept, key=f"big{i}", value=bytes([i]) * 60_000, token=a.token,
                                        op_id=op_id()), timeout=T)

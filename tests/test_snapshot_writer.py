@@ -19,7 +19,7 @@ import pytest
 from pysyncobj.config import SERIALIZER_STATE
 
 from coordinator.core import commands as cmds
-from coordinator.core import state_machine as sm_module
+from coordinator.core import snapshot_pack as sm_module
 from coordinator.core.state_machine import FencingStateMachine
 from coordinator.raft import snapshot_file
 from coordinator.raft.replica import Replica

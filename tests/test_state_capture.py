@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.core import commands as c
-from coordinator.core import state_machine as state_machine_module
+from coordinator.core import snapshot_pack as snapshot_pack_module
 from coordinator.core.state_machine import FencingStateMachine
+from testsupport.backups import restore_commands
 
 NAMES = [f"r{i}" for i in range(6)]
 KEYS = ["a", "b"]
@@ -28,8 +29,8 @@ KINDS = ["acquire", "write", "delete", "release", "keep_alive", "force_release",
 
 @pytest.fixture(autouse=True)
 def one_resource_per_piece(monkeypatch):
-    monkeypatch.setattr(state_machine_module, "SNAPSHOT_RESOURCES_PER_PIECE", 1)
-    monkeypatch.setattr(state_machine_module, "_SORT_RUN_NAMES", 2)
+    monkeypatch.setattr(snapshot_pack_module, "SNAPSHOT_RESOURCES_PER_PIECE", 1)
+    monkeypatch.setattr(snapshot_pack_module, "_SORT_RUN_NAMES", 2)
 
 
 class Driver:
@@ -40,7 +41,8 @@ class Driver:
         self.stamp = 1_000
         self.log: list[bytes] = []
 
-    def command(self, sm: FencingStateMachine) -> bytes:
+    def command(self, sm: FencingStateMachine) -> list[bytes]:
+        """The entries of one drawn command (several for a restore)."""
         draw = self.data.draw
         kind = draw(st.sampled_from(KINDS))
         name = draw(st.sampled_from(NAMES))
@@ -72,15 +74,15 @@ class Driver:
                             stamp_ms=stamp)
         elif kind == "dequeue":
             cmd = c.dequeue(resource=name, waiter_id=bytes([NAMES.index(name)]) * 16, stamp_ms=stamp)
-        else:
-            cmd = c.restore(data=sm.backup(), epoch_floor=sm.epoch + 1, stamp_ms=stamp)
-        return cmd.encode()
+        else:  # a restore: its BEGIN, CHUNKs and COMMIT, as the server proposes them
+            return [cmd.encode() for cmd in restore_commands(sm.backup(), epoch_floor=sm.epoch + 1, stamp_ms=stamp)]
+        return [cmd.encode()]
 
     def apply(self, sm: FencingStateMachine, count: int) -> None:
         for _ in range(count):
-            entry = self.command(sm)
-            self.log.append(entry)
-            sm.apply(entry, len(self.log))
+            for entry in self.command(sm):
+                self.log.append(entry)
+                sm.apply(entry, len(self.log))
 
 
 @settings(max_examples=250, deadline=None)
@@ -121,7 +123,7 @@ def test_a_capture_left_early_ends_and_a_second_one_meanwhile_is_refused():
 
 
 def test_a_large_table_names_are_copied_a_slice_per_piece_before_the_state_is_fixed(monkeypatch):
-    monkeypatch.setattr(state_machine_module, "_NAMES_COPIED_PER_PIECE", 3)
+    monkeypatch.setattr(snapshot_pack_module, "_NAMES_COPIED_PER_PIECE", 3)
     sm = FencingStateMachine()
     for i in range(7):
         sm.execute(c.acquire(resource=f"n{i}", holder="h", ttl_ms=1_000, op_id=bytes([i]) * 16, stamp_ms=1))

@@ -108,7 +108,6 @@ def test_op_numbers_never_change():
         "FORCE_RELEASE": 7,
         "SET_EPOCH_FLOOR": 8,
         "TICK": 9,
-        "RESTORE": 10,
         "RESTORE_BEGIN": 11,
         "RESTORE_CHUNK": 12,
         "RESTORE_COMMIT": 13,
@@ -202,6 +201,7 @@ def packed(obj) -> bytes:
         (packed(["1", 9, 0, {}]), "format version"),
         (packed([1, 0, 0, {}]), "unknown op"),
         (packed([1, 99, 0, {}]), "unknown op"),
+        (packed([1, 10, 0, {}]), "unknown op 10"),  # never an op of a released build
         (packed([1, True, 0, {}]), "op must be an integer"),
         (packed([1, 9, -1, {}]), "stamp_ms"),
         (packed([1, 9, 1.5, {}]), "stamp_ms"),
@@ -539,6 +539,20 @@ def test_execute_refuses_bad_envelopes_too():
         before = sm.digest()
         assert_rejected(sm.execute(cmd), Reason.MALFORMED)
         assert sm.digest() == before
+
+
+def test_op_10_is_refused_like_any_unknown_op_and_changes_nothing():
+    """10 was a whole-backup RESTORE in builds before the first release; no released build
+    wrote one. An entry with it, even one carrying a good backup and floor, is refused as
+    MALFORMED with no op, through the log and through execute, and the state stays as it was."""
+    sm = FencingStateMachine()
+    assert_applied(acquire(sm, stamp=5))
+    body = {"data": sm.backup(), "epoch_floor": 10}
+    before = sm.digest()
+    for outcome in (sm.apply(packed([1, 10, 6, body])), sm.execute(Command(10, 6, body))):  # type: ignore[arg-type]
+        refused = assert_rejected(outcome, Reason.MALFORMED)
+        assert refused.op is None and refused.message == "unknown op 10", refused
+        assert sm.digest() == before and sm.epoch == 1 and sm.log_clock_ms == 5
 
 
 # -- expected_version ----------------------------------------------------------------------------
@@ -1346,7 +1360,6 @@ OP_FIELDS = {
     Op.FORCE_RELEASE: ["resource", "op_id"],
     Op.SET_EPOCH_FLOOR: ["floor", "fence_all"],
     Op.TICK: [],
-    Op.RESTORE: ["data", "epoch_floor"],
     Op.RESTORE_BEGIN: ["restore_id", "size", "digest", "epoch_floor"],
     Op.RESTORE_CHUNK: ["restore_id", "seq", "chunk"],
     Op.RESTORE_COMMIT: ["restore_id"],
@@ -1365,7 +1378,6 @@ GOOD_FIELD_VALUES = {
     "op_id": st.sampled_from([b"x" * 16, b"y" * 16, b"z" * 16]),
     "floor": st.integers(min_value=1, max_value=5),
     "fence_all": st.booleans(),
-    "data": st.sampled_from([FencingStateMachine().snapshot(), b"not a snapshot"]),
     "epoch_floor": st.integers(min_value=1, max_value=5),
     "restore_id": st.sampled_from([b"a" * 16, b"b" * 16]),
     "size": st.integers(min_value=1, max_value=64),

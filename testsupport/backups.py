@@ -1,19 +1,22 @@
 """Backups for tests, built directly as snapshot documents: the fullest state the limits allow,
-and a state of a given size.
+and a state of a given size; and restoring one through the log as the server does, in chunks.
 
 Owns: building those documents (msgpack, the state machine's snapshot layout) quickly, without
-applying hundreds of thousands of commands. Must never: be shipped (testsupport/ is outside the
-wheel), or build a document the state machine would not accept as a backup: every builder's
-result goes through ``FencingStateMachine.restore`` and ``check_backup`` in the tests.
+applying hundreds of thousands of commands, and the entries of a chunked restore. Must never:
+be shipped (testsupport/ is outside the wheel), or build a document the state machine would
+not accept as a backup: every builder's result goes through ``FencingStateMachine.restore``
+and ``check_backup`` in the tests.
 """
 
 from __future__ import annotations
 
+import hashlib
+
 import msgpack
 
-from coordinator.core import limits
+from coordinator.core import commands, limits
 from coordinator.core.commands import Op
-from coordinator.core.outcomes import Applied, outcome_to_wire
+from coordinator.core.outcomes import Applied, Outcome, Rejected, outcome_to_wire
 from coordinator.core.snapshot_format import SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC
 
 # Version 2 added the staged restore (nil in a backup); version 1 had none. Written per the
@@ -83,3 +86,33 @@ def backup_of_size(total_bytes: int, *, value_bytes: int = limits.VALUE_BYTES_MA
         resources.append([f"big/{i:06d}", 7, 64, None, data])
     doc = [SNAPSHOT_MAGIC, SNAPSHOT_FORMAT_VERSION, 7, 1_000, resources, [], *_STAGED]
     return msgpack.packb(doc, use_bin_type=True)
+
+
+RESTORE_ID = b"t" * limits.RESTORE_ID_BYTES
+
+
+def restore_commands(data: bytes, *, epoch_floor: int, stamp_ms: int) -> list[commands.Command]:
+    """RESTORE_BEGIN, a RESTORE_CHUNK per BACKUP_CHUNK_BYTES of ``data``, RESTORE_COMMIT: the
+    entries the server proposes to restore ``data``. Only the COMMIT carries ``stamp_ms``; the
+    others are stamped 0 so that they leave the log clock where it was, and a refused restore
+    that is then aborted leaves the whole state (digest included) as it was."""
+    step = limits.BACKUP_CHUNK_BYTES
+    begin = commands.restore_begin(restore_id=RESTORE_ID, size=len(data), digest=hashlib.sha256(data).digest(),
+                                   epoch_floor=epoch_floor, stamp_ms=0)
+    chunks = [commands.restore_chunk(restore_id=RESTORE_ID, seq=n, chunk=data[at:at + step], stamp_ms=0)
+              for n, at in enumerate(range(0, len(data), step))]
+    return [begin, *chunks, commands.restore_commit(restore_id=RESTORE_ID, stamp_ms=stamp_ms)]
+
+
+def restore_in_chunks(machine, data: bytes, *, epoch_floor: int, stamp_ms: int) -> Outcome:
+    """Apply ``restore_commands`` to ``machine`` (a ``FencingStateMachine``) through the log;
+    at the first refusal, ABORT (as the server's proposer does) and return that refusal, else
+    the COMMIT's outcome."""
+    outcome: Outcome | None = None
+    for command in restore_commands(data, epoch_floor=epoch_floor, stamp_ms=stamp_ms):
+        outcome = machine.apply(command.encode())
+        if isinstance(outcome, Rejected):
+            machine.apply(commands.restore_abort(restore_id=RESTORE_ID, stamp_ms=0).encode())
+            return outcome
+    assert outcome is not None
+    return outcome

@@ -13,8 +13,13 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
 
     sync         ``FencingClient`` and ``Lease`` (sync, thread-safe); the public names
     aio          ``AsyncFencingClient`` and ``AsyncLease`` (``grpc.aio``)
-    _base        what both clients share: configuration, endpoints, each RPC's request, one
-                 call's attempts, the keep-alive policy
+    _base        what both clients share: configuration and endpoint choice, on ``_methods``
+    _methods     every public RPC method, written once: request, retry kind, answer reader
+    _calls       one call and its attempts: deadline, attempt count, what is raised
+    _lock_wait   one ``lock()`` wait: which Lock call next, pauses, when it ends
+    _lease       a held lease, and the keep-alive policy as one pure decision
+    _requests    request building and the field checks run before anything is sent
+    _defaults    every timeout, retry and discovery default, each with its reason
     retry        the retry policy: which failures are retried, the backoff, what to raise
     multiplex    ``multiplex=True``: concurrent calls of one process sent as one batch RPC
     results      the result dataclasses, built from the API's responses

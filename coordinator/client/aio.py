@@ -2,9 +2,9 @@
 
 Owns: asyncio channels, the awaiting retry loop and discovery, and ``AsyncLease`` (its
 keep-alive is a task). Everything else (validation, requests, the retry policy, the
-bookkeeping of attempts, the results and exceptions) is shared with the sync client through
-``_base`` (the constructor too: this class only opens asyncio channels). Must never: block the
-event loop (no time.sleep, no sync RPC).
+bookkeeping of attempts, the results and exceptions) is shared with the sync client
+through ``_base`` and the private modules it names (the constructor too: this class only
+opens asyncio channels). Must never: block the event loop (no time.sleep, no sync RPC).
 
     async with AsyncFencingClient(endpoints) as client:
         async with client.lease("orders/7", ttl_ms=5000) as lease:
@@ -28,21 +28,11 @@ import grpc
 import grpc.aio
 
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.client._base import (
-    CHANNEL_OPTIONS,
-    RENEWAL_ERRORS,
-    Attempts,
-    Call,
-    KeepAliveAction,
-    LeaseBase,
-    LockWait,
-    Renewal,
-    Shape,
-    Stubs,
-    _ClientBase,
-    keepalive_step,
-    send,
-)
+from coordinator.client._base import _ClientBase
+from coordinator.client._calls import Attempts, Call, Shape, Stubs, send
+from coordinator.client._defaults import CHANNEL_OPTIONS
+from coordinator.client._lease import RENEWAL_ERRORS, KeepAliveAction, LeaseBase, Renewal, keepalive_step
+from coordinator.client._lock_wait import LockWait
 from coordinator.client.exceptions import FencingError, LeaseLost, Refused
 from coordinator.client.results import AcquireResult, KeepAliveResult, ReleaseResult
 

@@ -2,9 +2,10 @@
 
 Owns: ``FencingClient`` (sync, thread-safe: channels, the retry loop, leader discovery) and
 ``Lease`` (a daemon thread renews it); it re-exports the results, ``AsyncFencingClient`` and
-``AsyncLease`` (asyncio, ``aio``). Shared with the asyncio client through ``_base``: the
-constructor and its checks, request validation before sending (the server's own field
-rules, ``coordinator.core.validation``), the keep-alive policy (``keepalive_step``), the
+``AsyncLease`` (asyncio, ``aio``). Shared with the asyncio client through ``_base`` and the
+private modules it names: the constructor and its checks, request validation before sending
+(the server's own field rules, ``coordinator.core.validation``), the keep-alive policy
+(``keepalive_step``), the
 retry policy (``retry``) and the frozen result dataclasses (``results``); failures are the
 exception tree of ``coordinator.client.exceptions``. Must never: invent an outcome. After an
 attempt that may have applied it says OutcomeUnknown, not "failed"; it never retries a
@@ -54,22 +55,12 @@ from typing import Any, Callable, Sequence
 import grpc
 
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.client._base import (
-    CHANNEL_OPTIONS,
-    DEFAULT_ENDPOINTS,
-    RENEWAL_ERRORS,
-    Attempts,
-    Call,
-    KeepAliveAction,
-    LeaseBase,
-    LockWait,
-    Renewal,
-    Shape,
-    _ClientBase,
-    keepalive_step,
-    new_op_id,
-    send,
-)
+from coordinator.client._base import _ClientBase
+from coordinator.client._calls import Attempts, Call, Shape, send
+from coordinator.client._defaults import CHANNEL_OPTIONS, DEFAULT_ENDPOINTS
+from coordinator.client._lease import RENEWAL_ERRORS, KeepAliveAction, LeaseBase, Renewal, keepalive_step
+from coordinator.client._lock_wait import LockWait
+from coordinator.client._requests import new_op_id
 from coordinator.client.aio import AsyncFencingClient, AsyncLease
 from coordinator.client.exceptions import FencingError, LeaseLost, Refused, error_for_reason
 from coordinator.client.multiplex import KINDS as BATCH_KINDS

@@ -10,8 +10,16 @@ arrives inside each command; every replica applying the same log reaches the sam
 
 Modules (one job each; ``tests/test_layers.py`` checks this map against the files):
 
-    state_machine    ``FencingStateMachine``: decodes and applies each command, the rules
-                     of every op, refusals as values, the canonical snapshot
+    state_machine    ``FencingStateMachine``: decodes each command, checks its body, answers
+                     a retried op_id, dispatches to its family's handler, keeps the log clock
+    bodies           each op's body fields, and the checked reading of a body
+    machine_base     the state every handler family shares, and the rules on more than one
+                     path: fencing a token, granting a lease, quotas
+    lease_handlers   ACQUIRE, KEEP_ALIVE, RELEASE, TICK (expiry) and the lock queue's
+                     ENQUEUE, DEQUEUE
+    write_handlers   the fenced WRITE and DELETE, READ_BARRIER, and the limits a write meets
+    admin_handlers   FORCE_RELEASE, SET_EPOCH_FLOOR, the chunked restore and the state swap
+    snapshot_pack    the canonical snapshot, whole or in bounded pieces
     commands         the numbered op codes, the versioned msgpack command envelope, its
                      bounded decoder and one constructor per op
     validation       one check per field name, and which fields each RPC's request carries

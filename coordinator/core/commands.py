@@ -50,7 +50,8 @@ class Op(enum.IntEnum):
     FORCE_RELEASE = 7
     SET_EPOCH_FLOOR = 8
     TICK = 9
-    RESTORE = 10  # a whole backup in one entry: written by older members, still applied
+    # 10 is not an op: no released build ever wrote one, so an entry with it is refused as
+    # unknown, like any other number missing here.
     # A backup restored in chunks (DESIGN I11): BEGIN declares it, CHUNKs stage it in order,
     # COMMIT checks and swaps it in; ABORT drops what is staged.
     RESTORE_BEGIN = 11
@@ -69,12 +70,12 @@ class MalformedCommand(ValueError):
     """The bytes are not one well-formed command envelope (body fields are not checked)."""
 
 
-# The decoder never builds anything bigger than a whole command could hold. A RESTORE
-# (admin, DESIGN I11) carries a backup and may reach RESTORE_COMMAND_BYTES_MAX; every
-# other command stays within COMMAND_BYTES_MAX.
+# The decoder never builds anything bigger than a whole command could hold. A RESTORE_CHUNK
+# (admin, DESIGN I11) carries a piece of a backup and may reach RESTORE_CHUNK_COMMAND_BYTES_MAX;
+# every other command stays within COMMAND_BYTES_MAX.
 _UNPACK_LIMITS: dict[str, Any] = {
-    "max_str_len": limits.RESTORE_COMMAND_BYTES_MAX,
-    "max_bin_len": limits.RESTORE_COMMAND_BYTES_MAX,
+    "max_str_len": limits.RESTORE_CHUNK_COMMAND_BYTES_MAX,
+    "max_bin_len": limits.RESTORE_CHUNK_COMMAND_BYTES_MAX,
     "max_array_len": limits.COMMAND_ITEMS_MAX,
     "max_map_len": limits.COMMAND_ITEMS_MAX,
     "max_ext_len": 0,  # no extension types (timestamps etc.) are part of the format
@@ -126,17 +127,16 @@ def validate_envelope(op: object, stamp_ms: object, body: object) -> Op:
     return checked_op
 
 
-# How a RESTORE and a RESTORE_CHUNK command start: a fixarray of 4, FORMAT_VERSION, the op
-# (positive fixints); both may be larger than any other command.
+# How a RESTORE_CHUNK command starts: a fixarray of 4, FORMAT_VERSION, the op (positive
+# fixints); it may be larger than any other command.
 _LARGE_PREFIXES = {
-    bytes([0x94, FORMAT_VERSION, Op.RESTORE]): limits.RESTORE_COMMAND_BYTES_MAX,
     bytes([0x94, FORMAT_VERSION, Op.RESTORE_CHUNK]): limits.RESTORE_CHUNK_COMMAND_BYTES_MAX,
 }
 
 
 def _bytes_max(data: bytes) -> int:
-    """The size cap for ``data``: larger for a RESTORE or a RESTORE_CHUNK, known from its
-    first three bytes."""
+    """The size cap for ``data``: larger for a RESTORE_CHUNK, known from its first three
+    bytes."""
     return _LARGE_PREFIXES.get(data[:3], limits.COMMAND_BYTES_MAX)
 
 
@@ -144,7 +144,7 @@ def decode(data: bytes) -> Command:
     """Decode one command from a Raft entry, refusing anything malformed.
 
     Raises ``MalformedCommand`` if ``data`` is not bytes, is longer than
-    ``limits.COMMAND_BYTES_MAX`` (more for a RESTORE or RESTORE_CHUNK: ``_bytes_max``), is not
+    ``limits.COMMAND_BYTES_MAX`` (more for a RESTORE_CHUNK: ``_bytes_max``), is not
     msgpack, has the wrong shape, an unknown format version, an unknown op or a bad stamp.
     The body's fields are not validated.
     """
@@ -285,12 +285,6 @@ def set_epoch_floor(*, floor: int, stamp_ms: int, fence_all: bool = True) -> Com
 def tick(*, stamp_ms: int) -> Command:
     """Advance the log clock and drop expired leases."""
     return Command(Op.TICK, stamp_ms, {})
-
-
-def restore(*, data: bytes, epoch_floor: int, stamp_ms: int) -> Command:
-    """Admin (I11): replace the state by the backup ``data`` (a snapshot), fenced at an
-    epoch above ``epoch_floor``, which must exceed the current epoch."""
-    return Command(Op.RESTORE, stamp_ms, {"data": data, "epoch_floor": epoch_floor})
 
 
 def restore_begin(

@@ -48,7 +48,7 @@ KEYS_PER_RESOURCE_MAX = 1_024
 # principals file have no quota of their own (only the cluster-wide limits above).
 # A hundredth of RESOURCES_MAX: one tenant alone cannot take the cluster's resource limit. Not
 # raised with it: a principal at its quota has its resources counted live by each Acquire it
-# sends (state_machine._quota_refusal), a scan that grows with this number on every member.
+# sends (machine_base._quota_refusal), a scan that grows with this number on every member.
 PRINCIPAL_RESOURCES_MAX = 10_000
 # Every live lease is one resource at least, so no more leases than resources.
 PRINCIPAL_LEASES_MAX = 10_000
@@ -149,11 +149,11 @@ RESTORE_STAGING_IDLE_MS = 60_000
 # up to BACKUP_BYTES_MAX in memory, so two bound that to ~1.5 GB at the worst the limits allow
 # (~185 MB at a million short-named resources); a third is refused OVERLOADED.
 BACKUP_TRANSFERS_MAX = 2
-# The unary Admin.Snapshot and Admin.Restore carry a backup in one gRPC message, and a RESTORE
-# entry written by an older member carries one in one Raft entry (still applied from old logs):
-# 4 MiB. Larger backups go through SnapshotStream and RestoreStream.
+# The unary Admin.Snapshot and Admin.Restore carry a backup in one gRPC message: 4 MiB.
+# Larger backups go through SnapshotStream and RestoreStream.
 RESTORE_SNAPSHOT_BYTES_MAX = 4 * 1024 * 1024
-# The RESTORE command: the snapshot plus its envelope and fields.
+# The largest Raft entry the Raft layer is sized for (coordinator/raft/limits.py): a unary
+# backup plus an envelope; every command, a RESTORE_CHUNK included, is smaller.
 RESTORE_COMMAND_BYTES_MAX = RESTORE_SNAPSHOT_BYTES_MAX + 4 * 1024
 assert RESTORE_CHUNK_COMMAND_BYTES_MAX <= RESTORE_COMMAND_BYTES_MAX, "a chunk entry fits the Raft bounds"
 

@@ -7,7 +7,7 @@ and fits the declared size, whether a COMMIT's staged bytes are all there with t
 sha256, and whether an ABORT names it. The backup is read and hashed as its chunks arrive.
 Must never: read a clock (time arrives as the entry's ``now``), do I/O, or touch the rest of the
 state: the epoch floor check, the fencing and the swap of the whole state on COMMIT are the
-state machine's (``state_machine._swap_in``). A refusal changes nothing here either.
+state machine's (``admin_handlers._swap_in``). A refusal changes nothing here either.
 """
 
 from __future__ import annotations

@@ -210,7 +210,7 @@ class SnapshotReader:
             _need_count(tally["resources"], counts.resources_max, "resources")
             for name, keys in tally["keys_records"]:
                 _need_count(keys, counts.keys_per_resource_max, "keys of %r", name)
-            # The cluster-wide bounds a live write is held to (state_machine._write).
+            # The cluster-wide bounds a live write is held to (write_handlers._write).
             _need(tally["keys"] <= counts.keys_max, "keys: %d, more than %d", tally["keys"], counts.keys_max)
             _need(
                 tally["stored_bytes"] <= counts.stored_bytes_max,
