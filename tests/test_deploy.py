@@ -23,9 +23,9 @@ import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from coordinator.raft.fatal import EXIT_APPLY_FAILED, EXIT_DISK_FAILED
 from coordinator.server import config as config_mod
 from coordinator.server.fencingd import build_parser
-from coordinator.raft.fatal import EXIT_APPLY_FAILED, EXIT_DISK_FAILED
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEPLOY = os.path.join(REPO, "deploy")
@@ -258,7 +258,9 @@ def deployed_member_values() -> dict[str, dict]:
         sts = next(d for d in yaml.safe_load_all(f) if d["kind"] == "StatefulSet")
     args = downward_args(sts["spec"]["template"]["spec"]["containers"][0], "fencing-0", "fencing")
     parsed = build_parser().parse_args(["serve", *args])
-    out["kubernetes/fencing.yaml"] = {k: v for k, v in vars(parsed).items() if k in config_mod._FIELDS and v is not None}
+    out["kubernetes/fencing.yaml"] = {
+        k: v for k, v in vars(parsed).items() if k in config_mod._FIELDS and v is not None
+    }
     return out
 
 
@@ -513,7 +515,7 @@ def test_the_systemd_install_steps_work_on_a_fresh_host(tmp_path):
             if "pip install" in step:  # the venv gets this checkout's fencingd instead
                 wrapper = f"{root}/opt/fencing/venv/bin/fencingd"
                 with open(wrapper, "w", encoding="utf-8") as f:
-                    f.write(f"#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m coordinator.server.fencingd \"$@\"\n")
+                    f.write(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m coordinator.server.fencingd "$@"\n')
                 os.chmod(wrapper, 0o755)
             continue
         command = in_root(step, root, ids)

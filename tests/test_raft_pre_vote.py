@@ -98,7 +98,8 @@ def test_answering_a_pre_vote_changes_nothing_on_the_answerer(member, monkeypatc
     assert {k: answer[k] for k in ("term", "granted", "current_term")} == {"term": term + 1, "granted": True,
                                                                            "current_term": term}
     assert answer["incarnation"] == member.identity.incarnation  # stamped: the asker counts it only so
-    assert (so.raftCurrentTerm, so._SyncObj__votedForNodeId, so._SyncObj__raftElectionDeadline) == (term, vote, deadline)
+    kept = (so.raftCurrentTerm, so._SyncObj__votedForNodeId, so._SyncObj__raftElectionDeadline)
+    assert kept == (term, vote, deadline)
 
 
 def test_a_member_that_hears_its_leader_says_no(member):

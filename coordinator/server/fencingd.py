@@ -36,9 +36,9 @@ import time
 # sets GRPC_VERBOSITY. The core reads it once, when grpc is first imported: before the imports below.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from coordinator.server import config as config_mod  # noqa: E402 - after GRPC_VERBOSITY
-from coordinator.client.version import distribution_version  # noqa: E402
-from coordinator.server import api_conns, cpu_pin, log_limits, server_extra  # noqa: E402
+from coordinator.client.version import distribution_version
+from coordinator.server import api_conns, cpu_pin, log_limits, server_extra
+from coordinator.server import config as config_mod
 
 log = logging.getLogger("fencingd")
 
@@ -90,9 +90,8 @@ class JsonFormatter(logging.Formatter):
 def _setup_logging(level: str, log_format: str = "text",
                    refused_log_window_s: float = log_limits.REFUSED_LOG_WINDOW_S) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter() if log_format == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    )
+    text_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(text_format))
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
     # The gRPC library logs a line per request it cannot decode, from anyone who connects:
     # a few per kind and window, the rest counted (log_limits).
@@ -153,8 +152,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     placement = cpu_pin.Placement(cfg.cpu_affinity, cfg.member_index, log=log.info)
     placement.start()  # before any thread starts: threads inherit where they were started
     _name_os_threads()
-    from coordinator.server.app import FencingServer, StartupError  # imports grpc and the Raft layer: after config checks
     from coordinator.raft.replica import freeze_after_slow_full_passes
+    from coordinator.server.app import (  # imports grpc and the Raft layer: after config checks
+        FencingServer,
+        StartupError,
+    )
 
     freeze_after_slow_full_passes()  # the GC's full passes stay short as the state grows (replica.py)
 
@@ -226,7 +228,8 @@ def _healthy(api_address: str, timeout_s: float = 1.0, credentials=None) -> bool
 
     with open_channel(api_address, credentials) as channel:
         try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
+            # The stubs declare HealthStub without its methods.
+            reply = health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
             )
         except grpc.RpcError:
@@ -431,7 +434,8 @@ def _wait_dev_healthy(dev: _DevCluster, children: list[subprocess.Popen], stop: 
     while waiting and not stop.is_set():
         for i in sorted(waiting):
             if children[i].poll() is not None:
-                print(f"fencingd dev: member {i} exited with {children[i].returncode}; see {dev.logs[i]}", file=sys.stderr)
+                print(f"fencingd dev: member {i} exited with {children[i].returncode}; see {dev.logs[i]}",
+                      file=sys.stderr)
                 return "failed"
             if _healthy(dev.apis[i]):
                 waiting.discard(i)
@@ -447,8 +451,8 @@ def _print_dev_endpoints(dev: _DevCluster) -> None:
     apis, logs = dev.apis, dev.logs
     print("fencingd dev: cluster is up", flush=True)
     for i in range(DEV_MEMBERS):
-        print(f"  member {i}: api {apis[i]}  raft {dev.rafts[i]}  metrics http://{dev.metrics[i]}/metrics  log {logs[i]}",
-              flush=True)
+        print(f"  member {i}: api {apis[i]}  raft {dev.rafts[i]}  metrics http://{dev.metrics[i]}/metrics"
+              f"  log {logs[i]}", flush=True)
     print(f"  token proofs: Acquire signs them; guards verify with {dev.verify_key}", flush=True)
     print(f"  peer credential (raft_secret_file of all three): {dev.raft_secret}", flush=True)
     print(f"ENDPOINTS {','.join(apis)}", flush=True)
@@ -512,8 +516,10 @@ def build_parser() -> argparse.ArgumentParser:
     config_mod.add_arguments(check)
     check.set_defaults(func=cmd_check_config)
     dev = sub.add_parser("dev", help="run a local three-member cluster on loopback until Ctrl-C")
-    dev.add_argument("--data-dir", default="./fencing-dev-data", help="where the members keep their data (reused on restart)")
-    dev.add_argument("--base-port", type=int, default=7100, help="API ports N..N+2, Raft ports N+100..N+102, metrics N+200..N+202")
+    dev.add_argument("--data-dir", default="./fencing-dev-data",
+                     help="where the members keep their data (reused on restart)")
+    dev.add_argument("--base-port", type=int, default=7100,
+                     help="API ports N..N+2, Raft ports N+100..N+102, metrics N+200..N+202")
     dev.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
     dev.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     dev.add_argument("--start-timeout", type=float, default=DEV_START_TIMEOUT_S, help="seconds to wait for health")

@@ -66,8 +66,8 @@ from pysyncobj.transport import Transport
 
 from coordinator.raft import identity as _raft_identity
 from coordinator.raft import wire as raft_wire
-from coordinator.raft.journal import JOURNAL_NAME, DurableJournal
 from coordinator.raft.interface import ProposeOutcome
+from coordinator.raft.journal import JOURNAL_NAME, DurableJournal
 from coordinator.raft.node import ALL_FIXES, RaftConfig, RaftNode, failure_of
 
 NODE_ADDRESSES = ("127.0.0.1:4001", "127.0.0.1:4002", "127.0.0.1:4003")
