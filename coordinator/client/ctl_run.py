@@ -174,9 +174,9 @@ def _print_members(members) -> None:
     ]
     rows = [[cell(m) for _, cell in columns] for m in members]
     widths = [max([len(title), *(len(row[i]) for row in rows)]) for i, (title, _) in enumerate(columns)]
-    print("  ".join(f"{title:<{w}}" for (title, _), w in zip(columns, widths)).rstrip())
+    print("  ".join(f"{title:<{w}}" for (title, _), w in zip(columns, widths, strict=True)).rstrip())
     for row in rows:
-        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _write_file_atomically(path: str, data: bytes) -> None:

@@ -382,7 +382,8 @@ class DurableJournal(Journal):
         end = prepared.end
         try:
             if self._end > prepared.source_end:
-                write_all(prepared.fd, read_exactly(self._fd, self._end - prepared.source_end, prepared.source_end), end)
+                tail = read_exactly(self._fd, self._end - prepared.source_end, prepared.source_end)
+                write_all(prepared.fd, tail, end)
                 end += self._end - prepared.source_end
                 self._fsync(prepared.fd)
             os.replace(self._path + PREPARED_SUFFIX, self._path)

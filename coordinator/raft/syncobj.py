@@ -208,7 +208,7 @@ class HardenedSyncObj(
             return
         try:
             self._on_leadership(now)
-        except Exception:  # noqa: BLE001 - an observer must never break the Raft thread
+        except Exception:  # an observer must never break the Raft thread; logged below
             log.exception("raft: the leadership observer failed")
 
     def _checkCommandsToApply(self):
@@ -380,7 +380,8 @@ class HardenedSyncObj(
         # Only the append sender passes a size (syncobj.py:1272); there the count is capped
         # too, so an append of many tiny entries stays within raft_limits.RAFT_MESSAGE_BYTES_MAX.
         if maxSizeBytes is not None:
-            count = raft_limits.RAFT_APPEND_ENTRIES_MAX if count is None else min(count, raft_limits.RAFT_APPEND_ENTRIES_MAX)
+            cap = raft_limits.RAFT_APPEND_ENTRIES_MAX
+            count = cap if count is None else min(count, cap)
         return SyncObj._SyncObj__getEntries(self, fromIDx, count, maxSizeBytes)
 
     def _sanitize_append(self, message: dict) -> dict:

@@ -35,7 +35,6 @@ from coordinator.server.lock_wait import LockWaits
 from coordinator.server.request_core import Core, checked_request, unary
 from coordinator.server.streams import SlotGate
 
-
 # -- Lease ---------------------------------------------------------------------------------
 
 
@@ -193,7 +192,8 @@ class LeaseServicer(pb_grpc.LeaseServicer):
 
         def answer(command: commands.Command, outcome: tuple[dict, int] | ServiceError) -> tuple[Any, int]:
             result, index = applied(outcome)
-            response = pb.ReleaseResponse(header=self.core.header(index), released=result["released"], hwm=result["hwm"])
+            response = pb.ReleaseResponse(
+                header=self.core.header(index), released=result["released"], hwm=result["hwm"])
             return response, index
 
         results, index = serve_many(self.core, RELEASE_MANY, request.releases, context, caller, build, answer)
