@@ -60,12 +60,14 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         return self._acquire_response(command, result, index)
 
     def _acquire_response(self, command: commands.Command, result: dict, index: int) -> pb.AcquireResponse:
+        resource = command.resource
+        assert resource is not None, "an ACQUIRE always names its resource (commands.acquire)"
         return pb.AcquireResponse(
             header=self.core.header(index),
             token=result["token"],
             lease_id=result["token"],
             expires_at_ms=result["expires_at_ms"],
-            token_proof=self._proof(command.resource, result["token"]),
+            token_proof=self._proof(resource, result["token"]),
         )
 
     @unary
