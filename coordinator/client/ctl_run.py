@@ -188,7 +188,7 @@ def _write_file_atomically(path: str, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException:  # any failure, interrupts too, removes the partial file; re-raised
         try:
             os.unlink(tmp)
         except OSError:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pysyncobj.syncobj as _ps
 from pysyncobj import SyncObj, SyncObjConf
@@ -121,6 +121,9 @@ class HardenedSyncObj(
 ):
     """pysyncobj with the durability and safety holes RAFT.md lists closed."""
 
+    # pysyncobj's own state that this class replaces (pysyncobj itself is untyped).
+    _SyncObj__commandsWaitingReply: dict[Any, Any]
+
     def __init__(
         self,
         config: RaftConfig,
@@ -188,7 +191,7 @@ class HardenedSyncObj(
         self._append_has_new_entries = True
         self.truncated_applied = 0  # times an applied entry would have been truncated
         self.leader_commit_seen = None  # commit index announced to this process by a leader
-        self._conflict_hint = None  # where to resume, for the append being handled
+        self._conflict_hint: int | None = None  # where to resume, for the append being handled
 
     @property
     def encryptor(self):
