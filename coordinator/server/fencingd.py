@@ -544,7 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen_secret.add_argument("file", help="file to create (never overwritten); copy it to every member")
     gen_secret.set_defaults(func=cmd_gen_secret)
-    # Imported here, not at the top: it reaches the Raft layer (pysyncobj, a [server]
+    # Imported here, not at the top: it reaches the Raft layer (the Raft library, a [server]
     # dependency), and a client-only install must get server_extra's one line first (main).
     from coordinator.server import restore_cluster
 
