@@ -35,6 +35,16 @@ def test_a_returning_follower_deposes_nobody(kind):
     assert result.stats["elections_won"] == 1, dict(result.stats)
 
 
+def test_a_follower_the_leader_cannot_reach_deposes_nobody():
+    """A one-way cut from the leader to one follower: that follower hears nothing and asks for
+    votes; the other follower still hears the leader and says no."""
+    result = _run([Fault(1_500_000, "cut", "leader", "follower", PARTITION_US)])
+    assert result.stats["oneway_cuts"] == 1, dict(result.stats)
+    assert result.stats["elections_won"] == 1, dict(result.stats)
+    without = _run([Fault(1_500_000, "cut", "leader", "follower", PARTITION_US)], ALL_FIXES - {"pre_vote"})
+    assert without.stats["elections_won"] > 1, dict(without.stats)
+
+
 def test_without_pre_vote_a_returning_partitioned_follower_deposes_the_leader():
     """The same run with the fix off: the check above can fail."""
     schedule = [Fault(1_500_000, "partition", "follower", "any", PARTITION_US)]
