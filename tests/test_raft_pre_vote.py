@@ -167,3 +167,23 @@ def test_a_round_asks_first_and_stands_only_with_a_majority(member):
     member.tick(0)
     assert so.raftCurrentTerm == term + 1
     assert sorted(to for to, m in _sent(member, "request_vote") if m["term"] == term + 1) == [LEADER, OTHER]
+
+
+def test_a_won_round_is_forgotten_once_a_leader_is_heard(member):
+    """A round won just before a leader's append arrived does not let the member stand at its
+    next timeout without asking again."""
+    so = member.syncobj
+    so._SyncObj__raftLeader = None
+    term = so.raftCurrentTerm
+    so._SyncObj__raftElectionDeadline = 0
+    member.tick(0)
+    so._SyncObj__onMessageReceived(TCPNode(OTHER), {
+        "type": "pre_vote_response", "term": term + 1, "granted": True, "current_term": term,
+        "cluster": "cluster-a", "incarnation": PEER_INCARNATIONS[OTHER]})
+    append(member, 2, 1, [], commit=2)  # the leader is heard before the member stood
+    so._SyncObj__raftElectionDeadline = 0  # and then times out again
+    asked_before = len(_sent(member, "pre_vote"))
+    member.tick(0)
+    assert so.raftCurrentTerm == term and not _sent(member, "request_vote")
+    assert len(_sent(member, "pre_vote")) == asked_before + 2
+
