@@ -164,3 +164,5 @@ class PreVote(_Host):
         """After pysyncobj handled an append: from the leader it follows, it is alive."""
         if node == self._SyncObj__raftLeader:
             self._leader_heard_at = _ps.monotonicTime()
+            # A round won before this leader was heard is stale: the next election asks again.
+            self._pre_vote_won = self._pre_vote_term = None
