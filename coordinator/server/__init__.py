@@ -33,6 +33,7 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     tomlfile          reading one TOML file with errors that name it
     certs             the API's TLS files, read and checked at start and on SIGHUP
     listen_check      why an address cannot be listened on, asked of the OS
+    member_dir        whether ``data_dir`` is this member's (its identity file), before start
     api_conns         connection limits of the gRPC API, and descriptors kept for the rest
     streams           admission of calls that hold a worker thread long; stream idle timeout
     stream_admission  the interceptor that admits every streaming RPC, any service's

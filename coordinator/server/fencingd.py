@@ -38,7 +38,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from coordinator.server import config as config_mod  # noqa: E402 - after GRPC_VERBOSITY
 from coordinator.client.version import distribution_version  # noqa: E402
-from coordinator.server import api_conns, cpu_pin, log_limits, restore_cluster, server_extra  # noqa: E402
+from coordinator.server import api_conns, cpu_pin, log_limits, member_dir, restore_cluster, server_extra  # noqa: E402
 
 log = logging.getLogger("fencingd")
 
@@ -130,6 +130,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except config_mod.ConfigError as exc:
         print(f"fencingd: configuration error: {exc}", file=sys.stderr)
         return 2
+    foreign = member_dir.why_not_mine(cfg)  # another member's data dir: a person must look (exit 2)
+    if foreign is not None:
+        print(f"fencingd: configuration error: {foreign}", file=sys.stderr, flush=True)
+        return 2
     try:
         # Before anything opens a descriptor; exit 2 like a configuration error: a restart
         # would meet the same limit (the systemd unit does not restart on 2).
@@ -195,9 +199,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if args.file:
         args.config = args.file
     try:
-        config_mod.from_args(args, read_files=not args.values_only)
+        cfg = config_mod.from_args(args, read_files=not args.values_only)
     except config_mod.ConfigError as exc:
         print(f"fencingd: configuration error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    foreign = None if args.values_only else member_dir.why_not_mine(cfg)
+    if foreign is not None:
+        print(f"fencingd: configuration error: {foreign}", file=sys.stderr, flush=True)
         return 2
     print(f"{args.config or 'flags'}: ok", flush=True)
     return 0
