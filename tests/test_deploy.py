@@ -310,6 +310,10 @@ def test_the_systemd_unit_runs_the_example_config_and_stops_on_fatal_exits(tmp_p
     assert config.data_dir.startswith(service["ReadWritePaths"] + "/")
     assert os.path.dirname(config.audit_log_path) == service["ReadWritePaths"]
     assert service["KillSignal"] == "SIGTERM"
+    # Started = serving: fencingd sends READY=1 over $NOTIFY_SOCKET then (tests/test_sd_notify.py),
+    # and a member waiting for its quorum is never timed out of its start.
+    assert service["Type"] == "notify" and service.get("NotifyAccess", "main") == "main"
+    assert service["TimeoutStartSec"] == "infinity"
     assert int(service["TimeoutStopSec"]) > config.shutdown_grace_s
     assert {2, EXIT_APPLY_FAILED, EXIT_DISK_FAILED} <= {int(c) for c in service["RestartPreventExitStatus"].split()}
     assert port(config.raft_address) == RAFT_PORT and port(config.api_address) == API_PORT
@@ -582,7 +586,7 @@ INSTALL_NOT_RUN = {
     "apt-get install -y python3-venv openssl": "installs host packages (this machine has both)",
     "/opt/fencing/venv/bin/pip install '/path/to/fencing-coordinator[server]'":
         "downloads the server's dependencies; this checkout's fencingd goes into the venv instead",
-    "systemctl daemon-reload && systemctl enable --now fencingd": "no systemd runs here",
+    "systemctl daemon-reload && systemctl enable --now --no-block fencingd": "no systemd runs here",
 }
 
 

@@ -36,7 +36,7 @@ NAMED_RELATIVELY = (
 
 
 def _git(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, timeout=60)
+    return subprocess.run(["git", *argv], cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
 
 
 def _top_level() -> set[str]:
@@ -46,7 +46,8 @@ def _top_level() -> set[str]:
 
 def secret_paths_in(text: str, top: set[str]) -> set[str]:
     """Repository paths in ``text`` whose file name is a secret's (public halves aside)."""
-    pattern = re.compile(r"(?<![\w./-])(?:\./)?((?:%s)/[\w.*/-]*[\w*])" % "|".join(map(re.escape, sorted(top))))
+    dirs = "|".join(map(re.escape, sorted(top)))
+    pattern = re.compile(rf"(?<![\w./-])(?:\./)?((?:{dirs})/[\w.*/-]*[\w*])")
     found = set()
     for match in pattern.finditer(text):
         path = match.group(1)

@@ -41,5 +41,6 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     metrics           Prometheus metrics of one member
     metrics_http      the metrics endpoint's HTTP server (``/metrics``, ``/readyz``)
     cpu_pin           ``cpu_affinity``: the leader's threads on one CPU
+    sd_notify         systemd's readiness protocol: READY=1, STOPPING=1, STATUS= to $NOTIFY_SOCKET
     server_extra      whether the ``[server]`` extra is installed, said in one line
 """
