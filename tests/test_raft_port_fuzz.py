@@ -136,6 +136,10 @@ def real_message(rng: random.Random, addresses: list[str], dicts_only: bool = Fa
         lambda: {"type": "apply_command_response", "request_id": idx, "log_idx": idx, "log_term": term},
         lambda: {"type": "apply_command_response", "request_id": idx, "error": rng.randrange(1, 8)},
         lambda: {"type": "timeout_now", "term": term},
+        lambda: {"type": "pre_vote", "term": term, "last_log_index": idx, "last_log_term": term, **sender()},
+        lambda: {"type": "pre_vote_response", "term": term, "granted": rng.random() < 0.5, "current_term": term,
+                 **sender()},
+        lambda: {"type": "term_notice", "term": term, **sender()},
     ]
     if not dicts_only:
         kinds += [
@@ -459,7 +463,8 @@ BAD_BOOLS = [0, 1, None, "true", 1.0, b"", []]
 BAD_COMMANDS = [300_000_000, 1e300, "text", None, [b"x"], b"", b"\x93\x01\x02\x03", b"\x02\x80",
                 b"\x00\x02abc", True]
 BAD_VERSIONS = [0, raft_wire.WIRE_VERSION - 1, raft_wire.WIRE_VERSION + 1, 255, -1, 1.0, True, "1", None]
-BAD_KINDS = [0, 13, 255, -1, 2**63, 3.0, True, "3", None]
+# The first kind the wire does not have (it grows: 13-15 came with pre-vote), and others.
+BAD_KINDS = [0, max(raft_wire.KIND_NAMES) + 1, 255, -1, 2**63, 3.0, True, "3", None]
 # Message fields that must be an int in [0, 2^63), a bool, or a typed entry, per message.
 MUST_BE = {
     "request_vote": {"term": BAD_INTS, "last_log_index": BAD_INTS, "last_log_term": BAD_INTS,
@@ -470,6 +475,10 @@ MUST_BE = {
     "apply_command": {"command": BAD_COMMANDS},
     "apply_command_response": {"request_id": BAD_INTS},
     "timeout_now": {"term": BAD_INTS},
+    "pre_vote": {"term": BAD_INTS, "last_log_index": BAD_INTS, "last_log_term": BAD_INTS, "incarnation": BAD_INTS},
+    "pre_vote_response": {"term": BAD_INTS, "granted": BAD_BOOLS, "current_term": BAD_INTS,
+                          "incarnation": BAD_INTS},
+    "term_notice": {"term": BAD_INTS, "incarnation": BAD_INTS},
 }
 
 

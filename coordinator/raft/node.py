@@ -427,6 +427,7 @@ class RaftNode:
             "pre_votes_started": so.pre_votes_started,
             "pre_votes_won": so.pre_votes_won,
             "pre_votes_refused": so.pre_votes_refused,
+            "term_notices_adopted": so.term_notices_adopted,
             **self._snapshot_status(),
             **so.membership_status(),
         }

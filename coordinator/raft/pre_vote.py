@@ -20,6 +20,7 @@ only once a majority said yes.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import pysyncobj.syncobj as _ps
@@ -31,9 +32,12 @@ if TYPE_CHECKING:  # for mypy only: the class it is mixed into is a pysyncobj Sy
 else:
     _Host = object
 
+log = logging.getLogger(__name__)
+
 PRE_VOTE = "pre_vote"
 PRE_VOTE_RESPONSE = "pre_vote_response"
-PRE_VOTE_TYPES = frozenset({PRE_VOTE, PRE_VOTE_RESPONSE})
+TERM_NOTICE = "term_notice"
+PRE_VOTE_TYPES = frozenset({PRE_VOTE, PRE_VOTE_RESPONSE, TERM_NOTICE})
 
 
 class PreVote(_Host):
@@ -51,6 +55,7 @@ class PreVote(_Host):
         self.pre_votes_started = 0
         self.pre_votes_won = 0
         self.pre_votes_refused = 0  # pre-vote requests this member answered with no
+        self.term_notices_adopted = 0  # later terms learned from a member's answer to an append
 
     # -- asking ---------------------------------------------------------------------
 
@@ -114,6 +119,36 @@ class PreVote(_Host):
             return
         self._pre_vote_grants.add(node.address)
         self._pre_vote_check_won()
+
+    # -- a member ahead of its leader's term ----------------------------------------------
+
+    def answer_stale_append(self, node, message: dict) -> None:
+        """Before pysyncobj drops an append of a lower term than this member's, unanswered
+        (syncobj.py:945): tell its sender this member's term. A member can be a term ahead of a
+        majority that has a live leader (it won a pre-vote round, and its vote requests were
+        lost while that leader came back): the leader never heard of the later term, the
+        member ignored every append, and its pre-votes were refused for good, as the others
+        heard the leader (the simulation, crashy seed 751). Raft's rule then deposes the leader
+        (count_term_notice), and the next election reaches every member. etcd answers such an
+        append the same way."""
+        if self._pre_vote_on and message["term"] < self.raftCurrentTerm:
+            self._SyncObj__transport.send(node, {"type": TERM_NOTICE, "term": self.raftCurrentTerm})
+
+    def count_term_notice(self, node, message: dict) -> None:
+        if message["term"] <= self.raftCurrentTerm:
+            return
+        config = self.config()
+        member = config.by_address(node.address) if config is not None else None
+        # A voter counts with the incarnation the configuration names; a learner (bound only
+        # when promoted) by its address: one whose term ran ahead must be reachable too.
+        if member is None or (member.voter and member.incarnation != message.get("incarnation")):
+            return
+        self.term_notices_adopted += 1
+        log.warning("raft: %s is in term %d, above this member's %d: adopting it (a leader steps down)",
+                    node.address, message["term"], self.raftCurrentTerm)
+        self._SyncObj__setCurrentTerm(message["term"], None)  # saved first (durable_term.py)
+        self._SyncObj__setState(_ps._RAFT_STATE.FOLLOWER)
+        self._SyncObj__raftLeader = None
 
     # -- answering ------------------------------------------------------------------
 

@@ -47,7 +47,7 @@ from coordinator.raft.group_commit import GroupCommit
 from coordinator.raft.member_changes import MemberChanges
 from coordinator.raft.member_gate import STAMPED_TYPES, MemberGate, stamping_transport
 from coordinator.raft.peer_keys import PeerKeys
-from coordinator.raft.pre_vote import PRE_VOTE, PRE_VOTE_RESPONSE, PreVote
+from coordinator.raft.pre_vote import PRE_VOTE, PRE_VOTE_RESPONSE, TERM_NOTICE, PreVote
 from coordinator.raft.read_index import ReadIndex
 from coordinator.raft.replica import Replica
 from coordinator.raft.shared_entries import SharedEntries
@@ -332,7 +332,11 @@ class HardenedSyncObj(
         if kind == PRE_VOTE_RESPONSE:
             self.count_pre_vote_response(node, message)
             return
+        if kind == TERM_NOTICE:
+            self.count_term_notice(node, message)
+            return
         if kind == "append_entries":
+            self.answer_stale_append(node, message)
             message = self._sanitize_append(message)
             self.note_append_for_echo(message)
         next_index_before = None

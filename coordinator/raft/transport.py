@@ -69,7 +69,7 @@ address_warnings = PeerWarnings(addresses.log, raft_limits.RAFT_PEER_WARNING_LOG
 
 # Messages that name their sender's incarnation (member_gate.STAMPED_TYPES; wire.py _SENDER).
 _INCARNATION_STAMPED = frozenset({"request_vote", "response_vote", "next_node_idx", "append_entries",
-                                  "pre_vote", "pre_vote_response"})
+                                  "pre_vote", "pre_vote_response", "term_notice"})
 
 
 def _peer_of(conn) -> str:

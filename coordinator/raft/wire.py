@@ -244,6 +244,9 @@ _SCHEMAS: dict[int, tuple[str, tuple[tuple[str, Callable, bool], ...]]] = {
                       *_SENDER)),
     14: ("pre_vote_response", (("term", _int, False), ("granted", _bool, False), ("current_term", _int, False),
                                *_SENDER)),
+    # A member's answer to an append of a lower term than its own (pre_vote.py): the leader of
+    # that term steps down, so an election can reach the member again.
+    15: ("term_notice", (("term", _int, False), *_SENDER)),
     # The handshake that binds a connection to both members (peer_binding.py), with the
     # secret: a hello names no receiver's nonce, id or incarnation; a welcome and a confirm
     # name all of them.

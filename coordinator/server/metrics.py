@@ -322,6 +322,9 @@ class _MemberCollector:
         ("pre_votes_refused", "fencing_raft_pre_votes_refused",
          "Pre-vote requests this member answered with no (it heard a live leader, led, or the "
          "asker's term or log was behind)"),
+        ("term_notices_adopted", "fencing_raft_term_notices_adopted",
+         "Later terms this member adopted from a member's answer to its append (it led or followed "
+         "a term behind that member: RAFT.md \"Pre-vote\"; should stay rare)"),
         ("refused_cluster_ids", "fencing_raft_refused_cluster_ids",
          "Votes and acks refused because they named another cluster id (a member of another "
          "cluster, or one whose data dir belongs to another cluster; should stay 0)"),
