@@ -147,6 +147,11 @@ class ServiceError(Exception):
         return STATUS_TABLE[self.key][1]
 
 
+def uncounted(reason: ErrorReason) -> None:
+    """Where a member exports no metrics: the refusals it sends are not counted (with
+    metrics, ``Metrics.count_refusal`` counts each by reason instead)."""
+
+
 def invalid(field: str, message: str) -> ServiceError:
     return ServiceError(Failure.INVALID_INPUT, message, {ErrorMeta.FIELD: field})
 
