@@ -78,7 +78,7 @@ def applied(outcome: tuple[dict, int] | ServiceError) -> tuple[dict, int]:
     return outcome
 
 
-def _item_error(error: ServiceError, count_refusal: Callable[[str], None]) -> pb.WriteItemError:
+def _item_error(error: ServiceError, count_refusal: errors.CountRefusal) -> pb.WriteItemError:
     """One batch item's failure: the status and ErrorInfo the call alone would have had
     (counted as the call alone would have been)."""
     count_refusal(error.reason)
@@ -150,7 +150,7 @@ class KeepAlivePool:
 
     def serve(
         self, items: Any, keep_alive: Callable[[pb.KeepAliveRequest], pb.KeepAliveResponse],
-        count_refusal: Callable[[str], None] = errors.uncounted,
+        count_refusal: errors.CountRefusal = errors.uncounted,
     ) -> tuple[list[pb.KeepAliveResult], int]:
         """(each item's result in request order, the highest index any item reached);
         INVALID_ARGUMENT, nothing renewed, past KEEP_ALIVE_BATCH_ITEMS_MAX."""

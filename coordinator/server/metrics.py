@@ -131,7 +131,7 @@ class Metrics:
         if seconds is not None:
             self.proposal_duration.observe(seconds)
 
-    def count_refusal(self, reason: str) -> None:
+    def count_refusal(self, reason: ErrorReason) -> None:
         """Count one error sent to a client (a call's, or one batch item's), by its reason."""
         self._refused[reason].inc()
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 
@@ -85,7 +85,7 @@ class Core:
         authenticator: Authenticator | None = None,
         proof_signer: ProofSigner | None = None,
         read_index: bool = True,
-        count_refusal: Callable[[str], None] = errors.uncounted,
+        count_refusal: errors.CountRefusal = errors.uncounted,
     ) -> None:
         self.node = node
         self.read_index = read_index  # Read and Describe on the leader without a log entry

@@ -47,7 +47,7 @@ class StreamAdmission(grpc.ServerInterceptor):
     def __init__(self, gate: StreamGate, *, credentials: Authenticator | None,
                  trailing: Callable[[], Iterable[tuple[str, str]]] = tuple,
                  credential_needed: Iterable[str] = (),
-                 count_refusal: Callable[[str], None] = errors.uncounted) -> None:
+                 count_refusal: errors.CountRefusal = errors.uncounted) -> None:
         self.gate = gate
         self._count_refusal = count_refusal
         self._credentials = credentials
