@@ -241,6 +241,8 @@ def test_domain_metrics_on_a_live_cluster(cluster):
         grew = value(after, "fencing_refusals_total", reason=reason) - value(before, "fencing_refusals_total",
                                                                               reason=reason)
         assert grew == 1, (reason, grew)
+    # Bounded labels: no resource name (nor anything else a caller chose) becomes a label.
+    assert not [s for s in after if any(base in v for v in s.labels.values())]
     assert value(after, "fencing_lock_waiters") - value(before, "fencing_lock_waiters") == 1
     assert value(after, "fencing_leases") - value(before, "fencing_leases") >= 1
     assert value(after, "fencing_resources") >= 3
