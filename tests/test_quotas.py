@@ -355,8 +355,8 @@ class QuotaMachine(RuleBasedStateMachine):
         sm = self.sm
         assert sm.resources_count <= RESOURCES_MAX
         derived = Usage.of(sm._resources)
-        assert (derived.owned, derived.leased, derived.stored_bytes) == (
-            sm._usage.owned, sm._usage.leased, sm._usage.stored_bytes
+        assert (derived.owned, derived.leased, derived.stored_bytes, derived.leases) == (
+            sm._usage.owned, sm._usage.leased, sm._usage.stored_bytes, sm.leases_count
         )
         for principal in PRINCIPALS:
             usage = sm.usage(principal)

@@ -105,7 +105,8 @@ class Member:
         self.server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(GRPC_THREADS, thread_name_prefix=f"inmemory-{index}"),
             options=GRPC_SERVER_OPTIONS,
-            interceptors=[_EdgeInterceptor(self), self.metrics.interceptor(), stream_admission(config, self.node)],
+            interceptors=[_EdgeInterceptor(self), self.metrics.interceptor(),
+                          stream_admission(config, self.node, self.metrics)],
         )
         self.port = self.server.add_insecure_port("127.0.0.1:0")
         self.address = f"127.0.0.1:{self.port}"

@@ -293,7 +293,9 @@ class Usage:
     Derived from the resources alone (``of``), so it is the same on every replica and after
     any restore. Callers ``remove`` a resource before changing its owner, lease or data and
     ``add`` it back after, which keeps every count exact without recounting. Resources
-    without an owner are not counted (nothing limits them but the cluster-wide limits).
+    without an owner are not counted (nothing limits them but the cluster-wide limits),
+    except in ``leases``: stored leases of every resource, owned or not (the metrics'
+    live-leases gauge; an expired lease counts until the TICK that ends it).
     """
 
     def __init__(self) -> None:
@@ -301,6 +303,7 @@ class Usage:
         self.leased: dict[str, set[str]] = {}
         self.stored_bytes: dict[str, int] = {}
         self.waiting: dict[str, int] = {}
+        self.leases = 0
 
     @classmethod
     def of(cls, resources: dict[str, ResourceState]) -> Usage:
@@ -312,6 +315,7 @@ class Usage:
     def add(self, name: str, res: ResourceState) -> None:
         for waiter in res.waiters.values():
             self.wait(waiter.principal, 1)
+        self.leases += res.lease is not None
         if not res.owner:
             return
         self.owned.setdefault(res.owner, set()).add(name)
@@ -333,6 +337,7 @@ class Usage:
     def remove(self, name: str, res: ResourceState) -> None:
         for waiter in res.waiters.values():
             self.wait(waiter.principal, -1)
+        self.leases -= res.lease is not None
         if not res.owner:
             return
         _remove_from(self.owned, res.owner, name)

@@ -197,6 +197,17 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
         """How many resources the state holds now (what the resources limit counts)."""
         return len(self._resources)
 
+    @property
+    def leases_count(self) -> int:
+        """Leases stored now, across all resources (one expired by the log clock counts until
+        the TICK that ends it)."""
+        return self._usage.leases
+
+    @property
+    def lock_waiters_count(self) -> int:
+        """Lock waiters queued now, across all resources."""
+        return self._queue.total
+
     def usage(self, principal: str) -> dict[str, int]:
         """What ``principal`` owns now: resources and leases as stored (a lease may have
         expired by the log clock; an acquire at a quota counts only live ones), and the

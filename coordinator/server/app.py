@@ -40,7 +40,7 @@ from coordinator.server.admin import AdminServicer
 from coordinator.server.auth import Authenticator
 from coordinator.server.certs import ApiCertificates, TlsMaterial
 from coordinator.server.config import ConfigError, ServerConfig
-from coordinator.server.errors import ServiceError
+from coordinator.server.errors import ServiceError, uncounted
 from coordinator.server.lease_ticker import LeaseTicker
 from coordinator.server.log_limits import RefusedLines
 from coordinator.server.metrics import Metrics
@@ -103,6 +103,7 @@ def add_services(
     core = Core(
         node, proposer, members=members, authenticator=authenticator,
         proof_signer=config.proof_signer(), read_index=config.read_index,
+        count_refusal=uncounted if metrics is None else metrics.count_refusal,
     )
     lease = LeaseServicer(core, waiters=acquire_waiter_gate(config))
     pb_grpc.add_LeaseServicer_to_server(lease, server)
@@ -148,16 +149,18 @@ def stream_gate(config: ServerConfig) -> StreamGate:
     )
 
 
-def stream_admission(config: ServerConfig, node: RaftNode) -> StreamAdmission:
+def stream_admission(config: ServerConfig, node: RaftNode, metrics: Metrics | None = None) -> StreamAdmission:
     """The interceptor every streaming RPC of the member passes (stream_admission.py): the
     stream caps and idle timeout, and reflection behind a credential when the member has
-    authentication on (a principals file or an admin token)."""
+    authentication on (a principals file or an admin token); its refusals are counted in
+    ``metrics`` (None: not counted)."""
     principals, admin_token = config.principals(), config.resolved_admin_token()
     return StreamAdmission(
         stream_gate(config),
         credentials=Authenticator(principals, admin_token=admin_token) if principals or admin_token else None,
         trailing=functools.partial(error_trailers, node),
         credential_needed=(reflection.SERVICE_NAME,),
+        count_refusal=uncounted if metrics is None else metrics.count_refusal,
     )
 
 
@@ -289,7 +292,7 @@ class FencingServer:
             options=(*GRPC_SERVER_OPTIONS, *api_conns.grpc_options(config)),
             # metrics outermost, so streams refused by the admission are counted too
             interceptors=[*([] if self.metrics is None else [self.metrics.interceptor()]),
-                          stream_admission(config, self.node)],
+                          stream_admission(config, self.node, self.metrics)],
         )
         services = add_services(
             self.grpc_server, self.node, config, members=config.member_map, metrics=self.metrics
@@ -337,11 +340,13 @@ class FencingServer:
 
     def member_status(self) -> dict:
         """What the metrics report of this member when scraped: what the node publishes, and
-        the epoch (under the apply lock, like any local read)."""
+        the epoch and the state's totals (under the apply lock, like any local read)."""
         status = self.node.status()
         status["api_address"] = self.config.api_address
         status["serving"] = bool(self.updater.serving)
-        status["epoch"] = self.node.read(lambda sm: sm.epoch)
+        status["epoch"], status["leases"], status["lock_waiters"], status["resources"] = self.node.read(
+            lambda sm: (sm.epoch, sm.leases_count, sm.lock_waiters_count, sm.resources_count))
+        status["leases_expired"] = self.ticker.leases_expired
         status["api_connections_closed_over_peer_cap"] = self.peer_cap.closed_total
         if self.metrics is not None:
             status.update(self.metrics.http_counts())

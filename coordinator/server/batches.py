@@ -78,8 +78,10 @@ def applied(outcome: tuple[dict, int] | ServiceError) -> tuple[dict, int]:
     return outcome
 
 
-def _item_error(error: ServiceError) -> pb.WriteItemError:
-    """One batch item's failure: the status and ErrorInfo the call alone would have had."""
+def _item_error(error: ServiceError, count_refusal: errors.CountRefusal) -> pb.WriteItemError:
+    """One batch item's failure: the status and ErrorInfo the call alone would have had
+    (counted as the call alone would have been)."""
+    count_refusal(error.reason)
     return pb.WriteItemError(
         code=error.code.name, reason=error.reason, message=error.message, metadata=error.metadata,
     )
@@ -112,7 +114,7 @@ def serve_many(
             command = build(item)
             core.authorize(caller, command.resource)
         except ServiceError as error:
-            answers[i] = rpc.result(error=_item_error(error))
+            answers[i] = rpc.result(error=_item_error(error, core.count_refusal))
             continue
         if caller is not None:
             command = commands.charged(command, principal=caller.name, quota=caller.quota.replicated())
@@ -125,7 +127,7 @@ def serve_many(
             try:
                 message, at = answer(command, settled)
             except ServiceError as error:
-                answers[i] = rpc.result(error=_item_error(error))
+                answers[i] = rpc.result(error=_item_error(error, core.count_refusal))
                 index = max(index, error.index)
                 continue
             answers[i] = rpc.result(**{rpc.ok: message})
@@ -147,7 +149,8 @@ class KeepAlivePool:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def serve(
-        self, items: Any, keep_alive: Callable[[pb.KeepAliveRequest], pb.KeepAliveResponse]
+        self, items: Any, keep_alive: Callable[[pb.KeepAliveRequest], pb.KeepAliveResponse],
+        count_refusal: errors.CountRefusal = errors.uncounted,
     ) -> tuple[list[pb.KeepAliveResult], int]:
         """(each item's result in request order, the highest index any item reached);
         INVALID_ARGUMENT, nothing renewed, past KEEP_ALIVE_BATCH_ITEMS_MAX."""
@@ -160,6 +163,7 @@ class KeepAlivePool:
             try:
                 response = keep_alive(item)
             except ServiceError as error:
+                count_refusal(error.reason)
                 return (
                     pb.KeepAliveResult(
                         resource=item.resource, token=item.token, ok=False,

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Iterable, NoReturn
+from typing import Any, Callable, Iterable, NoReturn
 
 import grpc
 from google.protobuf import any_pb2
@@ -145,6 +145,15 @@ class ServiceError(Exception):
     @property
     def reason(self) -> ErrorReason:
         return STATUS_TABLE[self.key][1]
+
+
+# What counts one error sent to a client, by its reason (``Metrics.count_refusal``).
+CountRefusal = Callable[[ErrorReason], None]
+
+
+def uncounted(reason: ErrorReason) -> None:
+    """Where a member exports no metrics: the refusals it sends are not counted (with
+    metrics, ``Metrics.count_refusal`` counts each by reason instead)."""
 
 
 def invalid(field: str, message: str) -> ServiceError:

@@ -32,6 +32,7 @@ class LeaseTicker(threading.Thread):
         self.timeout_s = timeout_s  # one TICK's wait for its fate; the next one waits for it
         self._stopping = threading.Event()  # not _stop: Thread.join calls its own _stop()
         self.ticks_applied = 0
+        self.leases_expired = 0  # by the TICKs this member proposed (metrics, read when scraped)
 
     def tick_once(self) -> int | None:
         """Propose one TICK if this member leads: how many leases it expired, or None when
@@ -45,6 +46,7 @@ class LeaseTicker(threading.Thread):
             return None
         self.ticks_applied += 1
         expired = result.value.result["expired"]
+        self.leases_expired += expired
         if expired:
             log.debug("lease ticker: %d expired leases ended", expired)
         return expired

@@ -3,12 +3,15 @@
 Owns: the registry of one ``fencingd serve`` process, the gRPC server interceptor that counts
 and times RPCs under the gRPC ecosystem's names (go-grpc-prometheus: ``grpc_server_*`` with
 ``grpc_service``, ``grpc_method``, ``grpc_type``, ``grpc_code``), the proposal counters, the
-journal's fsync histogram, the collector that reads the Raft node when scraped, and the HTTP
-endpoint's replies (``metrics_address``: ``GET /metrics``, ``GET /readyz``, 404 elsewhere;
-served by metrics_http.py under its connection cap and timeout).
+refusals by ErrorInfo reason (a fixed enum; ``grpc_code`` alone lumps STALE_TOKEN, LEASE_HELD
+and VERSION_MISMATCH together as FailedPrecondition), the journal's fsync histogram, the
+collector that reads the Raft node and the state's totals (leases, lock waiters) when scraped,
+and the HTTP endpoint's replies (``metrics_address``: ``GET /metrics``, ``GET /readyz``, 404
+elsewhere; served by metrics_http.py under its connection cap and timeout).
 Must never: block an RPC or the Raft thread. Raft figures are read at scrape time from what
-the node already publishes (``RaftNode.status()``), plus the epoch under the apply lock (one
-attribute read); nothing here runs on the tick thread.
+the node already publishes (``RaftNode.status()``), plus the epoch and the state's totals
+under the apply lock (attribute reads); nothing here runs on the tick thread. No label holds
+a resource name, a holder or a principal: every label set is bounded.
 
 Off unless ``metrics_address`` is set: then the interceptor is not installed and proposals
 are not timed, so the hot path costs nothing. On, it adds two clock reads and a few
@@ -32,6 +35,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 
 from coordinator.client.version import distribution_version
+from coordinator.core.names import ErrorReason
 from coordinator.raft.patches import library_version
 from coordinator.server.metrics_http import MetricsHttpServer
 
@@ -103,10 +107,18 @@ class Metrics:
             "fencing_journal_fsync_duration_seconds", "Time of each fdatasync of the Raft journal",
             buckets=FSYNC_BUCKETS_S, registry=self.registry,
         )
+        self.refusals = Counter(
+            "fencing_refusals", "Calls (and items of batch calls) this member answered with an error, "
+            "by its ErrorInfo reason (STALE_TOKEN, LEASE_HELD, VERSION_MISMATCH, NO_LEADER, ...)",
+            ("reason",), registry=self.registry,
+        )
         Gauge("fencing_build_info", "Versions this member runs (value always 1)", tuple(build_versions()),
               registry=self.registry).labels(**build_versions()).set(1)
         # Label children resolved once: .labels() takes a lock and hashes on every call.
         self._outcome = {name: self.proposals.labels(outcome=name) for name in PROPOSAL_OUTCOMES}
+        # Every reason from the start (a fixed enum: bounded, and each series exists at 0
+        # before its first refusal, so a rate() over it has a start).
+        self._refused = {reason: self.refusals.labels(reason=reason) for reason in ErrorReason}
         self._handled: dict[tuple[tuple[str, str, str], grpc.StatusCode], Any] = {}
         self._rpc_lock = threading.Lock()
         self._http: MetricsHttpServer | None = None
@@ -118,6 +130,10 @@ class Metrics:
         self._outcome[outcome].inc()
         if seconds is not None:
             self.proposal_duration.observe(seconds)
+
+    def count_refusal(self, reason: ErrorReason) -> None:
+        """Count one error sent to a client (a call's, or one batch item's), by its reason."""
+        self._refused[reason].inc()
 
     # -- RPCs ---------------------------------------------------------------------------------
 
@@ -287,6 +303,12 @@ class _MemberCollector:
         ("ready", "fencing_raft_ready", "1 once this member applied a commit of the current term since start"),
         ("serving", "fencing_serving", "1 while the health service reports SERVING"),
         ("epoch", "fencing_epoch", "Last fencing token issued, as applied on this member (a local read)"),
+        ("leases", "fencing_leases", "Leases held, as applied on this member (an expired one counts "
+         "until the leader's next TICK ends it, within lease_tick_interval_s)"),
+        ("lock_waiters", "fencing_lock_waiters", "Lock waiters queued behind held leases, across all "
+         "resources, as applied on this member"),
+        ("resources", "fencing_resources", "Resources the state holds (a lease, data, waiters or a "
+         "fence), as applied on this member (at most RESOURCES_MAX, core/limits.py)"),
         ("snapshot_seconds", "fencing_raft_snapshot_seconds",
          "Wall time of this member's last snapshot, state read to file fsynced and renamed "
          "(on the snapshot writer thread, beside the Raft thread)"),
@@ -296,6 +318,9 @@ class _MemberCollector:
     )
     _COUNTERS = (
         ("journal_syncs", "fencing_journal_syncs", "fdatasync calls of this member's Raft journal"),
+        ("leases_expired", "fencing_lease_expiries",
+         "Leases ended by expiry in the TICKs this member proposed as leader (sum over the members: "
+         "the cluster's expiries)"),
         ("leader_changes", "fencing_raft_leader_changes_seen",
          "Times this member saw a leader other than the one it saw before (a lost leader found again counts)"),
         ("shared_entries", "fencing_raft_shared_entries", "Raft entries that carried more than one command"),

@@ -85,6 +85,7 @@ class Core:
         authenticator: Authenticator | None = None,
         proof_signer: ProofSigner | None = None,
         read_index: bool = True,
+        count_refusal: errors.CountRefusal = errors.uncounted,
     ) -> None:
         self.node = node
         self.read_index = read_index  # Read and Describe on the leader without a log entry
@@ -94,6 +95,7 @@ class Core:
         self.authenticator = authenticator  # None: open data plane (no principals file)
         self.proof_signer = proof_signer  # None: Acquire returns no token_proof
         self.streams = StreamSlots()  # open KeepAliveStreams per principal
+        self.count_refusal = count_refusal  # each error sent, by reason (metrics.py)
 
     def principal(self, context) -> Principal | None:
         """The authenticated caller (None when there is no principals file); raises
@@ -130,6 +132,7 @@ class Core:
         return error_trailers(self.node, index)
 
     def abort(self, context: grpc.ServicerContext, error: ServiceError):
+        self.count_refusal(error.reason)
         errors.abort(context, error, self.trailing(error.index))
 
     def run(

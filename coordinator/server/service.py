@@ -154,7 +154,7 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         self, request: pb.KeepAliveManyRequest, context, caller: Principal | None
     ) -> pb.KeepAliveManyResponse:
         results, index = self._keep_alive_many.serve(
-            request.leases, lambda item: self._keep_alive(item, context, caller)
+            request.leases, lambda item: self._keep_alive(item, context, caller), self.core.count_refusal
         )
         return pb.KeepAliveManyResponse(header=self.core.header(index), results=results)
 

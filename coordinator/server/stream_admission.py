@@ -46,8 +46,10 @@ class StreamAdmission(grpc.ServerInterceptor):
 
     def __init__(self, gate: StreamGate, *, credentials: Authenticator | None,
                  trailing: Callable[[], Iterable[tuple[str, str]]] = tuple,
-                 credential_needed: Iterable[str] = ()) -> None:
+                 credential_needed: Iterable[str] = (),
+                 count_refusal: errors.CountRefusal = errors.uncounted) -> None:
         self.gate = gate
+        self._count_refusal = count_refusal
         self._credentials = credentials
         self._trailing = trailing
         self._credential_needed = frozenset(credential_needed)  # service names, e.g. reflection's
@@ -80,6 +82,7 @@ class StreamAdmission(grpc.ServerInterceptor):
             yield
 
     def _abort(self, context, error: ServiceError):
+        self._count_refusal(error.reason)
         errors.abort(context, error, self._trailing())
 
     def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
