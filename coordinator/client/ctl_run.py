@@ -119,11 +119,11 @@ def _run_lease(client: FencingClient, name: str, request: dict[str, Any], out: s
             doc["token_proof"] = proof.to_text(r.token_proof)
         _emit(doc, out)
     elif name == "keepalive":
-        r = client.keep_alive(request["resource"], request["token"], ttl_ms=request.get("ttl_ms"))
-        _emit(_jsonable(r), out)
+        renewed = client.keep_alive(request["resource"], request["token"], ttl_ms=request.get("ttl_ms"))
+        _emit(_jsonable(renewed), out)
     elif name == "release":
-        r = client.release(request["resource"], request["token"], op_id=request.get("op_id"))
-        _emit({"resource": request["resource"], "token": request["token"], **_jsonable(r)}, out)
+        released = client.release(request["resource"], request["token"], op_id=request.get("op_id"))
+        _emit({"resource": request["resource"], "token": request["token"], **_jsonable(released)}, out)
     else:  # describe
         _emit(_jsonable(client.describe(request["resource"])), out)
 
@@ -136,13 +136,13 @@ def _run_key(client: FencingClient, name: str, request: dict[str, Any], out: str
         )
         _emit({"resource": request["resource"], "key": request["key"], **_jsonable(r)}, out)
     elif name == "read":
-        r = client.read(request["resource"], request["key"])
-        doc = {"resource": request["resource"], "key": request["key"], **_jsonable(r)}
-        doc.update(_value_fields(r.value) if r.found else {"value": None, "value_base64": None})
+        got = client.read(request["resource"], request["key"])
+        doc = {"resource": request["resource"], "key": request["key"], **_jsonable(got)}
+        doc.update(_value_fields(got.value) if got.found else {"value": None, "value_base64": None})
         _emit(doc, out)
     else:  # delete
-        r = client.delete(request["resource"], request["key"], token=request["token"], op_id=request.get("op_id"))
-        _emit({"resource": request["resource"], "key": request["key"], **_jsonable(r)}, out)
+        deleted = client.delete(request["resource"], request["key"], token=request["token"], op_id=request.get("op_id"))
+        _emit({"resource": request["resource"], "key": request["key"], **_jsonable(deleted)}, out)
 
 
 def _run_admin(client: FencingClient, args: argparse.Namespace, name: str, request: dict[str, Any], out: str) -> None:
@@ -151,16 +151,16 @@ def _run_admin(client: FencingClient, args: argparse.Namespace, name: str, reque
         _emit({"resource": request["resource"], **_jsonable(r)}, out)
     elif name == "set-epoch-floor":
         fence_all = request.get("fence_all")
-        r = client.set_epoch_floor(request["floor"], fence_all=True if fence_all is None else fence_all)
-        _emit(_jsonable(r), out)
+        floor = client.set_epoch_floor(request["floor"], fence_all=True if fence_all is None else fence_all)
+        _emit(_jsonable(floor), out)
     elif name == "snapshot":
         snap = client.snapshot()
         _write_file_atomically(args.out, snap.data)
         _emit({"path": args.out, "bytes": len(snap.data), "epoch": snap.epoch, "index": snap.index,
                "header": dict(_jsonable(snap)["header"])}, out)
     elif name == "restore":
-        r = client.restore(request["data"], epoch_floor=request["epoch_floor"])
-        _emit(_jsonable(r), out)
+        restored = client.restore(request["data"], epoch_floor=request["epoch_floor"])
+        _emit(_jsonable(restored), out)
     else:  # pragma: no cover - argparse only lets known commands through
         raise UsageError(f"unknown command {name}")
 
@@ -174,9 +174,9 @@ def _print_members(members) -> None:
     ]
     rows = [[cell(m) for _, cell in columns] for m in members]
     widths = [max([len(title), *(len(row[i]) for row in rows)]) for i, (title, _) in enumerate(columns)]
-    print("  ".join(f"{title:<{w}}" for (title, _), w in zip(columns, widths)).rstrip())
+    print("  ".join(f"{title:<{w}}" for (title, _), w in zip(columns, widths, strict=True)).rstrip())
     for row in rows:
-        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _write_file_atomically(path: str, data: bytes) -> None:
@@ -188,7 +188,7 @@ def _write_file_atomically(path: str, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException:  # any failure, interrupts too, removes the partial file; re-raised
         try:
             os.unlink(tmp)
         except OSError:

@@ -91,9 +91,9 @@ from typing import Any
 
 from coordinator.client import exceptions as exc
 from coordinator.client import lockcmd
-from coordinator.client.ctl_run import run
 from coordinator.client.ctl_parser import ADMIN_TOKEN_ENV, CREDENTIAL_ENV, ENDPOINTS_ENV, TLS_ENV, build_parser
 from coordinator.client.ctl_request import UsageError, request_for
+from coordinator.client.ctl_run import run
 from coordinator.client.sync import DEFAULT_ENDPOINTS, FencingClient, tls_credentials
 from coordinator.client.version import distribution_version
 

@@ -307,25 +307,7 @@ def _read_resource(item: Any, previous_name: str | None, epoch: int, log_clock_m
     if fenced:
         raw_lease = None
     if raw_lease is not None:
-        lease_lengths = (4, 5) if version >= 3 else (4,)
-        _need(
-            isinstance(raw_lease, list) and len(raw_lease) in lease_lengths,
-            "lease must be 4 items (5: granted to a waiter)",
-        )
-        holder, token, ttl_ms, expires_at_ms, waiter_id = raw_lease if len(raw_lease) == 5 else (*raw_lease, b"")
-        if len(raw_lease) == 5:
-            waiter_id = _need_field(validation.check_waiter_id, waiter_id, "lease waiter_id of %r", name)
-        known = labels.get(holder) if type(holder) is str else None
-        if known is None:
-            known = labels[holder] = shared(_need_field(validation.check_holder, holder, "lease holder of %r", name))
-        holder = known
-        _need(token == hwm and is_int(token), "lease token of %r must equal its hwm", name)
-        if not (type(ttl_ms) is int and limits.LEASE_TTL_MS_MIN <= ttl_ms <= limits.LEASE_TTL_MS_MAX):
-            _need_field(validation.check_ttl_ms, ttl_ms, "lease ttl_ms of %r", name)
-        # Set to now + ttl_ms at a now no later than the log clock.
-        if not (type(expires_at_ms) is int and ttl_ms <= expires_at_ms <= log_clock_ms + ttl_ms):
-            _need_int(expires_at_ms, ttl_ms, log_clock_ms + ttl_ms, "lease expiry of %r", name)
-        lease = Lease(holder=holder, token=token, ttl_ms=ttl_ms, expires_at_ms=expires_at_ms, waiter_id=waiter_id)
+        lease = _read_lease(raw_lease, name, hwm, log_clock_ms, version, labels)
     _need(isinstance(raw_data, list), "data of %r must be an array", name)
     data = KeyData()
     previous_key: str | None = None
@@ -359,6 +341,30 @@ def _read_resource(item: Any, previous_name: str | None, epoch: int, log_clock_m
         waiters=waiters, fenced=fenced,
     )
     return res, name
+
+
+def _read_lease(raw_lease: Any, name: str, hwm: int, log_clock_ms: int, version: int, labels: dict[str, str]) -> Lease:
+    """The lease of resource ``name`` (its hwm ``hwm``), every field checked; holders interned
+    in ``labels`` as ``_read_resource`` does."""
+    lease_lengths = (4, 5) if version >= 3 else (4,)
+    _need(
+        isinstance(raw_lease, list) and len(raw_lease) in lease_lengths,
+        "lease must be 4 items (5: granted to a waiter)",
+    )
+    holder, token, ttl_ms, expires_at_ms, waiter_id = raw_lease if len(raw_lease) == 5 else (*raw_lease, b"")
+    if len(raw_lease) == 5:
+        waiter_id = _need_field(validation.check_waiter_id, waiter_id, "lease waiter_id of %r", name)
+    known = labels.get(holder) if type(holder) is str else None
+    if known is None:
+        known = labels[holder] = shared(_need_field(validation.check_holder, holder, "lease holder of %r", name))
+    holder = known
+    _need(token == hwm and is_int(token), "lease token of %r must equal its hwm", name)
+    if not (type(ttl_ms) is int and limits.LEASE_TTL_MS_MIN <= ttl_ms <= limits.LEASE_TTL_MS_MAX):
+        _need_field(validation.check_ttl_ms, ttl_ms, "lease ttl_ms of %r", name)
+    # Set to now + ttl_ms at a now no later than the log clock.
+    if not (type(expires_at_ms) is int and ttl_ms <= expires_at_ms <= log_clock_ms + ttl_ms):
+        _need_int(expires_at_ms, ttl_ms, log_clock_ms + ttl_ms, "lease expiry of %r", name)
+    return Lease(holder=holder, token=token, ttl_ms=ttl_ms, expires_at_ms=expires_at_ms, waiter_id=waiter_id)
 
 
 def _read_waiters(raw: Any, name: str, log_clock_ms: int) -> dict[bytes, Waiter]:

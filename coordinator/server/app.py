@@ -389,6 +389,10 @@ class FencingServer:
             "serving member %s: gRPC on %s, pid %d", self.config.raft_address, self.config.bind_address, os.getpid()
         )
 
+    def serving(self) -> bool:
+        """What the health service says now: SERVING (a quorum, and a read barrier applied)."""
+        return bool(self.updater.serving)
+
     def listening(self) -> bool:
         """The Raft port is bound too (the API port is, once the constructor returned)."""
         return self.node.listening()

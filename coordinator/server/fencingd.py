@@ -37,7 +37,7 @@ import time
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from coordinator.client.version import distribution_version
-from coordinator.server import api_conns, cpu_pin, log_limits, server_extra
+from coordinator.server import api_conns, cpu_pin, log_limits, member_dir, sd_notify, server_extra
 from coordinator.server import config as config_mod
 
 log = logging.getLogger("fencingd")
@@ -129,6 +129,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except config_mod.ConfigError as exc:
         print(f"fencingd: configuration error: {exc}", file=sys.stderr)
         return 2
+    foreign = member_dir.why_not_mine(cfg)  # another member's data dir: a person must look (exit 2)
+    if foreign is not None:
+        print(f"fencingd: configuration error: {foreign}", file=sys.stderr, flush=True)
+        return 2
     try:
         # Before anything opens a descriptor; exit 2 like a configuration error: a restart
         # would meet the same limit (the systemd unit does not restart on 2).
@@ -160,6 +164,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     freeze_after_slow_full_passes()  # the GC's full passes stay short as the state grows (replica.py)
 
+    notifier = sd_notify.Notifier.from_environment()  # systemd Type=notify; nothing without it
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -180,16 +185,37 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # (milliseconds); a name that does not resolve yet keeps it waiting, logged by the transport.
     while not server.listening():
         if stop.wait(LISTEN_POLL_S):
+            notifier.stopping()
             server.stop()
             return 0
     print(f"READY member={cfg.raft_address} api={cfg.bind_address} pid={os.getpid()}", flush=True)
+    _serve_until_stopped(server, stop, reload, notifier)
+    log.info("signal received: stopping (grace %.1f s)", cfg.shutdown_grace_s)
+    notifier.stopping()
+    server.stop()
+    return 0
+
+
+def _serve_until_stopped(server, stop: threading.Event, reload: threading.Event,
+                         notifier: sd_notify.Notifier) -> None:
+    """Until ``stop``: act on SIGHUP, and tell systemd (Type=notify) READY=1 the first time the
+    member serves (a quorum and a read barrier, as its health says), then each change."""
+    notifier.status("listening: waiting for a quorum and a read barrier")
+    ready, serving = False, False
     while not stop.wait(SIGNAL_POLL_S):
         if reload.is_set():
             reload.clear()  # before reading: a SIGHUP during the read gets a read of its own
             server.reload()
-    log.info("signal received: stopping (grace %.1f s)", cfg.shutdown_grace_s)
-    server.stop()
-    return 0
+        now = server.serving()
+        if now == serving:
+            continue
+        serving = now
+        text = "serving" if now else "not serving: no quorum or no read barrier yet"
+        if now and not ready:
+            notifier.ready(text)
+            ready = True
+        else:
+            notifier.status(text)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -197,9 +223,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if args.file:
         args.config = args.file
     try:
-        config_mod.from_args(args, read_files=not args.values_only)
+        cfg = config_mod.from_args(args, read_files=not args.values_only)
     except config_mod.ConfigError as exc:
         print(f"fencingd: configuration error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    foreign = None if args.values_only else member_dir.why_not_mine(cfg)
+    if foreign is not None:
+        print(f"fencingd: configuration error: {foreign}", file=sys.stderr, flush=True)
         return 2
     print(f"{args.config or 'flags'}: ok", flush=True)
     return 0
@@ -485,6 +515,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     if error is not None:
         print(f"fencingd dev: {error}", file=sys.stderr)
         return 1
+    notifier = sd_notify.Notifier.from_environment()  # taken before the members start: not theirs
     children = [_start_dev_member(_write_dev_config(dev, i, args.log_level), dev.logs[i]) for i in range(DEV_MEMBERS)]
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -495,7 +526,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
         code = _stop_dev_members(children)
         return code if started == "stopped" else 1  # stopped by a signal: as after Ctrl-C later
     _print_dev_endpoints(dev)
+    notifier.ready(f"{DEV_MEMBERS} members serving: {','.join(dev.apis)}")
     _report_dev_exits(dev, children, stop)
+    notifier.stopping()
     return _stop_dev_members(children)
 
 
@@ -544,7 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen_secret.add_argument("file", help="file to create (never overwritten); copy it to every member")
     gen_secret.set_defaults(func=cmd_gen_secret)
-    # Imported here, not at the top: it reaches the Raft layer (pysyncobj, a [server]
+    # Imported here, not at the top: it reaches the Raft layer (the Raft library, a [server]
     # dependency), and a client-only install must get server_extra's one line first (main).
     from coordinator.server import restore_cluster
 
