@@ -1,10 +1,13 @@
-"""The committed generated code in coordinator/api/v1 is exactly what protoc makes of proto/.
+"""The committed generated code in coordinator/api/v1 is exactly what protoc makes of the .proto beside it.
 
 Regenerates with the pinned grpcio-tools (the test extra) into a temporary directory and
 compares byte for byte. On failure, regenerate from the repository root with:
 
-    python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. \\
-        proto/coordinator/api/v1/fencing.proto
+    python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \\
+        coordinator/api/v1/fencing.proto
+
+The .proto lives in the package (it ships in the wheel: tests/test_wheel.py), and the include
+root is the repository's, so its import path is the package's and the generated imports work.
 """
 
 from __future__ import annotations
@@ -24,12 +27,12 @@ GENERATED = ("fencing_pb2.py", "fencing_pb2.pyi", "fencing_pb2_grpc.py")
 def test_generated_code_is_up_to_date(tmp_path):
     pytest.importorskip("grpc_tools", reason="grpcio-tools is in the test extra: pip install -e '.[test]'")
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", "-Iproto", f"--python_out={tmp_path}",
-         f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", os.path.join("proto", PROTO)],
+        [sys.executable, "-m", "grpc_tools.protoc", "-I.", f"--python_out={tmp_path}",
+         f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", PROTO],
         cwd=ROOT, check=True, capture_output=True, timeout=120,
     )
     out_dir = tmp_path / "coordinator" / "api" / "v1"
-    assert sorted(p.name for p in out_dir.iterdir()) == sorted(GENERATED)
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted(GENERATED)  # protoc writes no .proto
     stale = []
     for name in GENERATED:
         fresh = (out_dir / name).read_text(encoding="utf-8")

@@ -58,6 +58,10 @@ NOT_RUN = {
         "installs into this environment and runs this very test suite",
     ("toml", "# principals.toml — tokens are stored only as sha256 (printf %s \"$TOKEN\" | sha256sum)"):
         "its token_sha256 values are placeholders for the reader's own hashes",
+    ("js", "// A Node.js service on the fencing coordinator's gRPC API, with no client library of ours:"):
+        "examples/node/fencing-example.js: tests/test_other_language.py checks the block is that file and runs it",
+    ("console", "$ cd examples/node && npm ci"):
+        "a run of that Node.js example: tests/test_other_language.py runs it and checks these lines against its output",
 }
 # sh blocks whose numbers (tokens count from 1) need a cluster nobody else has used.
 FRESH_CLUSTER = {"fencingctl acquire orders/7 --ttl-ms 2000 --holder worker-a"}

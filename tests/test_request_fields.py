@@ -110,6 +110,44 @@ def test_service_refuses_a_bad_field_as_invalid_argument_naming_it():
     assert caught.value.metadata == {"field": "ttl_ms"}
 
 
+# A request of each RPC whose op_id is required, valid but for the op_id left unset: what a
+# caller in another language sends when it does not know the field is required.
+WITHOUT_OP_ID = {
+    "Acquire": pb.AcquireRequest(resource="r", holder="h", ttl_ms=5_000),
+    "Write": pb.WriteRequest(resource="r", key="k", value=b"v", token=3),
+    "Delete": pb.DeleteRequest(resource="r", key="k", token=3),
+    "ForceRelease": pb.ForceReleaseRequest(resource="r"),
+}
+SEND_AN_OP_ID = ("field 'op_id': is 0 bytes, not in [16, 64]: send 16-64 random bytes, new for each operation "
+                 "and reused only to retry it (a retry with the same op_id applies once: DESIGN I5)")
+
+
+def test_every_rpc_that_requires_an_op_id_is_checked_here():
+    required = {rpc for rpc, spec in validation.REQUESTS.items() if "op_id" in spec and spec["op_id"].required}
+    assert required == set(WITHOUT_OP_ID)
+
+
+@pytest.mark.parametrize("rpc", sorted(WITHOUT_OP_ID))
+def test_a_request_without_an_op_id_is_refused_saying_what_to_send(rpc):
+    with pytest.raises(errors.ServiceError) as caught:
+        request_core.checked_request(rpc, WITHOUT_OP_ID[rpc])
+    assert caught.value.key is errors.Failure.INVALID_INPUT
+    assert (caught.value.message, caught.value.metadata) == (SEND_AN_OP_ID, {"field": "op_id"})
+    too_short = type(WITHOUT_OP_ID[rpc])()
+    too_short.CopyFrom(WITHOUT_OP_ID[rpc])
+    too_short.op_id = b"x" * 15
+    with pytest.raises(errors.ServiceError) as caught:
+        request_core.checked_request(rpc, too_short)
+    assert caught.value.message == SEND_AN_OP_ID.replace("is 0 bytes", "is 15 bytes")
+
+
+def test_a_lock_without_a_waiter_id_is_refused_saying_what_to_send():
+    with pytest.raises(errors.ServiceError) as caught:
+        request_core.checked_request("Lock", pb.LockRequest(resource="r", holder="h", ttl_ms=5_000))
+    assert caught.value.message == ("field 'waiter_id': is 0 bytes, not in [16, 64]: send 16-64 random bytes, "
+                                    "chosen once per lock wait and sent on each of its Lock calls")
+
+
 # -- the client checks requests by the table --------------------------------------------------
 
 

@@ -72,6 +72,9 @@ def test_wheel_holds_every_product_module(wheel):
     for layer in LAYERS:
         assert f"coordinator/{layer}/__init__.py" in names, layer
     assert {"coordinator/api/v1/fencing_pb2.py", "coordinator/api/v1/fencing_pb2_grpc.py"} <= names
+    # The wire contract ships too, for other languages: the checkout's one .proto, byte for byte.
+    proto = pathlib.Path(REPO, "coordinator", "api", "v1", "fencing.proto").read_bytes()
+    assert wheel.read("coordinator/api/v1/fencing.proto") == proto
 
 
 def test_wheel_holds_no_test_harness(wheel):

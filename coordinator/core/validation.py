@@ -137,7 +137,8 @@ def check_quota(value: object) -> dict[str, int]:
 
 def check_waiter_id(value: object) -> bytes:
     """The id of one queued lock waiter (client-chosen random bytes, sized like an op_id)."""
-    return _check_id_bytes("waiter_id", value, limits.WAITER_ID_BYTES_MIN, limits.WAITER_ID_BYTES_MAX)
+    return _check_id_bytes("waiter_id", value, limits.WAITER_ID_BYTES_MIN, limits.WAITER_ID_BYTES_MAX,
+                           "random bytes, chosen once per lock wait and sent on each of its Lock calls")
 
 
 def check_value(value: object) -> bytes:
@@ -148,17 +149,26 @@ def check_value(value: object) -> bytes:
     return bytes(value)
 
 
-def _check_id_bytes(field: str, value: object, low: int, high: int) -> bytes:
-    """Client-chosen random id bytes (an op_id, a waiter_id) of ``low``..``high`` bytes."""
+def _check_id_bytes(field: str, value: object, low: int, high: int, what_to_send: str) -> bytes:
+    """Client-chosen random id bytes (an op_id, a waiter_id) of ``low``..``high`` bytes. The
+    message says what to send: a caller outside Python meets this field in the proto with no
+    client to fill it in, and proto3 sends an unset one as 0 bytes."""
     if not isinstance(value, bytes):
         raise InvalidField(field, f"must be bytes, got {type(value).__name__}")
     if not low <= len(value) <= high:
-        raise InvalidField(field, f"is {len(value)} bytes, not in [{low}, {high}]")
+        raise InvalidField(field, f"is {len(value)} bytes, not in [{low}, {high}]: "
+                                  f"send {low}-{high} {what_to_send}")
     return bytes(value)
 
 
+# Required on every mutation that has one (DESIGN I5): with it a retry after a lost answer or an
+# OUTCOME_UNKNOWN applies at most once; an absent one is refused rather than taken as "no dedup".
+OP_ID_TO_SEND = ("random bytes, new for each operation and reused only to retry it "
+                 "(a retry with the same op_id applies once: DESIGN I5)")
+
+
 def check_op_id(value: object) -> bytes:
-    return _check_id_bytes("op_id", value, limits.OP_ID_BYTES_MIN, limits.OP_ID_BYTES_MAX)
+    return _check_id_bytes("op_id", value, limits.OP_ID_BYTES_MIN, limits.OP_ID_BYTES_MAX, OP_ID_TO_SEND)
 
 
 def check_ttl_ms(value: object) -> int:
