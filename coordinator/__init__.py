@@ -10,7 +10,7 @@ One folder per layer; imports point only downward (``tests/test_layers.py`` chec
 - ``raft``: the only code that touches the Raft library; the durable, hardened Raft node;
 - ``client``: the sync and asyncio clients, exceptions, token proofs, guards, ``fencingctl``;
 - ``server``: ``fencingd``, the gRPC servicers, auth, the status table, metrics, config;
-- ``api``: the wire contract ``api/v1/fencing.proto`` and the protobuf and gRPC code generated from it.
+- ``api``: a copy of the wire contract (``proto/``'s ``fencing.proto``) and the code generated from it.
 
 Test and benchmark supervisors live in ``testsupport/`` beside this package and are not
 part of the installed wheel.

@@ -1,13 +1,16 @@
-"""The committed generated code in coordinator/api/v1 is exactly what protoc makes of the .proto beside it.
+"""The committed generated code in coordinator/api/v1 is exactly what protoc makes of proto/, and
+the copy of the .proto that ships in the wheel (coordinator/api/v1/fencing.proto, package data:
+tests/test_wheel.py) is proto/'s, byte for byte.
 
 Regenerates with the pinned grpcio-tools (the test extra) into a temporary directory and
-compares byte for byte. On failure, regenerate from the repository root with:
+compares byte for byte. On failure, regenerate (and copy) from the repository root with:
 
-    python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \\
-        coordinator/api/v1/fencing.proto
+    python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. \\
+        proto/coordinator/api/v1/fencing.proto
+    cp proto/coordinator/api/v1/fencing.proto coordinator/api/v1/fencing.proto
 
-The .proto lives in the package (it ships in the wheel: tests/test_wheel.py), and the include
-root is the repository's, so its import path is the package's and the generated imports work.
+proto/ is the source (the repository's layout keeps the API's definition at the top); the
+package holds a copy because a wheel ships only what is inside the package.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ GENERATED = ("fencing_pb2.py", "fencing_pb2.pyi", "fencing_pb2_grpc.py")
 def test_generated_code_is_up_to_date(tmp_path):
     pytest.importorskip("grpc_tools", reason="grpcio-tools is in the test extra: pip install -e '.[test]'")
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", "-I.", f"--python_out={tmp_path}",
-         f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", PROTO],
+        [sys.executable, "-m", "grpc_tools.protoc", "-Iproto", f"--python_out={tmp_path}",
+         f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", os.path.join("proto", PROTO)],
         cwd=ROOT, check=True, capture_output=True, timeout=120,
     )
     out_dir = tmp_path / "coordinator" / "api" / "v1"
@@ -54,3 +57,12 @@ def test_generated_code_is_an_importable_package():
     for service in ("Lease", "FencedStore", "Cluster", "Admin"):
         assert hasattr(fencing_pb2_grpc, f"{service}Stub")
         assert hasattr(fencing_pb2_grpc, f"add_{service}Servicer_to_server")
+
+
+def test_the_wheel_s_copy_of_the_proto_is_the_source():
+    with open(os.path.join(ROOT, "proto", PROTO), "rb") as f:
+        source = f.read()
+    with open(os.path.join(ROOT, PROTO), "rb") as f:
+        shipped = f.read()
+    assert shipped == source, f"{PROTO} differs from proto/{PROTO}: cp proto/{PROTO} {PROTO}"
+

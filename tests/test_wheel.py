@@ -72,8 +72,8 @@ def test_wheel_holds_every_product_module(wheel):
     for layer in LAYERS:
         assert f"coordinator/{layer}/__init__.py" in names, layer
     assert {"coordinator/api/v1/fencing_pb2.py", "coordinator/api/v1/fencing_pb2_grpc.py"} <= names
-    # The wire contract ships too, for other languages: the checkout's one .proto, byte for byte.
-    proto = pathlib.Path(REPO, "coordinator", "api", "v1", "fencing.proto").read_bytes()
+    # The wire contract ships too, for other languages: proto/'s .proto, byte for byte.
+    proto = pathlib.Path(REPO, "proto", "coordinator", "api", "v1", "fencing.proto").read_bytes()
     assert wheel.read("coordinator/api/v1/fencing.proto") == proto
 
 
