@@ -12,10 +12,12 @@ import argparse
 import base64
 import json
 import os
+import sys
 import tempfile
 from typing import Any
 
-from coordinator.client import proof
+from coordinator.client import ctl_endpoint, proof
+from coordinator.client import exceptions as exc
 from coordinator.client.ctl_request import UsageError
 from coordinator.client.sync import FencingClient
 
@@ -52,11 +54,15 @@ def _value_fields(value: bytes) -> dict[str, Any]:
 # -- commands ----------------------------------------------------------------------------
 
 
-def run(client: FencingClient, args: argparse.Namespace, name: str, request: dict[str, Any]) -> None:
+def run(client: FencingClient, args: argparse.Namespace, name: str, request: dict[str, Any]) -> int | None:
+    """Run command ``name``; an exit code when it is not 0 though nothing was raised (some
+    endpoint down, after the output), else None."""
     out = args.output
     if name == "status":
-        _run_status(client, out)
-    elif name.startswith("member-"):
+        return _run_status(client, args, out)
+    if name.startswith("endpoint-"):
+        return ctl_endpoint.run_endpoint(client, args, name, out)
+    if name.startswith("member-"):
         _run_member(client, args, name, out)
     elif name in _LEASE_COMMANDS:
         _run_lease(client, name, request, out)
@@ -64,29 +70,45 @@ def run(client: FencingClient, args: argparse.Namespace, name: str, request: dic
         _run_key(client, name, request, out)
     else:
         _run_admin(client, args, name, request, out)
+    return None
 
 
 _LEASE_COMMANDS = ("acquire", "keepalive", "release", "describe")
 _KEY_COMMANDS = ("write", "read", "delete")
 
 
-def _run_status(client: FencingClient, out: str) -> None:
-    status = client.status()
+def _run_status(client: FencingClient, args: argparse.Namespace, out: str) -> int | None:
+    """The cluster's status, each member marked by whether it answers; without a quorum the
+    most advanced member's own view (said on stderr), and exit 4."""
+    try:
+        status = client.status()
+        local = False
+    except exc.Unavailable as error:
+        best, _ = ctl_endpoint.best_local_status(client, args)
+        if best is None:
+            raise
+        print(f"fencingctl: warning: {' '.join(str(error).split())}; showing {best.header.member_id or '?'}'s "
+              f"own view (may be stale)", file=sys.stderr)
+        status, local = best, True
+    reachable = ctl_endpoint.reachability(status.members, args)
     doc = _jsonable(status)
+    for member in doc["members"]:
+        member["reachable"] = reachable.get(member["api_address"])
     if out == "json":
         _emit(doc, out)
-        return
-    _emit(doc, out, [
-        ("leader", f"{status.leader_api_address or '-'} (raft {status.leader or '-'})"),
-        ("term", status.term),
-        ("epoch", status.epoch),
-        ("commit_index", status.commit_index),
-        ("applied_index", status.applied_index),
-        ("has_quorum", status.has_quorum),
-        ("answered_by", status.header.member_id),
-    ])
-    print()
-    _print_members(status.members)
+    else:
+        _emit(doc, out, [
+            ("leader", f"{status.leader_api_address or '-'} (raft {status.leader or '-'})"),
+            ("term", status.term),
+            ("epoch", status.epoch),
+            ("commit_index", status.commit_index),
+            ("applied_index", status.applied_index),
+            ("has_quorum", status.has_quorum),
+            ("answered_by", status.header.member_id + (" (its own view: no quorum)" if local else "")),
+        ])
+        print()
+        _print_members(status.members, reachable)
+    return ctl_endpoint.EXIT_UNAVAILABLE if local else None
 
 
 def _run_member(client: FencingClient, args: argparse.Namespace, name: str, out: str) -> None:
@@ -165,13 +187,19 @@ def _run_admin(client: FencingClient, args: argparse.Namespace, name: str, reque
         raise UsageError(f"unknown command {name}")
 
 
-def _print_members(members) -> None:
+def _print_members(members, reachable: dict[str, bool | None] | None = None) -> None:
+    def answers(m) -> str:
+        up = (reachable or {}).get(m.api_address)
+        return "?" if up is None else "yes" if up else "NO"
+
     columns = [
         ("MEMBER", lambda m: m.member_id or "-"), ("RAFT", lambda m: m.id), ("API", lambda m: m.api_address or "-"),
         ("INCARNATION", lambda m: str(m.incarnation) if m.incarnation else "unbound"),
         ("ROLE", lambda m: m.role or ("leader" if m.is_leader else "-")),
         ("MATCH", lambda m: str(m.match_index)), ("VOTER", lambda m: "yes" if m.voter else "no"),
     ]
+    if reachable is not None:
+        columns.append(("REACHABLE", answers))
     rows = [[cell(m) for _, cell in columns] for m in members]
     widths = [max([len(title), *(len(row[i]) for row in rows)]) for i, (title, _) in enumerate(columns)]
     print("  ".join(f"{title:<{w}}" for (title, _), w in zip(columns, widths)).rstrip())

@@ -12,7 +12,9 @@ Usage::
                [--credential TOKEN] [--admin-token TOKEN] [--ca-file F [--cert-file F --key-file F]]
                COMMAND ...   (these options may also follow COMMAND)
 
-    status
+    status                (marks members that do not answer; without a quorum: exit 4)
+    endpoint status       each endpoint's own view, asked on its own (works without a quorum)
+    endpoint health       each endpoint's gRPC health
     acquire   RESOURCE --ttl-ms N [--holder H] [--wait-ms N] [--op-id HEX]
     keepalive RESOURCE --token N [--ttl-ms N]
     release   RESOURCE --token N [--op-id HEX]
@@ -177,6 +179,8 @@ def _main(argv: list[str] | None) -> int:
         name = args.admin_command if args.command == "admin" else args.command
         if name == "member":
             name = f"member-{args.member_command}"  # arguments only, checked by the server too
+        elif name == "endpoint":
+            name = f"endpoint-{args.endpoint_command}"
         request = request_for(args, name, lock_cmd)
         client = _client(args)
     except UsageError as error:
@@ -195,7 +199,9 @@ def _main(argv: list[str] | None) -> int:
                     code = lockcmd.exit_code_for(error)
                     _print_error(error, error.category, output, code)
                     return int(code)
-            run(client, args, name, request)
+            code = run(client, args, name, request)
+            if code:
+                return code  # endpoint status/health: some endpoint down, after the table
         except exc.FencingError as error:
             code = exit_code_for(error)
             category = "invalid argument" if code == EXIT_USAGE else error.category

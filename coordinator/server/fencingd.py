@@ -2,7 +2,7 @@
 
     fencingd serve --config node1.toml [--flag value ...]   one cluster member
     fencingd dev [--data-dir DIR] [--base-port N]            a local three-member cluster
-    fencingd health --address HOST:PORT                      exit 0 iff the member is SERVING
+    fencingd health --address HOST:PORT                      exit 0 iff SERVING; 2 unreachable, 4 not serving
     fencingd keygen --private-key F --public-key G           a token signing key pair (DESIGN §6)
     fencingd gen-secret FILE                                 a peer credential (raft_secret_file), mode 0600
     fencingd check-config FILE [--values-only]               exit 0 iff ``serve`` would accept the config
@@ -218,7 +218,16 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def _healthy(api_address: str, timeout_s: float = 1.0, credentials=None) -> bool:
+# fencingd health's exit codes: grpc_health_probe's, so probes written for it read ours.
+HEALTH_SERVING = 0
+HEALTH_USAGE = 1  # bad arguments or an unreadable TLS file
+HEALTH_UNREACHABLE = 2  # no connection, or no answer within --timeout-s
+HEALTH_RPC_FAILED = 3  # the member answered the check with an error
+HEALTH_NOT_SERVING = 4  # the member answered: NOT_SERVING (or any status but SERVING)
+
+
+def _health_check(api_address: str, timeout_s: float = 1.0, credentials=None) -> tuple[int, str]:
+    """(exit code above, what the member said) for one grpc.health.v1 Check of the whole server."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -229,25 +238,32 @@ def _healthy(api_address: str, timeout_s: float = 1.0, credentials=None) -> bool
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
             )
-        except grpc.RpcError:
-            return False
-    return reply.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError as error:
+            code = error.code() if hasattr(error, "code") else None
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, None):
+                return HEALTH_UNREACHABLE, f"unreachable (no answer within {timeout_s:g} s)"
+            return HEALTH_RPC_FAILED, f"health check failed: {code.name}"
+    name = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    return (HEALTH_SERVING if reply.status == health_pb2.HealthCheckResponse.SERVING else HEALTH_NOT_SERVING), name
+
+
+def _healthy(api_address: str, timeout_s: float = 1.0, credentials=None) -> bool:
+    return _health_check(api_address, timeout_s, credentials)[0] == HEALTH_SERVING
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    """Exit 0 iff the member at ``--address`` says SERVING (for container health checks)."""
+    """Exit 0 iff the member at ``--address`` says SERVING; 2 unreachable, 4 not serving
+    (grpc_health_probe's codes, for container health checks)."""
     from coordinator.client import tls_credentials
 
     try:
         credentials = tls_credentials(args.ca_file, args.cert_file, args.key_file)
     except OSError as exc:
         print(f"fencingd health: {exc}", file=sys.stderr, flush=True)
-        return 2
-    if _healthy(args.address, timeout_s=args.timeout_s, credentials=credentials):
-        print(f"{args.address}: SERVING", flush=True)
-        return 0
-    print(f"{args.address}: not serving (or no answer within {args.timeout_s} s)", file=sys.stderr, flush=True)
-    return 1
+        return HEALTH_USAGE
+    code, said = _health_check(args.address, timeout_s=args.timeout_s, credentials=credentials)
+    print(f"{args.address}: {said}", file=sys.stdout if code == HEALTH_SERVING else sys.stderr, flush=True)
+    return code
 
 
 def _create_file(path: str, data: bytes, mode: int) -> str | None:
@@ -519,7 +535,15 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--start-timeout", type=float, default=DEV_START_TIMEOUT_S, help="seconds to wait for health")
     dev.set_defaults(func=cmd_dev)
     health = sub.add_parser(
-        "health", help="exit 0 iff a member answers SERVING (grpc.health.v1): for container probes"
+        "health", help="exit 0 iff a member answers SERVING (grpc.health.v1): for container probes",
+        description="Ask one member's grpc.health.v1 service (the whole server) and exit as grpc_health_probe does.",
+        epilog="exit codes (grpc_health_probe's):\n"
+               "  0  SERVING\n"
+               "  1  a TLS file cannot be read\n"
+               "  2  unreachable: no connection or no answer within --timeout-s\n"
+               "  3  the health check itself failed (an error status)\n"
+               "  4  NOT_SERVING (no quorum, not caught up, or shutting down)\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     health.add_argument("--address", default="127.0.0.1:7100", help="the member's API address (HOST:PORT)")
     health.add_argument("--timeout-s", type=float, default=2.0, help="seconds to wait for the answer")
