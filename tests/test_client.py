@@ -151,6 +151,12 @@ def test_friendly_messages_name_the_facts():
                               metadata={"holder": "worker-a", "expires_at_ms": "0", "token": "5"},
                               request={"resource": "orders/7"})
     assert str(held) == "orders/7 is held by 'worker-a' (token 5) until 1970-01-01T00:00:00.000Z (log clock)"
+    # A member that says the TTL left: a duration, not a date on the log clock (issue 29).
+    held = E.error_for_reason(R.LEASE_HELD, "", code=grpc.StatusCode.FAILED_PRECONDITION,
+                              metadata={"holder": "worker-a", "expires_at_ms": "186887", "token": "5",
+                                        "remaining_ms": "29500"}, request={"resource": "orders/7"})
+    assert str(held) == "orders/7 is held by 'worker-a' (token 5), 29.5s of its TTL left"
+    assert held.remaining_ms == 29500
     unknown = E.OutcomeUnknown(request={"rpc": "write", "op_id": b"\x01" * 16})
     assert "retry with op id " + "01" * 16 in str(unknown)
     # A reason alone (KeepAliveMany items carry no status code) still finds its class.

@@ -38,6 +38,9 @@ exit codes:
 """
 
 
+_DURATION_MS_HELP = "a duration: 10s, 500ms, 1.5m (a bare number: milliseconds)"
+
+
 class _Parser(argparse.ArgumentParser):
     usage_exit = 2  # EXIT_USAGE; `lock` uses a code CMD's own status cannot be confused with
 
@@ -87,15 +90,15 @@ def _add_command(parent, name: str, help_text: str, *, json_form: bool = True) -
 def _add_lease_commands(command) -> None:
     p = command("acquire", "take the lease on RESOURCE and print its fencing token")
     p.add_argument("resource", nargs="?")
-    p.add_argument("--ttl-ms", dest="ttl_ms")
+    p.add_argument("--ttl-ms", dest="ttl_ms", metavar="D", help=_DURATION_MS_HELP)
     p.add_argument("--holder")
-    p.add_argument("--wait-ms", dest="wait_ms")
+    p.add_argument("--wait-ms", dest="wait_ms", metavar="D", help=_DURATION_MS_HELP)
     p.add_argument("--op-id", dest="op_id", metavar="HEX")
 
     p = command("keepalive", "renew the lease holding TOKEN once")
     p.add_argument("resource", nargs="?")
     p.add_argument("--token")
-    p.add_argument("--ttl-ms", dest="ttl_ms")
+    p.add_argument("--ttl-ms", dest="ttl_ms", metavar="D", help=_DURATION_MS_HELP)
 
     p = command("release", "end the lease holding TOKEN (the high-water mark stays)")
     p.add_argument("resource", nargs="?")

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from typing import Any
 
-from coordinator.client import ctl_endpoint, proof
+from coordinator.client import ctl_endpoint, durations, proof
 from coordinator.client import exceptions as exc
 from coordinator.client.ctl_request import UsageError
 from coordinator.client.sync import FencingClient
@@ -139,15 +139,41 @@ def _run_lease(client: FencingClient, name: str, request: dict[str, Any], out: s
         doc.pop("token_proof", None)
         if r.token_proof:  # only when the cluster signs (DESIGN §6); text form, for a guard
             doc["token_proof"] = proof.to_text(r.token_proof)
-        _emit(doc, out)
+        _emit(doc, out, _with_ttl(doc, request["ttl_ms"]))
     elif name == "keepalive":
         r = client.keep_alive(request["resource"], request["token"], ttl_ms=request.get("ttl_ms"))
-        _emit(_jsonable(r), out)
+        doc = _jsonable(r)
+        _emit(doc, out, _with_ttl(doc, request.get("ttl_ms")))
     elif name == "release":
         r = client.release(request["resource"], request["token"], op_id=request.get("op_id"))
         _emit({"resource": request["resource"], "token": request["token"], **_jsonable(r)}, out)
     else:  # describe
-        _emit(_jsonable(client.describe(request["resource"])), out)
+        _run_describe(client, request["resource"], out)
+
+
+def _with_ttl(doc: dict[str, Any], ttl_ms: int | None) -> list[tuple[str, Any]]:
+    """A granted or renewed lease's table: its TTL as a duration in place of the expiry on the
+    log clock (a number of milliseconds since no wall-clock time, kept in --output json)."""
+    rows: list[tuple[str, Any]] = []
+    for key, value in doc.items():
+        if key == "expires_at_ms":
+            rows.append(("ttl", durations.text_ms(ttl_ms) if ttl_ms is not None else "renewed, as before"))
+        elif key != "header":
+            rows.append((key, value))
+    return rows
+
+
+def _run_describe(client: FencingClient, resource: str, out: str) -> None:
+    """The lease on ``resource`` with its remaining TTL (``remaining_ms`` in JSON, beside the
+    raw expiry and log clock); the table shows the TTL as a duration and no raw clock values."""
+    r = client.describe(resource)
+    remaining = max(0, r.expires_at_ms - r.log_clock_ms) if r.held else None
+    doc = {**_jsonable(r), "remaining_ms": remaining}
+    _emit(doc, out, [
+        ("resource", r.resource), ("held", r.held), ("holder", r.holder if r.held else "-"),
+        ("token", r.token if r.held else "-"), ("remaining_ttl", "-" if remaining is None else durations.text_ms(remaining)),
+        ("hwm", r.hwm), ("waiters", r.waiters),
+    ])
 
 
 def _run_key(client: FencingClient, name: str, request: dict[str, Any], out: str) -> None:
@@ -161,7 +187,11 @@ def _run_key(client: FencingClient, name: str, request: dict[str, Any], out: str
         r = client.read(request["resource"], request["key"])
         doc = {"resource": request["resource"], "key": request["key"], **_jsonable(r)}
         doc.update(_value_fields(r.value) if r.found else {"value": None, "value_base64": None})
-        _emit(doc, out)
+        if r.found:
+            _emit(doc, out)
+        else:  # a read that found nothing succeeded (exit 0, as etcdctl get): it says so
+            _emit(doc, out, [("resource", doc["resource"]), ("key", doc["key"]), ("found", False),
+                             ("value", "(not found)"), ("hwm", r.hwm)])
     else:  # delete
         r = client.delete(request["resource"], request["key"], token=request["token"], op_id=request.get("op_id"))
         _emit({"resource": request["resource"], "key": request["key"], **_jsonable(r)}, out)

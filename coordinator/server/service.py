@@ -303,13 +303,16 @@ class ClusterServicer(pb_grpc.ClusterServicer):
             epoch=epoch,
             has_quorum=bool(status["has_quorum"]),
             version=distribution_version(),
-            data_size_bytes=_data_size_bytes(self.core.node.config.data_dir),
+            data_size_bytes=_data_size_bytes(getattr(self.core.node.config, "data_dir", None)),
             local=request.local,
         )
 
 
-def _data_size_bytes(data_dir: str) -> int:
-    """The files at the top of ``data_dir`` (journal, snapshots, identity): what a member keeps."""
+def _data_size_bytes(data_dir: str | None) -> int:
+    """The files at the top of ``data_dir`` (journal, snapshots, identity): what a member
+    keeps (0 for a node without a data dir: the in-memory test cluster)."""
+    if data_dir is None:
+        return 0
     total = 0
     try:
         with os.scandir(data_dir) as entries:
