@@ -137,7 +137,7 @@ def channel_credentials(args: Any) -> grpc.ChannelCredentials | None:
     return tls_credentials(**{name: getattr(args, name, None) or os.environ.get(env) for name, env in TLS_ENV.items()})
 
 
-def _deadline(args: Any) -> float:
+def endpoint_deadline(args: Any) -> float:
     return min(float(getattr(args, "timeout", ENDPOINT_TIMEOUT_S)), ENDPOINT_TIMEOUT_S)
 
 
@@ -148,14 +148,14 @@ def run_endpoint(client: FencingClient, args: Any, name: str, out: str) -> int:
     """``endpoint status`` / ``endpoint health``: 0 when every endpoint answered (and is
     SERVING), else 4 (unavailable) after the whole table."""
     if name == "endpoint-status":
-        answers = endpoint_statuses(client, _deadline(args))
+        answers = endpoint_statuses(client, endpoint_deadline(args))
         if out == "json":
             print(json.dumps({"endpoints": [a.as_dict() for a in answers]}, sort_keys=True))
         else:
             _table(["ENDPOINT", "REACHABLE", "MEMBER", "LEADER", "IS_LEADER", "TERM", "APPLIED", "COMMIT",
                     "QUORUM", "VERSION", "DATA", "ERROR"], [_status_row(a) for a in answers])
         return EXIT_OK if all(a.status is not None for a in answers) else EXIT_UNAVAILABLE
-    health = health_of(client.endpoints, channel_credentials(args), _deadline(args))
+    health = health_of(client.endpoints, channel_credentials(args), endpoint_deadline(args))
     if out == "json":
         print(json.dumps({"endpoints": [h.as_dict() for h in health]}, sort_keys=True))
     else:
@@ -198,15 +198,25 @@ def _table(titles: list[str], rows: list[list[str]]) -> None:
 def reachability(members: Sequence[Any], args: Any) -> dict[str, bool | None]:
     """api_address -> whether that member answers a health check at all (None: no address known)."""
     addresses = [m.api_address for m in members if m.api_address]
-    health = health_of(addresses, channel_credentials(args), _deadline(args)) if addresses else []
+    health = health_of(addresses, channel_credentials(args), endpoint_deadline(args)) if addresses else []
     return {h.endpoint: h.health != "UNREACHABLE" for h in health}
 
 
-def best_local_status(client: FencingClient, args: Any) -> tuple[ClusterStatus | None, list[EndpointStatus]]:
-    """Without a quorum: the local view of the answering endpoint with the highest term and
-    applied index (None if no endpoint answers), and every endpoint's answer."""
-    answers = endpoint_statuses(client, _deadline(args))
+def best_local_status(answers: Sequence[EndpointStatus]) -> ClusterStatus | None:
+    """The own view of the answering endpoint with the highest term and applied index (None
+    if no endpoint answered)."""
     answered = [a.status for a in answers if a.status is not None]
-    if not answered:
-        return None, answers
-    return max(answered, key=lambda s: (s.term, s.applied_index)), answers
+    return max(answered, key=lambda s: (s.term, s.applied_index)) if answered else None
+
+
+def quorum_impossible(answers: Sequence[EndpointStatus]) -> bool:
+    """True when the endpoints known not to answer are voters enough that no majority is left
+    (then a read through the log cannot succeed, and ``status`` need not wait its deadline
+    for it). Only voters whose API address is one of the endpoints asked count as down."""
+    best = best_local_status(answers)
+    if best is None:
+        return True
+    down = {a.endpoint for a in answers if not a.reachable}
+    voters = [m for m in best.members if m.voter] or list(best.members)
+    lost = sum(1 for m in voters if m.api_address in down)
+    return len(voters) - lost < len(voters) // 2 + 1

@@ -78,37 +78,49 @@ _KEY_COMMANDS = ("write", "read", "delete")
 
 
 def _run_status(client: FencingClient, args: argparse.Namespace, out: str) -> int | None:
-    """The cluster's status, each member marked by whether it answers; without a quorum the
-    most advanced member's own view (said on stderr), and exit 4."""
-    try:
-        status = client.status()
-        local = False
-    except exc.Unavailable as error:
-        best, _ = ctl_endpoint.best_local_status(client, args)
-        if best is None:
-            raise
-        print(f"fencingctl: warning: {' '.join(str(error).split())}; showing {best.header.member_id or '?'}'s "
-              f"own view (may be stale)", file=sys.stderr)
-        status, local = best, True
+    """The cluster's status, each member marked by whether it answers; without a quorum (or
+    when too few members answer for one) the most advanced member's own view, said on
+    stderr, and exit 4."""
+    answers = ctl_endpoint.endpoint_statuses(client, ctl_endpoint.endpoint_deadline(args))
+    status, why = None, "too few members answer for a quorum"
+    if not ctl_endpoint.quorum_impossible(answers):
+        try:
+            status = client.status()
+        except exc.Unavailable as error:
+            answers = ctl_endpoint.endpoint_statuses(client, ctl_endpoint.endpoint_deadline(args))
+            if ctl_endpoint.best_local_status(answers) is None:
+                raise
+            why = " ".join(str(error).split())
+    local = status is None
+    if status is None:
+        status = ctl_endpoint.best_local_status(answers)
+        if status is None:  # nobody answers: the routed call says why, in one line
+            status = client.status()
+        print(f"fencingctl: warning: no quorum ({why}); showing {status.header.member_id or '?'}'s "
+              "own view (may be stale)", file=sys.stderr)
     reachable = ctl_endpoint.reachability(status.members, args)
     doc = _jsonable(status)
     for member in doc["members"]:
         member["reachable"] = reachable.get(member["api_address"])
+    _emit_status(status, doc, reachable, out, local)
+    return ctl_endpoint.EXIT_UNAVAILABLE if local else None
+
+
+def _emit_status(status, doc: dict[str, Any], reachable: dict[str, bool | None], out: str, local: bool) -> None:
     if out == "json":
         _emit(doc, out)
-    else:
-        _emit(doc, out, [
-            ("leader", f"{status.leader_api_address or '-'} (raft {status.leader or '-'})"),
-            ("term", status.term),
-            ("epoch", status.epoch),
-            ("commit_index", status.commit_index),
-            ("applied_index", status.applied_index),
-            ("has_quorum", status.has_quorum),
-            ("answered_by", status.header.member_id + (" (its own view: no quorum)" if local else "")),
-        ])
-        print()
-        _print_members(status.members, reachable)
-    return ctl_endpoint.EXIT_UNAVAILABLE if local else None
+        return
+    _emit(doc, out, [
+        ("leader", f"{status.leader_api_address or '-'} (raft {status.leader or '-'})"),
+        ("term", status.term),
+        ("epoch", status.epoch),
+        ("commit_index", status.commit_index),
+        ("applied_index", status.applied_index),
+        ("has_quorum", status.has_quorum),
+        ("answered_by", status.header.member_id + (" (its own view: no quorum)" if local else "")),
+    ])
+    print()
+    _print_members(status.members, reachable)
 
 
 def _run_member(client: FencingClient, args: argparse.Namespace, name: str, out: str) -> None:
