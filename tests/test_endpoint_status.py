@@ -24,12 +24,12 @@ EXIT_UNAVAILABLE = 4
 
 def _ctl(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "coordinator.client.fencingctl", *argv],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)
 
 
 def _health(address: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "coordinator.server.fencingd", "health", "--address", address,
-                           "--timeout-s", "1"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+                           "--timeout-s", "1"], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
 
 
 @pytest.fixture
