@@ -118,9 +118,8 @@ def health_of(
         started = time.monotonic()
         with open_channel(endpoint, credentials) as channel:
             try:
-                reply = health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
-                )
+                stub: Any = health_pb2_grpc.HealthStub(channel)  # the generated stub declares no methods
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
             except grpc.RpcError as error:
                 took = (time.monotonic() - started) * 1000
                 code = error.code() if hasattr(error, "code") else None
