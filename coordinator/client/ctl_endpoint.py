@@ -153,7 +153,7 @@ def run_endpoint(client: FencingClient, args: Any, name: str, out: str) -> int:
             print(json.dumps({"endpoints": [a.as_dict() for a in answers]}, sort_keys=True))
         else:
             _table(["ENDPOINT", "REACHABLE", "MEMBER", "LEADER", "IS_LEADER", "TERM", "APPLIED", "COMMIT",
-                    "QUORUM", "VERSION", "DATA", "ERROR"], [_status_row(a) for a in answers])
+                    "QUORUM", "VERSION", "DATA", "ERROR"], [_status_row(a, answers) for a in answers])
         return EXIT_OK if all(a.status is not None for a in answers) else EXIT_UNAVAILABLE
     health = health_of(client.endpoints, channel_credentials(args), endpoint_deadline(args))
     if out == "json":
@@ -164,15 +164,29 @@ def run_endpoint(client: FencingClient, args: Any, name: str, out: str) -> int:
     return EXIT_OK if all(h.healthy for h in health) else EXIT_UNAVAILABLE
 
 
-def _status_row(a: EndpointStatus) -> list[str]:
+def _status_row(a: EndpointStatus, answers: Sequence[EndpointStatus]) -> list[str]:
     s = a.status
     if s is None:
-        return [a.endpoint, "yes" if a.reachable else "no", *(["-"] * 9), a.error or "-"]
+        return [a.endpoint, "yes" if a.reachable else "no", *(["-"] * 9), _short_error(a)]
+    leader = s.leader_api_address or s.leader or "-"
+    if any(b.endpoint == s.leader_api_address and not b.reachable for b in answers):
+        leader += " (down)"  # this member's view is older than the leader's death
     return [
-        a.endpoint, "yes", s.header.member_id or "-", s.leader_api_address or s.leader or "-",
+        a.endpoint, "yes", s.header.member_id or "-", leader,
         "yes" if _is_leader(a.endpoint, s) else "no", str(s.term), str(s.applied_index), str(s.commit_index),
         "yes" if s.has_quorum else "no", s.version or "-", size_text(s.data_size_bytes), "-",
     ]
+
+
+def _short_error(a: EndpointStatus) -> str:
+    """The table's ERROR cell: the gist (the whole message is in --output json)."""
+    if a.reachable:
+        return a.error or "-"
+    if "Connection refused" in a.error:
+        return "unreachable: connection refused"
+    if "Deadline" in a.error or "deadline" in a.error or "timed out" in a.error:
+        return "unreachable: no answer in time"
+    return "unreachable"
 
 
 def size_text(n: int) -> str:
