@@ -115,3 +115,15 @@ def test_an_endpoint_with_a_scheme_is_a_usage_error_at_once():
     assert proc.returncode == 2 and time.monotonic() - started < 5
     assert len(proc.stderr.splitlines()) == 1 and "without a scheme" in proc.stderr
     assert "'127.0.0.1:7100'" in proc.stderr  # what to type instead
+
+
+def test_fencingd_health_usage_error_is_1_not_unreachable():
+    """grpc_health_probe's 1: argparse's own 2 would read as "unreachable" to a probe."""
+    proc = subprocess.run([sys.executable, "-m", "coordinator.server.fencingd", "health", "--timeout-s", "x"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert proc.returncode == 1 and "--timeout-s" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "coordinator.server.fencingd", "health", "--help"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert proc.returncode == 0
+    for line in ("0  SERVING", "2  unreachable", "4  NOT_SERVING"):
+        assert line in proc.stdout

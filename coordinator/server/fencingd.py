@@ -539,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ask one member's grpc.health.v1 service (the whole server) and exit as grpc_health_probe does.",
         epilog="exit codes (grpc_health_probe's):\n"
                "  0  SERVING\n"
-               "  1  a TLS file cannot be read\n"
+               "  1  a malformed command line, or a TLS file that cannot be read\n"
                "  2  unreachable: no connection or no answer within --timeout-s\n"
                "  3  the health check itself failed (an error status)\n"
                "  4  NOT_SERVING (no quorum, not caught up, or shutting down)\n",
@@ -568,7 +568,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     server_extra.require("fencingd")  # a client-only install: one line naming the extra, no traceback
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = build_parser().parse_args(words)
+    except SystemExit as done:
+        # health's usage error is 1, as grpc_health_probe's: argparse's 2 there means unreachable.
+        if done.code == 2 and words[:1] == ["health"]:
+            return HEALTH_USAGE
+        raise
     return args.func(args)
 
 
