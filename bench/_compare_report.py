@@ -151,7 +151,7 @@ def chart(cs: list[dict], fs: list[dict], path: str, title: str) -> str | None:
         cpu.bar([x + shift for x in xs], server, width, color=colors[system], label=f"{system} servers")
         cpu.bar([x + shift for x in xs], client, width, bottom=server, color=colors[system], alpha=0.45,
                 hatch="//", label=f"{system} clients")
-    for x, c in zip(xs, cs):
+    for x, c in zip(xs, cs, strict=True):
         top = max(c[system]["ops_per_s"] for system in systems)
         if not math.isnan(c["ratio"]) and not math.isnan(top):
             label = " ".join(f"x{c.get('ratio_by_system', {}).get(s, c['ratio']):.2f}" for s in systems[:-1])

@@ -49,8 +49,8 @@ LEASE_GONE = (R.STALE_TOKEN, R.LEASE_EXPIRED)
 
 def _raw_error_kind(err) -> str:
     import grpc
-    from grpc_status import rpc_status
     from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
 
     code = err.code() if callable(getattr(err, "code", None)) else None
     name = code.name if isinstance(code, grpc.StatusCode) else "?"
@@ -119,7 +119,7 @@ class _Client:
                 if self.workload == "read":
                     self._write(self.token)
                 return
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 kind = self.error_kind(exc) or ""
                 if time.monotonic() > deadline or not any(k in kind for k in SETUP_RETRYABLE):
                     raise

@@ -19,8 +19,9 @@ process only and without changing what they do:
     the tick body, the time the thread answers no message. A body longer than
     ``SLOW_TICK_MS`` is recorded.
 
-Every record is one JSON line (wall ``ms``; ``cpu_ms``, the thread's CPU time meanwhile) appended to the file named by ``SCALE_TIMINGS_FILE`` (times from
-``time.monotonic``, CLOCK_MONOTONIC, so comparable with the bench process on the same host).
+Every record is one JSON line (wall ``ms``; ``cpu_ms``, the thread's CPU time meanwhile)
+appended to the file named by ``SCALE_TIMINGS_FILE`` (times from ``time.monotonic``,
+CLOCK_MONOTONIC, so comparable with the bench process on the same host).
 
 SIGUSR1 asks the Raft node for a snapshot now (``forceLogCompaction``: the next tick takes it,
 unless nothing was applied since the last one). fencingd handles no SIGUSR1 itself, so
@@ -213,7 +214,7 @@ def _watch_gc() -> None:
 
 def install(path: str) -> None:
     global _out
-    _out = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the process's life
+    _out = open(path, "a", encoding="utf-8")  # open for the process's life
     _record("start", t0=_now())
     _watch_gc()
     so = raft_syncobj.HardenedSyncObj

@@ -34,7 +34,6 @@ import time
 
 from . import _compare_report as report
 from . import _failover
-from .grpc_bench import loadavg, log
 from ._harness import (
     cpu_model,
     ensure_repo_on_path,
@@ -46,6 +45,7 @@ from ._harness import (
     proc_cpu_s,
     sigterm_as_interrupt,
 )
+from .grpc_bench import loadavg, log
 
 WORKLOADS = ("write", "acqrel", "cycle", "read")
 STARTUP_TIMEOUT_S = 60.0

@@ -625,10 +625,12 @@ def print_threads(res: dict) -> None:
           f"context switches (voluntary + involuntary), by process and thread name")
     for label, groups in res["processes"].items():
         tot = {k: sum(g[k] for g in groups.values()) for k in ("user_ms", "sys_ms", "vol_cs", "invol_cs")}
-        print(f"  {label:12s} {tot['user_ms']:.3f} + {tot['sys_ms']:.3f} ms   {tot['vol_cs']:5.2f} + {tot['invol_cs']:.2f} switches")
+        print(f"  {label:12s} {tot['user_ms']:.3f} + {tot['sys_ms']:.3f} ms"
+              f"   {tot['vol_cs']:5.2f} + {tot['invol_cs']:.2f} switches")
         for name, g in groups.items():
             if g["user_ms"] + g["sys_ms"] >= 0.005 or g["vol_cs"] >= 0.05:
-                print(f"    {name:16s} {g['user_ms']:.3f} + {g['sys_ms']:.3f} ms   {g['vol_cs']:5.2f} + {g['invol_cs']:.2f}")
+                print(f"    {name:16s} {g['user_ms']:.3f} + {g['sys_ms']:.3f} ms"
+                      f"   {g['vol_cs']:5.2f} + {g['invol_cs']:.2f}")
 
 
 def print_profile(prof: dict) -> None:
@@ -661,9 +663,9 @@ def fmt_errors(errors: dict) -> str:
 def print_table(rows: list[dict]) -> None:
     base = {(r["round"], r["mode"], r["clients"]): r["ops_per_s"] for r in rows
             if r["system"] == "baseline" and r["workload"] == "write"}
-    header = (f"{'round':>5s} {'system':10s} {'client':6s} {'workload':9s} {'clients':>7s} {'ops':>7s} {'ops/s':>8s} "
-              f"{'p50 ms':>7s} {'p99 ms':>8s} {'x base':>6s} {'leader':>6s} {'follow':>6s} {'client':>6s} {'other':>5s} "
-              f"{'steal':>5s}  errors")
+    header = (f"{'round':>5s} {'system':10s} {'client':6s} {'workload':9s} {'clients':>7s} {'ops':>7s} "
+              f"{'ops/s':>8s} {'p50 ms':>7s} {'p99 ms':>8s} {'x base':>6s} {'leader':>6s} {'follow':>6s} "
+              f"{'client':>6s} {'other':>5s} {'steal':>5s}  errors")
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -686,9 +688,10 @@ def print_table(rows: list[dict]) -> None:
             errs["DISTURBED"] = 1
         if r.get("attempts", 1) > 1:
             errs["attempts"] = r["attempts"]
-        print(f"{r['round']:5d} {r['system']:10s} {r['mode']:6s} {wl:9s} {r['clients']:7d} {r['ops']:7d} {r['ops_per_s']:8.0f} "
-              f"{r['p50_ms']:7.2f} {r['p99_ms']:8.2f} {ratio:>6s} {leader:6.2f} {follow:>6s} {c.get('clients', float('nan')):6.2f} "
-              f"{c.get('other', float('nan')):5.2f} {c.get('steal', float('nan')):5.2f}  {fmt_errors(errs)}")
+        print(f"{r['round']:5d} {r['system']:10s} {r['mode']:6s} {wl:9s} {r['clients']:7d} {r['ops']:7d} "
+              f"{r['ops_per_s']:8.0f} {r['p50_ms']:7.2f} {r['p99_ms']:8.2f} {ratio:>6s} {leader:6.2f} {follow:>6s} "
+              f"{c.get('clients', float('nan')):6.2f} {c.get('other', float('nan')):5.2f} "
+              f"{c.get('steal', float('nan')):5.2f}  {fmt_errors(errs)}")
 
 
 def summarize(rows: list[dict]) -> list[dict]:

@@ -115,7 +115,8 @@ def analyse(traces: dict[int, dict], leader: int, cpu: dict[int, float], out=sys
               f"  {per('sync_s', 1e3):7.3f}  {per('apply_s', 1e3):8.3f}  {per('sync_calls'):5.2f}  {ent_sync:8.2f}"
               f"  {per('ae_sent'):7.2f}  {per('ae_sent_with_entries'):8.2f}  {ent_ae:6.2f}  {per('acks_sent'):7.2f}"
               f"  {per('acks_received'):7.2f}  {cpu.get(i, float('nan')) * 1e3 / ops:6.3f}", file=out)
-        summary[f"node{i}"] = {k: v / ops for k, v in c.items()} | {"role": role, "cpu_ms_per_op": cpu.get(i, 0) * 1e3 / ops}
+        summary[f"node{i}"] = {k: v / ops for k, v in c.items()} | {
+            "role": role, "cpu_ms_per_op": cpu.get(i, 0) * 1e3 / ops}
     print("  CPU per op, per node (thread_time, ms)  tick thread: total  = tick body  + flush(send+sync)"
           "  + poll(msg handling)  | inside: sync  send  apply | proposers | per send: wall/cpu us", file=out)
     for i in sorted(traces):
@@ -153,7 +154,8 @@ def print_thread_cpu(split0, split1, names, leader, ops, out=sys.stdout) -> None
                 parts.append((du + ds, f"{name} {du * 1e3 / ops:.3f}+{ds * 1e3 / ops:.3f}"))
         gone_u, gone_s = (u1 - u0) - live_u, (s1 - s0) - live_s
         if gone_u + gone_s > 0.0005:
-            parts.append((gone_u + gone_s, f"exited threads (proposers) {gone_u * 1e3 / ops:.3f}+{gone_s * 1e3 / ops:.3f}"))
+            parts.append((gone_u + gone_s,
+                          f"exited threads (proposers) {gone_u * 1e3 / ops:.3f}+{gone_s * 1e3 / ops:.3f}"))
         parts.sort(reverse=True)
         role = "leader" if i == leader else "follower"
         print(f"    node{i} {role:<8} total {(u1 - u0) * 1e3 / ops:.3f}+{(s1 - s0) * 1e3 / ops:.3f}: "
@@ -257,7 +259,8 @@ def main(argv=None) -> int:
                 sched0 = {n.index: thread_schedstat(n.proc.pid) for n in cluster.nodes}
                 r = L.call({"op": "bench", "threads": threads, "count": per_thread}, timeout_s=120)
                 cpu = {n.index: proc_cpu_s(n.proc.pid) - cpu0[n.index] for n in cluster.nodes}
-                other = (host_cpu_busy_s() - host0 - sum(cpu.values()) - (proc_cpu_s(os.getpid()) - self0)) / r["elapsed_s"]
+                host_s = host_cpu_busy_s() - host0
+                other = (host_s - sum(cpu.values()) - (proc_cpu_s(os.getpid()) - self0)) / r["elapsed_s"]
                 split1 = {n.index: (proc_cpu_split_s(n.proc.pid), thread_cpu_s(n.proc.pid)) for n in cluster.nodes}
                 sched1 = {n.index: thread_schedstat(n.proc.pid) for n in cluster.nodes}
                 names = {n.index: n.call({"op": "threads"})["threads"] for n in cluster.nodes}
@@ -269,7 +272,8 @@ def main(argv=None) -> int:
                       + ("  <- machine busy, figures pessimistic" if other > 0.25 else ""))
                 analyse(traces, leader, cpu)
                 print_thread_cpu(split0, split1, names, leader, len(r["latencies"]))
-                print_tick_thread_time(sched0, sched1, names, traces, leader, r["elapsed_s"], len(traces[leader]["props"]))
+                print_tick_thread_time(sched0, sched1, names, traces, leader, r["elapsed_s"],
+                                       len(traces[leader]["props"]))
             conc = max(threads_list)
             if args.pyspy:
                 pyspy = shutil.which("py-spy")
@@ -277,7 +281,8 @@ def main(argv=None) -> int:
                     print("\npy-spy not found (pip install py-spy)")
                 else:
                     per_thread = max(1, 3 * args.count // conc)
-                    targets = [L] + ([n for n in cluster.nodes if n.index != leader][:1] if args.pyspy_followers else [])
+                    followers = [n for n in cluster.nodes if n.index != leader]
+                    targets = [L] + (followers[:1] if args.pyspy_followers else [])
                     procs = []
                     for n in targets:
                         raw = os.path.join(base, f"pyspy-node{n.index}.txt")
@@ -290,7 +295,7 @@ def main(argv=None) -> int:
                     t_sample = time.monotonic()
                     r = L.call({"op": "bench", "threads": conc, "count": per_thread}, timeout_s=120)
                     t_sample = time.monotonic() - t_sample + 1.0  # py-spy also sampled the idle second before
-                    for n, raw, proc in procs:
+                    for _n, _raw, proc in procs:
                         proc.send_signal(2)  # SIGINT: py-spy writes its output and exits
                         try:
                             proc.wait(timeout=20)

@@ -35,6 +35,8 @@ import sys
 import tempfile
 import time
 
+import pysyncobj.version
+
 from ._harness import (
     cpu_model,
     ensure_repo_on_path,
@@ -50,9 +52,7 @@ from ._harness import (
 
 ensure_repo_on_path()
 
-import pysyncobj.version
-
-from testsupport.cluster import ProcessCluster
+from testsupport.cluster import ProcessCluster  # noqa: E402 - needs the repo on the path, set just above
 
 TARGET_SEQ_OPS = 500.0
 TARGET_CONC_OPS = 3000.0
@@ -123,7 +123,7 @@ def _summarise(label: str, kind: str, threads: int, reply: dict) -> dict:
     cpu_foll = [delta(i, "cpu_s") for i in followers]
     ctx_leader = None
     if leader in before and leader in after:
-        ctx_leader = tuple(a - b for a, b in zip(after[leader]["ctx"], before[leader]["ctx"]))
+        ctx_leader = tuple(a - b for a, b in zip(after[leader]["ctx"], before[leader]["ctx"], strict=True))
     durable = kind == "ours" and reply.get("fixes") == "all"
     # CPU used on the host by anything but the three nodes and this driver: other
     # work on the machine competing for the same cores (figures are then pessimistic).
@@ -243,7 +243,8 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
     stock = {r["proposers"]: r for r in rows if r["kind"] == "stock"}
     nofsync = {r["proposers"]: r for r in rows if r["config"].startswith("ours/no-fsync")}
     headers = ["config", "proposers", "ops", "ops/s", "p50 ms", "p99 ms", "max ms",
-               "x stock", "x no-fsync", "syncs/op L", "syncs/op F", "cpu ms/op L", "cpu ms/op F", "cores busy", "other load",
+               "x stock", "x no-fsync", "syncs/op L", "syncs/op F", "cpu ms/op L", "cpu ms/op F", "cores busy",
+               "other load",
                "ops/s of each round"]
     table = []
     for r in rows:
@@ -263,11 +264,12 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
             " ".join(str(v) for v in r.get("ops_per_s_runs", [])),
         ])
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))
+    line = "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths, strict=True)))
     print(line, file=out)
     print("-" * len(line), file=out)
     for row in table:
-        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))), file=out)
+        cells = enumerate(zip(row, widths, strict=True))
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in cells), file=out)
     for r in rows:
         notes = []
         if r["errors"]:

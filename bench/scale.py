@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import array
 import concurrent.futures
+import functools
 import json
 import multiprocessing
 import os
@@ -127,7 +128,8 @@ class ScaleCluster(GrpcCluster):
                     if not line.endswith("\n"):
                         break  # being written
                     rec = json.loads(line)
-                    if (kind is None or rec["kind"] == kind) and rec["t0"] >= since and (pid is None or rec["pid"] == pid):
+                    if ((kind is None or rec["kind"] == kind) and rec["t0"] >= since
+                            and (pid is None or rec["pid"] == pid)):
                         out.append(rec)
         except OSError:
             pass
@@ -212,7 +214,7 @@ def _call_many(method, request_of, items: dict, outcome: str, errors: dict) -> d
         if got is None:
             return done
         retry = {}
-        for (j, item), result in zip(pending.items(), got.results):
+        for (j, item), result in zip(pending.items(), got.results, strict=True):
             if result.WhichOneof("outcome") != "error":
                 done[j] = getattr(result, outcome)
                 continue
@@ -571,7 +573,8 @@ def keepalive_phase(pool, cluster, leader: int, leases, args) -> dict:
         "sweep_s": len(leases) / rate if rate else float("nan"),
         "leader_cpu_ms_per_renewal": 1e3 * renewal_cpu / max(1, renewals),
         "leader_cpu_ms_per_renewal_raw": 1e3 * leader_cpu / max(1, renewals),
-        "followers_cpu_ms_per_renewal": 1e3 * sum(c for i, c in both["cpu_s"].items() if i != leader) / max(1, renewals),
+        "followers_cpu_ms_per_renewal":
+            1e3 * sum(c for i, c in both["cpu_s"].items() if i != leader) / max(1, renewals),
         "leader_cpu_ms_per_write_alone": 1e3 * cpu_per_write,
     }
 
@@ -619,7 +622,8 @@ def print_table(report: dict) -> None:
            f"{report['rss_at_start'][i]['VmRSS'] / 2**20:,.0f} MiB, after the load (log not compacted) "
            f"{report['rss_after_load'][i]['VmRSS'] / 2**20:,.0f} MiB")
           for i, m in sorted(report["rss_at_n"].items())],
-        ("RSS per resource", f"{f['rss_bytes_per_resource']:,.0f} B", "largest (RSS at N - RSS at start) / N of the members"),
+        ("RSS per resource", f"{f['rss_bytes_per_resource']:,.0f} B",
+         "largest (RSS at N - RSS at start) / N of the members"),
         ("snapshot (leader)", f"{f['snapshot_ms']:,.0f} ms", f"{f['snapshot_mib']:.1f} MiB; slowest of "
          + ", ".join(f"{s['snapshot_ms']:.0f} (state {s['state_ms']:.0f} + write {s['write_ms']:.0f})"
                      for s in report["snapshots"])),
@@ -662,7 +666,8 @@ def print_table(report: dict) -> None:
           + f" (ours: load {load_['cores']['ours']:.2f}); load average {info['loadavg'][0]:.1f} at the start")
     print(f"  during the load: {bg['snapshots']} snapshots on the members (slowest {bg['snapshot_ms_max']:.0f} ms), "
           f"slowest Raft tick {bg['slow_tick_ms_max']:.0f} ms; {bg['gc_passes']} GC passes over 20 ms (slowest "
-          f"{bg['gc_ms_max']:.0f} ms), {bg['gc_passes_raft_thread']} on a Raft thread (slowest {bg['gc_ms_max_raft_thread']:.0f} ms)")
+          f"{bg['gc_ms_max']:.0f} ms), {bg['gc_passes_raft_thread']} on a Raft thread"
+          f" (slowest {bg['gc_ms_max_raft_thread']:.0f} ms)")
     moved = [name for name, phase in (("load", load_), *(("snapshot", x) for x in report["snapshots"]),
                                       ("keep-alives", ka), ("restart", report["restore"]))
              if phase["terms"][0] != phase["terms"][1]]
@@ -801,7 +806,7 @@ def in_process(n: int, base_dir: str) -> dict:
     out["state_bytes"] = len(state)
     path = os.path.join(base_dir, DUMP_NAME)
     last, prev = (b"", 2 * n, 1), (b"", 2 * n - 1, 1)
-    _, out["snapshot_write"] = timed(lambda: snapshot_file.write(path, last, prev, state, None))
+    _, out["snapshot_write"] = timed(functools.partial(snapshot_file.write, path, last, prev, state, None))
     # What the snapshot writer thread does instead (snapshot_writer.py): the state in pieces,
     # each one a stretch the GIL is held for (the longest is what the Raft thread can wait on
     # it), then the file written from the pieces.
@@ -820,11 +825,11 @@ def in_process(n: int, base_dir: str) -> dict:
     pieces, out["snapshot_pieces"] = timed(read_pieces)
     out["snapshot_pieces"].update(count=len(pieces), longest_ms=max(piece_ms))
     _, out["snapshot_write_pieces"] = timed(
-        lambda: snapshot_file.write_pieces(path, last, prev, pieces, None))
+        functools.partial(snapshot_file.write_pieces, path, last, prev, pieces, None))
     del pieces
     body, out["snapshot_read"] = timed(lambda: snapshot_file.read_body(path))
-    parts, out["snapshot_decode"] = timed(lambda: snapshot_file.decode(body))
-    _, out["restore"] = timed(lambda: FencingStateMachine().restore(parts[2]))
+    parts, out["snapshot_decode"] = timed(functools.partial(snapshot_file.decode, body))
+    _, out["restore"] = timed(lambda parts=parts: FencingStateMachine().restore(parts[2]))
     del body, parts, state
     # A full pass of the cyclic GC walks every container the state holds; it runs in whichever
     # thread allocates when it is due, the Raft thread included (replica.py pauses it only
@@ -858,7 +863,8 @@ def print_in_process(res: dict) -> None:
         ("read + decode", f"{res['snapshot_read']['cpu_ms'] + res['snapshot_decode']['cpu_ms']:,.0f} ms CPU",
          f"{res['snapshot_read']['ms'] + res['snapshot_decode']['ms']:,.0f} ms wall"),
         ("StateMachine.restore()", f"{res['restore']['cpu_ms']:,.0f} ms CPU", f"{res['restore']['ms']:,.0f} ms wall"),
-        ("a full GC pass", f"{res['gc_full']['cpu_ms']:,.0f} ms CPU", f"{res['gc_full']['ms']:,.0f} ms wall (gc.collect())"),
+        ("a full GC pass", f"{res['gc_full']['cpu_ms']:,.0f} ms CPU",
+         f"{res['gc_full']['ms']:,.0f} ms wall (gc.collect())"),
         *([("a full GC pass, state frozen", f"{res['gc_full_after_freeze']['cpu_ms']:,.0f} ms CPU",
             f"{res['gc_full_after_freeze']['ms']:,.0f} ms wall, after freeze_long_lived() "
             f"({res['gc_freeze']['ms']:,.1f} ms)")] if "gc_full_after_freeze" in res else []),

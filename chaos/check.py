@@ -632,7 +632,7 @@ def _check_refusals_unchanged(history: History, refs: _Refs) -> tuple[list[Viola
         a = op.args
         start, end = a["watch_from_ns"], a["watch_to_ns"]
 
-        def may_touch(other: Op) -> bool:
+        def may_touch(other: Op, op: Op = op, a: dict = a, start: int = start, end: int = end) -> bool:
             if other is op or other.invoke_ns > end:
                 return False
             if other.f not in EPOCH_FUNCTIONS and other.resource != a["quiet"]:

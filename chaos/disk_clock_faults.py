@@ -38,8 +38,8 @@ import msgpack
 
 from chaos.faults import Fault, PowerLoss, _pick
 from chaos.harness import ChaosCluster
-from coordinator.raft.journal import JOURNAL_NAME, META_NAME, SYNCED_SIDECAR_SUFFIX, JournalCorrupt, read_meta
 from coordinator.raft import snapshot_file
+from coordinator.raft.journal import JOURNAL_NAME, META_NAME, SYNCED_SIDECAR_SUFFIX, JournalCorrupt, read_meta
 from coordinator.raft.snapshot_file import DUMP_NAME
 from testsupport.supervisor import wait_until
 
@@ -106,8 +106,11 @@ class ClockStep(Fault):
             self.info["ok"] = True
         except (ClockNotStepped, OSError) as exc:
             self.info.update(ok=False, heal_error=str(exc))
-        self.info["summary"] = (f"{self.nodes[0]}: wall clock stepped {self.seconds:+d} s, read "
-                                f"{self.info.get('offset_seen_s')} s off after the step, {self.info.get('offset_after_heal_s')} s after heal")
+        self.info["summary"] = (
+            f"{self.nodes[0]}: wall clock stepped {self.seconds:+d} s, read "
+            f"{self.info.get('offset_seen_s')} s off after the step,"
+            f" {self.info.get('offset_after_heal_s')} s after heal"
+        )
 
 
 def read_meta_term(data_dir: str) -> tuple[int, object] | None:
@@ -228,7 +231,7 @@ class TornPowerLoss(PowerLoss):
         for i in self.indexes:
             node = c.nodes[i]
 
-            def recovered():
+            def recovered(node=node, i=i):
                 with open(node.log_path, encoding="utf-8", errors="replace") as f:
                     f.seek(offsets[i])
                     return "cutting torn tail" in f.read()

@@ -15,8 +15,9 @@ every other member are dropped for ``PROVOKE_ELECTION_S`` (nft, as ``faults.OneW
 followers hear no leader and, a majority of them, grant each other's pre-votes (one follower
 cut off alone would be refused by the other, which still hears the leader: RAFT.md
 "Pre-vote"); one stands for election, and its vote requests (which still arrive everywhere)
-ask the exhausted member to write a higher term, or the exhausted follower stands itself. That is the moment a full disk or an empty descriptor table meets Raft's
-durable state (a ``raft.meta`` that cannot be written).
+ask the exhausted member to write a higher term, or the exhausted follower stands itself. That
+is the moment a full disk or an empty descriptor table meets Raft's durable state (a
+``raft.meta`` that cannot be written).
 
 Every step has its own deadline (the constants below), so a fault ends in well under a minute
 whatever the member does: fill (bounded by the filesystem's size), connections
@@ -85,12 +86,12 @@ def unsaved_terms(c: ChaosCluster) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for node in [n for n in c.nodes if n.up]:
         try:
-            (term,) = wait_until(lambda: (c.raft_term(node.index),), TERM_READ_TIMEOUT_S, interval_s=0.2,
+            (term,) = wait_until(lambda node=node: (c.raft_term(node.index),), TERM_READ_TIMEOUT_S, interval_s=0.2,
                                  what=f"the term of {node.raft_address}")
         except TimeoutError:
             continue  # no answer: convergence reports a member that never serves again
 
-        def saved():
+        def saved(node=node, term=term):
             meta = read_meta_term(node.data_dir)
             return meta is not None and meta[0] >= term
 

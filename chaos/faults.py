@@ -408,7 +408,8 @@ class Delay(Fault):
 
         self.nodes = [n.raft_address for n in c.nodes]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chaos.nfqueue_delay", "--delay-ms", str(self.ms), "--jitter-ms", str(self.jitter_ms)],
+            [sys.executable, "-m", "chaos.nfqueue_delay", "--delay-ms", str(self.ms),
+             "--jitter-ms", str(self.jitter_ms)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         c.adopt(self.proc.pid)
@@ -528,8 +529,9 @@ class RaftStranger(Fault):
         self.info = {**self.counts, "idle": len(self._idle), "idle_dropped": idle_dropped}
         # Every hostile connection was hung up on, and of the idle ones at least those past
         # the bound (all of them, once the naming deadline has passed).
+        may_stay = raft_limits.RAFT_UNNAMED_CONNECTIONS_MAX * len(self.nodes)
         self.info["ok"] = (self.counts["kept_open"] == 0 and self.counts["hostile"] > 0
-                           and idle_dropped >= len(self._idle) - raft_limits.RAFT_UNNAMED_CONNECTIONS_MAX * len(self.nodes))
+                           and idle_dropped >= len(self._idle) - may_stay)
 
 
 # -- the client GC pause ------------------------------------------------------------------
@@ -662,7 +664,8 @@ def random_fault(rng: random.Random, recorder_factory, out_dir: str, with_delay:
         lambda: Pause("leader"), lambda: Pause("follower"), lambda: KillRestart("leader"),
         lambda: KillRestart("follower"), lambda: Partition("follower"), lambda: Partition("leader"),
         lambda: Partition("bridge"), lambda: OneWay(), lambda: PacketLoss(rng.choice([10, 30, 50])),
-        lambda: PowerLoss("leader"), lambda: KillTwo(), lambda: ClientGcPause(recorder_factory, out_dir), lambda: FullRestart(), lambda: PowerLoss("all"),
+        lambda: PowerLoss("leader"), lambda: KillTwo(), lambda: ClientGcPause(recorder_factory, out_dir),
+        lambda: FullRestart(), lambda: PowerLoss("all"),
         lambda: RaftStranger(),
     ]
     if with_delay:

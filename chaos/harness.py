@@ -23,9 +23,9 @@ import time
 
 import grpc
 
+from chaos.small_fs import SmallFs
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from chaos.small_fs import SmallFs
 from testsupport.grpc_cluster import GrpcCluster, GrpcNode
 from testsupport.supervisor import DEFAULT_HOSTS, child_env, pick_ports
 

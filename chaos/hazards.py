@@ -242,7 +242,7 @@ def operator(rec: Recorder, resources: list[str], rng: random.Random, stop: thre
     while not stop.wait(period_s):
         n += 1
         resource = rng.choice(resources)
-        rec.call("force_release", resource, lambda op: rec.client.force_release(resource, op_id=op),
+        rec.call("force_release", resource, lambda op, resource=resource: rec.client.force_release(resource, op_id=op),
                  result_of=lambda r: {"hwm": r.hwm})
         if n % 3 == 0:
             epoch_floor(rec)

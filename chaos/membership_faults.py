@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import time
+from itertools import pairwise
 
 from chaos.faults import Fault, _pick
 from chaos.harness import ChaosCluster
@@ -83,7 +84,7 @@ def acknowledged_ends_ns(clients_dir: str) -> list[int]:
 def longest_gap_s(ends_ns: list[int], since_ns: int, until_ns: int) -> float:
     """The longest time in [since, until] with no acknowledged op completing."""
     edges = [since_ns, *(t for t in ends_ns if since_ns <= t <= until_ns), until_ns]
-    return round(max(b - a for a, b in zip(edges, edges[1:])) / 1e9, 3)
+    return round(max(b - a for a, b in pairwise(edges)) / 1e9, 3)
 
 
 class DiskLoss(Fault):

@@ -15,9 +15,9 @@ which the harness teardown always calls.
 
 from __future__ import annotations
 
-import os
 import argparse
 import heapq
+import os
 import random
 import signal
 import subprocess

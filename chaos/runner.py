@@ -295,7 +295,7 @@ class Run:
         except TimeoutError:
             pass
         else:
-            for n, s in zip(nodes, snaps):
+            for n, s in zip(nodes, snaps, strict=True):
                 self.writer.write({"type": "final", "node": n.raft_address, "applied_index": int(s.index),
                                    "digest": hashlib.sha256(s.data).hexdigest()})
             out["digest"] = {"index": int(snaps[0].index), "attempts": attempts,
@@ -334,7 +334,9 @@ class Run:
     def merge(self) -> str:
         path = os.path.join(self.out, "history.jsonl")
         with open(path, "w", encoding="utf-8") as out:
-            for src in [os.path.join(self.out, "nemesis.jsonl")] + sorted(glob.glob(os.path.join(self.out, "clients", "*.jsonl"))):
+            for src in [os.path.join(self.out, "nemesis.jsonl")] + sorted(
+                glob.glob(os.path.join(self.out, "clients", "*.jsonl"))
+            ):
                 with open(src, encoding="utf-8") as f:
                     for line in f:
                         if line.strip():

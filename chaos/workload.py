@@ -32,8 +32,8 @@ import time
 from typing import Any, Callable
 
 from chaos.history import HistoryWriter
-from coordinator.client import exceptions as exc_mod
 from coordinator.client import FencingClient
+from coordinator.client import exceptions as exc_mod
 
 KEYS = ("a", "b")
 

@@ -26,11 +26,10 @@ from coordinator.client import exceptions as E
 from coordinator.core import limits
 from coordinator.core.names import ErrorMeta as M
 from coordinator.core.names import ErrorReason as R
-from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
-from testsupport.supervisor import wait_until
-
 from tests.test_server import failure
 from tests.test_write_many import op_id, unique
+from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
+from testsupport.supervisor import wait_until
 
 T = RPC_TIMEOUT_S
 TTL_MS = 60_000  # no lease of these tests expires while it runs
@@ -93,7 +92,7 @@ def test_a_mixed_acquire_batch_gives_each_item_the_outcome_it_would_have_alone(c
     assert "AcquireMany" in reply.results[5].error.message
     # Each refused item answers exactly as the same Acquire alone (which changes nothing
     # either); the waiting one is refused by the batch form only.
-    for i, error in zip((1, 2, 4), (lease_held, bad, short)):
+    for i, error in zip((1, 2, 4), (lease_held, bad, short), strict=True):
         assert error == alone(node.lease.Acquire, items[i]), i
     # Only the two good items took their leases; the held one is still its holder's.
     for resource, token in ((free, first.token), (other, fourth.token), (held, holder_token)):
@@ -179,10 +178,14 @@ def test_a_call_past_a_limit_is_refused_whole_and_applies_nothing(cluster):
     assert not any(describe(node, item.resource).held for item in too_many)
 
     # At the limit it is served: every item applied.
-    at_limit = node.lease.AcquireMany(pb.AcquireManyRequest(acquires=acquires(limits.ACQUIRE_MANY_ITEMS_MAX)), timeout=T)
+    at_limit = node.lease.AcquireMany(
+        pb.AcquireManyRequest(acquires=acquires(limits.ACQUIRE_MANY_ITEMS_MAX)), timeout=T
+    )
     granted = [r.acquire for r in at_limit.results if r.WhichOneof("outcome") == "acquire"]
     assert len(granted) == limits.ACQUIRE_MANY_ITEMS_MAX, at_limit.results[:3]
-    releases = [pb.ReleaseRequest(resource=f"{prefix}/{i}", token=g.token, op_id=op_id()) for i, g in enumerate(granted)]
+    releases = [
+        pb.ReleaseRequest(resource=f"{prefix}/{i}", token=g.token, op_id=op_id()) for i, g in enumerate(granted)
+    ]
 
     over = releases + releases[:1]
     code, reason, metadata, err = failure(node.lease.ReleaseMany, pb.ReleaseManyRequest(releases=over), timeout=T)
@@ -206,7 +209,9 @@ class _Recording:
         real = getattr(self.real, method)
 
         def call(request, **kwargs):
-            items = next((len(getattr(request, f)) for f in ("acquires", "releases", "writes") if hasattr(request, f)), 1)
+            items = next(
+                (len(getattr(request, f)) for f in ("acquires", "releases", "writes") if hasattr(request, f)), 1
+            )
             self.before(method, items)
             return real(request, **kwargs)
 

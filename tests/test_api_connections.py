@@ -255,8 +255,11 @@ def test_a_client_whose_idle_connection_was_closed_reconnects_on_its_next_call(c
     with grpc.insecure_channel(node.api_address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
         states = []
         channel.subscribe(states.append)
-        status = channel.unary_unary("/fencing.v1.Cluster/Status", request_serializer=pb.StatusRequest.SerializeToString,
-                                     response_deserializer=pb.StatusResponse.FromString)
+        status = channel.unary_unary(
+            "/fencing.v1.Cluster/Status",
+            request_serializer=pb.StatusRequest.SerializeToString,
+            response_deserializer=pb.StatusResponse.FromString,
+        )
         status(pb.StatusRequest(), timeout=RPC_TIMEOUT_S)
         ready_at = states.index(grpc.ChannelConnectivity.READY)
 
@@ -355,7 +358,7 @@ def test_a_member_whose_descriptor_limit_cannot_hold_the_cap_refuses_to_start_in
     finally:
         proc.kill()
     assert proc.returncode == 2, (out, err)  # like a configuration error: a restart meets the same limit
-    [line] = [l for l in err.splitlines() if l.startswith("fencingd: cannot start:")]
+    [line] = [text for text in err.splitlines() if text.startswith("fencingd: cannot start:")]
     assert "api_connections_max 1000" in line and "descriptor limit 256" in line
     reserve = api_conns.fd_reserve(config_mod.ServerConfig())
     assert f"lower api_connections_max to {256 - reserve}" in line
@@ -367,7 +370,7 @@ def test_a_member_raises_its_soft_descriptor_limit_to_the_hard_one_and_starts(tm
     try:
         wait_until(lambda: "READY" in (proc.stdout.readline() or ""), 60, interval_s=0, what="READY")
         with open(f"/proc/{proc.pid}/limits", encoding="ascii") as f:
-            line = next(l for l in f if l.startswith("Max open files"))
+            line = next(text for text in f if text.startswith("Max open files"))
         assert line.split()[3:5] == ["4096", "4096"]
     finally:
         proc.terminate()
@@ -381,4 +384,6 @@ def test_the_firewall_example_is_valid_nftables():
     assert check.returncode == 0, check.stderr
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    assert "tcp dport 7100" in text and f"ct count over {config_mod.ServerConfig().api_connections_per_peer_max}" in text
+    assert (
+        "tcp dport 7100" in text and f"ct count over {config_mod.ServerConfig().api_connections_per_peer_max}" in text
+    )

@@ -11,9 +11,12 @@ import os
 import grpc
 import pytest
 
-from coordinator.server import config as config_mod
 from coordinator.api.v1 import fencing_pb2 as pb
+from coordinator.client import FencingClient
+from coordinator.client.exceptions import AuthError
 from coordinator.core import limits
+from coordinator.core.names import ErrorReason
+from coordinator.server import config as config_mod
 from coordinator.server.auth import (
     ADMIN_TOKEN_PRINCIPAL,
     Authenticator,
@@ -22,9 +25,6 @@ from coordinator.server.auth import (
     load_principals,
     token_digest,
 )
-from coordinator.client import FencingClient
-from coordinator.client.exceptions import AuthError
-from coordinator.core.names import ErrorReason
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
 
 T = RPC_TIMEOUT_S
@@ -219,7 +219,9 @@ def test_acquire_many_and_release_many_refuse_each_foreign_item_alone(cluster):
     assert released.results[1].error.reason == ErrorReason.PERMISSION_DENIED
     # Without a credential the whole call is refused, as an Acquire or Release would be.
     assert code_of(node.lease.AcquireMany, pb.AcquireManyRequest(acquires=items[:1])) is grpc.StatusCode.UNAUTHENTICATED
-    assert code_of(node.lease.ReleaseMany, pb.ReleaseManyRequest(releases=releases[:1])) is grpc.StatusCode.UNAUTHENTICATED
+    assert (
+        code_of(node.lease.ReleaseMany, pb.ReleaseManyRequest(releases=releases[:1])) is grpc.StatusCode.UNAUTHENTICATED
+    )
 
 
 def test_keep_alive_many_refuses_each_foreign_item_alone(cluster):

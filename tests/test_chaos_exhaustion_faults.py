@@ -188,7 +188,7 @@ def test_the_small_filesystems_are_unmounted_when_the_cluster_closes(tmp_path):
     with ChaosCluster(str(tmp_path / "c"), small_fs_bytes=DATA_FS_BYTES) as c:
         mountpoints = [fs.mountpoint for fs in c.small_fs.values()]
         assert all(mounted(m) for m in mountpoints)
-        for node, fs in zip(c.nodes, c.small_fs.values()):
+        for node, fs in zip(c.nodes, c.small_fs.values(), strict=True):
             assert node.data_dir == fs.data_dir
             assert os.stat(node.data_dir).st_dev != os.stat(str(tmp_path)).st_dev
             with open(node.config_path, encoding="utf-8") as f:

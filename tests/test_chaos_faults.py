@@ -269,8 +269,8 @@ def _stranger_run(cluster, rounds: int) -> dict:
 
 
 def test_raft_stranger_is_hung_up_on_by_a_real_member(tmp_path):
-    from coordinator.raft.node import RaftConfig, RaftNode
     from coordinator.core.state_machine import FencingStateMachine
+    from coordinator.raft.node import RaftConfig, RaftNode
 
     raft_port, _ = pick_ports(("127.0.0.2",))
     address = f"127.0.0.2:{raft_port}"

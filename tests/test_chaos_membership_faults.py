@@ -29,7 +29,9 @@ def test_disk_loss_is_not_counted_until_replaced_then_votes_again(tmp_path):
     stop = threading.Event()
     with ChaosCluster(str(tmp_path / "cluster")) as cluster:
         cluster.start_all(timeout_s=60)
-        worker = threading.Thread(target=run_client, args=("c0", cluster.endpoints, history, ["dl-r0", "dl-r1"], 7, stop))
+        worker = threading.Thread(
+            target=run_client, args=("c0", cluster.endpoints, history, ["dl-r0", "dl-r1"], 7, stop)
+        )
         worker.start()
         try:
             wait_until(lambda: len(acknowledged_ends_ns(str(clients_dir))) >= 20, 60, what="20 acknowledged ops")

@@ -36,7 +36,10 @@ def test_the_same_seed_replays_the_same_restricted_schedule():
 
 
 def test_unknown_kinds_are_named():
-    assert runner.unmatched_only(frozenset({"disk_loss", "kill_leader", "disk-loss", "bogus"})) == ["bogus", "disk-loss"]
+    assert runner.unmatched_only(frozenset({"disk_loss", "kill_leader", "disk-loss", "bogus"})) == [
+        "bogus",
+        "disk-loss",
+    ]
     assert runner.unmatched_only(frozenset()) == []
 
 

@@ -171,7 +171,7 @@ def unresolved(root: pathlib.Path, files: list[pathlib.Path] | None = None) -> l
             continue
         rel = path.relative_to(root)
 
-        def where(offset: int) -> str:
+        def where(offset: int, rel: pathlib.Path = rel, text: str = text) -> str:
             return f"{rel}:{text.count(chr(10), 0, offset) + 1}"
 
         for match in re.finditer(re.escape(GONE), text):
@@ -199,17 +199,22 @@ def unresolved(root: pathlib.Path, files: list[pathlib.Path] | None = None) -> l
                 continue  # reported above, and DESIGN.md is cited by § and I
             target = tree.resolve(cited, path)
             if target is None:
-                problems.append(f"{where(match.start())}: cites {cited} \"{match.group('name')}\", but {cited} is not in the repository")
+                problems.append(
+                    f'{where(match.start())}: cites {cited} "{match.group("name")}",'
+                    f" but {cited} is not in the repository"
+                )
                 continue
             if _plain(match.group("name")) not in tree.headings(target).names:
                 problems.append(
-                    f"{where(match.start())}: {target.relative_to(root)} has no heading \"{_plain(match.group('name'))}\""
+                    f'{where(match.start())}: {target.relative_to(root)} has no heading "{_plain(match.group("name"))}"'
                 )
         if path.suffix == ".md":
             for match in SELF_CITATION.finditer(text):
                 name = match.group("name1") or match.group("name2")
                 if _plain(name) not in tree.headings(path.resolve()).names:
-                    problems.append(f"{where(match.start())}: {rel} has no heading \"{_plain(name)}\" (cited above/below)")
+                    problems.append(
+                        f'{where(match.start())}: {rel} has no heading "{_plain(name)}" (cited above/below)'
+                    )
     return sorted(problems)
 
 

@@ -25,7 +25,9 @@ import time
 import grpc
 import pytest
 
+from coordinator.client import AsyncFencingClient, AsyncLease, FencingClient, Lease, new_op_id
 from coordinator.client import exceptions as E
+from coordinator.client.retry import Backoff, Kind, classify
 from coordinator.core.names import ErrorReason as R
 from coordinator.core.state_machine import Reason
 from coordinator.server.errors import Failure
@@ -41,8 +43,6 @@ from testsupport.inmemory_faults import (
     unknown_before_apply,
     unlisted_status,
 )
-from coordinator.client.retry import Backoff, Kind, classify
-from coordinator.client import AsyncFencingClient, AsyncLease, FencingClient, Lease, new_op_id
 
 # Short deadlines keep the fault tests quick; the in-memory cluster answers in about a millisecond.
 FAST = dict(timeout_s=3.0, attempt_timeout_s=0.5, retry_backoff_s=0.01, retry_backoff_max_s=0.05)

@@ -9,8 +9,7 @@ import sys
 
 import pytest
 
-from coordinator.server import config
-from coordinator.server import cpu_pin
+from coordinator.server import config, cpu_pin
 
 MEMBERS = ["127.0.0.2:7000=127.0.0.2:7100", "127.0.0.3:7000=127.0.0.3:7100", "127.0.0.4:7000=127.0.0.4:7100"]
 

@@ -39,14 +39,15 @@ import dataclasses
 import os
 import threading
 import time
+from itertools import pairwise
 
 import pytest
 
 from coordinator.core import commands
+from coordinator.core.state_machine import Applied, outcome_from_wire
 from coordinator.raft.journal import cut_to_synced_length
 from coordinator.raft.node import ALL_FIXES
 from coordinator.raft.snapshot_file import DUMP_NAME
-from coordinator.core.state_machine import Applied, outcome_from_wire
 from testsupport.cluster import ProcessCluster, wait_until
 from testsupport.control import ControlClient, ControlError
 
@@ -243,7 +244,8 @@ class Workload:
                         self.outcomes[outcome] += 1
                     if outcome == "applied":
                         result = outcome_from_wire(reply["value"])
-                        ack = Ack(client, resource, int(result.result["token"]), op_id, sent_at, time.monotonic(), attempts)
+                        token = int(result.result["token"])
+                        ack = Ack(client, resource, token, op_id, sent_at, time.monotonic(), attempts)
                         with self._lock:
                             self.acks.append(ack)
                         break
@@ -362,7 +364,7 @@ def check_token_order(acks: list[Ack]) -> list[str]:
     for a in sorted(acks, key=lambda a: a.acked_at):
         by_client[a.client].append(a)
     for client, seq in sorted(by_client.items()):
-        bad = [(p, a) for p, a in zip(seq, seq[1:]) if a.token <= p.token]
+        bad = [(p, a) for p, a in pairwise(seq) if a.token <= p.token]
         if bad:
             p, a = bad[0]
             problems.append(
@@ -402,7 +404,9 @@ def check_token_order(acks: list[Ack]) -> list[str]:
     return problems
 
 
-def check_no_acknowledged_loss(cluster: ProcessCluster, acks: list[Ack], timeout_s: float = 60.0) -> tuple[list[str], dict]:
+def check_no_acknowledged_loss(
+    cluster: ProcessCluster, acks: list[Ack], timeout_s: float = 60.0
+) -> tuple[list[str], dict]:
     """Read every acknowledged token back through the log; the epoch covers the greatest."""
     if not acks:
         return ["no command was acknowledged: the workload never ran"], {}
@@ -455,7 +459,9 @@ def check_no_acknowledged_loss(cluster: ProcessCluster, acks: list[Ack], timeout
         )
     if epoch < max_token:
         problems.append(f"cluster epoch {epoch} is below the greatest acknowledged token {max_token}")
-    return problems, {"acked": len(acks), "lost": len(lost), "wrong_hwm": len(wrong), "epoch": epoch, "max_token": max_token}
+    return problems, {
+        "acked": len(acks), "lost": len(lost), "wrong_hwm": len(wrong), "epoch": epoch, "max_token": max_token,
+    }
 
 
 def check_converged(cluster: ProcessCluster, timeout_s: float = 20.0) -> list[str]:
@@ -529,7 +535,9 @@ def verify(run: Run, name: str) -> None:
     workload.stop()
     problems = list(run.problems)
     if workload.refusals:
-        problems.append(f"{len(workload.refusals)} acquires of fresh resources were refused, e.g. {workload.refusals[0]}")
+        problems.append(
+            f"{len(workload.refusals)} acquires of fresh resources were refused, e.g. {workload.refusals[0]}"
+        )
     problems += check_token_order(workload.acks)
     stats = {}
     try:
@@ -548,7 +556,8 @@ def verify(run: Run, name: str) -> None:
     problems += check_counter_never_backwards(run.monitor.samples, len(cluster.nodes))
     ready = sum(s.ready for s in run.monitor.samples)
     summary = (
-        f"[{name}] fixes={FIXES} scenario {scenario_s:.1f}s + checks {time.monotonic() - run.started - scenario_s:.1f}s: "
+        f"[{name}] fixes={FIXES} scenario {scenario_s:.1f}s"
+        f" + checks {time.monotonic() - run.started - scenario_s:.1f}s: "
         f"{len(workload.acks)} acknowledged, outcomes {dict(workload.outcomes)}, "
         f"abandoned {workload.abandoned}, {stats}, monitor {len(run.monitor.samples)} samples "
         f"({ready} ready); " + "; ".join(run.notes)

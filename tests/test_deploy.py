@@ -23,9 +23,9 @@ import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from coordinator.raft.fatal import EXIT_APPLY_FAILED, EXIT_DISK_FAILED
 from coordinator.server import config as config_mod
 from coordinator.server.fencingd import build_parser
-from coordinator.raft.fatal import EXIT_APPLY_FAILED, EXIT_DISK_FAILED
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEPLOY = os.path.join(REPO, "deploy")
@@ -188,6 +188,114 @@ def test_kubernetes_members_get_valid_configs_and_probes_match_the_ports(tmp_pat
     assert raft_rules and all(r.get("from") == [{"podSelector": {"matchLabels": members}}] for r in raft_rules)
 
 
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+
+
+def selectors(docs: list[dict]) -> dict[str, dict[str, str]]:
+    """Every label selector in the manifest, by where it is (Services, NetworkPolicy, PDB,
+    StatefulSet, anti-affinity): what picks the pods of this install."""
+    out = {}
+    for d in docs:
+        where, spec = f"{d['kind']} {d['metadata']['name']}", d["spec"]
+        if d["kind"] == "Service":
+            out[where] = spec["selector"]
+        elif d["kind"] == "NetworkPolicy":
+            out[where] = spec["podSelector"]["matchLabels"]
+            for i, rule in enumerate(spec["ingress"]):
+                for j, peer in enumerate(rule.get("from", [])):
+                    out[f"{where} ingress[{i}].from[{j}]"] = peer["podSelector"]["matchLabels"]
+        elif d["kind"] in ("PodDisruptionBudget", "StatefulSet"):
+            out[where] = spec["selector"]["matchLabels"]
+        if d["kind"] == "StatefulSet":
+            anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
+            terms = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+            for i, term in enumerate(terms):
+                out[f"{where} podAntiAffinity[{i}]"] = term["labelSelector"]["matchLabels"]
+    return out
+
+
+def another_install(docs: list[dict], instance: str) -> list[dict]:
+    """The manifest as a second install in the same namespace: its instance label's value changed."""
+    text = yaml.safe_dump_all(docs)
+    return list(yaml.safe_load_all(text.replace(f"{INSTANCE_LABEL}: fencing", f"{INSTANCE_LABEL}: {instance}")))
+
+
+def pod_labels(docs: list[dict]) -> dict[str, str]:
+    return next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+
+
+def test_two_kubernetes_installs_in_one_namespace_select_only_their_own_pods():
+    docs = kubernetes_docs()
+    mine = pod_labels(docs)
+    assert mine.get(INSTANCE_LABEL) and mine.get("app.kubernetes.io/name") == "fencing"
+    found = selectors(docs)
+    assert len(found) == 7, sorted(found)  # 2 Services, NetworkPolicy (+ its peers), PDB, StatefulSet, affinity
+    for where, selector in found.items():
+        assert selector.items() <= mine.items(), f"{where}: {selector} does not select this install's pods"
+        assert selector.get(INSTANCE_LABEL) == mine[INSTANCE_LABEL], f"{where}: no {INSTANCE_LABEL}"
+    theirs = pod_labels(another_install(docs, "fencing-b"))
+    for where, selector in found.items():
+        assert not selector.items() <= theirs.items(), f"{where} selects the other install's pods too"
+    for d in docs:
+        assert d["metadata"]["labels"].items() >= {INSTANCE_LABEL: mine[INSTANCE_LABEL]}.items(), d["metadata"]["name"]
+
+
+def test_the_selector_check_refuses_the_manifest_with_the_app_label_only():
+    docs = kubernetes_docs()
+    text = yaml.safe_dump_all(docs).replace(f"{INSTANCE_LABEL}: fencing", "")
+    old = list(yaml.safe_load_all(text.replace(", }", "}")))
+    theirs = pod_labels(another_install(old, "fencing-b"))
+    assert all(selector.items() <= theirs.items() for selector in selectors(old).values())
+
+
+def quantity_bytes(value: str) -> int:
+    """A Kubernetes quantity (``3Gi``, ``512Mi``, ``2G``) in bytes."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    m = re.fullmatch(r"(\d+)([KMGT]i?)?", str(value))
+    assert m, f"not a quantity: {value}"
+    return int(m.group(1)) * units.get(m.group(2) or "", 1)
+
+
+def documented(pattern: str, path: str = "README.md") -> re.Match:
+    with open(os.path.join(REPO, path), encoding="utf-8") as f:
+        m = re.search(pattern, re.sub(r"\s+", " ", f.read()))
+    assert m, f"{path} no longer says {pattern!r}"
+    return m
+
+
+def test_kubernetes_memory_and_volume_fit_the_documented_figures():
+    from coordinator.core.limits import BACKUP_BYTES_MAX
+    from coordinator.raft.limits import RAFT_COMPACTION_BYTES_DEFAULT
+
+    sts = next(d for d in kubernetes_docs() if d["kind"] == "StatefulSet")
+    resources = sts["spec"]["template"]["spec"]["containers"][0]["resources"]
+    # README "Performance": a member's RSS at the resource limit, snapshots included.
+    rss_max = int(documented(r"each member holds (\d+)-(\d+) MiB").group(2)) * 2**20
+    assert quantity_bytes(resources["requests"]["memory"]) >= rss_max
+    # A restore builds the new state beside the old one, the backup's chunks staged meanwhile.
+    assert quantity_bytes(resources["limits"]["memory"]) >= 2 * rss_max + BACKUP_BYTES_MAX
+    claim = next(c for c in sts["spec"]["volumeClaimTemplates"] if c["metadata"]["name"] == "data")
+    # The snapshot, the next one written beside it, a staged restore in the journal, and the
+    # journal's growth between compactions with its compacted copy.
+    needed = 3 * BACKUP_BYTES_MAX + 2 * RAFT_COMPACTION_BYTES_DEFAULT
+    assert quantity_bytes(claim["spec"]["resources"]["requests"]["storage"]) >= needed
+
+
+def test_kubernetes_gives_a_loading_member_time_before_liveness_and_says_membership_changes():
+    docs = kubernetes_docs()
+    container = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
+    startup = container["startupProbe"]
+    # TCP like liveness: a member that has no quorum yet has started; only loading is waited for.
+    assert startup["tcpSocket"]["port"] == API_PORT and "grpc" not in startup
+    restart_s = float(documented(r"serves again [\d.]+-([\d.]+) s after its start").group(1))
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 10 * restart_s
+    with open(os.path.join(DEPLOY, "kubernetes", "fencing.yaml"), encoding="utf-8") as f:
+        header = f.read().split("\napiVersion:", 1)[0]
+    assert "static" not in header, "membership changes through the log (RAFT.md 'Membership changes')"
+    assert "fencingctl admin member" in header and '"Membership changes"' in header
+    documented(r"## Membership changes ", "coordinator/raft/RAFT.md")
+
+
 # -- systemd ----------------------------------------------------------------------------------
 
 
@@ -203,6 +311,10 @@ def test_the_systemd_unit_runs_the_example_config_and_stops_on_fatal_exits(tmp_p
     assert config.data_dir.startswith(service["ReadWritePaths"] + "/")
     assert os.path.dirname(config.audit_log_path) == service["ReadWritePaths"]
     assert service["KillSignal"] == "SIGTERM"
+    # Started = serving: fencingd sends READY=1 over $NOTIFY_SOCKET then (tests/test_sd_notify.py),
+    # and a member waiting for its quorum is never timed out of its start.
+    assert service["Type"] == "notify" and service.get("NotifyAccess", "main") == "main"
+    assert service["TimeoutStartSec"] == "infinity"
     assert int(service["TimeoutStopSec"]) > config.shutdown_grace_s
     assert {2, EXIT_APPLY_FAILED, EXIT_DISK_FAILED} <= {int(c) for c in service["RestartPreventExitStatus"].split()}
     assert port(config.raft_address) == RAFT_PORT and port(config.api_address) == API_PORT
@@ -258,7 +370,9 @@ def deployed_member_values() -> dict[str, dict]:
         sts = next(d for d in yaml.safe_load_all(f) if d["kind"] == "StatefulSet")
     args = downward_args(sts["spec"]["template"]["spec"]["containers"][0], "fencing-0", "fencing")
     parsed = build_parser().parse_args(["serve", *args])
-    out["kubernetes/fencing.yaml"] = {k: v for k, v in vars(parsed).items() if k in config_mod._FIELDS and v is not None}
+    out["kubernetes/fencing.yaml"] = {
+        k: v for k, v in vars(parsed).items() if k in config_mod._FIELDS and v is not None
+    }
     return out
 
 
@@ -475,7 +589,7 @@ INSTALL_NOT_RUN = {
     "apt-get install -y python3-venv openssl": "installs host packages (this machine has both)",
     "/opt/fencing/venv/bin/pip install '/path/to/fencing-coordinator[server]'":
         "downloads the server's dependencies; this checkout's fencingd goes into the venv instead",
-    "systemctl daemon-reload && systemctl enable --now fencingd": "no systemd runs here",
+    "systemctl daemon-reload && systemctl enable --now --no-block fencingd": "no systemd runs here",
 }
 
 
@@ -513,7 +627,7 @@ def test_the_systemd_install_steps_work_on_a_fresh_host(tmp_path):
             if "pip install" in step:  # the venv gets this checkout's fencingd instead
                 wrapper = f"{root}/opt/fencing/venv/bin/fencingd"
                 with open(wrapper, "w", encoding="utf-8") as f:
-                    f.write(f"#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m coordinator.server.fencingd \"$@\"\n")
+                    f.write(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m coordinator.server.fencingd "$@"\n')
                 os.chmod(wrapper, 0o755)
             continue
         command = in_root(step, root, ids)

@@ -24,8 +24,8 @@ import grpc
 import pytest
 
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from coordinator.client import exceptions as E
 from coordinator.client import FencingClient
+from coordinator.client import exceptions as E
 from coordinator.core.names import DOMAIN, Trailer
 from coordinator.core.names import ErrorMeta as M
 from coordinator.core.names import ErrorReason as R

@@ -43,7 +43,9 @@ def test_a_tick_ends_exactly_the_leases_a_scan_would(seed):
             _apply(machine, commands.keep_alive(resource=resource, token=tokens[resource],
                                                 ttl_ms=rng.randrange(100, 2_000), stamp_ms=now))
         elif choice < 0.7 and resource in tokens:
-            _apply(machine, commands.release(resource=resource, token=tokens[resource], op_id=os.urandom(16), stamp_ms=now))
+            _apply(
+                machine, commands.release(resource=resource, token=tokens[resource], op_id=os.urandom(16), stamp_ms=now)
+            )
         elif choice < 0.8 and resource in tokens:
             _apply(machine, commands.write(resource=resource, key="k", value=b"v", token=tokens[resource],
                                            op_id=os.urandom(16), stamp_ms=now))

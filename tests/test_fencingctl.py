@@ -20,15 +20,15 @@ import tomllib
 import grpc
 import pytest
 
+from coordinator.client import DEFAULT_ENDPOINTS
 from coordinator.client import fencingctl as cli_ctl
 from coordinator.core import limits
-from coordinator.core.state_machine import Reason
-from coordinator.server.errors import Failure
 from coordinator.core.names import ErrorMeta as M
 from coordinator.core.names import ErrorReason as R
+from coordinator.core.state_machine import Reason
+from coordinator.server.errors import Failure
 from testsupport.inmemory import InMemoryCluster
 from testsupport.inmemory_faults import fail, queue_full, refuse, unknown_before_apply, unlisted_status
-from coordinator.client import DEFAULT_ENDPOINTS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import queue
-import re
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -17,9 +17,9 @@ import urllib.request
 
 import grpc
 
-from coordinator.client import proof
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
+from coordinator.client import proof
 from coordinator.server.fencingd import DEV_METRICS_PORT_OFFSET, DEV_RAFT_PORT_OFFSET
 from testsupport.raft_peer import RaftPeer, epoch_floor_entry
 

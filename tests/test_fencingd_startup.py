@@ -234,3 +234,47 @@ def test_json_logs_are_one_object_per_line_and_say_who_leads(tmp_path):
     change = lines[-1]
     assert change["logger"].startswith("coordinator.raft") and change["level"] == "INFO"
     assert change["msg"].startswith(f"raft: leader changed: none -> {values['raft_address']}"), change
+
+
+# -- a data dir that belongs to another member -----------------------------------------------
+
+
+def _data_dir_of(values: dict, member_id: str) -> str:
+    """``values``' data dir, holding the identity of ``member_id`` (as that member's start made it)."""
+    from coordinator.raft import identity
+
+    os.makedirs(values["data_dir"])
+    identity.write(values["data_dir"], identity.Identity(member_id=member_id, incarnation=12345))
+    return os.path.join(values["data_dir"], identity.IDENTITY_NAME)
+
+
+def test_another_members_data_dir_is_refused_in_one_line_by_serve_and_check_config(tmp_path):
+    path, values = member(tmp_path)  # alone in members: it is m1
+    identity_file = _data_dir_of(values, "m2")
+    with open(identity_file, "rb") as f:
+        before = f.read()
+    for argv in (("serve", "--config", path), ("check-config", path)):
+        proc = fencingd(*argv)
+        assert_one_line_naming(proc, "configuration error: data_dir", values["data_dir"],
+                               "belongs to member m2", "this member is m1 (member_id")
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout  # 2: the unit does not restart
+    with open(identity_file, "rb") as f:
+        assert f.read() == before
+    assert sorted(os.listdir(values["data_dir"])) == ["member.identity"]  # nothing started on it
+    # --values-only checks a config meant for another machine: this one's data dir is not read.
+    assert fencingd("check-config", "--values-only", path).returncode == 0
+    # The same dir is fine for the member it belongs to.
+    path, _ = member(tmp_path, member_id="m2")
+    proc = fencingd("check-config", path)
+    assert proc.returncode == 0 and proc.stdout == f"{path}: ok\n", proc.stderr
+
+
+def test_a_damaged_identity_file_is_refused_in_one_line(tmp_path):
+    path, values = member(tmp_path)
+    identity_file = _data_dir_of(values, "m1")
+    with open(identity_file, "w", encoding="utf-8") as f:
+        f.write('{"format": 1, "member_id": "m1"')
+    for argv in (("serve", "--config", path), ("check-config", path)):
+        proc = fencingd(*argv)
+        assert_one_line_naming(proc, f"configuration error: data_dir: {identity_file} is damaged")
+        assert proc.returncode == 2

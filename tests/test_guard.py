@@ -18,8 +18,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from coordinator.client import exceptions
 from coordinator.client.guard import SqliteGuard, StaleToken
-from coordinator.core.names import ErrorReason
 from coordinator.client.proof import TOKEN_MAX, InvalidProof, ProofSigner, ProofVerifier, to_text
+from coordinator.core.names import ErrorReason
 from testsupport import guard_stores
 from testsupport.guard_stores import PostgresStore, SqliteStore
 
@@ -322,7 +322,7 @@ def _race_writer(store, public_pem, token, proofs, barrier, first_five, results)
             landed.append(count)
         conn.close()
         results.put((token, landed))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the writer process's every failure, assertions too, goes back to the test
         results.put((token, traceback.format_exc()))
         barrier.abort()  # so the other writer stops waiting for this one
         for event in first_five:

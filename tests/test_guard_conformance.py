@@ -230,7 +230,7 @@ def _dies_in_the_middle(store, pem, proof, inside, results):
 
             store.write(guard, RESOURCE, proof, "6", between=hang)
         results.put("finished")
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the child's every failure, assertions too, goes back to the test
         results.put(traceback.format_exc())
 
 
@@ -304,7 +304,7 @@ def _old_holder(store, pem, proof, checked, go, results, broken):
 
             store.write(guard, RESOURCE, proof, "5", between=pause)
         results.put((5, "committed"))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the child's every failure, assertions too, goes back to the test
         results.put((5, traceback.format_exc()))
 
 
@@ -314,7 +314,7 @@ def _new_holder(store, pem, proof, attempting, done, results):
         attempting.set()
         store.write(store.guard(conn, _verifier(pem)), RESOURCE, proof, "6")
         results.put((6, "committed"))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the child's every failure, assertions too, goes back to the test
         results.put((6, traceback.format_exc()))
     finally:
         done.set()
@@ -327,7 +327,9 @@ def _race(store, conn, guard, broken):
     _write(store, guard, 5)
     ctx = multiprocessing.get_context("spawn")
     checked, go, attempting, done, results = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event(), ctx.Queue()
-    old = ctx.Process(target=_old_holder, args=(store, PUBLIC_PEM, SIGNER.sign(RESOURCE, 5), checked, go, results, broken))
+    old = ctx.Process(
+        target=_old_holder, args=(store, PUBLIC_PEM, SIGNER.sign(RESOURCE, 5), checked, go, results, broken)
+    )
     new = ctx.Process(target=_new_holder, args=(store, PUBLIC_PEM, SIGNER.sign(RESOURCE, 6), attempting, done, results))
     admin = store.connect()
     paused = store.scripted and broken is None

@@ -228,7 +228,8 @@ def test_a_prepared_compaction_leaves_the_file_an_unprepared_one_leaves(tmp_path
     # What the Raft thread reads at compaction: only the records appended since the prepare.
     reads = []
     real_read = journal_module.read_exactly
-    monkeypatch.setattr(journal_module, "read_exactly", lambda fd, size, off: reads.append(size) or real_read(fd, size, off))
+    monkeypatch.setattr(journal_module, "read_exactly",
+                        lambda fd, size, off: reads.append(size) or real_read(fd, size, off))
     prepared.deleteEntriesTo(30)
     delta = sum(reads)
     assert delta == sum(len(journal_module.encode_record(*prepared[i])) for i in range(20, 20 + appended_between))
@@ -290,7 +291,7 @@ def test_appends_during_the_prepare_are_copied_at_the_compaction(tmp_path):
         stop = threading.Event()
         appended = [200]
 
-        def append():
+        def append(stop=stop, appended=appended, j=j):  # this round's, bound (the thread is joined in it)
             while not stop.is_set() and appended[0] < 5_000:
                 appended[0] += 1
                 j.add(b"x" * (appended[0] % 300), appended[0], 5)

@@ -194,11 +194,13 @@ def map_problems(package_dir: pathlib.Path, packages=LAYER_PACKAGES) -> list[str
         present = modules_of(package)
         for module in sorted(present - set(listed)):
             found.append(
-                f"{root}/{name}/{module.replace('.', '/')}.py is missing from the module map in {root}/{name}/__init__.py"
+                f"{root}/{name}/{module.replace('.', '/')}.py is missing from the module map"
+                f" in {root}/{name}/__init__.py"
             )
         for module in sorted(set(listed) - present):
             found.append(
-                f"the module map in {root}/{name}/__init__.py names {module}, but {root}/{name}/{module.replace('.', '/')}.py does not exist"
+                f"the module map in {root}/{name}/__init__.py names {module},"
+                f" but {root}/{name}/{module.replace('.', '/')}.py does not exist"
             )
         for module in sorted({m for m in listed if listed.count(m) > 1}):
             found.append(f"the module map in {root}/{name}/__init__.py names {module} twice")
@@ -324,7 +326,8 @@ def test_map_checker_names_the_module_missing_from_the_map_and_the_name_without_
     pkg = _mapped_tree(tmp_path, _MAP_DOC, ["limits", "v1.gen", "dedup"])
     assert map_problems(pkg, ("core",)) == [
         "coordinator/core/dedup.py is missing from the module map in coordinator/core/__init__.py",
-        "the module map in coordinator/core/__init__.py names commands, but coordinator/core/commands.py does not exist",
+        "the module map in coordinator/core/__init__.py names commands,"
+        " but coordinator/core/commands.py does not exist",
     ]
 
 

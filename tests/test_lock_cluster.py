@@ -69,7 +69,7 @@ def test_three_clients_are_granted_in_arrival_order_and_each_holder_is_fenced(cl
         thread.start()
         threads.append(thread)
         # Arrival order is made certain: the next worker starts once this one is queued.
-        wait_until(lambda: _waiters(admin, resource) == i + 1, timeout_s=GRANT_WAIT_S, what=f"{name} queued")
+        wait_until(lambda i=i: _waiters(admin, resource) == i + 1, timeout_s=GRANT_WAIT_S, what=f"{name} queued")
     first.release()
     for thread in threads:
         thread.join(timeout=60)
@@ -172,12 +172,12 @@ def test_waiting_acquires_on_different_members_are_granted_in_arrival_order(clus
     with FencingClient(eps) as admin:
         first = admin.acquire(resource, ttl_ms=60_000, holder="first")
         threads = []
-        for i, (name, endpoint) in enumerate(zip(["a1", "a2", "a3"], eps)):
+        for i, (name, endpoint) in enumerate(zip(["a1", "a2", "a3"], eps, strict=True)):
             thread = threading.Thread(target=wait_then_pass_on, args=(name, endpoint))
             thread.start()
             threads.append(thread)
             # Arrival order made certain: the next Acquire starts once this one is queued.
-            wait_until(lambda: _waiters(admin, resource) == i + 1, timeout_s=GRANT_WAIT_S, what=f"{name} queued")
+            wait_until(lambda i=i: _waiters(admin, resource) == i + 1, timeout_s=GRANT_WAIT_S, what=f"{name} queued")
         admin.release(resource, first.token)
         for thread in threads:
             thread.join(timeout=LONG_WAIT_MS / 1000 + 10)
@@ -238,7 +238,7 @@ def test_a_cancelled_lock_call_gives_its_waiter_slot_back_at_once(cluster):
         calls = []
         for i, waiter_id in enumerate(ids[:per_host]):
             calls.append(node.lease.Lock.future(lock_call(waiter_id, 5_000), timeout=10))
-            wait_until(lambda: _waiters(admin, resource) == i + 1, timeout_s=GRANT_WAIT_S, what="the call to queue")
+            wait_until(lambda i=i: _waiters(admin, resource) == i + 1, timeout_s=GRANT_WAIT_S, what="the call to queue")
         # Queued is not yet waiting (the member takes its slot after the ENQUEUE applies there):
         # once a probe finds no slot, both calls hold theirs.
         wait_until(answered_at_once, timeout_s=GRANT_WAIT_S, what="both calls to hold the host's waiter slots")

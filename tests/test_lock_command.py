@@ -356,7 +356,9 @@ def test_a_signal_while_waiting_for_the_lease_leaves_the_queue_and_never_runs_cm
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 128 + signal.SIGINT, err
         assert "SIGINT while waiting" in err and "Traceback" not in err and "KeyboardInterrupt" not in err
-        wait_until(lambda: admin.describe("lock/sig-waiting").waiters == 0, timeout_s=STEP_S, what="the waiter to leave")
+        wait_until(
+            lambda: admin.describe("lock/sig-waiting").waiters == 0, timeout_s=STEP_S, what="the waiter to leave"
+        )
         assert not marker.exists()
         held.release()
 
@@ -456,7 +458,10 @@ def test_a_lost_lease_sigterms_cmd_with_one_message(cluster):
     assert "cmd: got SIGTERM" in out
     lost_lines = [line for line in err.splitlines() if "lost" in line]
     assert len(lost_lines) == 1, err  # once, and with fencingctl's prefix
-    assert lost_lines[0].startswith("fencingctl: lock: the lease with token ") and "on lock/fenced is lost" in lost_lines[0]
+    assert (
+        lost_lines[0].startswith("fencingctl: lock: the lease with token ")
+        and "on lock/fenced is lost" in lost_lines[0]
+    )
     assert "sending SIGTERM" in lost_lines[0]
     assert "SIGKILL" not in err
     assert _gone(pid)

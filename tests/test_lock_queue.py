@@ -76,7 +76,10 @@ def test_cancel_leaves_the_queue_and_cancel_after_a_grant_releases_to_the_next()
     enqueue(sm, 1, 0)
     enqueue(sm, 2, 0)
     enqueue(sm, 3, 0)
-    assert sm.execute(c.dequeue(resource=R, waiter_id=wid(2), stamp_ms=1)).result == {"cancelled": True, "released": False}
+    assert sm.execute(c.dequeue(resource=R, waiter_id=wid(2), stamp_ms=1)).result == {
+        "cancelled": True,
+        "released": False,
+    }
     sm.execute(c.release(resource=R, token=1, stamp_ms=2))
     assert holder(sm) == "h3"
     out = sm.execute(c.dequeue(resource=R, waiter_id=wid(3), stamp_ms=3))

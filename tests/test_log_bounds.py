@@ -20,9 +20,9 @@ import pytest
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.server import log_limits
 from coordinator.server.auth import token_digest
+from tests.test_server_limits import auth, token_of
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
 from testsupport.supervisor import wait_until
-from tests.test_server_limits import auth, token_of
 
 T = RPC_TIMEOUT_S
 WINDOW_S = 2.0  # refused_log_window_s of this cluster: a test can wait one out

@@ -8,8 +8,8 @@ import logging
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.server import log_limits
-from coordinator.server.log_limits import Admitted, RefusedLines
 from coordinator.server.admin import audit_args
+from coordinator.server.log_limits import Admitted, RefusedLines
 
 
 class ManualClock:

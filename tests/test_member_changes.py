@@ -24,6 +24,7 @@ import concurrent.futures
 import http.client
 import threading
 import time
+from itertools import pairwise
 
 import pytest
 
@@ -63,7 +64,7 @@ def _longest_gap_s(paths, since_ns: int, until_ns: int) -> float:
     ends = sorted(op.complete_ns for path in paths for op in read_history(path).ops
                   if op.outcome == "ok" and op.complete_ns is not None and since_ns <= op.complete_ns <= until_ns)
     edges = [since_ns, *ends, until_ns]
-    return max(b - a for a, b in zip(edges, edges[1:])) / 1e9
+    return max(b - a for a, b in pairwise(edges)) / 1e9
 
 
 def _change(change, applied):
@@ -239,7 +240,9 @@ def test_a_member_removed_unawares_is_added_again_and_promoted(cluster):
             started = _metric(cluster, i, "fencing_raft_pre_votes_started_total")
 
             def tries() -> float:  # pre-vote rounds, or (with the fix off) elections it stood in
-                return _metric(cluster, i, "fencing_raft_pre_votes_started_total") - started + cluster.raft_term(i) - term
+                return (
+                    _metric(cluster, i, "fencing_raft_pre_votes_started_total") - started + cluster.raft_term(i) - term
+                )
 
             wait_until(lambda: tries() >= 3, 30.0, what="three tries to be elected by the member cut off")
             assert cluster.raft_term(i) <= max(term, cluster.raft_term(leader)), "its term ran ahead"

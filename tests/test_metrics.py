@@ -17,11 +17,11 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.server import config as config_mod
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from coordinator.server.metrics import PROPOSAL_OUTCOMES, Metrics, build_versions
 from coordinator.raft.interface import ProposeOutcome
+from coordinator.server import config as config_mod
+from coordinator.server.metrics import PROPOSAL_OUTCOMES, Metrics, build_versions
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, metered_cluster
 from testsupport.supervisor import DEFAULT_HOSTS, pick_ports, wait_until
 

@@ -149,7 +149,7 @@ def test_a_slow_scrape_does_not_hold_back_other_deadlines(endpoint):
     loop still closes a half-sent request at its own deadline."""
     metrics, port, server, state = endpoint
     release = threading.Event()
-    original = server._render  # noqa: SLF001 - the render function the server was given
+    original = server._render  # the render function the server was given
 
     def slow_render(path: str, accept: str) -> tuple[int, bytes, str]:
         release.wait(10)

@@ -7,14 +7,13 @@ levels) is in test_guard_conformance.py.
 """
 
 # First: without PyMySQL this import fails with how to install it (the [mysql] extra).
-from coordinator.client.mysql_guard import MySQLGuard, StaleToken
-
 import threading
 
 import pymysql
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from coordinator.client.mysql_guard import MySQLGuard, StaleToken
 from coordinator.client.proof import TOKEN_MAX, ProofSigner, ProofVerifier
 from testsupport import conformance_stores
 from testsupport.supervisor import wait_until
@@ -47,7 +46,7 @@ def _second_writer_behind_the_first(store, token_a, token_b, body_b=None):
                 outcome["read"] = [v for (v,) in cur.fetchall()]
                 cur.execute("INSERT INTO log (resource, value) VALUES (%s, %s)", (R, str(token_b)))
             outcome["b"] = "committed"
-        except BaseException as exc:  # reported to the test thread below
+        except BaseException as exc:  # noqa: BLE001 - whatever ends writer b is the outcome the test thread checks
             outcome["b"] = exc
 
     with guard_a.fenced(R, SIGNER.sign(R, token_a)) as cur:

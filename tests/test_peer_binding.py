@@ -82,8 +82,10 @@ def test_replayed_nonces_are_refused():
     assert pb.check_confirm(wire(old_welcomed.message(pb.STEP_CONFIRM)), welcomed).reason == pb.REPLAYED
     # The old confirm's frame, under the old connection's key, does not even decode here.
     with pytest.raises(raft_wire.PeerMessageRefused):
-        raft_wire.decode_frame(raft_wire.encode_frame(old_welcomed.message(pb.STEP_CONFIRM), old_welcomed.receiver_nonce),
-                               welcomed.receiver_nonce)
+        raft_wire.decode_frame(
+            raft_wire.encode_frame(old_welcomed.message(pb.STEP_CONFIRM), old_welcomed.receiver_nonce),
+            welcomed.receiver_nonce,
+        )
 
 
 @pytest.mark.parametrize("field", ["dialler_incarnation", "receiver_incarnation"])

@@ -93,8 +93,11 @@ def test_several_lines_are_several_secrets_in_order(tmp_path):
         ("\n \n", "is empty"),
         (f"{NEW}\nshort\n", "secret 2 holds 5 characters; use at least 32"),
         (f"{NEW}\n{OLD}\n{NEW}\n", "secret 3 repeats an earlier line"),
-        ("".join(f"{i:02d}-secret-0123456789abcdef0123456789\n" for i in range(raft_limits.RAFT_SECRETS_MAX + 1)),
-         f"holds {raft_limits.RAFT_SECRETS_MAX + 1} secrets; at most {raft_limits.RAFT_SECRETS_MAX} (RAFT_SECRETS_MAX)"),
+        (
+            "".join(f"{i:02d}-secret-0123456789abcdef0123456789\n" for i in range(raft_limits.RAFT_SECRETS_MAX + 1)),
+            f"holds {raft_limits.RAFT_SECRETS_MAX + 1} secrets;"
+            f" at most {raft_limits.RAFT_SECRETS_MAX} (RAFT_SECRETS_MAX)",
+        ),
     ],
     ids=["empty", "blank", "short", "duplicate", "too-many"],
 )

@@ -14,15 +14,14 @@ import queue
 import threading
 import traceback
 
-# First: without psycopg this import fails with how to install it (the [postgres] extra).
-from coordinator.client.pg_guard import PostgresGuard, StaleToken
-
 import psycopg
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from psycopg.rows import dict_row
 
+# First: without psycopg this import fails with how to install it (the [postgres] extra).
+from coordinator.client.pg_guard import PostgresGuard, StaleToken
 from coordinator.client.proof import ProofSigner, ProofVerifier
 from testsupport import guard_stores
 from testsupport.guard_stores import PostgresStore
@@ -90,7 +89,7 @@ def _paused_holder(conninfo, public_pem, proof, checked, go, results):
                 assert go.wait(CUE_TIMEOUT_S), "never told to go on"
                 cur.execute("INSERT INTO writes (resource, token) VALUES (%s, 5)", (RESOURCE,))
         results.put((5, "committed"))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the child's every failure, assertions too, goes back to the test
         results.put((5, traceback.format_exc()))
 
 
@@ -100,7 +99,7 @@ def _new_holder(conninfo, public_pem, proof, done, results):
         with psycopg.connect(conninfo) as conn:
             _write(PostgresGuard(conn, _child_verifier(public_pem)), 6, proof=proof)
         results.put((6, "committed"))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the child's every failure, assertions too, goes back to the test
         results.put((6, traceback.format_exc()))
     finally:
         done.set()
@@ -174,7 +173,7 @@ def _second_writer_behind_the_first(dsn, token_a, token_b, prepare_b=lambda conn
             try:
                 _write(guard_b, token_b)
                 outcome["b"] = "committed"
-            except BaseException as exc:  # reported to the test thread below
+            except BaseException as exc:  # noqa: BLE001 - whatever ends writer b is the outcome the test thread checks
                 outcome["b"] = exc
 
         with guard_a.fenced(RESOURCE, SIGNER.sign(RESOURCE, token_a)) as cur:

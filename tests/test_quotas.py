@@ -21,13 +21,13 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from coordinator.core import commands as cmds
 from coordinator.core.commands import Command, Op
+from coordinator.core.state import Usage
 from coordinator.core.state_machine import (
     Applied,
     FencingStateMachine,
     Reason,
     Rejected,
 )
-from coordinator.core.state import Usage
 
 TTL = 1_000
 _op_ids = (n.to_bytes(16, "big") for n in itertools.count(1))
@@ -302,8 +302,11 @@ class QuotaMachine(RuleBasedStateMachine):
         token = tokens[-1 - pick % len(tokens)] if tokens else 1
         hwm = self.hwm(name)
         cmd = cmds.charged(
-            cmds.write(resource=name, key=key, value=b"x" * size, token=token, op_id=next(_op_ids), stamp_ms=self.clock),
-            principal="-", quota=QUOTA,
+            cmds.write(
+                resource=name, key=key, value=b"x" * size, token=token, op_id=next(_op_ids), stamp_ms=self.clock
+            ),
+            principal="-",
+            quota=QUOTA,
         )
         outcome = self.apply(cmd)
         if token != hwm:  # I3: only the current hwm writes; a forgotten resource has none

@@ -19,6 +19,7 @@ import secrets
 import subprocess
 import threading
 import time
+from itertools import pairwise
 
 import pytest
 from pysyncobj.tcp_connection import CONNECTION_STATE
@@ -135,7 +136,7 @@ def _longest_gap_s(paths, since_ns: int) -> float:
     """The longest time after ``since_ns`` between two acknowledged operations of any client."""
     ends = sorted(op.complete_ns for path in paths for op in read_history(path).ops
                   if op.outcome == "ok" and op.complete_ns is not None and op.complete_ns >= since_ns)
-    return max((b - a for a, b in zip(ends, ends[1:])), default=0) / 1e9
+    return max((b - a for a, b in pairwise(ends)), default=0) / 1e9
 
 
 def test_member_restarted_under_a_new_address_rejoins_under_load(tmp_path, names):
@@ -144,7 +145,10 @@ def test_member_restarted_under_a_new_address_rejoins_under_load(tmp_path, names
     token order. (Before: its peers kept dialling the address they had cached for 10 minutes,
     and it stayed NOT_SERVING with no Raft connection.)"""
     histories = [str(tmp_path / f"c{k}.jsonl") for k in range(2)]
-    with HostNames(dict(zip(names, NAME_IPS))) as hosts, NamedCluster(str(tmp_path / "cluster"), names) as cluster:
+    with (
+        HostNames(dict(zip(names, NAME_IPS, strict=True))) as hosts,
+        NamedCluster(str(tmp_path / "cluster"), names) as cluster,
+    ):
         try:
             assert port_free(MOVED_IP, cluster.raft_port)
             cluster.start_all(timeout_s=30.0)

@@ -33,7 +33,6 @@ from coordinator.raft import journal_file
 from coordinator.raft.fatal import EXIT_APPLY_FAILED, EXIT_DISK_FAILED, exit_code_for, once
 from coordinator.raft.journal import JOURNAL_NAME, META_NAME, read_meta
 from coordinator.raft.node import RaftConfig, RaftNode
-from testsupport.supervisor import wait_until
 from tests.test_raft_overrides import (
     LEADER,
     OTHER,
@@ -47,6 +46,7 @@ from tests.test_raft_overrides import (
     fill_follower,
     make_node,
 )
+from testsupport.supervisor import wait_until
 
 ERRNOS = [errno.EMFILE, errno.ENOSPC]
 # Each step of a term change that writes, and the file its failure must name.

@@ -16,8 +16,7 @@ import pysyncobj.tcp_connection as ps_tcp
 import pytest
 from pysyncobj.poller import createPoller
 
-from coordinator.raft import patches
-from coordinator.raft import connection
+from coordinator.raft import connection, patches
 from testsupport.supervisor import wait_until
 
 TIMEOUT_S = 3.5  # connectionTimeout as syncobj.py sets it for the production timings

@@ -18,7 +18,6 @@ import textwrap
 import pysyncobj.version
 import pytest
 
-from coordinator.raft import patches
 from coordinator.raft.node import RaftConfig, RaftNode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,11 +1,12 @@
 """What a stranger who reaches a Raft port can do: not run code, not join, not skip the secret.
 
-pysyncobj unpickles every frame and every log entry (coordinator/raft/RAFT.md "Network transport"); ``patches.install()``
-puts in the typed wire (raft_wire.decode_frame: no pickle at all), and the transport
-accepts only connections that name a member. The probe sends one frame exactly as a stock
-pysyncobj peer would (length, zlib, pickle) whose unpickling would create a marker file:
-harmless, and visible. Each test first shows that the same bytes do create the marker when
-unpickled the stock way.
+pysyncobj unpickles every frame and every log entry
+(coordinator/raft/RAFT.md "Network transport"); ``patches.install()`` puts in the typed wire
+(raft_wire.decode_frame: no pickle at all), and the transport accepts only connections that
+name a member. The probe sends one
+frame exactly as a stock pysyncobj peer would (length, zlib, pickle) whose unpickling would
+create a marker file: harmless, and visible. Each test first shows that the same bytes do
+create the marker when unpickled the stock way.
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ import pysyncobj.pickle as ps_pickle
 import pytest
 
 from chaos.faults import hung_up_on
-from coordinator.server import config as config_mod
-from coordinator.core import limits
-from coordinator.raft import limits as raft_limits
-from coordinator.raft import wire as raft_wire
 from coordinator.client import FencingClient
+from coordinator.core import limits
+from coordinator.core.state_machine import FencingStateMachine
+from coordinator.raft import limits as raft_limits
 from coordinator.raft import patches
+from coordinator.raft import wire as raft_wire
 from coordinator.raft.node import RaftConfig, RaftNode
+from coordinator.server import config as config_mod
 from testsupport.raft_peer import running_secret_cluster
 from testsupport.supervisor import pick_ports, wait_until
-from coordinator.core.state_machine import FencingStateMachine
 
 SECRET = "0123456789abcdef0123456789abcdef-test"
 PEERS = ("127.0.0.3:1", "127.0.0.4:1")  # nothing listens there: the node stays a follower
@@ -238,7 +239,7 @@ def test_the_largest_append_a_member_sends_fits_the_bound():
 
 def test_an_append_is_capped_in_entries_as_well_as_bytes(lone_node):
     so = lone_node._syncobj
-    for i in range(raft_limits.RAFT_APPEND_ENTRIES_MAX + 50):
+    for _ in range(raft_limits.RAFT_APPEND_ENTRIES_MAX + 50):
         so._SyncObj__raftLog.add(b"\x00x", so._SyncObj__raftLog[-1][1] + 1, 0)
     first = so._SyncObj__raftLog[0][1]
     batch = so._SyncObj__getEntries(first, None, raft_limits.RAFT_BATCH_BYTES)  # what the sender asks

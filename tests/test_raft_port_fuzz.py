@@ -310,7 +310,7 @@ def spoil_names(body: bytes, head, key, addresses) -> bytes:
 def refusals(cluster) -> dict[int, float]:
     """Each running member's count of refused Raft connections and frames, by index."""
     out = {}
-    for node, url in zip(cluster.nodes, cluster.metrics_urls):
+    for node, url in zip(cluster.nodes, cluster.metrics_urls, strict=True):
         if not node.up:
             continue
         with urllib.request.urlopen(url, timeout=RPC_TIMEOUT_S) as reply:
@@ -385,7 +385,7 @@ def run_replayable(fuzz, request, who: str, cluster_name: str, encryptor, doing:
     context = f"seed {SEED}, {who}{doing} at {cluster_name} (replay: RAFT_FUZZ_SEED={SEED})"
     try:
         fuzz(cluster, who, cluster_name, encryptor, context)
-    except Exception as exc:  # noqa: BLE001 - a member gone, an RPC failed, a wait timed out
+    except Exception as exc:  # a member gone, an RPC failed, a wait timed out
         if context in str(exc):
             raise
         raise AssertionError(f"{context}: {exc!r}") from exc

@@ -35,6 +35,16 @@ def test_a_returning_follower_deposes_nobody(kind):
     assert result.stats["elections_won"] == 1, dict(result.stats)
 
 
+def test_a_follower_the_leader_cannot_reach_deposes_nobody():
+    """A one-way cut from the leader to one follower: that follower hears nothing and asks for
+    votes; the other follower still hears the leader and says no."""
+    result = _run([Fault(1_500_000, "cut", "leader", "follower", PARTITION_US)])
+    assert result.stats["oneway_cuts"] == 1, dict(result.stats)
+    assert result.stats["elections_won"] == 1, dict(result.stats)
+    without = _run([Fault(1_500_000, "cut", "leader", "follower", PARTITION_US)], ALL_FIXES - {"pre_vote"})
+    assert without.stats["elections_won"] > 1, dict(without.stats)
+
+
 def test_without_pre_vote_a_returning_partitioned_follower_deposes_the_leader():
     """The same run with the fix off: the check above can fail."""
     schedule = [Fault(1_500_000, "partition", "follower", "any", PARTITION_US)]
@@ -98,7 +108,8 @@ def test_answering_a_pre_vote_changes_nothing_on_the_answerer(member, monkeypatc
     assert {k: answer[k] for k in ("term", "granted", "current_term")} == {"term": term + 1, "granted": True,
                                                                            "current_term": term}
     assert answer["incarnation"] == member.identity.incarnation  # stamped: the asker counts it only so
-    assert (so.raftCurrentTerm, so._SyncObj__votedForNodeId, so._SyncObj__raftElectionDeadline) == (term, vote, deadline)
+    kept = (so.raftCurrentTerm, so._SyncObj__votedForNodeId, so._SyncObj__raftElectionDeadline)
+    assert kept == (term, vote, deadline)
 
 
 def test_a_member_that_hears_its_leader_says_no(member):
@@ -156,3 +167,23 @@ def test_a_round_asks_first_and_stands_only_with_a_majority(member):
     member.tick(0)
     assert so.raftCurrentTerm == term + 1
     assert sorted(to for to, m in _sent(member, "request_vote") if m["term"] == term + 1) == [LEADER, OTHER]
+
+
+def test_a_won_round_is_forgotten_once_a_leader_is_heard(member):
+    """A round won just before a leader's append arrived does not let the member stand at its
+    next timeout without asking again."""
+    so = member.syncobj
+    so._SyncObj__raftLeader = None
+    term = so.raftCurrentTerm
+    so._SyncObj__raftElectionDeadline = 0
+    member.tick(0)
+    so._SyncObj__onMessageReceived(TCPNode(OTHER), {
+        "type": "pre_vote_response", "term": term + 1, "granted": True, "current_term": term,
+        "cluster": "cluster-a", "incarnation": PEER_INCARNATIONS[OTHER]})
+    append(member, 2, 1, [], commit=2)  # the leader is heard before the member stood
+    so._SyncObj__raftElectionDeadline = 0  # and then times out again
+    asked_before = len(_sent(member, "pre_vote"))
+    member.tick(0)
+    assert so.raftCurrentTerm == term and not _sent(member, "request_vote")
+    assert len(_sent(member, "pre_vote")) == asked_before + 2
+

@@ -128,7 +128,7 @@ def test_virtual_time_and_randomness_are_restored_even_after_an_error():
     with pytest.raises(ZeroDivisionError):
         with virtual_pysyncobj(VirtualClock(), random.Random(1)):
             assert ps_syncobj.monotonicTime() == 0.0
-            1 / 0
+            raise ZeroDivisionError
     assert ps_syncobj.monotonicTime is real_clock
     assert ps_syncobj.random is real_random
     assert ps_node.Node.__hash__ is real_hash

@@ -113,11 +113,15 @@ def rounds_sent(cluster, index: int) -> float:
 
 
 def acquire(node, resource: str) -> int:
-    return node.lease.Acquire(pb.AcquireRequest(resource=resource, holder="t", ttl_ms=120_000, op_id=os.urandom(16)), timeout=RPC_S).token
+    return node.lease.Acquire(
+        pb.AcquireRequest(resource=resource, holder="t", ttl_ms=120_000, op_id=os.urandom(16)), timeout=RPC_S
+    ).token
 
 
 def write(node, resource: str, token: int, value: bytes) -> None:
-    node.store.Write(pb.WriteRequest(resource=resource, key="k", value=value, token=token, op_id=os.urandom(16)), timeout=RPC_S)
+    node.store.Write(
+        pb.WriteRequest(resource=resource, key="k", value=value, token=token, op_id=os.urandom(16)), timeout=RPC_S
+    )
 
 
 def read(node, resource: str, timeout_s: float = RPC_S) -> bytes:
@@ -175,7 +179,11 @@ def test_an_isolated_leader_never_answers_from_its_stale_state(cluster):
         except grpc.RpcError as exc:
             # It cannot confirm a round, so it answers nothing: OUTCOME_UNKNOWN at the deadline (as
             # the READ_BARRIER entry answers), the client's own deadline, or no leader.
-            assert exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.DEADLINE_EXCEEDED), exc
+            assert exc.code() in (
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.ABORTED,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+            ), exc
         else:
             assert value == b"new", f"the isolated leader answered {value!r} after the new leader acknowledged b'new'"
     finally:

@@ -7,15 +7,19 @@ test_guard_conformance.py.
 """
 
 # First: without redis-py this import fails with how to install it (the [redis] extra).
-from coordinator.client.redis_guard import (REDIS_ARGS_PER_MUTATION_MAX, REDIS_MUTATIONS_PER_CALL_MAX, Mutation,
-                                            RedisGuard, StaleToken)
-
 import pytest
 import redis
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from redis.crc import key_slot
 
 from coordinator.client.proof import TOKEN_MAX, ProofSigner, ProofVerifier
+from coordinator.client.redis_guard import (
+    REDIS_ARGS_PER_MUTATION_MAX,
+    REDIS_MUTATIONS_PER_CALL_MAX,
+    Mutation,
+    RedisGuard,
+    StaleToken,
+)
 from testsupport import store_servers
 
 KEY = Ed25519PrivateKey.generate()

@@ -60,7 +60,8 @@ def test_writes_the_dirs_a_member_of_the_new_cluster_starts_from(tmp_path, capsy
         identity, created = member_identity.load_or_create(path, member_id)
         assert not created and identity.cluster_id is not None
         index, term = snapshot_file.verify(os.path.join(path, snapshot_file.DUMP_NAME))
-        last, prev, state, plain = snapshot_file.decode(snapshot_file.read_body(os.path.join(path, snapshot_file.DUMP_NAME)))
+        body = snapshot_file.read_body(os.path.join(path, snapshot_file.DUMP_NAME))
+        last, prev, state, plain = snapshot_file.decode(body)
         config = Configuration.from_plain(plain)
         # Every member a voter, this one under its own incarnation, in the new cluster.
         assert all(m.voter for m in config.members) and len(config.members) == 3
@@ -119,7 +120,8 @@ def test_an_id_its_address_does_not_derive_is_pointed_out(tmp_path, capsys):
     assert restore(tmp_path, members="m1=10.0.0.1:7000,m2=10.0.0.2:7000,m4=10.0.0.3:7000",
                    dirs=("m1", "m2", "m4")) == 0
     out = capsys.readouterr().out
-    assert 'm4 at 10.0.0.3:7000 is not the id its address derives (m3): its config file must set member_id = "m4"' in out
+    assert ('m4 at 10.0.0.3:7000 is not the id its address derives (m3):'
+            ' its config file must set member_id = "m4"') in out
     assert "m1 at" not in out
 
 
@@ -129,7 +131,8 @@ def test_an_id_its_address_does_not_derive_is_pointed_out(tmp_path, capsys):
     ("even member count", {"members": "m1=10.0.0.1:7000,m2=10.0.0.2:7000", "dirs": ("m1", "m2")}, "use an odd number"),
     ("no port", {"members": "m1=10.0.0.1,m2=10.0.0.2:7000,m3=10.0.0.3:7000"}, "is not ID=RAFT_HOST:PORT"),
     ("address twice", {"members": "m1=10.0.0.1:7000,m2=10.0.0.1:7000,m3=10.0.0.3:7000"}, "two members at one address"),
-    ("id twice", {"members": "m1=10.0.0.1:7000,m1=10.0.0.2:7000,m3=10.0.0.3:7000", "dirs": ("m1", "m3")}, "two members with one id"),
+    ("id twice", {"members": "m1=10.0.0.1:7000,m1=10.0.0.2:7000,m3=10.0.0.3:7000", "dirs": ("m1", "m3")},
+     "two members with one id"),
     ("a dir missing", {"dirs": ("m1", "m2")}, "missing m3"),
     ("a dir for no member", {"dirs": ("m1", "m2", "m3", "m4")}, "not a member: m4"),
 ])

@@ -153,7 +153,8 @@ def test_two_volumes_lost_rebuilt_from_backup_with_every_old_token_fenced(tmp_pa
         client = make_client(cluster.endpoints, timeout_s=10.0)
         try:
             tokens = _issue_before_backup(client)
-            taken = run(["coordinator.client.fencingctl", "admin", "snapshot", "--out", backup, "--output", "json"], cluster)
+            taken = run(["coordinator.client.fencingctl", "admin", "snapshot", "--out", backup, "--output", "json"],
+                        cluster)
             assert taken.returncode == 0, taken.stdout + taken.stderr
             backup_epoch = json.loads(taken.stdout)["epoch"]
             assert backup_epoch == max(tokens.values())

@@ -26,6 +26,7 @@ import socket
 import threading
 import time
 import urllib.request
+from itertools import pairwise
 
 import pytest
 from cryptography.fernet import InvalidToken, MultiFernet
@@ -100,7 +101,7 @@ class Workload(threading.Thread):
 
     def longest_gap_s(self) -> float:
         times = self.acked_at
-        return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+        return max((b - a for a, b in pairwise(times)), default=0.0)
 
     def wait_for_more(self, count: int, what: str) -> None:
         target = len(self.acked_at) + count
@@ -167,7 +168,7 @@ def rotate_step(cluster, workload: Workload, probes: Probes, step: str, secrets:
     for node in cluster.nodes:
         cluster.secret_files[node.index].write_text("".join(s + "\n" for s in secrets))
         os.kill(cluster.pids[node.index], signal.SIGHUP)
-        wait_until(lambda: took_effect(node.index), RELOAD_S, interval_s=0.1,
+        wait_until(lambda node=node: took_effect(node.index), RELOAD_S, interval_s=0.1,
                    what=f"step {step} to take effect on member {node.index} after SIGHUP")
         workload.wait_for_more(OPS_PER_STATE, f"after step {step} on member {node.index}")
 
@@ -220,5 +221,5 @@ def test_the_peer_secret_rotates_with_sighup_while_the_cluster_serves(cluster):
             assert stranger.name(cluster.nodes[(node.index + 1) % 3].raft_address).hung_up(HANG_UP_S)
     wait_until(lambda: refused(cluster) == [b + 1 for b in before], 10, what="each member to count the stranger")
     # Every refusal since the start was one of ours: no member ever refused another's frame.
-    expected = [start + ours + 1 for start, ours in zip(refused_at_start, probes.refused_by)]
+    expected = [start + ours + 1 for start, ours in zip(refused_at_start, probes.refused_by, strict=True)]
     assert refused(cluster) == expected

@@ -19,7 +19,8 @@ import pytest
 from coordinator.client import lockcmd, redis_guard
 from coordinator.core import limits as core_limits
 from coordinator.raft import limits as raft_limits
-from coordinator.server import auth, config as config_mod, log_limits, settings
+from coordinator.server import auth, log_limits, settings
+from coordinator.server import config as config_mod
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE_HEADING = "## Limits and quotas"

@@ -21,12 +21,12 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
-from coordinator.server import cpu_pin
+from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.core import limits
 from coordinator.core.names import DOMAIN, Trailer
 from coordinator.core.names import ErrorMeta as M
 from coordinator.core.names import ErrorReason as R
-from coordinator.api.v1 import fencing_pb2 as pb
+from coordinator.server import cpu_pin
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, SERVING, running_cluster
 from testsupport.supervisor import wait_until
 
@@ -276,9 +276,11 @@ def test_admin_needs_the_token_and_every_call_is_audited(cluster):
                                  metadata=(("authorization", "Bearer wrong"),))
     assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, R.PERMISSION_DENIED)
     node.admin.ForceRelease(request, timeout=T, metadata=ADMIN)
-    lines = wait_until(lambda: (lambda l: l if len(l) >= before + 3 else None)(audit_lines()), 5, what="audit lines")
+    lines = wait_until(
+        lambda: (lambda got: got if len(got) >= before + 3 else None)(audit_lines()), 5, what="audit lines"
+    )
     assert len(lines) == before + 3
-    assert [(l["rpc"], l["outcome"]) for l in lines[before:]] == [
+    assert [(entry["rpc"], entry["outcome"]) for entry in lines[before:]] == [
         ("ForceRelease", "UNAUTHENTICATED/UNAUTHENTICATED"),
         ("ForceRelease", "PERMISSION_DENIED/PERMISSION_DENIED"),
         ("ForceRelease", "OK"),
@@ -725,7 +727,11 @@ def assert_auto_placement(cluster, leader_index: int) -> None:
             continue
         cpu = cpu_pin.choose_cpu("auto", node.index, cpu_pin.allowed_cpus())
         want = {frozenset({cpu})} if node.index == leader_index and cpu is not None else everything
-        wait_until(lambda: cpu_pin.threads_cpus(node.proc.pid) == want, 10, what=f"node {node.index} on CPUs {want}")
+        wait_until(
+            lambda node=node, want=want: cpu_pin.threads_cpus(node.proc.pid) == want,
+            10,
+            what=f"node {node.index} on CPUs {want}",
+        )
 
 
 @pytest.fixture(scope="module")

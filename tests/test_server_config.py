@@ -8,12 +8,11 @@ import sys
 import grpc
 import pytest
 
-from coordinator.server import config
-from coordinator.server import errors, settings
-from coordinator.server.fencingd import build_parser
-from coordinator.raft.interface import ProposeFailure, ProposeResult
 from coordinator.core.names import ErrorReason as R
 from coordinator.core.state_machine import Reason, Rejected
+from coordinator.raft.interface import ProposeFailure, ProposeResult
+from coordinator.server import config, errors, settings
+from coordinator.server.fencingd import build_parser
 
 MEMBERS = ["127.0.0.2:7000=127.0.0.2:7100", "127.0.0.3:7000=127.0.0.3:7100", "127.0.0.4:7000=127.0.0.4:7100"]
 
@@ -146,7 +145,8 @@ def test_the_dropped_acquire_wait_poll_ms_is_refused_as_an_unknown_key(tmp_path)
     out = subprocess.run([sys.executable, "-m", "coordinator.server.fencingd", "serve", "--config", path],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
-    assert out.stderr.splitlines() == [f"fencingd: configuration error: config file {path}: unknown key(s) acquire_wait_poll_ms"]
+    assert out.stderr.splitlines() == [
+        f"fencingd: configuration error: config file {path}: unknown key(s) acquire_wait_poll_ms"]
 
 
 def test_every_refusal_reason_has_one_status():
@@ -188,7 +188,8 @@ def test_refusal_details_become_string_metadata():
 # -- peer credential (SECURITY.md, "Peer authentication") -------------------------------------
 
 PUBLIC_API = ('data_dir = "/tmp/x"\nraft_address = "10.0.0.2:7000"\n'
-              'members = ["10.0.0.1:7000=10.0.0.1:7100", "10.0.0.2:7000=10.0.0.2:7100", "10.0.0.3:7000=10.0.0.3:7100"]\n')
+              'members = ["10.0.0.1:7000=10.0.0.1:7100", "10.0.0.2:7000=10.0.0.2:7100",'
+              ' "10.0.0.3:7000=10.0.0.3:7100"]\n')
 # The peer side's tests: the API's own check (below) is satisfied explicitly.
 PUBLIC = PUBLIC_API + "insecure_api = true\n"
 
@@ -255,7 +256,7 @@ def starts_warning_each_time(path: str, setting: str) -> None:
                 lines.append(line)
                 if line.startswith("READY "):
                     break
-            assert any("WARNING" in l and setting in l for l in lines), "".join(lines)
+            assert any("WARNING" in printed and setting in printed for printed in lines), "".join(lines)
             assert lines[-1].startswith("READY "), "".join(lines)
         finally:
             proc.terminate()

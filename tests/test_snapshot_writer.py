@@ -12,6 +12,7 @@ import itertools
 import os
 import threading
 import time
+from itertools import pairwise
 
 import msgpack
 import pytest
@@ -61,7 +62,9 @@ def populated(resources: int, *, seed: int = 7) -> FencingStateMachine:
         token = out.result["token"]
         for key in ("b", "a"):
             sm.execute(
-                cmds.write(resource=name, key=key, value=b"v" * (i % 5), token=token, op_id=next(_op_ids), stamp_ms=stamp)
+                cmds.write(
+                    resource=name, key=key, value=b"v" * (i % 5), token=token, op_id=next(_op_ids), stamp_ms=stamp
+                )
             )
         if i % 3 == 0:
             sm.execute(cmds.delete(resource=name, key="a", token=token, op_id=next(_op_ids), stamp_ms=stamp))
@@ -288,6 +291,6 @@ def test_a_thread_waiting_for_the_apply_lock_gets_it_between_pieces(tmp_path):
     finally:
         stop.set()
         thread.join(WAIT_S)
-    between = sum(1 for a, b in zip(machine.seen, machine.seen[1:]) if b > a)
+    between = sum(1 for a, b in pairwise(machine.seen) if b > a)
     print(f"the applier got the lock between {between} of {len(machine.seen) - 1} pairs of pieces")
     assert between >= (len(machine.seen) - 1) // 2

@@ -14,7 +14,6 @@ from coordinator.core import commands as cmds
 from coordinator.core import limits
 from coordinator.core.commands import Command, MalformedCommand, Op
 from coordinator.core.snapshot_format import SNAPSHOT_FORMAT_VERSION
-from testsupport.backups import restore_in_chunks
 from coordinator.core.state_machine import (
     Applied,
     FencingStateMachine,
@@ -23,6 +22,7 @@ from coordinator.core.state_machine import (
     outcome_from_wire,
     outcome_to_wire,
 )
+from testsupport.backups import restore_in_chunks
 
 R = "orders/shard-7"
 R2 = "orders/shard-8"

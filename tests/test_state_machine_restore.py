@@ -3,14 +3,15 @@ proposes, and the shared field rules."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import msgpack
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from coordinator.core import commands as c
-from coordinator.core import limits
-from coordinator.core import validation
+from coordinator.core import limits, validation
 from coordinator.core.commands import MalformedCommand, Op
 from coordinator.core.state_machine import Applied, FencingStateMachine, Reason, Rejected
 from testsupport.backups import restore_in_chunks
@@ -443,7 +444,7 @@ def staged_in_pieces(sm: FencingStateMachine, data: bytes, cuts: list[int], snap
 
     rid = b"r" * limits.RESTORE_ID_BYTES
     bounds = sorted({0, len(data), *cuts})
-    pieces = [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    pieces = [data[a:b] for a, b in pairwise(bounds)]
     applied(sm.apply(c.restore_begin(restore_id=rid, size=max(1, len(data)), digest=hashlib.sha256(data).digest(),
                                      epoch_floor=10, stamp_ms=200).encode()))
     for seq, piece in enumerate(pieces):

@@ -216,7 +216,7 @@ def test_streams_with_credentials_meet_the_member_wide_cap_and_end_when_idle(clu
             for _ in range(PER_CALLER + 1):
                 number = streams.open(lambda silent, name=name: stub.ServerReflectionInfo(
                     silent, timeout=120, metadata=auth(f"{name}-token")), LIST)
-                wait_until(lambda: streams.settled(number), T, what="the stream admitted or refused")
+                wait_until(lambda number=number: streams.settled(number), T, what="the stream admitted or refused")
         assert len(streams.first_replies) == STREAMS_MAX
         assert (streams.count(REFUSED_PER_CALLER), streams.count(REFUSED_TOTAL)) == (1, 4)
         # a Health.Watch is a stream too: refused while the member is at streams_max

@@ -15,10 +15,10 @@ import grpc
 import pytest
 from cryptography import x509
 
-from coordinator.server import config as config_mod
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.client import FencingClient
+from coordinator.server import config as config_mod
 from testsupport import pki as pki_mod
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
 from testsupport.supervisor import DEFAULT_HOSTS, wait_until
@@ -128,9 +128,11 @@ def test_tls_settings_are_checked_at_start(tmp_path, pki):
         ({"tls_cert_file": pki["server_cert"]}, "give both"),
         ({"tls_client_ca_file": pki["ca"]}, "give both"),
         ({"tls_cert_file": pki["server_cert"], "tls_key_file": str(tmp_path / "missing")}, "tls_key_file: cannot read"),
-        ({"tls_cert_file": str(not_pem), "tls_key_file": pki["server_key"]}, "tls_cert_file: " + str(not_pem) + " is not PEM"),
+        ({"tls_cert_file": str(not_pem), "tls_key_file": pki["server_key"]},
+         "tls_cert_file: " + str(not_pem) + " is not PEM"),
         ({"tls_cert_file": pki["server_cert"], "tls_key_file": pki["client_key"]}, "is not the private key of"),
-        ({"tls_cert_file": pki["server_cert"], "tls_key_file": pki["server_key"], "tls_client_ca_file": pki["server_key"]},
+        ({"tls_cert_file": pki["server_cert"], "tls_key_file": pki["server_key"],
+          "tls_client_ca_file": pki["server_key"]},
          "tls_client_ca_file: " + pki["server_key"] + " holds no readable certificate"),
     ):
         with pytest.raises(config_mod.ConfigError) as caught:
@@ -251,7 +253,8 @@ def test_sighup_replaces_the_api_certificate_without_a_restart(reload_member):
     ):
         bad()
         os.kill(pid, signal.SIGHUP)
-        wait_until(lambda: fragment in _log(node), RELOAD_TIMEOUT_S, what=f"a refusal naming {fragment!r}")
+        wait_until(lambda fragment=fragment: fragment in _log(node), RELOAD_TIMEOUT_S,
+                   what=f"a refusal naming {fragment!r}")
         assert served_certificate(node.api_address, reload_pki).serial_number == new_cert.serial_number
         assert _status_ok(node.api_address, reload_pki.channel_credentials(new_ca))
         reload_pki.install(new_cert, new_key)

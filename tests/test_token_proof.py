@@ -18,10 +18,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from coordinator.client import FencingClient, guard, proof
 from coordinator.server import config as config_mod
-from coordinator.client import guard
-from coordinator.client import proof
-from coordinator.client import FencingClient
 from testsupport.grpc_cluster import running_cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -25,6 +25,7 @@ import sys
 import zipfile
 
 import pytest
+
 # packaging comes with pytest: the requirement and marker grammar, not reimplemented here.
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -103,7 +104,9 @@ _CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PY
 
 def _requires_dist(wheel: zipfile.ZipFile) -> list[Requirement]:
     (metadata,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
-    return [Requirement(r) for r in email.parser.Parser().parsestr(wheel.read(metadata).decode()).get_all("Requires-Dist")]
+    return [
+        Requirement(r) for r in email.parser.Parser().parsestr(wheel.read(metadata).decode()).get_all("Requires-Dist")
+    ]
 
 
 def _needed(requirements: list[Requirement], extras: set[str]) -> dict[str, importlib.metadata.Distribution]:

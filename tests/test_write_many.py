@@ -25,10 +25,9 @@ from coordinator.client import exceptions as E
 from coordinator.core import limits
 from coordinator.core.names import ErrorMeta as M
 from coordinator.core.names import ErrorReason as R
+from tests.test_server import failure
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
 from testsupport.supervisor import wait_until
-
-from tests.test_server import failure
 
 T = RPC_TIMEOUT_S
 
@@ -97,7 +96,7 @@ def test_a_mixed_batch_gives_each_item_the_outcome_it_would_have_alone(cluster):
     assert (unknown.code, unknown.reason) == ("FAILED_PRECONDITION", R.UNKNOWN_TOKEN)
     assert (short.code, short.reason, short.metadata[M.FIELD]) == ("INVALID_ARGUMENT", R.INVALID_FIELD, "op_id")
     # Each refused item answers exactly as the same Write alone (which changes nothing either).
-    for i, error in zip((1, 2, 3, 5), (stale, bad, unknown, short)):
+    for i, error in zip((1, 2, 3, 5), (stale, bad, unknown, short), strict=True):
         assert (error.code, error.reason, dict(error.metadata)) == alone(node, items[i]), i
     # Only the two good items applied.
     assert read(node, resource, "ok").value == b"1" and read(node, other, "ok").value == b"5"
@@ -308,7 +307,9 @@ def test_close_fails_writes_still_waiting_to_be_sent(cluster):
     batcher.batches_in_flight_max = 1  # the writes after the first queue behind it
     real = batcher._stub_for
     # The first batch stays in flight until the test says.
-    batcher._stub_for = lambda endpoint, service: _Store(real(endpoint, service), lambda size: released.wait(timeout=30))
+    batcher._stub_for = lambda endpoint, service: _Store(
+        real(endpoint, service), lambda size: released.wait(timeout=30)
+    )
     outcomes: dict[int, object] = {}
 
     def writer(i: int) -> None:

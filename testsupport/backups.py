@@ -2,9 +2,10 @@
 and a state of a given size; and restoring one through the log as the server does, in chunks.
 
 Owns: building those documents (msgpack, the state machine's snapshot layout) quickly, without
-applying hundreds of thousands of commands, and the entries of a chunked restore. Must never: be shipped (testsupport/ is outside the
-wheel), or build a document the state machine would not accept as a backup: every builder's
-result goes through ``FencingStateMachine.restore`` and ``check_backup`` in the tests.
+applying hundreds of thousands of commands, and the entries of a chunked restore. Must never:
+be shipped (testsupport/ is outside the wheel), or build a document the state machine would
+not accept as a backup: every builder's result goes through ``FencingStateMachine.restore``
+and ``check_backup`` in the tests.
 """
 
 from __future__ import annotations

@@ -182,8 +182,12 @@ class MariaDB(_Sql):
         # A guard's statement on its table still running is one waiting for the lock: alone it
         # takes microseconds. (PROCESSLIST has no connection names, and information_schema's
         # innodb_trx is a cache that a poll every 50 ms never sees refreshed.)
-        rows = self.query(admin, "SELECT COUNT(*) FROM information_schema.processlist WHERE db = %s "
-                                 "AND id <> CONNECTION_ID() AND command = 'Query' AND info LIKE %s", (self.database, "%fencing_hwm%"))
+        rows = self.query(
+            admin,
+            "SELECT COUNT(*) FROM information_schema.processlist WHERE db = %s "
+            "AND id <> CONNECTION_ID() AND command = 'Query' AND info LIKE %s",
+            (self.database, "%fencing_hwm%"),
+        )
         return rows[0][0] > 0
 
 
@@ -223,6 +227,7 @@ class Redis:
     def write_failing(self, guard, resource: str, proof, value: str) -> type[BaseException]:
         """The second mutation hits a key of the wrong type: the script must refuse before writing."""
         import redis
+
         from coordinator.client.redis_guard import Mutation
 
         log, parts = self._keys(resource)

@@ -100,7 +100,7 @@ def serve_control(service, host: str, port: int) -> socketserver.ThreadingTCPSer
                     return
                 try:
                     reply = service.handle(req)
-                except Exception as exc:  # noqa: BLE001 - report to the caller, keep serving
+                except Exception as exc:  # report to the caller, keep serving
                     log.exception("control request failed")
                     reply = {"error": repr(exc)}
                 try:

@@ -121,7 +121,9 @@ def setup(store, conn, verifier, **kwargs):
 def write(store, guard, resource: str, token: int, proof) -> None:
     """One fenced write: a row of ``writes`` with ``token``, committed with the guard's mark."""
     with guard.fenced(resource, proof) as cur:
-        cur.execute(f"INSERT INTO writes (resource, token) VALUES ({store.param}, {store.param})", (resource, str(token)))
+        cur.execute(
+            f"INSERT INTO writes (resource, token) VALUES ({store.param}, {store.param})", (resource, str(token))
+        )
 
 
 def written(store, conn, resource: str) -> list[int]:

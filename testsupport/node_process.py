@@ -26,9 +26,9 @@ import threading
 import time
 
 from coordinator.core import commands
+from coordinator.core.state_machine import FencingStateMachine, outcome_to_wire
 from coordinator.raft.interface import ProposeOutcome
 from coordinator.raft.node import ALL_FIXES, RaftConfig, RaftNode
-from coordinator.core.state_machine import FencingStateMachine, outcome_to_wire
 from testsupport.control import serve_control
 
 log = logging.getLogger("node_process")

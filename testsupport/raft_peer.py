@@ -359,16 +359,17 @@ def send_first_frames(
 
     A case is a callable ``case(key, frame, confirm)`` that returns the bytes to send in the
     naming slot: ``key`` is the member's connection key after the secret's handshake (with
-    ``encryptor``, a hello naming ``dialler`` sent first as a member's outgoing connection does,
-    with one nonce of this side for all connections) or None, ``frame(body, head=None)`` frames
-    a body (encrypted with ``encryptor``) under its length or the given ``head``, and
-    ``confirm`` is the frame that completes the handshake as ``dialler`` (b"" without it). A connection whose bytes hold no whole frame (and no head over the
-    bound) shuts its write side after them, so it ends in an EOF rather than the naming
-    deadline; the others stay open, as pysyncobj parses nothing that arrived with an EOF
-    (it reads to the end, then drops the connection and its buffer). The member must close
-    every connection within ``hang_up_within_s`` (AssertionError naming the target
-    otherwise). At most ``concurrency`` connections per target are open at once; ``watch``
-    is called every _WATCH_INTERVAL_S (to see members still running) and may raise.
+    ``encryptor``, a hello naming ``dialler`` sent first as a member's outgoing connection
+    does, with one nonce of this side for all connections) or None, ``frame(body, head=None)``
+    frames a body (encrypted with ``encryptor``) under its length or the given ``head``, and
+    ``confirm`` is the frame that completes the handshake as ``dialler`` (b"" without it). A
+    connection whose bytes hold no whole frame (and no head over the bound) shuts its write
+    side after them, so it ends in an EOF rather than the naming deadline; the others stay
+    open, as pysyncobj parses nothing that arrived with an EOF (it reads to the end, then
+    drops the connection and its buffer). The member must close every connection within
+    ``hang_up_within_s`` (AssertionError naming the target otherwise). At most ``concurrency``
+    connections per target are open at once; ``watch`` is called every _WATCH_INTERVAL_S (to
+    see members still running) and may raise.
     """
     counts = {address: FloodCounts() for address in targets}
     addresses = {address: (address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1])) for address in targets}

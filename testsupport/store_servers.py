@@ -64,7 +64,9 @@ class _Server:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self._ready():
             if self._proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self._proc.returncode} while starting:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"{self.name} exited with {self._proc.returncode} while starting:\n{self.log_tail()}"
+                )
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name} not ready within {START_TIMEOUT_S} s:\n{self.log_tail()}")
             time.sleep(POLL_INTERVAL_S)

@@ -21,6 +21,7 @@ import time
 import grpc
 
 from coordinator.raft.journal import cut_to_synced_length
+
 # The one free-port check: fencingd dev uses it before it starts members.
 from coordinator.server.fencingd import port_free
 

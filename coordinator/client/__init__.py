@@ -46,5 +46,5 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
 
 # sync.py's __all__ is the one list of public names (it re-exports the asyncio client and
 # the results too), so this module cannot drift from it.
-from coordinator.client.sync import *  # noqa: F401,F403
+from coordinator.client.sync import *  # noqa: F403
 from coordinator.client.sync import __all__  # noqa: F401

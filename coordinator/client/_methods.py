@@ -322,7 +322,9 @@ class ClientMethods:
         """Admin: remove ``member_id`` from the configuration (one voter out per change)."""
         ctx = {"rpc": "member-remove", "member_id": member_id}
         req = pb.MemberRemoveRequest(member_id=member_id)
-        return self._execute(Call("admin", "MemberRemove", req, Kind.ONCE, ctx, results.member_list, timeout_s=timeout_s))
+        return self._execute(
+            Call("admin", "MemberRemove", req, Kind.ONCE, ctx, results.member_list, timeout_s=timeout_s)
+        )
 
     def member_replace(
         self, member_id: str, raft_address: str = "", *, timeout_s: float | None = None
@@ -331,7 +333,9 @@ class ClientMethods:
         id at ``raft_address`` (default: the same address), promoted once caught up."""
         ctx = {"rpc": "member-replace", "member_id": member_id, "raft_address": raft_address}
         req = pb.MemberReplaceRequest(member_id=member_id, raft_address=raft_address)
-        return self._execute(Call("admin", "MemberReplace", req, Kind.ONCE, ctx, results.member_list, timeout_s=timeout_s))
+        return self._execute(
+            Call("admin", "MemberReplace", req, Kind.ONCE, ctx, results.member_list, timeout_s=timeout_s)
+        )
 
     def snapshot(self, *, local: bool = False, timeout_s: float | None = None) -> Snapshot:
         """Admin: a consistent backup of the whole state (read through the log; ``local``:
@@ -355,11 +359,10 @@ class ClientMethods:
         raises OutcomeUnknown, and the operator checks ``status()`` before trying again.
         ``timeout_s``: one attempt may take all of it (default BACKUP_TIMEOUT_S_DEFAULT)."""
         ctx = {"rpc": "restore", "epoch_floor": epoch_floor}
-        data = as_bytes(data)
-        check_field(validation.check_backup_data, data, ctx)
+        backup: bytes = check_field(validation.check_backup_data, as_bytes(data), ctx)
         request_of(pb.RestoreStreamRequest, ctx, epoch_floor=epoch_floor)  # checks the floor
         timeout_s = BACKUP_TIMEOUT_S_DEFAULT if timeout_s is None else timeout_s
         return self._execute(Call(
-            "admin", "RestoreStream", lambda: restore_messages(data, epoch_floor), Kind.ONCE, ctx,
+            "admin", "RestoreStream", lambda: restore_messages(backup, epoch_floor), Kind.ONCE, ctx,
             results.epoch_result, timeout_s=timeout_s, extra_attempt_s=timeout_s, shape=Shape.STREAM_IN,
         ))

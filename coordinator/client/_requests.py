@@ -19,7 +19,6 @@ from coordinator.core import limits, validation
 from coordinator.core.names import ErrorMeta, ErrorReason
 
 
-
 def new_op_id() -> bytes:
     """A fresh op_id: 16 random bytes (limits.OP_ID_BYTES_MIN), one per logical mutation."""
     return os.urandom(limits.OP_ID_BYTES_MIN)

@@ -22,19 +22,19 @@ import asyncio
 import inspect
 import logging
 import time
-from typing import Any, Callable, Generator
+from typing import Any, Awaitable, Callable, Generator, TypeVar, cast
 
 import grpc
 import grpc.aio
 
+from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client._base import _ClientBase
 from coordinator.client._calls import Attempts, Call, Shape, Stubs, send
 from coordinator.client._defaults import CHANNEL_OPTIONS
 from coordinator.client._lease import RENEWAL_ERRORS, KeepAliveAction, LeaseBase, Renewal, keepalive_step
 from coordinator.client._lock_wait import LockWait
-from coordinator.client.results import AcquireResult, KeepAliveResult, ReleaseResult
-from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client.exceptions import FencingError, LeaseLost, Refused
+from coordinator.client.results import AcquireResult, KeepAliveResult, ReleaseResult
 
 log = logging.getLogger("coordinator.client.aio")
 
@@ -141,7 +141,8 @@ class AsyncFencingClient(_ClientBase):
                     leader = await next_done
                 except asyncio.TimeoutError:
                     break
-                except Exception:  # noqa: BLE001 - a channel closed under us: no answer
+                # A channel closed under the call fails in types grpc.aio does not document: no answer.
+                except Exception:  # noqa: BLE001 - see above
                     continue
                 if leader is not None:
                     break
@@ -192,7 +193,7 @@ class AsyncFencingClient(_ClientBase):
                 pause_s = wait.pause_s(step)
                 if pause_s > 0:
                     await asyncio.sleep(pause_s)
-        except BaseException as exc:
+        except BaseException as exc:  # any exit, cancellation too, leaves the queue; re-raised
             if wait.abandoned:
                 # close() took the waiter out of line. Closing the channels cancels the Lock
                 # call in flight, which grpc.aio raises as CancelledError: that is the close,
@@ -235,6 +236,16 @@ class AsyncFencingClient(_ClientBase):
         )
 
 
+_T = TypeVar("_T")
+
+
+def _awaited(result: _T) -> Awaitable[_T]:
+    """What a method of this client gives, to the type checker: the methods are _ClientBase's,
+    annotated with the result they produce, and ``_execute`` here makes each return an
+    awaitable of it."""
+    return cast("Awaitable[_T]", result)
+
+
 class _LeaseStarter:
     """Awaitable and async context manager around one acquisition (the aiohttp pattern)."""
 
@@ -249,7 +260,7 @@ class _LeaseStarter:
         on_lost = options.pop("on_lost")
         auto_renew = options.pop("auto_renew")
         sent_at = time.monotonic()
-        acquired = await self._client.acquire(self._resource, **options)
+        acquired = await _awaited(self._client.acquire(self._resource, **options))
         lease = AsyncLease(
             self._client, acquired, ttl_ms=options["ttl_ms"], on_lost=on_lost, sent_at=sent_at
         )
@@ -290,7 +301,7 @@ class AsyncLease(LeaseBase):
         )
         self.lost = asyncio.Event()
         self._on_lost = on_lost
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def _is_lost(self) -> bool:
         return self.lost.is_set()
@@ -298,7 +309,7 @@ class AsyncLease(LeaseBase):
     async def keep_alive(self, *, timeout_s: float | None = None) -> KeepAliveResult:
         """Renew once now (the background task does this by itself)."""
         sent_at = time.monotonic()
-        result = await self._client.keep_alive(self.resource, self.token, timeout_s=timeout_s)
+        result: KeepAliveResult = await self._client.keep_alive(self.resource, self.token, timeout_s=timeout_s)
         self._renewed(result, sent_at)
         return result
 
@@ -314,7 +325,7 @@ class AsyncLease(LeaseBase):
                 outcome = self._on_lost(self.lost_error)
                 if inspect.isawaitable(outcome):
                     await outcome
-            except Exception:  # noqa: BLE001 - a callback bug must not kill the task
+            except Exception:  # the caller's callback, failing in any way, must not kill the task
                 log.exception("on_lost callback for %s raised", self.resource)
 
     def _start_keepalive(self) -> None:
@@ -355,7 +366,8 @@ class AsyncLease(LeaseBase):
         if self._released:
             return None
         self._released = True
-        return await self._client.release(self.resource, self.token, timeout_s=timeout_s)
+        released: ReleaseResult = await self._client.release(self.resource, self.token, timeout_s=timeout_s)
+        return released
 
     async def close(self) -> None:
         """Stop renewing and release, best effort: failures are logged, never raised."""

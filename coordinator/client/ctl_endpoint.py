@@ -201,9 +201,9 @@ def size_text(n: int) -> str:
 
 def _table(titles: list[str], rows: list[list[str]]) -> None:
     widths = [max([len(t), *(len(r[i]) for r in rows)]) for i, t in enumerate(titles)]
-    print("  ".join(f"{t:<{w}}" for t, w in zip(titles, widths)).rstrip())
+    print("  ".join(f"{t:<{w}}" for t, w in zip(titles, widths, strict=True)).rstrip())
     for row in rows:
-        print("  ".join(f"{c:<{w}}" for c, w in zip(row, widths)).rstrip())
+        print("  ".join(f"{c:<{w}}" for c, w in zip(row, widths, strict=True)).rstrip())
 
 
 # -- status with members down ------------------------------------------------------------

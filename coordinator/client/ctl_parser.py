@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from coordinator.client import lockcmd
 from coordinator.client.ctl_request import UsageError
@@ -44,7 +44,7 @@ _DURATION_MS_HELP = "a duration: 10s, 500ms, 1.5m (a bare number: milliseconds)"
 class _Parser(argparse.ArgumentParser):
     usage_exit = 2  # EXIT_USAGE; `lock` uses a code CMD's own status cannot be confused with
 
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse's own convention)
+    def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse's own convention)
         self.print_usage(sys.stderr)
         raise UsageError(message, exit_code=self.usage_exit)
 

@@ -153,12 +153,12 @@ def _run_lease(client: FencingClient, name: str, request: dict[str, Any], out: s
             doc["token_proof"] = proof.to_text(r.token_proof)
         _emit(doc, out, _with_ttl(doc, request["ttl_ms"]))
     elif name == "keepalive":
-        r = client.keep_alive(request["resource"], request["token"], ttl_ms=request.get("ttl_ms"))
-        doc = _jsonable(r)
+        renewed = client.keep_alive(request["resource"], request["token"], ttl_ms=request.get("ttl_ms"))
+        doc = _jsonable(renewed)
         _emit(doc, out, _with_ttl(doc, request.get("ttl_ms")))
     elif name == "release":
-        r = client.release(request["resource"], request["token"], op_id=request.get("op_id"))
-        _emit({"resource": request["resource"], "token": request["token"], **_jsonable(r)}, out)
+        released = client.release(request["resource"], request["token"], op_id=request.get("op_id"))
+        _emit({"resource": request["resource"], "token": request["token"], **_jsonable(released)}, out)
     else:  # describe
         _run_describe(client, request["resource"], out)
 
@@ -178,13 +178,14 @@ def _with_ttl(doc: dict[str, Any], ttl_ms: int | None) -> list[tuple[str, Any]]:
 def _run_describe(client: FencingClient, resource: str, out: str) -> None:
     """The lease on ``resource`` with its remaining TTL (``remaining_ms`` in JSON, beside the
     raw expiry and log clock); the table shows the TTL as a duration and no raw clock values."""
-    r = client.describe(resource)
-    remaining = max(0, r.expires_at_ms - r.log_clock_ms) if r.held else None
-    doc = {**_jsonable(r), "remaining_ms": remaining}
+    lease = client.describe(resource)
+    remaining = max(0, lease.expires_at_ms - lease.log_clock_ms) if lease.held else None
+    doc = {**_jsonable(lease), "remaining_ms": remaining}
     _emit(doc, out, [
-        ("resource", r.resource), ("held", r.held), ("holder", r.holder if r.held else "-"),
-        ("token", r.token if r.held else "-"), ("remaining_ttl", "-" if remaining is None else durations.text_ms(remaining)),
-        ("hwm", r.hwm), ("waiters", r.waiters),
+        ("resource", lease.resource), ("held", lease.held), ("holder", lease.holder if lease.held else "-"),
+        ("token", lease.token if lease.held else "-"),
+        ("remaining_ttl", "-" if remaining is None else durations.text_ms(remaining)),
+        ("hwm", lease.hwm), ("waiters", lease.waiters),
     ])
 
 
@@ -196,17 +197,17 @@ def _run_key(client: FencingClient, name: str, request: dict[str, Any], out: str
         )
         _emit({"resource": request["resource"], "key": request["key"], **_jsonable(r)}, out)
     elif name == "read":
-        r = client.read(request["resource"], request["key"])
-        doc = {"resource": request["resource"], "key": request["key"], **_jsonable(r)}
-        doc.update(_value_fields(r.value) if r.found else {"value": None, "value_base64": None})
-        if r.found:
+        got = client.read(request["resource"], request["key"])
+        doc = {"resource": request["resource"], "key": request["key"], **_jsonable(got)}
+        doc.update(_value_fields(got.value) if got.found else {"value": None, "value_base64": None})
+        if got.found:
             _emit(doc, out)
         else:  # a read that found nothing succeeded (exit 0, as etcdctl get): it says so
             _emit(doc, out, [("resource", doc["resource"]), ("key", doc["key"]), ("found", False),
-                             ("value", "(not found)"), ("hwm", r.hwm)])
+                             ("value", "(not found)"), ("hwm", got.hwm)])
     else:  # delete
-        r = client.delete(request["resource"], request["key"], token=request["token"], op_id=request.get("op_id"))
-        _emit({"resource": request["resource"], "key": request["key"], **_jsonable(r)}, out)
+        deleted = client.delete(request["resource"], request["key"], token=request["token"], op_id=request.get("op_id"))
+        _emit({"resource": request["resource"], "key": request["key"], **_jsonable(deleted)}, out)
 
 
 def _run_admin(client: FencingClient, args: argparse.Namespace, name: str, request: dict[str, Any], out: str) -> None:
@@ -215,16 +216,16 @@ def _run_admin(client: FencingClient, args: argparse.Namespace, name: str, reque
         _emit({"resource": request["resource"], **_jsonable(r)}, out)
     elif name == "set-epoch-floor":
         fence_all = request.get("fence_all")
-        r = client.set_epoch_floor(request["floor"], fence_all=True if fence_all is None else fence_all)
-        _emit(_jsonable(r), out)
+        floor = client.set_epoch_floor(request["floor"], fence_all=True if fence_all is None else fence_all)
+        _emit(_jsonable(floor), out)
     elif name == "snapshot":
         snap = client.snapshot()
         _write_file_atomically(args.out, snap.data)
         _emit({"path": args.out, "bytes": len(snap.data), "epoch": snap.epoch, "index": snap.index,
                "header": dict(_jsonable(snap)["header"])}, out)
     elif name == "restore":
-        r = client.restore(request["data"], epoch_floor=request["epoch_floor"])
-        _emit(_jsonable(r), out)
+        restored = client.restore(request["data"], epoch_floor=request["epoch_floor"])
+        _emit(_jsonable(restored), out)
     else:  # pragma: no cover - argparse only lets known commands through
         raise UsageError(f"unknown command {name}")
 
@@ -244,9 +245,9 @@ def _print_members(members, reachable: dict[str, bool | None] | None = None) -> 
         columns.append(("REACHABLE", answers))
     rows = [[cell(m) for _, cell in columns] for m in members]
     widths = [max([len(title), *(len(row[i]) for row in rows)]) for i, (title, _) in enumerate(columns)]
-    print("  ".join(f"{title:<{w}}" for (title, _), w in zip(columns, widths)).rstrip())
+    print("  ".join(f"{title:<{w}}" for (title, _), w in zip(columns, widths, strict=True)).rstrip())
     for row in rows:
-        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _write_file_atomically(path: str, data: bytes) -> None:
@@ -258,7 +259,7 @@ def _write_file_atomically(path: str, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException:  # any failure, interrupts too, removes the partial file; re-raised
         try:
             os.unlink(tmp)
         except OSError:

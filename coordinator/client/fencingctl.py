@@ -94,9 +94,9 @@ from typing import Any
 
 from coordinator.client import exceptions as exc
 from coordinator.client import lockcmd
-from coordinator.client.ctl_run import run
 from coordinator.client.ctl_parser import ADMIN_TOKEN_ENV, CREDENTIAL_ENV, ENDPOINTS_ENV, TLS_ENV, build_parser
 from coordinator.client.ctl_request import UsageError, request_for
+from coordinator.client.ctl_run import run
 from coordinator.client.sync import DEFAULT_ENDPOINTS, FencingClient, tls_credentials
 from coordinator.client.version import distribution_version
 
@@ -200,9 +200,9 @@ def _main(argv: list[str] | None) -> int:
                     code = lockcmd.exit_code_for(error)
                     _print_error(error, error.category, output, code)
                     return int(code)
-            code = run(client, args, name, request)
-            if code:
-                return code  # endpoint status/health: some endpoint down, after the table
+            ran = run(client, args, name, request)
+            if ran:
+                return ran  # status/endpoint: some endpoint down, after the output
         except exc.FencingError as error:
             code = exit_code_for(error)
             category = "invalid argument" if code == EXIT_USAGE else error.category

@@ -67,7 +67,7 @@ def token_of(verifier: ProofVerifier | None, resource: str, proof: object) -> in
             raise TypeError(
                 f"this guard checks signed proofs: pass the proof as bytes or text, not {type(proof).__name__}"
             )
-        return verifier.verify(proof, resource=resource).token
+        return verifier.verify(bytes(proof) if isinstance(proof, bytearray) else proof, resource=resource).token
     if not validation.is_int(proof):
         raise TypeError(f"a guard without a verifier takes the token as an int, not {type(proof).__name__}")
     if not 0 < proof <= TOKEN_MAX:
@@ -134,7 +134,7 @@ class Guard(abc.ABC):
                     "leave that to the guard, so the mutation and the hwm commit as one"
                 )
             self._commit()
-        except BaseException:
+        except BaseException:  # any exit of the body, interrupts too, rolls back; re-raised
             # The database may already have rolled back on some errors (SQLite on a full disk).
             if self._in_transaction():
                 self._rollback()

@@ -180,9 +180,11 @@ class Child:
         CMD's exit status (128 + N for signal N)."""
         process = self.process
         assert process is not None
-        threading.Thread(
-            target=lambda: (process.wait(), self._wake.set()), name="lock-cmd-wait", daemon=True
-        ).start()
+        def wait_then_wake() -> None:
+            process.wait()
+            self._wake.set()
+
+        threading.Thread(target=wait_then_wake, name="lock-cmd-wait", daemon=True).start()
         kill_at: float | None = None  # when SIGKILL is due, once CMD is being stopped
         killed = False
         while True:

@@ -164,7 +164,7 @@ class Batcher:
                             queue.remove(attempt)
                             attempt.finish(ItemOutcome(expired=True))
                     # Else it is in flight: the RPC's deadline, never later than its own, ends it.
-        except BaseException:
+        except BaseException:  # any exit, interrupts too, gives the turn back; re-raised
             self._leave(key, attempt)  # interrupted: never take the turn away with it
             raise
 
@@ -266,7 +266,7 @@ class Batcher:
             if batch:
                 with self._lock:
                     self._pass_turn(key)
-                for attempt, outcome in zip(batch, outcomes):
+                for attempt, outcome in zip(batch, outcomes, strict=True):
                     attempt.finish(outcome)
 
     def _call(self, key: tuple[str, BatchKind], batch: list[_Attempt]) -> list[ItemOutcome]:

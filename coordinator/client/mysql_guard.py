@@ -98,7 +98,8 @@ class MySQLGuard(Guard):
     def _in_transaction(self) -> bool:
         # The server reports it in every reply: an implicit transaction of a non-autocommit
         # session (opened by any statement) counts too.
-        return bool(self._conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS)
+        # types-PyMySQL leaves out Connection.server_status, which PyMySQL sets from every reply.
+        return bool(self._conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS)  # type: ignore[attr-defined]
 
     def _begin(self) -> None:
         self._conn.begin()

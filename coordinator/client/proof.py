@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from coordinator.client import pemfile
+
 # InvalidProof lives in the client's one exception tree; imported here, where it is raised,
 # and still importable from here as before.
 from coordinator.client.exceptions import InvalidProof
@@ -207,7 +208,9 @@ class ProofVerifier:
         if msgpack.packb(fields, use_bin_type=True) != bytes(raw):
             raise InvalidProof("malformed", "token proof is not in canonical msgpack form")
         if key is None:
-            raise InvalidProof("unknown_key", f"token proof signed by key {key_id.hex()}, which this guard does not trust")
+            raise InvalidProof(
+                "unknown_key", f"token proof signed by key {key_id.hex()}, which this guard does not trust"
+            )
         try:
             key.verify(signature, _signed_part(key_id, proof_resource, token))
         except InvalidSignature:

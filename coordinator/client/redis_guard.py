@@ -224,7 +224,8 @@ class RedisGuard:
         self._verifier = verifier
         # redis-py's Script runs EVALSHA and, on NOSCRIPT (a restarted or flushed server),
         # loads the script again and retries: the text is sent once per server, not per call.
-        self._script = client.register_script(_SCRIPT)
+        # redis-py annotates register_script's self as Redis, though RedisCluster has it as well.
+        self._script = client.register_script(_SCRIPT)  # type: ignore[misc]
 
     @staticmethod
     def key(resource: str, name: str) -> str:

@@ -52,7 +52,8 @@ class _Result:
     def as_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict of this result (bytes as hex; ``Read.value`` is special-cased
         by callers that know it is a value)."""
-        return _plain(self)
+        plain: dict[str, Any] = _plain(self)
+        return plain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +200,7 @@ class Snapshot(_Result):
 # -- conversions ---------------------------------------------------------------------------
 
 
-def acquire_result(r: pb.AcquireResponse, *, resource: str, holder: str, op_id: bytes):
+def acquire_result(r: pb.AcquireResponse, *, resource: str, holder: str, op_id: bytes) -> AcquireResult:
     return AcquireResult(
         resource=resource,
         holder=holder,
@@ -212,7 +213,7 @@ def acquire_result(r: pb.AcquireResponse, *, resource: str, holder: str, op_id: 
     )
 
 
-def keep_alive_result(r: pb.KeepAliveResponse, *, resource: str, token: int):
+def keep_alive_result(r: pb.KeepAliveResponse, *, resource: str, token: int) -> KeepAliveResult:
     return KeepAliveResult(
         resource=r.resource or resource,
         token=r.token or token,
@@ -235,11 +236,11 @@ def keep_alive_items(r: pb.KeepAliveManyResponse) -> list[KeepAliveItem]:
     ]
 
 
-def release_result(r: pb.ReleaseResponse):
+def release_result(r: pb.ReleaseResponse) -> ReleaseResult:
     return ReleaseResult(released=r.released, hwm=r.hwm, header=header_from_pb(r.header))
 
 
-def description(r: pb.DescribeResponse, *, resource: str):
+def description(r: pb.DescribeResponse, *, resource: str) -> Description:
     return Description(
         resource=r.resource or resource,
         held=r.held,
@@ -253,17 +254,17 @@ def description(r: pb.DescribeResponse, *, resource: str):
     )
 
 
-def write_result(r: pb.WriteResponse, *, op_id: bytes):
+def write_result(r: pb.WriteResponse, *, op_id: bytes) -> WriteResult:
     return WriteResult(version=r.version, hwm=r.hwm, op_id=op_id, header=header_from_pb(r.header))
 
 
-def delete_result(r: pb.DeleteResponse, *, op_id: bytes):
+def delete_result(r: pb.DeleteResponse, *, op_id: bytes) -> DeleteResult:
     return DeleteResult(
         version=r.version, deleted=r.deleted, op_id=op_id, header=header_from_pb(r.header)
     )
 
 
-def read_result(r: pb.ReadResponse):
+def read_result(r: pb.ReadResponse) -> ReadResult:
     return ReadResult(
         found=r.found, value=r.value, version=r.version, hwm=r.hwm, header=header_from_pb(r.header)
     )
@@ -291,7 +292,7 @@ def member_list(r: pb.MemberListResponse) -> MemberList:
     )
 
 
-def cluster_status(r: pb.StatusResponse):
+def cluster_status(r: pb.StatusResponse) -> ClusterStatus:
     return ClusterStatus(
         members=tuple(member_from_pb(m) for m in r.members),
         leader=r.leader,
@@ -308,15 +309,15 @@ def cluster_status(r: pb.StatusResponse):
     )
 
 
-def force_release_result(r: pb.ForceReleaseResponse, *, op_id: bytes):
+def force_release_result(r: pb.ForceReleaseResponse, *, op_id: bytes) -> ForceReleaseResult:
     return ForceReleaseResult(hwm=r.hwm, op_id=op_id, header=header_from_pb(r.header))
 
 
-def epoch_result(r: pb.SetEpochFloorResponse | pb.RestoreResponse):
+def epoch_result(r: pb.SetEpochFloorResponse | pb.RestoreResponse) -> EpochResult:
     return EpochResult(epoch=r.epoch, header=header_from_pb(r.header))
 
 
-def snapshot(r: pb.SnapshotResponse):
+def snapshot(r: pb.SnapshotResponse) -> Snapshot:
     return Snapshot(data=r.data, epoch=r.epoch, index=r.index, header=header_from_pb(r.header))
 
 

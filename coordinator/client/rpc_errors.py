@@ -13,7 +13,7 @@ table (``coordinator/server/errors.py``) sends, by the names both declare in
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, cast
 
 import grpc
 
@@ -101,6 +101,7 @@ def _parse_error_info(err: grpc.RpcError) -> tuple[str, dict[str, str]]:
     from grpc_status import rpc_status
 
     try:
+        # from_call wants a grpc.Call; an RpcError raised by a call is one (it has the trailers).
         status = rpc_status.from_call(err)  # type: ignore[arg-type]
     except (ValueError, AttributeError, TypeError):
         # ValueError: the rich status disagrees with the call's code/message; a server
@@ -180,7 +181,10 @@ def from_rpc_error(
     reason, metadata = _parse_error_info(err)
     trailers: dict[str, str] = {}
     if callable(getattr(err, "trailing_metadata", None)):
-        for key, value in err.trailing_metadata() or ():
+        # (key, value) pairs, from a sync call (its _Metadatum tuples) and an asyncio one
+        # (grpc.aio.Metadata) alike; the stubs know only the sync kind, and not as tuples.
+        pairs = cast("Iterable[tuple[str, str | bytes]]", err.trailing_metadata() or ())
+        for key, value in pairs:
             if isinstance(value, str):
                 trailers[key] = value
     return error_for_reason(

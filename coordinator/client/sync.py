@@ -54,13 +54,17 @@ from typing import Any, Callable, Sequence
 
 import grpc
 
-from coordinator.client.aio import AsyncFencingClient, AsyncLease
+from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client._base import _ClientBase
 from coordinator.client._calls import Attempts, Call, Shape, send
 from coordinator.client._defaults import CHANNEL_OPTIONS, DEFAULT_ENDPOINTS
 from coordinator.client._lease import RENEWAL_ERRORS, KeepAliveAction, LeaseBase, Renewal, keepalive_step
 from coordinator.client._lock_wait import LockWait
 from coordinator.client._requests import new_op_id
+from coordinator.client.aio import AsyncFencingClient, AsyncLease
+from coordinator.client.exceptions import FencingError, LeaseLost, Refused, error_for_reason
+from coordinator.client.multiplex import KINDS as BATCH_KINDS
+from coordinator.client.multiplex import Batcher, ItemOutcome
 from coordinator.client.results import (
     AcquireResult,
     ClusterStatus,
@@ -76,12 +80,8 @@ from coordinator.client.results import (
     ReleaseResult,
     Snapshot,
     WriteResult,
+    header_from_pb,
 )
-from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.client.exceptions import FencingError, LeaseLost, Refused, error_for_reason
-from coordinator.client.multiplex import KINDS as BATCH_KINDS
-from coordinator.client.multiplex import Batcher, ItemOutcome
-from coordinator.client.results import header_from_pb
 
 __all__ = [
     "DEFAULT_ENDPOINTS",
@@ -112,7 +112,7 @@ log = logging.getLogger("coordinator.client")
 
 
 def open_channel(
-    target: str, credentials: grpc.ChannelCredentials | None = None, *, options: Sequence = ()
+    target: str, credentials: grpc.ChannelCredentials | None = None, *, options: Sequence[tuple[str, Any]] = ()
 ) -> grpc.Channel:
     """A sync channel to ``target``: TLS with ``credentials``, plaintext without."""
     if credentials is None:
@@ -250,6 +250,8 @@ class FencingClient(_ClientBase):
         of a multiplexing client: the same attempts, deadlines, endpoint choice and retry
         rules; each attempt rides in a batch of its kind, and its own item's answer (or the
         batch RPC's failure) is judged as the plain call's would be."""
+        batcher = self._batcher
+        assert call.batch is not None and batcher is not None  # _execute sends only these here
         kind = BATCH_KINDS[call.batch]
         attempts = Attempts(self, call)
         while True:
@@ -259,7 +261,7 @@ class FencingClient(_ClientBase):
             attempt_s = attempts.begin()
             if attempt_s is None:
                 raise attempts.exhausted()
-            outcome = self._batcher.send(kind, endpoint, call.request, attempt_s)
+            outcome = batcher.send(kind, endpoint, call.request, attempt_s)
             if outcome.response is not None:
                 return call.convert(outcome.response)
             if outcome.closed:
@@ -282,6 +284,7 @@ class FencingClient(_ClientBase):
                 code=grpc.StatusCode.DEADLINE_EXCEEDED, endpoint=endpoint, request=call.context,
             )
         error = outcome.item_error
+        assert error is not None  # neither a response, nor closed, nor a failed RPC: an item error
         code = getattr(grpc.StatusCode, error.code, None) if error.code else None
         return error_for_reason(
             error.reason, error.message, code=code if isinstance(code, grpc.StatusCode) else None,
@@ -301,7 +304,7 @@ class FencingClient(_ClientBase):
     def _discover(self, budget_s: float) -> str | None:
         """Ask every endpoint for Cluster.Status at once; the first leader address that is
         one of our endpoints wins. None if nobody named one within ``budget_s``."""
-        answers: queue.Queue = queue.Queue()
+        answers: queue.Queue[grpc.Future[pb.StatusResponse]] = queue.Queue()
         futures = []
         for stubs in self._stubs.values():
             try:
@@ -324,7 +327,9 @@ class FencingClient(_ClientBase):
                     leader = self._leader_from_answer(response=future.result())
                 except grpc.RpcError as err:
                     leader = self._leader_from_answer(error=err)
-                except Exception:  # noqa: BLE001 - a cancelled future: no answer
+                # A cancelled future or a channel closed under it fails in types grpc does not document:
+                # no answer from that endpoint.
+                except Exception:  # noqa: BLE001 - see above
                     continue
                 if leader is not None:
                     break
@@ -349,10 +354,10 @@ class FencingClient(_ClientBase):
         everyone waiting (a FIFO queue in the replicated state), and return it as a ``Lease``
         that renews itself like ``lease()``'s. Raises LockTimeout once ``timeout_s`` passes
         (None: no deadline), also when the cluster cannot be reached meanwhile: the call ends
-        within timeout_s plus one attempt timeout (``LockWait``), RuntimeError if the client is closed meanwhile; either way the
-        waiter leaves the queue. While it waits, one Lock call (one Raft entry) per
-        limits.LOCK_WAIT_MS_MAX keeps its place; the grant itself is the entry that ended the
-        previous lease.
+        within timeout_s plus one attempt timeout (``LockWait``), RuntimeError if the client
+        is closed meanwhile; either way the waiter leaves the queue. While it waits, one Lock
+        call (one Raft entry) per limits.LOCK_WAIT_MS_MAX keeps its place; the grant itself is
+        the entry that ended the previous lease.
         """
         wait = LockWait(self, resource, ttl_ms=ttl_ms, holder=holder, timeout_s=timeout_s)
         try:
@@ -375,7 +380,7 @@ class FencingClient(_ClientBase):
                 pause_s = wait.pause_s(step)
                 if pause_s > 0:
                     time.sleep(pause_s)
-        except BaseException as exc:
+        except BaseException as exc:  # any exit, interrupts too, leaves the queue; re-raised
             closed = self._closed
             cancel_s = wait.cancel_timeout_s()
             if not closed and cancel_s is not None:
@@ -461,7 +466,7 @@ class Lease(LeaseBase):
     def keep_alive(self, *, timeout_s: float | None = None) -> KeepAliveResult:
         """Renew once now (the background thread does this by itself)."""
         sent_at = time.monotonic()
-        result = self._client.keep_alive(self.resource, self.token, timeout_s=timeout_s)
+        result: KeepAliveResult = self._client.keep_alive(self.resource, self.token, timeout_s=timeout_s)
         with self._state_lock:
             self._renewed(result, sent_at)
         return result
@@ -477,7 +482,7 @@ class Lease(LeaseBase):
         if self._on_lost is not None:
             try:
                 self._on_lost(self.lost_error)
-            except Exception:  # noqa: BLE001 - a callback bug must not kill the thread
+            except Exception:  # the caller's callback, failing in any way, must not kill the thread
                 log.exception("on_lost callback for %s raised", self.resource)
 
     def _start_keepalive(self) -> None:
@@ -527,7 +532,8 @@ class Lease(LeaseBase):
             if self._released:
                 return None
             self._released = True
-        return self._client.release(self.resource, self.token, timeout_s=timeout_s)
+        released: ReleaseResult = self._client.release(self.resource, self.token, timeout_s=timeout_s)
+        return released
 
     def close(self) -> None:
         """Stop renewing and release, best effort: failures are logged, never raised."""

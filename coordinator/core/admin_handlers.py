@@ -125,7 +125,9 @@ class AdminHandlers(MachineBase):
         self._log_clock_ms = parts.log_clock_ms
         # A ResourceTable from snapshot_format; the table it replaces is no longer changed, so
         # a snapshot still reading it reads it as it started.
-        self._resources = parts.resources if isinstance(parts.resources, ResourceTable) else ResourceTable(parts.resources)
+        self._resources = (
+            parts.resources if isinstance(parts.resources, ResourceTable) else ResourceTable(parts.resources)
+        )
         self._queue.recount(parts.resources)
         self._usage = Usage.of(parts.resources)
         self._dedup.load(parts.dedup)

@@ -73,7 +73,7 @@ class MalformedCommand(ValueError):
 # The decoder never builds anything bigger than a whole command could hold. A RESTORE_CHUNK
 # (admin, DESIGN I11) carries a piece of a backup and may reach RESTORE_CHUNK_COMMAND_BYTES_MAX;
 # every other command stays within COMMAND_BYTES_MAX.
-_UNPACK_LIMITS: dict[str, int] = {
+_UNPACK_LIMITS: dict[str, Any] = {
     "max_str_len": limits.RESTORE_CHUNK_COMMAND_BYTES_MAX,
     "max_bin_len": limits.RESTORE_CHUNK_COMMAND_BYTES_MAX,
     "max_array_len": limits.COMMAND_ITEMS_MAX,
@@ -161,7 +161,7 @@ def decode(data: bytes) -> Command:
         )
     # The input is untrusted bytes and msgpack documents that "other exceptions can be
     # raised during unpacking": every failure of the parser is a malformed command.
-    except Exception as exc:
+    except Exception as exc:  # any type (the comment above): a malformed command
         raise MalformedCommand(
             f"command is not valid msgpack: {type(exc).__name__}: {exc}"
         ) from exc

@@ -126,6 +126,7 @@ class DedupTable:
         if self._largest is None:
             self._rebuild_largest()
         heap = self._largest
+        assert heap is not None  # built just above
         while True:
             negative, name = heap[0]
             if self.count(name) == -negative:

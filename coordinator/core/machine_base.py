@@ -53,7 +53,7 @@ class MachineBase:
         """DESIGN I3: the resource ``token`` may act on, iff it equals hwm(resource) and that
         epoch was issued to a holder; else the refusal (a token above the hwm, or an epoch that
         only fenced the resource, was never issued; one below it is stale)."""
-        res = self._resources.get(resource)
+        res: ResourceState | None = self._resources.get(resource)
         hwm = 0 if res is None else res.high_water_mark
         if token == hwm and res is not None and res.fenced:
             return Rejected(

@@ -63,7 +63,7 @@ _WIRE_REJECTED = 2
 _CONTAINERS = (dict, list, tuple)
 
 
-def is_flat_map(mapping: dict) -> bool:
+def is_flat_map(mapping: dict[Any, Any]) -> bool:
     return not any(isinstance(v, _CONTAINERS) for v in mapping.values())
 
 
@@ -78,7 +78,7 @@ def _sorted_map(value: Any) -> Any:
     return value
 
 
-def outcome_to_wire(outcome: Outcome) -> list:
+def outcome_to_wire(outcome: Outcome) -> list[Any]:
     """A msgpack-encodable, canonical list for ``outcome`` (dedup table, snapshots, replies)."""
     if isinstance(outcome, Applied):
         return [_WIRE_APPLIED, int(outcome.op), _sorted_map(outcome.result)]
@@ -94,7 +94,7 @@ def outcome_to_wire(outcome: Outcome) -> list:
     raise TypeError(f"not an outcome: {type(outcome).__name__}")
 
 
-def outcome_from_wire(wire: list) -> Outcome:
+def outcome_from_wire(wire: list[Any]) -> Outcome:
     """Inverse of ``outcome_to_wire``; raises ValueError on anything else."""
     if not isinstance(wire, (list, tuple)) or not wire:
         raise ValueError("outcome must be a non-empty list")

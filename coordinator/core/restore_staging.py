@@ -72,7 +72,10 @@ class RestoreStaging:
         return Rejected(
             op=op,
             reason=Reason.MALFORMED,
-            message=f"field 'restore_id': restore {restore_id.hex()} is not the one staged (no RESTORE_BEGIN, or replaced)",
+            message=(
+                f"field 'restore_id': restore {restore_id.hex()} is not the one staged"
+                " (no RESTORE_BEGIN, or replaced)"
+            ),
             details={"field": "restore_id"},
         )
 

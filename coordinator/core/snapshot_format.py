@@ -14,16 +14,26 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import msgpack
 
-from coordinator.core import limits
-from coordinator.core import validation
+from coordinator.core import limits, validation
 from coordinator.core.commands import Op
 from coordinator.core.outcomes import Applied, is_flat_map, outcome_from_wire, outcome_to_wire
-from coordinator.core.state import NO_WAITERS, DedupEntry, KeyData, Lease, ResourceState, ResourceTable, StagedRestore, Waiter, entry_bytes, shared
+from coordinator.core.state import (
+    NO_WAITERS,
+    DedupEntry,
+    KeyData,
+    Lease,
+    ResourceState,
+    ResourceTable,
+    StagedRestore,
+    Waiter,
+    entry_bytes,
+    shared,
+)
 from coordinator.core.validation import InvalidField, is_int
 
 # Version of the snapshot layout written by snapshot(); 2 added the staged restore (a 7th item);
@@ -90,11 +100,11 @@ def _need(condition: bool, message: str, *args: object) -> None:
 
 def _need_int(value: object, low: int, high: int, what: str, *args: object) -> int:
     """``value``, if an int in [low, high]; ``what % args`` names it."""
-    if not (is_int(value) and low <= value <= high):
-        name = what % args if args else what
-        _need(is_int(value), "%s must be an integer", name)
-        _need(False, "%s %s is outside [%s, %s]", name, value, low, high)
-    return value
+    if is_int(value) and low <= value <= high:
+        return value
+    name = what % args if args else what
+    _need(is_int(value), "%s must be an integer", name)
+    raise ValueError("bad snapshot: " + "%s %s is outside [%s, %s]" % (name, value, low, high))
 
 
 def _need_field(check: Callable[[object], Any], value: object, what: str, *args: object) -> Any:
@@ -130,7 +140,7 @@ class SnapshotReader:
 
     def __init__(self, size: int, *, keep_dedup: bool = True) -> None:
         # As unpackb(data) bounds strings, arrays and maps by len(data): the declared size.
-        self._unpacker = msgpack.Unpacker(
+        self._unpacker: msgpack.Unpacker | None = msgpack.Unpacker(
             raw=False, strict_map_key=True, use_list=True, max_buffer_size=max(1, size)
         )
         self._fed = 0
@@ -145,19 +155,23 @@ class SnapshotReader:
         if self.error is not None:
             return  # refused already: nothing more is buffered
         self._fed += len(data)
+        unpacker = self._unpacker
+        assert unpacker is not None  # dropped only by _fail, which sets the error tested above
         try:
-            self._unpacker.feed(data)
-        except Exception as exc:  # noqa: BLE001 - past the bound given at construction
+            unpacker.feed(data)
+        # Past the bound given at construction, or any other failure msgpack may raise (it
+        # documents that "other exceptions can be raised"): not a snapshot.
+        except Exception as exc:  # noqa: BLE001 - see above
             self._fail(ValueError(f"snapshot is not valid msgpack: {type(exc).__name__}: {exc}"))
             return
         while self._wanted is not None:
             kind, need = self._wanted
             try:
-                value = self._unpacker.read_array_header() if kind is _HEAD else self._unpacker.unpack()
+                value = unpacker.read_array_header() if kind is _HEAD else unpacker.unpack()
             except msgpack.OutOfData:
                 return
             # Any parser failure means the bytes are not one of our snapshots.
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - msgpack may raise any type
                 if kind is _HEAD:
                     self._fail(ValueError(f"bad snapshot: {need}"))
                 else:
@@ -173,7 +187,7 @@ class SnapshotReader:
             # Unreachable past the checks above; should an item still make one fail, it is a
             # refusal like any other: a staged chunk must never make apply, or a member loading
             # a snapshot taken mid-restore (which reads the chunks again), raise.
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - so any type
                 self._fail(ValueError(f"bad snapshot: reading it failed ({type(exc).__name__}: {exc})"))
                 return
 
@@ -189,6 +203,7 @@ class SnapshotReader:
             raise self.error
         if self._parts is None:
             raise ValueError("snapshot is not valid msgpack: the document is incomplete")
+        assert self._unpacker is not None  # dropped only by _fail, which sets the error tested above
         if self._unpacker.tell() != self._fed:
             raise ValueError("snapshot is not valid msgpack: extra data after the document")
         if counts is not None:
@@ -206,7 +221,7 @@ class SnapshotReader:
         return self._parts
 
 
-def _read_steps(tallies: dict[str, Any], keep_dedup: bool):
+def _read_steps(tallies: dict[str, Any], keep_dedup: bool) -> Generator[tuple[str, str], Any, Parts]:
     """The document, item by item: yields what it needs next, is sent it, returns the Parts.
     ``tallies`` gets the counts ``SnapshotReader.finish`` holds to the configured limits."""
     length = yield _HEAD, "top level must be a 6- or 7-item array"
@@ -227,7 +242,8 @@ def _read_steps(tallies: dict[str, Any], keep_dedup: bool):
     tallies["resources"] = count
     # The resources whose key count beats every earlier one's: the first of them over a limit
     # is the first resource over it, whatever the limit (finish checks them in order).
-    tallies["keys_records"] = keys_records = []
+    keys_records: list[tuple[str, int]] = []
+    tallies["keys_records"] = keys_records
     resources = ResourceTable()
     previous_name: str | None = None
     keys_total = stored_bytes_total = 0
@@ -260,8 +276,8 @@ def _read_steps(tallies: dict[str, Any], keep_dedup: bool):
     return Parts(epoch, log_clock_ms, resources, dedup, staged)
 
 
-def _read_resource(item: object, previous_name: str | None, epoch: int, log_clock_ms: int, version: int = 3,
-                   labels: dict[str, str] | None = None):
+def _read_resource(item: Any, previous_name: str | None, epoch: int, log_clock_ms: int, version: int = 3,
+                   labels: dict[str, str] | None = None) -> tuple[ResourceState, str]:
     """(the resource, its name) of one resources item, every field checked. ``labels`` holds
     the holders and keys checked by earlier items of the same snapshot (a million resources
     mostly repeat a few), so each distinct one is checked and interned once."""
@@ -270,7 +286,9 @@ def _read_resource(item: object, previous_name: str | None, epoch: int, log_cloc
     # 5 items: no owner (written before quotas, or never acquired by a principal); 7: waiters
     # queued (format 3 on).
     lengths = (5, 6, 7) if version >= 3 else (5, 6)
-    _need(isinstance(item, list) and len(item) in lengths, "a resource must be %s items", " or ".join(map(str, lengths)))
+    _need(
+        isinstance(item, list) and len(item) in lengths, "a resource must be %s items", " or ".join(map(str, lengths))
+    )
     name, hwm, revision, raw_lease, raw_data, owner, raw_waiters = (*item, "", None)[:7] if len(item) == 5 else (
         (*item, None) if len(item) == 6 else item
     )
@@ -289,22 +307,7 @@ def _read_resource(item: object, previous_name: str | None, epoch: int, log_cloc
     if fenced:
         raw_lease = None
     if raw_lease is not None:
-        lease_lengths = (4, 5) if version >= 3 else (4,)
-        _need(isinstance(raw_lease, list) and len(raw_lease) in lease_lengths, "lease must be 4 items (5: granted to a waiter)")
-        holder, token, ttl_ms, expires_at_ms, waiter_id = raw_lease if len(raw_lease) == 5 else (*raw_lease, b"")
-        if len(raw_lease) == 5:
-            waiter_id = _need_field(validation.check_waiter_id, waiter_id, "lease waiter_id of %r", name)
-        known = labels.get(holder) if type(holder) is str else None
-        if known is None:
-            known = labels[holder] = shared(_need_field(validation.check_holder, holder, "lease holder of %r", name))
-        holder = known
-        _need(token == hwm and is_int(token), "lease token of %r must equal its hwm", name)
-        if not (type(ttl_ms) is int and limits.LEASE_TTL_MS_MIN <= ttl_ms <= limits.LEASE_TTL_MS_MAX):
-            _need_field(validation.check_ttl_ms, ttl_ms, "lease ttl_ms of %r", name)
-        # Set to now + ttl_ms at a now no later than the log clock.
-        if not (type(expires_at_ms) is int and ttl_ms <= expires_at_ms <= log_clock_ms + ttl_ms):
-            _need_int(expires_at_ms, ttl_ms, log_clock_ms + ttl_ms, "lease expiry of %r", name)
-        lease = Lease(holder=holder, token=token, ttl_ms=ttl_ms, expires_at_ms=expires_at_ms, waiter_id=waiter_id)
+        lease = _read_lease(raw_lease, name, hwm, log_clock_ms, version, labels)
     _need(isinstance(raw_data, list), "data of %r must be an array", name)
     data = KeyData()
     previous_key: str | None = None
@@ -340,11 +343,35 @@ def _read_resource(item: object, previous_name: str | None, epoch: int, log_cloc
     return res, name
 
 
-def _read_waiters(raw: object, name: str, log_clock_ms: int) -> dict[bytes, Waiter]:
+def _read_lease(raw_lease: Any, name: str, hwm: int, log_clock_ms: int, version: int, labels: dict[str, str]) -> Lease:
+    """The lease of resource ``name`` (its hwm ``hwm``), every field checked; holders interned
+    in ``labels`` as ``_read_resource`` does."""
+    lease_lengths = (4, 5) if version >= 3 else (4,)
+    _need(
+        isinstance(raw_lease, list) and len(raw_lease) in lease_lengths,
+        "lease must be 4 items (5: granted to a waiter)",
+    )
+    holder, token, ttl_ms, expires_at_ms, waiter_id = raw_lease if len(raw_lease) == 5 else (*raw_lease, b"")
+    if len(raw_lease) == 5:
+        waiter_id = _need_field(validation.check_waiter_id, waiter_id, "lease waiter_id of %r", name)
+    known = labels.get(holder) if type(holder) is str else None
+    if known is None:
+        known = labels[holder] = shared(_need_field(validation.check_holder, holder, "lease holder of %r", name))
+    holder = known
+    _need(token == hwm and is_int(token), "lease token of %r must equal its hwm", name)
+    if not (type(ttl_ms) is int and limits.LEASE_TTL_MS_MIN <= ttl_ms <= limits.LEASE_TTL_MS_MAX):
+        _need_field(validation.check_ttl_ms, ttl_ms, "lease ttl_ms of %r", name)
+    # Set to now + ttl_ms at a now no later than the log clock.
+    if not (type(expires_at_ms) is int and ttl_ms <= expires_at_ms <= log_clock_ms + ttl_ms):
+        _need_int(expires_at_ms, ttl_ms, log_clock_ms + ttl_ms, "lease expiry of %r", name)
+    return Lease(holder=holder, token=token, ttl_ms=ttl_ms, expires_at_ms=expires_at_ms, waiter_id=waiter_id)
+
+
+def _read_waiters(raw: Any, name: str, log_clock_ms: int) -> dict[bytes, Waiter]:
     """A resource's queue, in FIFO order: non-empty (an empty one is written as no item), at
     most LOCK_WAITERS_PER_RESOURCE_MAX, ids unique, each slot ending no later than a renewal
     at the log clock would set it."""
-    _need(isinstance(raw, list) and raw, "waiters of %r must be a non-empty array", name)
+    _need(isinstance(raw, list) and len(raw) > 0, "waiters of %r must be a non-empty array", name)
     _need_count(len(raw), limits.LOCK_WAITERS_PER_RESOURCE_MAX, "waiters of %r", name)
     waiters: dict[bytes, Waiter] = {}
     for entry in raw:
@@ -368,9 +395,9 @@ def _read_waiters(raw: object, name: str, log_clock_ms: int) -> dict[bytes, Wait
 
 
 def _read_dedup(
-    item: object, seen_op_ids: set[bytes], checked_names: set[str], previous_at: int, log_clock_ms: int,
+    item: Any, seen_op_ids: set[bytes], checked_names: set[str], previous_at: int, log_clock_ms: int,
     keep: bool, principals: dict[str, str],
-) -> tuple:
+) -> tuple[Any, ...]:
     """DedupEntry's arguments for one dedup item, every field checked (``seen_op_ids`` and
     ``checked_names`` are updated). With ``keep`` False the stored outcome is not rebuilt.
     ``principals`` holds the principal names checked by earlier entries (a table of 100,000
@@ -407,7 +434,7 @@ def _read_dedup(
     return op_id, outcome.op, resource, wire, applied_at_ms, first_index, known
 
 
-def _read_staged(raw: object, log_clock_ms: int) -> StagedRestore | None:
+def _read_staged(raw: Any, log_clock_ms: int) -> StagedRestore | None:
     """A staged restore as RESTORE_BEGIN and RESTORE_CHUNK leave it (nil: none)."""
     if raw is None:
         return None

@@ -125,7 +125,9 @@ class SnapshotPacking(MachineBase):
             piece: list[bytes] = []
             resource_of = table.as_captured if copy_on_write else table.peek
             for name in heapq.merge(*runs) if len(runs) > 1 else iter(runs[0] if runs else ()):
-                piece.append(packer.pack(self._resource_item(name, resource_of(name), with_queue)))
+                res = resource_of(name)
+                assert res is not None  # the names were read from the table being packed
+                piece.append(packer.pack(self._resource_item(name, res, with_queue)))
                 if len(piece) >= SNAPSHOT_RESOURCES_PER_PIECE:
                     yield b"".join(piece)
                     piece = []

@@ -12,19 +12,20 @@ import dataclasses
 import hashlib
 from collections.abc import Iterator, Mapping, MutableMapping
 from sys import intern
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 
 from coordinator.core.commands import Op
 from coordinator.core.outcomes import Applied, outcome_from_wire
 
+
 # The waiters of a resource nobody waits on: one shared, read-only empty mapping rather than an
 # empty dict per resource (80 B each with its GC header: 80 MB of every member at a million
 # resources). LockQueue gives a resource a dict of its own when a first waiter queues and puts
 # this back when the last one leaves; writing to it raises, so a missed swap cannot leak a waiter
 # into every resource.
-class _NoWaiters(Mapping):
+class _NoWaiters(Mapping[bytes, Any]):
     __slots__ = ()
 
     def __getitem__(self, waiter_id: bytes) -> Any:
@@ -40,7 +41,9 @@ class _NoWaiters(Mapping):
         return "NO_WAITERS"
 
 
-NO_WAITERS: Mapping[bytes, Any] = _NoWaiters()
+# Typed as the dict it stands in for (ResourceState.waiters): reading it is reading an empty dict,
+# and the one difference, that writing raises, is the point.
+NO_WAITERS = cast("dict[bytes, Waiter]", _NoWaiters())
 
 
 # ``shared(text)``: ``text`` as the one copy every resource that stores it shares. Holders, keys
@@ -51,7 +54,7 @@ NO_WAITERS: Mapping[bytes, Any] = _NoWaiters()
 shared = intern
 
 
-class KeyData(MutableMapping):
+class KeyData(MutableMapping[str, tuple[bytes, int]]):
     """A resource's keys: key -> ``(value, version)``, a mapping like a dict.
 
     Most resources hold one key, and a dict of one costs ~200 B (its smallest table has eight
@@ -78,7 +81,7 @@ class KeyData(MutableMapping):
         return default if more is None else more.get(key, default)
 
     def __getitem__(self, key: str) -> tuple[bytes, int]:
-        pair = self.get(key)
+        pair: tuple[bytes, int] | None = self.get(key)
         if pair is None:
             raise KeyError(key)
         return pair
@@ -148,7 +151,7 @@ class Waiter:
     principal: str = ""
     quota: dict[str, int] = dataclasses.field(default_factory=dict)
 
-    def to_wire(self) -> list:
+    def to_wire(self) -> list[Any]:
         return [self.waiter_id, self.holder, self.ttl_ms, self.expires_at_ms, self.principal,
                 dict(sorted(self.quota.items()))]
 
@@ -168,7 +171,7 @@ class ResourceState:
     stored_bytes: int = 0
     # The lock wait queue, in arrival order (FIFO): waiter_id -> Waiter. NO_WAITERS (read-only)
     # while nobody waits; only LockQueue and whole-state replacements assign it.
-    waiters: dict[bytes, Waiter] = dataclasses.field(default_factory=lambda: NO_WAITERS)  # type: ignore[arg-type]
+    waiters: dict[bytes, Waiter] = dataclasses.field(default_factory=lambda: NO_WAITERS)
     # The hwm is an epoch that only fenced this resource (force-release, an epoch floor with
     # fence_all, a restore): no holder was ever issued it, so a write carrying it is
     # UNKNOWN_TOKEN (DESIGN I3), not a write "in the same epoch". The next grant clears it.
@@ -185,7 +188,7 @@ class ResourceState:
         )
 
 
-class ResourceTable(dict):
+class ResourceTable(dict[str, ResourceState]):
     """The resources by name: a dict that keeps, while a snapshot is read (``capture``), the
     state each resource had when the snapshot started, so the state machine need not stop
     applying for the read (copy-on-write).
@@ -221,7 +224,8 @@ class ResourceTable(dict):
     def __getitem__(self, name: str) -> ResourceState:
         if self.capture is not None:
             self._keep(name)
-        return dict.__getitem__(self, name)
+        res: ResourceState = dict.__getitem__(self, name)
+        return res
 
     def __setitem__(self, name: str, res: ResourceState) -> None:
         if self.capture is not None:
@@ -379,7 +383,7 @@ class StagedRestore:
         self.hasher.update(chunk)
         self.reader.feed(chunk)
 
-    def to_wire(self) -> list:
+    def to_wire(self) -> list[Any]:
         return [self.restore_id, self.size, self.digest, self.epoch_floor, self.touched_at_ms, self.chunks]
 
 
@@ -396,7 +400,7 @@ class DedupEntry:
     __slots__ = ("op", "resource", "applied_at_ms", "index", "principal", "packed")
 
     def __init__(
-        self, op_id: bytes, op: Op, resource: str, wire: list, applied_at_ms: int, index: int, principal: str
+        self, op_id: bytes, op: Op, resource: str, wire: list[Any], applied_at_ms: int, index: int, principal: str
     ) -> None:
         self.op = op
         self.resource = resource

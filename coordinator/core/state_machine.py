@@ -296,20 +296,20 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
             outcome = self._handlers[op](now, args)
             if isinstance(outcome, Applied):
                 # Packed before the log clock or the dedup table change, so a result that
-                # cannot be stored leaves both as they were.
-                dedup_entry = (
+                # cannot be stored leaves both as they were. The item: (op_id, its entry).
+                dedup_item = (
                     None
                     if op_id is None
-                    else DedupEntry(
+                    else (op_id, DedupEntry(
                         op_id, op, args["resource"], outcome_to_wire(outcome), now, index,
                         shared(args.get("principal") or ""),
-                    )
+                    ))
                 )
                 self._log_clock_ms = now
                 self._dedup.evict_aged(now)
-                if dedup_entry is not None:
+                if dedup_item is not None:
                     quota = args.get("quota")
-                    self._dedup.add(op_id, dedup_entry, None if quota is None else quota.get("dedup_entries"))
+                    self._dedup.add(*dedup_item, None if quota is None else quota.get("dedup_entries"))
         # DESIGN §8: apply never raises. The field and snapshot checks make this unreachable.
         # Should some input still get past them, the handler may have changed state before it
         # failed, but every replica fails the same way at the same entry (apply is

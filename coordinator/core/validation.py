@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeGuard
 
 from coordinator.core import limits
 
@@ -57,7 +57,7 @@ class InvalidField(Exception):
         self.field = field
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """True for ints, false for bools (``True`` is an ``int`` in Python, never a number here)."""
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -33,7 +33,7 @@ def lookup_address(host: str) -> str:
     (pysyncobj picks at random), so every lookup of an unchanged name gives the same answer.
     """
     infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    addresses = [info[4][0] for info in infos if info[0] == socket.AF_INET] or [info[4][0] for info in infos]
+    addresses = [str(info[4][0]) for info in infos if info[0] == socket.AF_INET] or [str(info[4][0]) for info in infos]
     if not addresses:
         raise OSError(f"no address for {host}")
     return addresses[0]

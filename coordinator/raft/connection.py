@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import errno
 import socket
-from typing import Callable
+from typing import Any, Callable
 
 from pysyncobj.monotonic import monotonic as _monotonic
 from pysyncobj.poller import POLL_EVENT_TYPE
@@ -32,7 +32,7 @@ from coordinator.raft.transport import log, peer_warnings
 # Our per-connection state, as class defaults on pysyncobj's TcpConnection (patches.py sets
 # them) that a connection overrides for itself. ``_frames_scanned_to`` is where the first
 # frame not yet whole starts in the read buffer.
-CONNECTION_DEFAULTS = {
+CONNECTION_DEFAULTS: dict[str, Any] = {
     "_frames_scanned_to": 0,
     "on_refused_frame": None,  # the transport's refusal counter, once it owns the connection
     "accepted_at": 0.0,  # monotonic time an incoming connection was accepted

@@ -16,20 +16,28 @@ the same stop print a second line (``fatal.once``, and ``default_fatal``'s lock 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from coordinator.raft.fatal import exit_code_for
 
+if TYPE_CHECKING:  # for mypy only: the class it is mixed into is a pysyncobj SyncObj (untyped: Any)
+    from pysyncobj import SyncObj as _Host
+else:
+    _Host = object
 
-class DurableTerm:
+
+class DurableTerm(_Host):
     """Mixin for ``HardenedSyncObj``: needs ``self._on_fatal`` and ``self._guard_ticks``."""
 
     def _SyncObj__setCurrentTerm(self, term, votedForNodeId):
         journal = self._SyncObj__raftLog
         try:
             journal.setCurrentTerm(term, votedForNodeId)
-        except BaseException as exc:  # noqa: BLE001 - whatever it is, the term is not saved
+        except BaseException as exc:  # whatever it is, the term is not saved: fatal
             where = getattr(journal, "meta_path", "the journal's meta file")
             self._on_fatal(
-                f"cannot save term {term} (vote {votedForNodeId}) to {where}, stopping before acting in it: {_describe(exc)}",
+                f"cannot save term {term} (vote {votedForNodeId}) to {where},"
+                f" stopping before acting in it: {_describe(exc)}",
                 exit_code_for(exc),
             )
             raise
@@ -48,7 +56,7 @@ class DurableTerm:
             # The node itself is gone (pysyncobj's tick thread holds a weak proxy to it):
             # its _autoTickThread ends quietly on this, as it should.
             raise
-        except BaseException as exc:  # noqa: BLE001 - pysyncobj would log it and tick on
+        except BaseException as exc:  # any type: pysyncobj would log it and tick on; fatal
             self._on_fatal(f"the Raft thread failed: {_describe(exc)}", exit_code_for(exc))
             raise
 

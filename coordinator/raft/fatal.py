@@ -67,5 +67,6 @@ def once(handler: FatalHandler) -> FatalHandler:
         finally:
             first_done.set()
 
+    # A marker on the function (once() above tests for it); a function takes any attribute.
     first_only.first_only = True  # type: ignore[attr-defined]
     return first_only

@@ -13,14 +13,21 @@ fsynced; send a follower's ack before the sync that covers it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pysyncobj.syncobj as _ps
 from pysyncobj import SyncObj
 
 from coordinator.raft.fatal import EXIT_DISK_FAILED
 from coordinator.raft.leader_sync import LeaderSync
 
+if TYPE_CHECKING:  # for mypy only: the class it is mixed into is a pysyncobj SyncObj (untyped: Any)
+    from pysyncobj import SyncObj as _Host
+else:
+    _Host = object
 
-class GroupCommit:
+
+class GroupCommit(_Host):
     """Mixed into HardenedSyncObj; ``_init_group_commit`` runs before SyncObj.__init__ and
     ``_start_group_commit`` after it. Needs ``self._journal``, ``self._on_fatal``, ``self._has``,
     ``self._wake_raft_thread`` and the read-index hooks (read_index.py)."""
@@ -29,9 +36,10 @@ class GroupCommit:
         self._pending_acks: list[tuple] = []
         self._append_pending = False
         self._commit_notify_delay_s = commit_notify_delay_s
-        self._commit_notify_at = None  # when a held-back commit-only append must go out
+        self._commit_notify_at: float | None = None  # when a held-back commit-only append must go out
         self.commit_only_sends = 0  # appends sent that carried no entry to anyone
-        self._leader_sync = None  # set once the transport's pipe notifier exists (_start_group_commit)
+        # Set once the transport's pipe notifier exists (_start_group_commit).
+        self._leader_sync: LeaderSync | None = None
         self._true_match: dict = {}  # follower -> highest index it acked, this term
         self._true_match_term = -1
         self._match_capped = False  # some follower's matchIndex is shown below its ack
@@ -96,19 +104,20 @@ class GroupCommit:
                 SyncObj._SyncObj__sendAppendEntries(self)
                 if read_round:
                     self.read_round_sent()
-        leading = self._leader_sync is not None and self._isLeader()
-        if self._pending_acks or not leading:
+        # The leader's sync thread, while this member leads (None: a follower, or no durable journal).
+        leader_sync = self._leader_sync if self._leader_sync is not None and self._isLeader() else None
+        if self._pending_acks or leader_sync is None:
             self._sync_then_ack()
-        if leading:
+        if leader_sync is not None:
             # Ask for our own sync and go on: _cap_commit_votes counts us only up to it.
-            self._leader_sync.request(self.raftCurrentTerm, self._SyncObj__getCurrentLogIndex())
+            leader_sync.request(self.raftCurrentTerm, self._SyncObj__getCurrentLogIndex())
 
     def _sync_then_ack(self) -> None:
         """One journal sync for everything appended so far, then the acks that wait on it."""
         try:
             if self._has("durable_journal"):
                 self._journal.sync()
-        except BaseException as exc:
+        except BaseException as exc:  # a sync failing in any way leaves durability unknown: fatal, re-raised
             self._on_fatal(f"journal sync failed: {exc!r}", EXIT_DISK_FAILED)
             raise
         acks, self._pending_acks = self._pending_acks, []

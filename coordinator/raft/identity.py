@@ -55,20 +55,29 @@ def load_or_create(data_dir: str, member_id: str) -> tuple[Identity, bool]:
     moved to another member would otherwise vote twice under one incarnation.
     """
     path = _path(data_dir)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
+    identity = read(data_dir)
+    if identity is None:
         identity = Identity(member_id=member_id, incarnation=_rng.randrange(1, _INCARNATION_END))
         write(data_dir, identity)
         return identity, True
-    identity = _parse(path, raw)
     if identity.member_id != member_id:
         raise IdentityError(
             f"{path} belongs to member {identity.member_id!r}, but this member is configured as "
             f"{member_id!r}: give this member its own data dir"
         )
     return identity, False
+
+
+def read(data_dir: str) -> Identity | None:
+    """This data dir's identity, or None if it has none yet; creates nothing. Raises
+    IdentityError for a damaged file, OSError if it cannot be read."""
+    path = _path(data_dir)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    return _parse(path, raw)
 
 
 def _parse(path: str, raw: bytes) -> Identity:

@@ -128,7 +128,7 @@ class DurableJournal(Journal):
         self.prepared_compactions = 0  # for tests and benchmarks: compactions that used one
         self.sync_count = 0  # for benchmarks and tests: how many group commits ran
         self._term, self._voted_for = self._load_meta()
-        self._fd = self._open_and_load()
+        self._fd: int | None = self._open_and_load()
 
     # -- loading -------------------------------------------------------------
 
@@ -217,10 +217,10 @@ class DurableJournal(Journal):
             observe = self.sync_seconds_observer
             with naming(self._path):
                 if observe is None:
-                    self._fdatasync(self._fd)
+                    self._fdatasync(self._live_fd())
                 else:
                     started = time.perf_counter()
-                    self._fdatasync(self._fd)
+                    self._fdatasync(self._live_fd())
                     observe(time.perf_counter() - started)
             self._synced_end = end
             self.sync_count += 1
@@ -255,7 +255,7 @@ class DurableJournal(Journal):
         command = bytes(command)
         record = encode_record(command, idx, term)
         with naming(self._path):
-            write_all(self._fd, record, self._end)
+            write_all(self._live_fd(), record, self._end)
         self._entries.append((command, idx, term))
         self._offsets.append(self._end)
         self._end += len(record)
@@ -273,10 +273,10 @@ class DurableJournal(Journal):
             new_end = self._offsets[entryFrom]
             del self._entries[entryFrom:]
             del self._offsets[entryFrom:]
-            os.ftruncate(self._fd, new_end)
+            os.ftruncate(self._live_fd(), new_end)
             # Synced at once: a later append must never land on top of a truncation a
             # power cut could undo, or the "synced prefix" would mix old and new records.
-            self._fsync(self._fd)
+            self._fsync(self._live_fd())
             self._end = new_end
             self._synced_end = new_end
             self._write_synced_sidecar()
@@ -309,7 +309,7 @@ class DurableJournal(Journal):
                 # thread when a snapshot is collected, and encoding every entry applied during
                 # the snapshot's read took ~20-30 ms of it at 1,000,000 resources (bench scale).
                 start = self._offsets[entryTo]
-                records = read_exactly(self._fd, self._end - start, start)
+                records = read_exactly(self._live_fd(), self._end - start, start)
                 shift = HEADER.size - start
                 offsets = [offset + shift for offset in self._offsets[entryTo:]]
                 self._rewrite_locked(kept, committed, tail=(records, offsets))
@@ -355,7 +355,7 @@ class DurableJournal(Journal):
             head = HEADER.pack(MAGIC, FORMAT_VERSION, 0, committed)
             write_all(fd, head + records, 0)
             self._fsync(fd)
-        except BaseException:
+        except BaseException:  # the descriptor goes on any failure, interrupts too; re-raised
             os.close(fd)
             raise
         shift = HEADER.size - start
@@ -382,16 +382,17 @@ class DurableJournal(Journal):
         end = prepared.end
         try:
             if self._end > prepared.source_end:
-                write_all(prepared.fd, read_exactly(self._fd, self._end - prepared.source_end, prepared.source_end), end)
+                tail = read_exactly(self._live_fd(), self._end - prepared.source_end, prepared.source_end)
+                write_all(prepared.fd, tail, end)
                 end += self._end - prepared.source_end
                 self._fsync(prepared.fd)
             os.replace(self._path + PREPARED_SUFFIX, self._path)
-        except BaseException:
+        except BaseException:  # the descriptor goes on any failure, interrupts too; re-raised
             os.close(prepared.fd)
             raise
         fsync_directory(self._dir, self._fsync)
         shift = prepared.end - prepared.source_end
-        REAPER.close(self._fd)  # the replaced file: its blocks are freed on close
+        REAPER.close(self._live_fd())  # the replaced file: its blocks are freed on close
         self._fd = prepared.fd
         dropped = (self._entries, self._offsets)
         self._entries = self._entries[entryTo:]
@@ -428,12 +429,12 @@ class DurableJournal(Journal):
                 end = HEADER.size + len(records)
             write_all(fd, b"".join(chunks), 0)
             self._fsync(fd)
-        except BaseException:
+        except BaseException:  # the descriptor goes on any failure, interrupts too; re-raised
             os.close(fd)
             raise
         os.replace(tmp, self._path)
         fsync_directory(self._dir, self._fsync)
-        REAPER.close(self._fd)  # the replaced file: its blocks are freed on close
+        REAPER.close(self._live_fd())  # the replaced file: its blocks are freed on close
         self._fd = fd
         dropped = (self._entries, self._offsets)  # lists no caller was handed (entries is a copy)
         self._entries = list(entries)
@@ -455,6 +456,12 @@ class DurableJournal(Journal):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def _live_fd(self) -> int:
+        """The journal file's descriptor: there from the constructor until ``_destroy``."""
+        fd = self._fd
+        assert fd is not None, "the journal is destroyed"
+        return fd
 
     def _destroy(self) -> None:
         if self._fd is None:

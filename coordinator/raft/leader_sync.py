@@ -55,7 +55,7 @@ class LeaderSync:
         try:
             self._journal.sync()
             return True
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - a sync failing in any way leaves durability unknown: fatal
             self._on_fatal(f"journal sync failed: {exc!r}", self._exit_code)
             return False
 

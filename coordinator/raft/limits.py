@@ -66,8 +66,9 @@ RAFT_MESSAGE_BYTES_MAX = fernet_token_bytes(RAFT_PLAIN_MESSAGE_BYTES_MAX)
 # Bytes an incoming connection may hold in its read buffer before it has named a member: its
 # messages until then are the binding handshake's hello (956 bytes framed and encrypted for
 # the longest addresses and member ids) and its confirm (1,128; both measured in
-# tests/test_raft_memory.py); without the secret, the naming message (under 500). 4 KiB is several times both, and RAFT_UNNAMED_CONNECTIONS_MAX of
-# them hold 64 KiB at most, where a frame each (above) would let strangers park 16 x 16 MiB.
+# tests/test_raft_memory.py); without the secret, the naming message (under 500). 4 KiB is
+# several times both, and RAFT_UNNAMED_CONNECTIONS_MAX of them hold 64 KiB at most, where a
+# frame each (above) would let strangers park 16 x 16 MiB.
 RAFT_PREAUTH_BYTES_MAX = 4 * 1024
 # Incoming Raft connections that have not named a member yet. pysyncobj keeps them with no
 # deadline and no count, so idle ones from anyone would pile up (each a file descriptor and

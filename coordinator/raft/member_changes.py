@@ -15,10 +15,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from coordinator.raft import membership
 from coordinator.raft.interface import MemberChangeResult, MemberRefusal, ProposeFailure
+
+if TYPE_CHECKING:  # for mypy only: the class it is mixed into is a pysyncobj SyncObj (untyped: Any)
+    from pysyncobj import SyncObj as _Host
+else:
+    _Host = object
 
 log = logging.getLogger(__name__)
 
@@ -27,14 +32,16 @@ log = logging.getLogger(__name__)
 Done = Callable[[object], None]
 
 
-class MemberChanges:
+class MemberChanges(_Host):
     """Mixed into HardenedSyncObj after MemberGate; ``_init_changes`` runs before SyncObj.__init__."""
+
+    _packing: bool  # set by HardenedSyncObj: entries are being packed into one append
 
     def _init_changes(self, initial_peers) -> None:
         self._change_lock = threading.Lock()
         self._change_requests: list[tuple[str, str, str | None, Done]] = []
         self._initial_peers = frozenset(initial_peers)  # the config file's: until the log has a configuration
-        self._followed_key = None  # what the node set was last computed from
+        self._followed_key: tuple[Any, ...] | None = None  # what the node set was last computed from
         self._removed_logged = False
         self.member_changes_appended = 0  # CONFIG entries this member appended as the leader
 
@@ -91,6 +98,7 @@ class MemberChanges:
         config = self.config()
         try:
             if kind == "add":
+                assert address is not None  # request_member_change takes an add only with its address
                 return None, membership.plan_add(config, member_id, address)
             new = membership.plan_remove(config, member_id)
         except membership.ChangeRefused as exc:
@@ -124,8 +132,11 @@ class MemberChanges:
             self._packing = was_packing
         self.member_changes_appended += 1
         log.warning(
-            "raft: membership change (%s): appending configuration %s", what,
-            ", ".join(f"{m.member_id}={m.address}#{m.incarnation}{'' if m.voter else ' (learner)'}" for m in config.members),
+            "raft: membership change (%s): appending configuration %s",
+            what,
+            ", ".join(
+                f"{m.member_id}={m.address}#{m.incarnation}{'' if m.voter else ' (learner)'}" for m in config.members
+            ),
         )
 
     def _maybe_promote(self) -> None:
@@ -143,7 +154,9 @@ class MemberChanges:
             return
         new = membership.plan_promote(config, learner.member_id, incarnation)
         self._append_config(
-            new, None, f"promote {learner.member_id}: caught up to {acked} of {self.raftCommitIndex}, incarnation {incarnation}"
+            new,
+            None,
+            f"promote {learner.member_id}: caught up to {acked} of {self.raftCommitIndex}, incarnation {incarnation}",
         )
 
     # -- following the configuration (every tick) -----------------------------------

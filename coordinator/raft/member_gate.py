@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import pysyncobj.syncobj as _ps
 
@@ -23,6 +24,11 @@ from coordinator.raft import limits as raft_limits
 from coordinator.raft.fatal import EXIT_APPLY_FAILED, exit_code_for
 from coordinator.raft.membership import ConfigLog, Configuration, Member
 from coordinator.raft.transport import peer_warnings
+
+if TYPE_CHECKING:  # for mypy only: the class it is mixed into is a pysyncobj SyncObj (untyped: Any)
+    from pysyncobj import SyncObj as _Host
+else:
+    _Host = object
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +52,7 @@ def stamping_transport(transport_class, gate: MemberGate):
     return Stamped
 
 
-class MemberGate:
+class MemberGate(_Host):
     """Mixed into HardenedSyncObj; ``_init_gate`` runs before SyncObj.__init__."""
 
     def _init_gate(self, identity, data_dir: str, bootstrap: bool, member_ids: dict[str, str]) -> None:
@@ -323,7 +329,9 @@ class MemberGate:
             "incarnation": self._identity.incarnation,
             # Read on another thread than the Raft thread's: no log scan here.
             "voter": (
-                config.counts(self._self_address(), self._identity.incarnation) if config is not None else self._bootstrap
+                config.counts(self._self_address(), self._identity.incarnation)
+                if config is not None
+                else self._bootstrap
             ),
             "members": members,
             "refused_votes": self.refused_votes,

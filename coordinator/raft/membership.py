@@ -93,7 +93,10 @@ def _check(config: Configuration) -> None:
             raise ValueError("voter: a bool")
         # 0: a learner whose incarnation is not bound yet (it is when it is promoted); a voter
         # always has one, or no vote or acknowledgement could ever count for it.
-        if type(m.incarnation) is not int or not (0 if not m.voter else 1) <= m.incarnation < raft_limits.RAFT_WIRE_INT_END:
+        if (
+            type(m.incarnation) is not int
+            or not (0 if not m.voter else 1) <= m.incarnation < raft_limits.RAFT_WIRE_INT_END
+        ):
             raise ValueError("incarnation: an integer in [1, 2^63) (0: a learner not bound yet)")
     if len({m.member_id for m in config.members}) != len(config.members):
         raise ValueError("two members with one id")
@@ -107,7 +110,8 @@ def decode_entry(entry: bytes) -> Configuration:
         raise ValueError("not a CONFIG entry")
     try:
         plain = msgpack.unpackb(entry[2:], raw=False, max_map_len=0, max_ext_len=0)
-    except Exception as exc:  # noqa: BLE001 - any decoding failure: not a configuration
+    # msgpack documents that "other exceptions can be raised during unpacking": any type.
+    except Exception as exc:  # noqa: BLE001 - not a configuration
         raise ValueError(f"a CONFIG entry that is not msgpack: {exc}") from None
     return Configuration.from_plain(plain)
 

@@ -25,10 +25,8 @@ from pysyncobj.config import FAIL_REASON
 from pysyncobj.journal import FileJournal
 
 from coordinator.core import limits
+from coordinator.raft import identity, patches
 from coordinator.raft import limits as raft_limits
-from coordinator.raft import identity
-from coordinator.raft import patches
-from coordinator.raft.membership import initial_member_id
 from coordinator.raft.fatal import FatalHandler, default_fatal, once
 from coordinator.raft.interface import (
     MemberChangeResult,
@@ -40,6 +38,7 @@ from coordinator.raft.interface import (
 )
 from coordinator.raft.journal import JOURNAL_NAME, DurableJournal
 from coordinator.raft.leader_log import LeaderLog
+from coordinator.raft.membership import initial_member_id
 from coordinator.raft.read_index import ReadIndexOutcome
 from coordinator.raft.replica import Replica
 from coordinator.raft.stamp_clock import StampClock, monotonic_ms

@@ -68,6 +68,7 @@ class Transcript:
             "dialler_incarnation": self.dialler.incarnation, "receiver": self.target,
         }
         if step != STEP_HELLO:
+            assert self.receiver is not None  # named by the welcome, the step after the hello
             message.update(receiver_nonce=self.receiver_nonce, receiver_id=self.receiver.member_id,
                            receiver_incarnation=self.receiver.incarnation)
         return message
@@ -130,6 +131,7 @@ def check_confirm(message, welcomed: Transcript) -> Refusal | None:
     if not (_same(message["dialler_nonce"], welcomed.dialler_nonce)
             and _same(message["receiver_nonce"], welcomed.receiver_nonce)):
         return Refusal(REPLAYED, "it confirms another handshake's nonces (a replayed confirm)")
+    assert welcomed.receiver is not None  # a welcomed transcript names its receiver
     if _dialler(message) != welcomed.dialler or message["receiver"] != welcomed.target or (
         message["receiver_id"], message["receiver_incarnation"]
     ) != (welcomed.receiver.member_id, welcomed.receiver.incarnation):

@@ -38,8 +38,9 @@ class PeerKeys:
         """Send under ``secrets[0]`` and accept any of ``secrets`` from the next frame on.
 
         ValueError (and nothing changes) for no secret or more than RAFT_SECRETS_MAX (the
-        server's config check says which line is wrong before it gets here). The keys are derived (PBKDF2, ~50 ms each) before the swap; the swap is
-        one attribute store, so the Raft thread sees the old set or the new one, never a mix.
+        server's config check says which line is wrong before it gets here). The keys are
+        derived (PBKDF2, ~50 ms each) before the swap; the swap is one attribute store, so the
+        Raft thread sees the old set or the new one, never a mix.
         """
         secrets = tuple(secrets)
         if not 1 <= len(secrets) <= raft_limits.RAFT_SECRETS_MAX:

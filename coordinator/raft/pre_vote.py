@@ -20,18 +20,27 @@ only once a majority said yes.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pysyncobj.syncobj as _ps
 
 from coordinator.raft.transport import peer_warnings
+
+if TYPE_CHECKING:  # for mypy only: the class it is mixed into is a pysyncobj SyncObj (untyped: Any)
+    from pysyncobj import SyncObj as _Host
+else:
+    _Host = object
 
 PRE_VOTE = "pre_vote"
 PRE_VOTE_RESPONSE = "pre_vote_response"
 PRE_VOTE_TYPES = frozenset({PRE_VOTE, PRE_VOTE_RESPONSE})
 
 
-class PreVote:
+class PreVote(_Host):
     """Mixed into HardenedSyncObj (after MemberGate, whose checks it reuses); ``_init_pre_vote``
     runs before SyncObj.__init__."""
+
+    _SyncObj__raftElectionDeadline: float  # pysyncobj's (untyped), pushed back here
 
     def _init_pre_vote(self, enabled: bool) -> None:
         self._pre_vote_on = enabled
@@ -137,7 +146,8 @@ class PreVote:
             return "this member hears a live leader"
         last_term = self._SyncObj__getCurrentLogTerm()
         if message["last_log_term"] < last_term or (
-                message["last_log_term"] == last_term and message["last_log_index"] < self._SyncObj__getCurrentLogIndex()):
+            message["last_log_term"] == last_term and message["last_log_index"] < self._SyncObj__getCurrentLogIndex()
+        ):
             return "its log is behind this member's"
         return None
 
@@ -154,3 +164,5 @@ class PreVote:
         """After pysyncobj handled an append: from the leader it follows, it is alive."""
         if node == self._SyncObj__raftLeader:
             self._leader_heard_at = _ps.monotonicTime()
+            # A round won before this leader was heard is stale: the next election asks again.
+            self._pre_vote_won = self._pre_vote_term = None

@@ -15,9 +15,15 @@ from __future__ import annotations
 
 import enum
 import threading
+from typing import TYPE_CHECKING
 
 from coordinator.raft import limits as raft_limits
 from coordinator.raft.read_rounds import ReadRounds
+
+if TYPE_CHECKING:  # for mypy only: the class it is mixed into is a pysyncobj SyncObj (untyped: Any)
+    from pysyncobj import SyncObj as _Host
+else:
+    _Host = object
 
 
 class ReadIndexOutcome(enum.Enum):
@@ -43,7 +49,7 @@ class PendingRead:
             self.done.set()
 
 
-class ReadIndex:
+class ReadIndex(_Host):
     """Mixed into HardenedSyncObj; ``_init_read_index`` runs before SyncObj.__init__."""
 
     def _init_read_index(self) -> None:
@@ -52,7 +58,8 @@ class ReadIndex:
         self._read_inbox: list[PendingRead] = []
         self._reads_open = 0  # requested and not finished (under _read_inbox_lock)
         self._read_applying: list[PendingRead] = []  # confirmed, waiting for this member to apply C
-        self._echo_now = None  # (term, read_seq) of the append being handled, for its acknowledgement
+        # (term, read_seq) of the append being handled, for its acknowledgement
+        self._echo_now: tuple[int, int] | None = None
         self._echo_sending = None  # (term, read_seq) of the acknowledgement being sent
         self.read_index_rounds = 0  # confirmation rounds sent (status: reads per round)
 

@@ -144,7 +144,7 @@ class Replica(SyncObjConsumer):
                 self.last_applied_index = index
                 self.applied.notify_all()
             return index, outcome
-        except BaseException as exc:  # noqa: BLE001 - any failure here is a bug
+        except BaseException as exc:  # any type escaping apply is a bug: fatal, re-raised
             # An exception escaping apply is re-applied forever by pysyncobj
             # (syncobj.py:708-734): stop loudly instead of wedging silently.
             self._on_fatal(f"state machine apply raised {exc!r}; stopping", EXIT_APPLY_FAILED)
@@ -193,7 +193,7 @@ class Replica(SyncObjConsumer):
         return job
 
     def _read_in_pieces(self, pieces_of: Callable[[], Any], captured: Callable[[], None]) -> list[bytes]:
-        pieces = []
+        pieces: list[bytes] = []
         with self.lock:
             produce = iter(pieces_of())
         try:
@@ -223,7 +223,7 @@ class Replica(SyncObjConsumer):
                 self.applied.notify_all()
             freeze_long_lived(collect_young=False)
             self.on_snapshot_config(last[1], last[2], config)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # a restore failing in any way leaves a half state: fatal
             # pysyncobj swallows loader errors (syncobj.py:1510); a half-restored
             # state machine must never serve.
             # A disk or descriptor table refusing (OSError): EXIT_DISK_FAILED; else a bug.

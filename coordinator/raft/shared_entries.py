@@ -15,7 +15,7 @@ outcome: a shared entry answered with anything but one outcome per command stops
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pysyncobj.syncobj as _ps
 from pysyncobj import SyncObj
@@ -25,8 +25,13 @@ from coordinator.raft import limits as raft_limits
 from coordinator.raft import wire as raft_wire
 from coordinator.raft.fatal import EXIT_APPLY_FAILED
 
+if TYPE_CHECKING:  # for mypy only: the class it is mixed into is a pysyncobj SyncObj (untyped: Any)
+    from pysyncobj import SyncObj as _Host
+else:
+    _Host = object
 
-class SharedEntries:
+
+class SharedEntries(_Host):
     """Mixed into HardenedSyncObj; ``_init_shared_entries`` runs before SyncObj.__init__. Needs
     ``self._on_fatal``; ``_checkCommandsToApply`` (syncobj.py) calls ``_pack_queued``."""
 

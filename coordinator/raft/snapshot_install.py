@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import pysyncobj.syncobj as _ps
 from pysyncobj import SyncObj
@@ -23,6 +24,11 @@ from pysyncobj import SyncObj
 from coordinator.raft import snapshot_file
 from coordinator.raft.fatal import EXIT_DISK_FAILED
 from coordinator.raft.journal_file import fsync_directory
+
+if TYPE_CHECKING:  # for mypy only: the class it is mixed into is a pysyncobj SyncObj (untyped: Any)
+    from pysyncobj import SyncObj as _Host
+else:
+    _Host = object
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +38,13 @@ log = logging.getLogger(__name__)
 _SNAPSHOT_WRITER_JOIN_S = 60.0
 
 
-class SnapshotInstall:
+class SnapshotInstall(_Host):
     """Mixed into HardenedSyncObj; ``_init_snapshots`` runs before SyncObj.__init__ and
     ``_init_snapshot_writer`` after it. Needs ``self._journal``, ``self._replica``,
     ``self._on_fatal``, ``self._has`` and ``self._journal_obj``."""
+
+    # pysyncobj's own state that this class sets (pysyncobj itself is untyped).
+    _SyncObj__forceLogCompaction: bool
 
     def _init_snapshots(self, compaction_min_bytes: int) -> None:
         self._compaction_bytes = compaction_min_bytes

@@ -47,6 +47,8 @@ def serializer_for(fileName, transmissionBatchSize, tryUseFork, serializer, dese
 class BackgroundSerializer(Serializer):
     """pysyncobj's Serializer with ``serialize`` run by a thread (see the module docstring)."""
 
+    _Serializer__pid: int  # pysyncobj's (untyped): the forked writer's pid, 0 when none runs
+
     def __init__(self, replica: Replica, fileName, transmissionBatchSize, serializer, deserializer):
         super().__init__(fileName, transmissionBatchSize, False, serializer, deserializer, None)
         self._replica = replica
@@ -76,7 +78,9 @@ class BackgroundSerializer(Serializer):
         self._Serializer__currentID = id
         try:
             job = self._replica.snapshot_job(data[1:])  # here, on the Raft thread
-        except Exception:  # noqa: BLE001 - as pysyncobj's inline path: FAILED, retried later
+        # The state machine's code: it may fail in any way, and pysyncobj's inline path too
+        # reports any failure as FAILED and tries again later.
+        except Exception:  # as pysyncobj's inline path: FAILED, retried later
             log.exception("cannot start a snapshot")
             self._Serializer__pid = -2
             return
@@ -109,7 +113,7 @@ class BackgroundSerializer(Serializer):
                 return
             try:
                 self._write(job)  # sets _idle, then publishes its outcome, as its last acts
-            except BaseException:  # noqa: BLE001 - never leave the Raft thread waiting forever
+            except BaseException:  # any exit at all must publish FAILED: the Raft thread waits on it
                 log.exception("the snapshot writer failed")
                 self.capturing = False
                 self._finish(SERIALIZER_STATE.FAILED)
@@ -133,7 +137,7 @@ class BackgroundSerializer(Serializer):
             job(tmp, captured)  # the file is fsynced before this returns
             atomicReplace(tmp, path)
             _fsync_directory(path)
-        except Exception:  # noqa: BLE001 - reported as FAILED, tried again later
+        except Exception:  # the job is state machine code, so any type: FAILED, tried again later
             log.exception("writing the snapshot failed; the previous one stays in place")
             self.capturing = False
             try:
@@ -150,7 +154,7 @@ class BackgroundSerializer(Serializer):
         if self.on_durable is not None:
             try:
                 self.on_durable(self._Serializer__currentID)
-            except Exception:  # noqa: BLE001 - the snapshot stands; compaction then copies it all
+            except Exception:  # a callback, failing in any way: the snapshot stands all the same
                 log.exception("preparing the journal's compaction failed")
         freeze_long_lived()
         self._finish(SERIALIZER_STATE.SUCCESS)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pysyncobj.syncobj as _ps
 from pysyncobj import SyncObj, SyncObjConf
@@ -121,6 +121,9 @@ class HardenedSyncObj(
 ):
     """pysyncobj with the durability and safety holes RAFT.md lists closed."""
 
+    # pysyncobj's own state that this class replaces (pysyncobj itself is untyped).
+    _SyncObj__commandsWaitingReply: dict[Any, Any]
+
     def __init__(
         self,
         config: RaftConfig,
@@ -188,7 +191,7 @@ class HardenedSyncObj(
         self._append_has_new_entries = True
         self.truncated_applied = 0  # times an applied entry would have been truncated
         self.leader_commit_seen = None  # commit index announced to this process by a leader
-        self._conflict_hint = None  # where to resume, for the append being handled
+        self._conflict_hint: int | None = None  # where to resume, for the append being handled
 
     @property
     def encryptor(self):
@@ -208,7 +211,7 @@ class HardenedSyncObj(
             return
         try:
             self._on_leadership(now)
-        except Exception:  # noqa: BLE001 - an observer must never break the Raft thread
+        except Exception:  # an observer must never break the Raft thread; logged below
             log.exception("raft: the leadership observer failed")
 
     def _checkCommandsToApply(self):
@@ -380,7 +383,8 @@ class HardenedSyncObj(
         # Only the append sender passes a size (syncobj.py:1272); there the count is capped
         # too, so an append of many tiny entries stays within raft_limits.RAFT_MESSAGE_BYTES_MAX.
         if maxSizeBytes is not None:
-            count = raft_limits.RAFT_APPEND_ENTRIES_MAX if count is None else min(count, raft_limits.RAFT_APPEND_ENTRIES_MAX)
+            cap = raft_limits.RAFT_APPEND_ENTRIES_MAX
+            count = cap if count is None else min(count, cap)
         return SyncObj._SyncObj__getEntries(self, fromIDx, count, maxSizeBytes)
 
     def _sanitize_append(self, message: dict) -> dict:

@@ -25,7 +25,7 @@ import os
 import socket
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from pysyncobj.monotonic import monotonic as _monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE
@@ -104,6 +104,10 @@ class BoundTCPTransport(TCPTransport):
     them apart. TcpConnection.connect() calls setSockoptKeepalive() right before
     connect() (tcp_connection.py:123): binding there is the smallest hook.
     """
+
+    # pysyncobj's TCPTransport state read and set here (pysyncobj itself is untyped).
+    _lastBindAttemptTime: float
+    _server: Any  # its TcpServer, None while not bound
 
     def __init__(self, syncObj, selfNode, otherNodes):
         # Before pysyncobj's constructor: it adds the peers and creates the server.
@@ -332,7 +336,7 @@ class BoundTCPTransport(TCPTransport):
             # restarted member gets in once the kernel reports its old connection closed.
             self._drop_unnamed(conn, f"it named {address}, which is connected already")
             return
-        if keep and self._keeps_configured(node, established, dialler):
+        if keep and dialler is not None and self._keeps_configured(node, established, dialler):
             self._refuse_binding(conn, "stale_incarnation", (
                 f"it is {address} as incarnation {dialler.incarnation}, which the configuration does not"
                 f" name; the connection of incarnation {established.bound_incarnation} stays"))
@@ -375,6 +379,7 @@ class BoundTCPTransport(TCPTransport):
             if refusal is not None:
                 self._refuse_binding(conn, *refusal)
                 return None
+            assert hello is not None  # check_hello gives a transcript whenever it refuses nothing
             welcomed = hello.answered(os.urandom(peer_binding.NONCE_BYTES), self._own_party())
             conn.handshake = welcomed
             # Frames to the dialler carry its nonce; frames from it must carry ours.
@@ -426,6 +431,7 @@ class BoundTCPTransport(TCPTransport):
         if refusal is not None:
             self._refuse_binding(conn, *refusal)
             return
+        assert bound is not None and bound.receiver is not None  # check_welcome's, with no refusal
         conn.handshake = bound
         conn.sendRandKey = bound.receiver_nonce
         conn.bound_incarnation = bound.receiver.incarnation

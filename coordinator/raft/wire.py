@@ -14,7 +14,6 @@ from __future__ import annotations
 import hmac
 import pickle
 import struct
-
 from typing import Callable
 
 import msgpack
@@ -39,7 +38,8 @@ def decode_shared_entry(entry: bytes) -> list[bytes] | None:
             entry[1:], use_list=True, raw=False,
             max_array_len=raft_limits.RAFT_ENTRY_COMMANDS_MAX, max_bin_len=raft_limits.RAFT_ENTRY_BYTES_MAX,
         )
-    except Exception:  # noqa: BLE001 - any decoding failure: not a shared entry
+    # msgpack documents that "other exceptions can be raised during unpacking": any type.
+    except Exception:  # noqa: BLE001 - not a shared entry
         return None
     if not isinstance(commands, list) or not commands or not all(isinstance(c, bytes) for c in commands):
         return None
@@ -55,7 +55,7 @@ class FrameTooLarge(ValueError):
 FRAME_HEAD = struct.Struct("i")
 
 
-def scan_frames(buffer: bytes, start: int, max_bytes: int = raft_limits.RAFT_MESSAGE_BYTES_MAX) -> int:
+def scan_frames(buffer: bytes | bytearray, start: int, max_bytes: int = raft_limits.RAFT_MESSAGE_BYTES_MAX) -> int:
     """Check every frame head in ``buffer`` from offset ``start`` (a frame boundary).
 
     Returns the offset of the first frame not yet complete (where the next scan starts),
@@ -225,13 +225,15 @@ KIND_NAME = 2  # an outgoing connection names its member: the address, str
 # and incarnation (identity.py).
 _SENDER = (("cluster", _cluster_id, False), ("incarnation", _incarnation, False))
 _SCHEMAS: dict[int, tuple[str, tuple[tuple[str, Callable, bool], ...]]] = {
-    3: ("request_vote", (("term", _int, False), ("last_log_index", _int, False), ("last_log_term", _int, False), *_SENDER)),
+    3: ("request_vote", (("term", _int, False), ("last_log_index", _int, False), ("last_log_term", _int, False),
+                         *_SENDER)),
     4: ("response_vote", (("term", _int, False), *_SENDER)),
     5: ("append_entries", (("term", _int, False), ("commit_index", _int, False), ("prevLogIdx", _opt_int, False),
                            ("prevLogTerm", _opt_int, False), ("entries", _entries, False), *_SENDER)),
     6: ("append_entries", (("term", _int, False), ("commit_index", _int, False), ("serialized", _chunk, False),
                            *_SENDER)),
-    7: ("next_node_idx", (("next_node_idx", _int, False), ("reset", _bool, False), ("success", _bool, False), *_SENDER)),
+    7: ("next_node_idx", (("next_node_idx", _int, False), ("reset", _bool, False), ("success", _bool, False),
+                          *_SENDER)),
     8: ("apply_command", (("command", _is_entry, False), ("request_id", _opt_int, True))),
     9: ("apply_command_response", (("request_id", _int, False), ("log_idx", _int, False), ("log_term", _int, False))),
     10: ("apply_command_response", (("request_id", _int, False), ("error", _fail_code, False))),
@@ -326,7 +328,8 @@ def decode_frame(data: bytes, key: bytes | None = None):
             data, use_list=False, raw=False, max_map_len=0, max_ext_len=0,
             max_str_len=raft_limits.RAFT_ADDRESS_CHARS_MAX, max_array_len=raft_limits.RAFT_APPEND_ENTRIES_MAX,
         )
-    except Exception as exc:  # noqa: BLE001 - every msgpack failure is a refusal
+    # msgpack documents that "other exceptions can be raised during unpacking": any type.
+    except Exception as exc:  # noqa: BLE001 - a refusal
         raise PeerMessageRefused(f"not one msgpack value within the wire's bounds: {exc}") from None
     if type(frame) is not tuple or len(frame) < 4:
         raise PeerMessageRefused("not a wire frame (an array of version, kind, key, fields)")
@@ -355,7 +358,7 @@ def decode_frame(data: bytes, key: bytes | None = None):
             raise PeerMessageRefused(f"{name}: {len(fields)} fields, the schema has {len(spec)}")
         spec = spec + trailing
     message = {"type": name}
-    for value, (field, check, optional) in zip(fields, spec):
+    for value, (field, check, optional) in zip(fields, spec, strict=True):
         if not check(value):
             raise PeerMessageRefused(f"{name}: field {field} fails its type or range ({type(value).__name__})")
         if not (optional and value is None):

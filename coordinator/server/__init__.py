@@ -10,6 +10,7 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
 
     fencingd          the ``fencingd`` command: ``serve``, ``dev``, ``health``, ``keygen``,
                       ``gen-secret``, ``check-config``, ``restore-cluster``
+    health_probe      ``fencingd health``: one health check, grpc_health_probe's exit codes
     restore_cluster   ``fencingd restore-cluster``: a new cluster's data dirs made offline
                       from a backup, fenced above every old token (disaster recovery)
     app               one ``fencingd serve`` process: the Raft node, the gRPC server, wiring
@@ -33,6 +34,7 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     tomlfile          reading one TOML file with errors that name it
     certs             the API's TLS files, read and checked at start and on SIGHUP
     listen_check      why an address cannot be listened on, asked of the OS
+    member_dir        whether ``data_dir`` is this member's (its identity file), before start
     api_conns         connection limits of the gRPC API, and descriptors kept for the rest
     streams           admission of calls that hold a worker thread long; stream idle timeout
     stream_admission  the interceptor that admits every streaming RPC, any service's
@@ -40,5 +42,6 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     metrics           Prometheus metrics of one member
     metrics_http      the metrics endpoint's HTTP server (``/metrics``, ``/readyz``)
     cpu_pin           ``cpu_affinity``: the leader's threads on one CPU
+    sd_notify         systemd's readiness protocol: READY=1, STOPPING=1, STATUS= to $NOTIFY_SOCKET
     server_extra      whether the ``[server]`` extra is installed, said in one line
 """

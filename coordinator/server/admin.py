@@ -18,20 +18,22 @@ import hmac
 import json
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.core import commands
-from coordinator.server import backups
-from coordinator.server import log_limits
+from coordinator.server import backups, log_limits
 from coordinator.server import members as members_api
 from coordinator.server.auth import Principal
 from coordinator.server.errors import Failure, ServiceError
 from coordinator.server.request_core import Core, checked_request
 from coordinator.server.streams import caller_key
+
+if TYPE_CHECKING:
+    from coordinator.core.state_machine import FencingStateMachine
 
 
 def audit_args(request) -> dict[str, Any]:
@@ -81,7 +83,7 @@ def _admin(method):
         except ServiceError as error:
             outcome, index, refused = f"{error.code.name}/{error.reason}", error.index, error.code in _REFUSALS
             self.core.abort(context, error)
-        except BaseException as exc:
+        except BaseException as exc:  # any other exit, aborts and interrupts too, is audited; re-raised
             outcome = f"ERROR/{type(exc).__name__}"
             raise
         finally:
@@ -134,9 +136,10 @@ class AdminServicer(pb_grpc.AdminServicer):
         admitted = log_limits.Admitted()
         if refused:
             principal = who.get("name")  # set only for a recognised credential
-            admitted = self._refused_lines.admit(caller_key(principal, peer))
-            if admitted is None:
+            let_through = self._refused_lines.admit(caller_key(principal, peer))
+            if let_through is None:
                 return  # counted: the caller's next line that gets through reports it
+            admitted = let_through
         record = {
             "ts_ms": time.time_ns() // 1_000_000,
             "rpc": rpc,
@@ -269,7 +272,8 @@ class AdminServicer(pb_grpc.AdminServicer):
             min(backups.RESTORE_COMMIT_TIMEOUT_S_MAX, remaining - self.core.proposer.deadline_margin_s),
         )
         run = functools.partial(self.core.run, context=context, caller=caller)
-        result, index = backups.restore(
-            run, self.core.node.state_machine.check_backup, data, epoch_floor, commit_timeout_s
-        )
+        # The node replicates the FencingStateMachine app.py gives it; RaftNode types it by the
+        # protocol it needs, which has no backup check.
+        state_machine = cast("FencingStateMachine", self.core.node.state_machine)
+        result, index = backups.restore(run, state_machine.check_backup, data, epoch_floor, commit_timeout_s)
         return pb.RestoreResponse(header=self.core.header(index), epoch=result["epoch"])

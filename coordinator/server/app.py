@@ -1,12 +1,13 @@
 """One ``fencingd serve`` process: a Raft node plus a gRPC server in front of it.
 
-Owns: building the grpc.server (bounded thread pool, ``maximum_concurrent_rpcs``, message
-size limits), wiring and registering the fencing services (``add_services``, which the
-in-memory test cluster uses too), the standard health service and server
-reflection (off with ``reflection = false``), the admission of every streaming RPC under the
-stream caps (stream_admission.py), the health updater and lease ticker threads, the audit log, the metrics endpoint (when
-``metrics_address`` is set), the API's connection limits and descriptor budget (api_conns.py), the API's TLS credentials (their certificate replaced on SIGHUP,
-certs.py), the peer secrets' reload on SIGHUP, and graceful shutdown.
+Owns: building the grpc.server (bounded thread pool, ``maximum_concurrent_rpcs``, message size
+limits), wiring and registering the fencing services (``add_services``, which the in-memory
+test cluster uses too), the standard health service and server reflection (off with
+``reflection = false``), the admission of every streaming RPC under the stream caps
+(stream_admission.py), the health updater and lease ticker threads, the audit log, the metrics
+endpoint (when ``metrics_address`` is set), the API's connection limits and descriptor budget
+(api_conns.py), the API's TLS credentials (their certificate replaced on SIGHUP, certs.py),
+the peer secrets' reload on SIGHUP, and graceful shutdown.
 Must never: implement an RPC (service.py and admin.py do) or touch the Raft library (coordinator.raft does).
 
 Health (grpc.health.v1), overall ("") and per service: SERVING only while this member is
@@ -29,27 +30,25 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from coordinator.core import commands
-from coordinator.core import limits
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from coordinator.server import api_conns
+from coordinator.core import commands, limits
+from coordinator.core.state_machine import FencingStateMachine
+from coordinator.raft.node import RaftConfig, RaftNode
+from coordinator.server import api_conns, listen_check
+from coordinator.server.admin import AdminServicer
 from coordinator.server.auth import Authenticator
 from coordinator.server.certs import ApiCertificates, TlsMaterial
 from coordinator.server.config import ConfigError, ServerConfig
 from coordinator.server.errors import ServiceError
 from coordinator.server.lease_ticker import LeaseTicker
-from coordinator.server import listen_check
 from coordinator.server.log_limits import RefusedLines
 from coordinator.server.metrics import Metrics
-from coordinator.server.stream_admission import StreamAdmission
-from coordinator.server.streams import SlotGate, StreamGate, waiter_gate
-from coordinator.raft.node import RaftConfig, RaftNode
-from coordinator.server.admin import AdminServicer
 from coordinator.server.proposer import Proposer
 from coordinator.server.request_core import Core, error_trailers
 from coordinator.server.service import ClusterServicer, FencedStoreServicer, LeaseServicer
-from coordinator.core.state_machine import FencingStateMachine
+from coordinator.server.stream_admission import StreamAdmission
+from coordinator.server.streams import SlotGate, StreamGate, waiter_gate
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +182,7 @@ def api_credentials(certificates: ApiCertificates) -> grpc.ServerCredentials:
 
     return grpc.dynamic_ssl_server_credentials(
         _certificate_configuration(certificates.current),
-        fetch,
+        fetch,  # type: ignore[arg-type]  # None: keep the certificate (gRPC's docs); the stubs omit it
         require_client_authentication=certificates.requires_client_certificate,
     )
 
@@ -224,7 +223,7 @@ class HealthUpdater(threading.Thread):
     def check_once(self) -> None:
         try:
             serving = self.is_serving()
-        except Exception:  # noqa: BLE001 - a probe must never kill the updater
+        except Exception:  # a probe failing in any way means not serving; the updater lives on
             log.exception("health check failed")
             serving = False
         if serving == self.serving:
@@ -278,7 +277,7 @@ class FencingServer:
         self.node = node or RaftNode(raft_config(config), FencingStateMachine(), on_leadership=on_leadership)
         try:
             self._build(config)
-        except BaseException:
+        except BaseException:  # any failed start, interrupts too, closes the node; re-raised
             self.node.close()  # its threads and its Raft port go with the failed start
             raise
 
@@ -389,6 +388,10 @@ class FencingServer:
         log.info(
             "serving member %s: gRPC on %s, pid %d", self.config.raft_address, self.config.bind_address, os.getpid()
         )
+
+    def serving(self) -> bool:
+        """What the health service says now: SERVING (a quorum, and a read barrier applied)."""
+        return bool(self.updater.serving)
 
     def listening(self) -> bool:
         """The Raft port is bound too (the API port is, once the constructor returned)."""

@@ -21,9 +21,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator
 
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.core import commands
-from coordinator.core import limits
-from coordinator.core import validation
+from coordinator.core import commands, limits, validation
 from coordinator.core.names import ErrorMeta
 from coordinator.core.state_machine import Reason
 from coordinator.server import errors

@@ -17,8 +17,7 @@ import dataclasses
 from typing import Any, Callable
 
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.core import commands
-from coordinator.core import limits
+from coordinator.core import commands, limits
 from coordinator.core.names import ErrorMeta
 from coordinator.server import errors
 from coordinator.server.auth import Principal
@@ -121,7 +120,7 @@ def serve_many(
     index = 0
     if proposed:
         outcomes = core.proposer.propose_many([c for _, c in proposed], core.proposer.timeout_s(context))
-        for (i, command), outcome in zip(proposed, outcomes):
+        for (i, command), outcome in zip(proposed, outcomes, strict=True):
             settled = outcome if isinstance(outcome, ServiceError) else (outcome.value.result, outcome.index)
             try:
                 message, at = answer(command, settled)

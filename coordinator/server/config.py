@@ -94,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML file with the keys below")
     for name, f in _FIELDS.items():
         flag = "--" + name.replace("_", "-")
-        kind = {"int": int, "float": float}.get(f.type, str)
+        kind = {"int": int, "float": float}.get(str(f.type), str)  # the annotation, a string here
         default = "" if f.default in ("", ()) or f.type == "bool" else f" (default {f.default})"
         parser.add_argument(flag, dest=name, type=kind, default=None, help=f.metadata["doc"] + default)
 

@@ -99,7 +99,8 @@ def _check_cluster(config: ServerConfig) -> None:
     if config.raft_address not in rafts:
         raise ConfigError(f"members: must include this member's raft_address {config.raft_address}")
     if len(rafts) % 2 == 0:
-        raise ConfigError(f"members: {len(rafts)} members; use an odd number (a majority of an even count buys nothing)")
+        raise ConfigError(
+            f"members: {len(rafts)} members; use an odd number (a majority of an even count buys nothing)")
     if config.member_id and (len(config.member_id) > raft_limits.RAFT_MEMBER_ID_CHARS_MAX
                              or not config.member_id.isprintable() or " " in config.member_id):
         raise ConfigError("member_id: 1 to RAFT_MEMBER_ID_CHARS_MAX printable characters, no spaces")

@@ -131,7 +131,7 @@ class ServiceError(Exception):
 
     key: Reason | Failure
     message: str
-    metadata: dict[str, str] = dataclasses.field(default_factory=dict)
+    metadata: dict[Any, Any] = dataclasses.field(default_factory=dict)  # str: str once constructed
     index: int = 0  # the Raft index of a refused entry (0: none)
 
     def __post_init__(self) -> None:
@@ -164,6 +164,7 @@ RETRY_AFTER_MEMBER_LIST = "the change may still apply; the member list says whet
 def from_propose_failure(result: ProposeResult, leader: str = "", leader_api: str = "", *,
                          unknown_hint: str = RETRY_SAME_OP_ID) -> ServiceError:
     """The error for a NOT_APPLIED or UNKNOWN propose result."""
+    assert result.failure is not None  # a NOT_APPLIED or UNKNOWN result says why
     failure, detail = PROPOSE_FAILURES[result.failure], result.detail
     if failure is Failure.OUTCOME_UNKNOWN:
         return ServiceError(failure, f"the outcome is unknown ({detail}): {unknown_hint}", {"detail": detail})
@@ -188,11 +189,14 @@ def read_not_confirmed() -> ServiceError:
 def from_member_change(result: MemberChangeResult, leader: str = "", leader_api: str = "") -> ServiceError:
     """The error for a membership change that was refused, not applied or may still apply."""
     if result.refusal is None:
+        assert result.failure is not None  # not refused: not applied, or unknown, and why
         return from_propose_failure(ProposeResult.failed(result.failure, result.detail), leader, leader_api,
                                     unknown_hint=RETRY_AFTER_MEMBER_LIST)
     if result.refusal is MemberRefusal.INVALID:
         return invalid("member", result.detail)
-    failure = Failure.UNKNOWN_MEMBER if result.refusal is MemberRefusal.UNKNOWN_MEMBER else Failure.MEMBER_CHANGE_REFUSED
+    failure = (
+        Failure.UNKNOWN_MEMBER if result.refusal is MemberRefusal.UNKNOWN_MEMBER else Failure.MEMBER_CHANGE_REFUSED
+    )
     return ServiceError(failure, f"nothing changed: {result.detail}", {"detail": result.refusal.value})
 
 

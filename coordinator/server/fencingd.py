@@ -36,9 +36,9 @@ import time
 # sets GRPC_VERBOSITY. The core reads it once, when grpc is first imported: before the imports below.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from coordinator.server import config as config_mod  # noqa: E402 - after GRPC_VERBOSITY
-from coordinator.client.version import distribution_version  # noqa: E402
-from coordinator.server import api_conns, cpu_pin, log_limits, restore_cluster, server_extra  # noqa: E402
+from coordinator.client.version import distribution_version
+from coordinator.server import api_conns, cpu_pin, health_probe, log_limits, member_dir, sd_notify, server_extra
+from coordinator.server import config as config_mod
 
 log = logging.getLogger("fencingd")
 
@@ -90,9 +90,8 @@ class JsonFormatter(logging.Formatter):
 def _setup_logging(level: str, log_format: str = "text",
                    refused_log_window_s: float = log_limits.REFUSED_LOG_WINDOW_S) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter() if log_format == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    )
+    text_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(text_format))
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
     # The gRPC library logs a line per request it cannot decode, from anyone who connects:
     # a few per kind and window, the rest counted (log_limits).
@@ -130,6 +129,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except config_mod.ConfigError as exc:
         print(f"fencingd: configuration error: {exc}", file=sys.stderr)
         return 2
+    foreign = member_dir.why_not_mine(cfg)  # another member's data dir: a person must look (exit 2)
+    if foreign is not None:
+        print(f"fencingd: configuration error: {foreign}", file=sys.stderr, flush=True)
+        return 2
     try:
         # Before anything opens a descriptor; exit 2 like a configuration error: a restart
         # would meet the same limit (the systemd unit does not restart on 2).
@@ -153,11 +156,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     placement = cpu_pin.Placement(cfg.cpu_affinity, cfg.member_index, log=log.info)
     placement.start()  # before any thread starts: threads inherit where they were started
     _name_os_threads()
-    from coordinator.server.app import FencingServer, StartupError  # imports grpc and the Raft layer: after config checks
     from coordinator.raft.replica import freeze_after_slow_full_passes
+    from coordinator.server.app import (  # imports grpc and the Raft layer: after config checks
+        FencingServer,
+        StartupError,
+    )
 
     freeze_after_slow_full_passes()  # the GC's full passes stay short as the state grows (replica.py)
 
+    notifier = sd_notify.Notifier.from_environment()  # systemd Type=notify; nothing without it
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -178,16 +185,37 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # (milliseconds); a name that does not resolve yet keeps it waiting, logged by the transport.
     while not server.listening():
         if stop.wait(LISTEN_POLL_S):
+            notifier.stopping()
             server.stop()
             return 0
     print(f"READY member={cfg.raft_address} api={cfg.bind_address} pid={os.getpid()}", flush=True)
+    _serve_until_stopped(server, stop, reload, notifier)
+    log.info("signal received: stopping (grace %.1f s)", cfg.shutdown_grace_s)
+    notifier.stopping()
+    server.stop()
+    return 0
+
+
+def _serve_until_stopped(server, stop: threading.Event, reload: threading.Event,
+                         notifier: sd_notify.Notifier) -> None:
+    """Until ``stop``: act on SIGHUP, and tell systemd (Type=notify) READY=1 the first time the
+    member serves (a quorum and a read barrier, as its health says), then each change."""
+    notifier.status("listening: waiting for a quorum and a read barrier")
+    ready, serving = False, False
     while not stop.wait(SIGNAL_POLL_S):
         if reload.is_set():
             reload.clear()  # before reading: a SIGHUP during the read gets a read of its own
             server.reload()
-    log.info("signal received: stopping (grace %.1f s)", cfg.shutdown_grace_s)
-    server.stop()
-    return 0
+        now = server.serving()
+        if now == serving:
+            continue
+        serving = now
+        text = "serving" if now else "not serving: no quorum or no read barrier yet"
+        if now and not ready:
+            notifier.ready(text)
+            ready = True
+        else:
+            notifier.status(text)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -195,9 +223,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if args.file:
         args.config = args.file
     try:
-        config_mod.from_args(args, read_files=not args.values_only)
+        cfg = config_mod.from_args(args, read_files=not args.values_only)
     except config_mod.ConfigError as exc:
         print(f"fencingd: configuration error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    foreign = None if args.values_only else member_dir.why_not_mine(cfg)
+    if foreign is not None:
+        print(f"fencingd: configuration error: {foreign}", file=sys.stderr, flush=True)
         return 2
     print(f"{args.config or 'flags'}: ok", flush=True)
     return 0
@@ -216,54 +248,6 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-# fencingd health's exit codes: grpc_health_probe's, so probes written for it read ours.
-HEALTH_SERVING = 0
-HEALTH_USAGE = 1  # bad arguments or an unreadable TLS file
-HEALTH_UNREACHABLE = 2  # no connection, or no answer within --timeout-s
-HEALTH_RPC_FAILED = 3  # the member answered the check with an error
-HEALTH_NOT_SERVING = 4  # the member answered: NOT_SERVING (or any status but SERVING)
-
-
-def _health_check(api_address: str, timeout_s: float = 1.0, credentials=None) -> tuple[int, str]:
-    """(exit code above, what the member said) for one grpc.health.v1 Check of the whole server."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    from coordinator.client import open_channel
-
-    with open_channel(api_address, credentials) as channel:
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
-            )
-        except grpc.RpcError as error:
-            code = error.code() if hasattr(error, "code") else None
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, None):
-                return HEALTH_UNREACHABLE, f"unreachable (no answer within {timeout_s:g} s)"
-            return HEALTH_RPC_FAILED, f"health check failed: {code.name}"
-    name = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-    return (HEALTH_SERVING if reply.status == health_pb2.HealthCheckResponse.SERVING else HEALTH_NOT_SERVING), name
-
-
-def _healthy(api_address: str, timeout_s: float = 1.0, credentials=None) -> bool:
-    return _health_check(api_address, timeout_s, credentials)[0] == HEALTH_SERVING
-
-
-def cmd_health(args: argparse.Namespace) -> int:
-    """Exit 0 iff the member at ``--address`` says SERVING; 2 unreachable, 4 not serving
-    (grpc_health_probe's codes, for container health checks)."""
-    from coordinator.client import tls_credentials
-
-    try:
-        credentials = tls_credentials(args.ca_file, args.cert_file, args.key_file)
-    except OSError as exc:
-        print(f"fencingd health: {exc}", file=sys.stderr, flush=True)
-        return HEALTH_USAGE
-    code, said = _health_check(args.address, timeout_s=args.timeout_s, credentials=credentials)
-    print(f"{args.address}: {said}", file=sys.stdout if code == HEALTH_SERVING else sys.stderr, flush=True)
-    return code
 
 
 def _create_file(path: str, data: bytes, mode: int) -> str | None:
@@ -447,9 +431,10 @@ def _wait_dev_healthy(dev: _DevCluster, children: list[subprocess.Popen], stop: 
     while waiting and not stop.is_set():
         for i in sorted(waiting):
             if children[i].poll() is not None:
-                print(f"fencingd dev: member {i} exited with {children[i].returncode}; see {dev.logs[i]}", file=sys.stderr)
+                print(f"fencingd dev: member {i} exited with {children[i].returncode}; see {dev.logs[i]}",
+                      file=sys.stderr)
                 return "failed"
-            if _healthy(dev.apis[i]):
+            if health_probe.healthy(dev.apis[i]):
                 waiting.discard(i)
         if time.monotonic() > deadline:
             print(f"fencingd dev: not healthy after {start_timeout:.0f} s; see {', '.join(dev.logs)}", file=sys.stderr)
@@ -463,8 +448,8 @@ def _print_dev_endpoints(dev: _DevCluster) -> None:
     apis, logs = dev.apis, dev.logs
     print("fencingd dev: cluster is up", flush=True)
     for i in range(DEV_MEMBERS):
-        print(f"  member {i}: api {apis[i]}  raft {dev.rafts[i]}  metrics http://{dev.metrics[i]}/metrics  log {logs[i]}",
-              flush=True)
+        print(f"  member {i}: api {apis[i]}  raft {dev.rafts[i]}  metrics http://{dev.metrics[i]}/metrics"
+              f"  log {logs[i]}", flush=True)
     print(f"  token proofs: Acquire signs them; guards verify with {dev.verify_key}", flush=True)
     print(f"  peer credential (raft_secret_file of all three): {dev.raft_secret}", flush=True)
     print(f"ENDPOINTS {','.join(apis)}", flush=True)
@@ -497,6 +482,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     if error is not None:
         print(f"fencingd dev: {error}", file=sys.stderr)
         return 1
+    notifier = sd_notify.Notifier.from_environment()  # taken before the members start: not theirs
     children = [_start_dev_member(_write_dev_config(dev, i, args.log_level), dev.logs[i]) for i in range(DEV_MEMBERS)]
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -507,7 +493,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
         code = _stop_dev_members(children)
         return code if started == "stopped" else 1  # stopped by a signal: as after Ctrl-C later
     _print_dev_endpoints(dev)
+    notifier.ready(f"{DEV_MEMBERS} members serving: {','.join(dev.apis)}")
     _report_dev_exits(dev, children, stop)
+    notifier.stopping()
     return _stop_dev_members(children)
 
 
@@ -528,29 +516,15 @@ def build_parser() -> argparse.ArgumentParser:
     config_mod.add_arguments(check)
     check.set_defaults(func=cmd_check_config)
     dev = sub.add_parser("dev", help="run a local three-member cluster on loopback until Ctrl-C")
-    dev.add_argument("--data-dir", default="./fencing-dev-data", help="where the members keep their data (reused on restart)")
-    dev.add_argument("--base-port", type=int, default=7100, help="API ports N..N+2, Raft ports N+100..N+102, metrics N+200..N+202")
+    dev.add_argument("--data-dir", default="./fencing-dev-data",
+                     help="where the members keep their data (reused on restart)")
+    dev.add_argument("--base-port", type=int, default=7100,
+                     help="API ports N..N+2, Raft ports N+100..N+102, metrics N+200..N+202")
     dev.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
     dev.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     dev.add_argument("--start-timeout", type=float, default=DEV_START_TIMEOUT_S, help="seconds to wait for health")
     dev.set_defaults(func=cmd_dev)
-    health = sub.add_parser(
-        "health", help="exit 0 iff a member answers SERVING (grpc.health.v1): for container probes",
-        description="Ask one member's grpc.health.v1 service (the whole server) and exit as grpc_health_probe does.",
-        epilog="exit codes (grpc_health_probe's):\n"
-               "  0  SERVING\n"
-               "  1  a malformed command line, or a TLS file that cannot be read\n"
-               "  2  unreachable: no connection or no answer within --timeout-s\n"
-               "  3  the health check itself failed (an error status)\n"
-               "  4  NOT_SERVING (no quorum, not caught up, or shutting down)\n",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    health.add_argument("--address", default="127.0.0.1:7100", help="the member's API address (HOST:PORT)")
-    health.add_argument("--timeout-s", type=float, default=2.0, help="seconds to wait for the answer")
-    health.add_argument("--ca-file", help="TLS: PEM CA that signed the member's certificate (default: plaintext)")
-    health.add_argument("--cert-file", help="mutual TLS: this probe's PEM certificate")
-    health.add_argument("--key-file", help="mutual TLS: its PEM private key")
-    health.set_defaults(func=cmd_health)
+    health_probe.add_parser(sub)
     keygen = sub.add_parser(
         "keygen", help="write an Ed25519 key pair for signed token proofs (token_signing_key_file)"
     )
@@ -562,6 +536,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen_secret.add_argument("file", help="file to create (never overwritten); copy it to every member")
     gen_secret.set_defaults(func=cmd_gen_secret)
+    # Imported here, not at the top: it reaches the Raft layer (the Raft library, a [server]
+    # dependency), and a client-only install must get server_extra's one line first (main).
+    from coordinator.server import restore_cluster
+
     restore_cluster.add_parser(sub)
     return parser
 
@@ -574,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as done:
         # health's usage error is 1, as grpc_health_probe's: argparse's 2 there means unreachable.
         if done.code == 2 and words[:1] == ["health"]:
-            return HEALTH_USAGE
+            return health_probe.HEALTH_USAGE
         raise
     return args.func(args)
 

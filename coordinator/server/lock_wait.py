@@ -19,8 +19,7 @@ import threading
 import time
 from typing import Any
 
-from coordinator.core import commands
-from coordinator.core import limits
+from coordinator.core import commands, limits
 from coordinator.core.names import ErrorMeta
 from coordinator.core.state_machine import Reason
 from coordinator.server.auth import Principal
@@ -52,6 +51,7 @@ class LockWaits:
         the answer is ``held``, as if wait_ms were 0, and nothing is queued.
         """
         resource, waiter_id = command.resource, command.body["op_id"]
+        assert resource is not None  # an Acquire names its resource
         node = self.core.node
         # A retry of an Acquire that was granted through the queue but whose answer was lost:
         # the lease names its op_id. (The refused try applied on this member, so this local

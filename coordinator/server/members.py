@@ -15,8 +15,7 @@ from typing import Callable
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.raft import limits as raft_limits
 from coordinator.raft.interface import MemberChangeResult, ProposeOutcome
-from coordinator.server import errors
-from coordinator.server import log_limits
+from coordinator.server import errors, log_limits
 
 
 def member_messages(status: dict, api_addresses: dict[str, str]) -> list[pb.Member]:

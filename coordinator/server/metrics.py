@@ -174,7 +174,7 @@ def render(registry: CollectorRegistry, ready: Callable[[], bool], path: str, ac
     """/metrics (Prometheus text, or OpenMetrics when asked), /readyz, and 404 for anything
     else: a typo in a scrape config must fail loudly, not scrape metrics under another name."""
     if path == "/metrics":
-        encoder, content_type = choose_encoder(accept or None)
+        encoder, content_type = choose_encoder(accept)  # no Accept header (""): the text format
         return 200, encoder(registry), content_type
     if path == "/readyz":
         is_ready = ready()
@@ -245,14 +245,14 @@ class _RpcInterceptor(grpc.ServerInterceptor):
                     received_c.inc()
                 try:
                     response = inner(request, context)
-                except BaseException:
+                except BaseException:  # every exit, aborts and interrupts too, counts as failed; re-raised
                     finish(context, started, True)
                     raise
                 finish(context, started, False)
                 sent_c.inc()
                 return response
 
-            return handler._replace(**{kind: single})
+            return handler._replace(**{kind: single})  # type: ignore[attr-defined]  # a namedtuple at run time; the stubs know only the ABC
 
         @functools.wraps(inner)
         def streaming(request, context):
@@ -266,12 +266,12 @@ class _RpcInterceptor(grpc.ServerInterceptor):
                 for response in inner(request, context):
                     sent_c.inc()
                     yield response
-            except BaseException:
+            except BaseException:  # every exit, aborts and interrupts too, counts as failed; re-raised
                 finish(context, started, True)
                 raise
             finish(context, started, False)
 
-        return handler._replace(**{kind: streaming})
+        return handler._replace(**{kind: streaming})  # type: ignore[attr-defined]  # a namedtuple at run time; the stubs know only the ABC
 
 
 class _MemberCollector:

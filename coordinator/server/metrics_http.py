@@ -53,7 +53,9 @@ class MetricsHttpServer:
 
     @property
     def port(self) -> int:
-        return self._server.sockets[0].getsockname()[1]
+        assert self._server is not None, "serve() first"
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
 
     def serve(self) -> None:
         host, _, port = self.address.rpartition(":")
@@ -80,12 +82,14 @@ class MetricsHttpServer:
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
+        assert self._thread is not None  # started by serve(), the only caller before close()
         self._thread.join(LOOP_START_STOP_TIMEOUT_S)
         self._thread = None
         if not self._loop.is_running():
             self._loop.close()
 
     async def _shut(self) -> None:
+        assert self._server is not None  # close() calls this only with a server
         self._server.close()
         for writer in list(self._writers):
             writer.transport.abort()

@@ -21,8 +21,7 @@ import time
 
 import grpc
 
-from coordinator.core import commands
-from coordinator.core import limits
+from coordinator.core import commands, limits
 from coordinator.raft.interface import ProposeFailure, ProposeOutcome, ProposeResult
 from coordinator.raft.node import RaftNode
 from coordinator.raft.read_index import ReadIndexOutcome
@@ -163,7 +162,7 @@ class Proposer:
             for _ in range(slots):
                 self._slots.release()
         if self.metrics is not None:
-            for fate, seconds in zip(fates, round_.seconds):
+            for fate, seconds in zip(fates, round_.seconds, strict=True):
                 if not isinstance(fate, ServiceError):  # OVERLOADED was counted when refused
                     self.metrics.proposal_done(fate.outcome.value, seconds)
         return self._answers(commands_, fates)
@@ -194,7 +193,7 @@ class Proposer:
         ServiceError (the leader hint read once, for every failure that needs it)."""
         leader: tuple[str, str] | None = None
         answers: list[Fate] = []
-        for command, fate in zip(commands_, fates):
+        for command, fate in zip(commands_, fates, strict=True):
             if isinstance(fate, ServiceError) or fate.outcome is ProposeOutcome.APPLIED:
                 if not isinstance(fate, ServiceError) and command.op is commands.Op.READ_BARRIER:
                     self.barrier_applied.set()

@@ -20,8 +20,7 @@ import grpc
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client.proof import ProofSigner
-from coordinator.core import commands
-from coordinator.core import validation
+from coordinator.core import commands, validation
 from coordinator.core.names import Trailer
 from coordinator.raft.node import RaftNode
 from coordinator.server import errors

@@ -84,7 +84,7 @@ def parse_members(text: str) -> tuple[tuple[str, str], ...]:
         raise Refused("--initial-cluster: no members (give ID=RAFT_HOST:PORT for each, comma-separated)")
     addresses = [item.split("=", 1)[-1] for item in items]
     members = []
-    for item, address in zip(items, addresses):
+    for item, address in zip(items, addresses, strict=True):
         member_id = item.split("=", 1)[0] if "=" in item else initial_member_id(address, addresses)
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -167,7 +167,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     # still fences above every token the backup holds.
     floor = max(1, epoch + margin)
     if floor >= limits.TOKEN_MAX:
-        raise Refused(f"--epoch-margin: the backup's epoch {epoch} + {margin} leaves no token to issue (max {limits.TOKEN_MAX})")
+        raise Refused(f"--epoch-margin: the backup's epoch {epoch} + {margin} leaves no token to issue"
+                      f" (max {limits.TOKEN_MAX})")
     return Plan(backup, epoch, log_clock_ms, floor, members, dirs)
 
 
@@ -285,7 +286,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epoch-margin", required=True, type=int, metavar="N",
                    help="tokens the old cluster could have issued after the backup was taken; the new"
                         " epoch is the backup's + N (must be more than that count)")
-    p.add_argument("--force", action="store_true", help="allow --epoch-margin 0 (only if nothing was issued after the backup)")
+    p.add_argument("--force", action="store_true",
+                   help="allow --epoch-margin 0 (only if nothing was issued after the backup)")
     p.set_defaults(func=cmd_restore_cluster)
 
 

@@ -45,4 +45,6 @@ def require(prog: str) -> None:
     """Exit with one line (status 1) unless every ``[server]`` dependency is installed."""
     lacking = missing()
     if lacking:
-        raise SystemExit(f"{prog}: the server's dependencies are not installed ({', '.join(lacking)}): {INSTALL_COMMAND}")
+        raise SystemExit(
+            f"{prog}: the server's dependencies are not installed ({', '.join(lacking)}): {INSTALL_COMMAND}"
+        )

@@ -37,7 +37,6 @@ from coordinator.server.lock_wait import LockWaits
 from coordinator.server.request_core import Core, checked_request, unary
 from coordinator.server.streams import SlotGate
 
-
 # -- Lease ---------------------------------------------------------------------------------
 
 
@@ -63,12 +62,14 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         return self._acquire_response(command, result, index)
 
     def _acquire_response(self, command: commands.Command, result: dict, index: int) -> pb.AcquireResponse:
+        resource = command.resource
+        assert resource is not None, "an ACQUIRE always names its resource (commands.acquire)"
         return pb.AcquireResponse(
             header=self.core.header(index),
             token=result["token"],
             lease_id=result["token"],
             expires_at_ms=result["expires_at_ms"],
-            token_proof=self._proof(command.resource, result["token"]),
+            token_proof=self._proof(resource, result["token"]),
         )
 
     @unary
@@ -195,7 +196,8 @@ class LeaseServicer(pb_grpc.LeaseServicer):
 
         def answer(command: commands.Command, outcome: tuple[dict, int] | ServiceError) -> tuple[Any, int]:
             result, index = applied(outcome)
-            response = pb.ReleaseResponse(header=self.core.header(index), released=result["released"], hwm=result["hwm"])
+            response = pb.ReleaseResponse(
+                header=self.core.header(index), released=result["released"], hwm=result["hwm"])
             return response, index
 
         results, index = serve_many(self.core, RELEASE_MANY, request.releases, context, caller, build, answer)

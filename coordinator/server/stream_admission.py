@@ -122,4 +122,4 @@ class StreamAdmission(grpc.ServerInterceptor):
                 self._abort(context, error)
 
         behaviours = {"stream_unary": stream_unary, "stream_stream": stream_stream, "unary_stream": unary_stream}
-        return handler._replace(**{kind: behaviours[kind]})
+        return handler._replace(**{kind: behaviours[kind]})  # type: ignore[attr-defined]  # a namedtuple at run time; the stubs know only the ABC

@@ -34,9 +34,9 @@ class StreamSlots:
 
     def enter(self, caller: Principal | None) -> None:
         """Take a slot for ``caller``'s new stream; QUOTA_EXCEEDED when it holds all of its own."""
-        maximum = None if caller is None else caller.quota.streams_max
-        if maximum is None:
+        if caller is None or caller.quota.streams_max is None:
             return
+        maximum = caller.quota.streams_max
         with self._lock:
             held = self._open.get(caller.name, 0)
             if held >= maximum:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from typing import Any, Iterable, Iterator
+from typing import Any, Generator, Iterable, Iterator
 
 from coordinator.core.state_machine import Reason
 from coordinator.server.errors import ServiceError
@@ -126,19 +126,19 @@ class StreamGate(SlotGate):
         self.streams_max = streams_max
         self.idle_timeout_s = idle_timeout_s
 
-    def requests(self, request_iterator: Iterable[Any]) -> Iterator[Any]:
+    def requests(self, request_iterator: Iterable[Any]) -> Generator[Any, None, None]:
         """The items of ``request_iterator``; raises ServiceError when none comes for
         ``idle_timeout_s``. Close it when done (``contextlib.closing``): its ``finally``
         lets the reader thread go."""
         return self._paced(request_iterator, "stream-reader", "no request")
 
-    def responses(self, response_iterator: Iterable[Any]) -> Iterator[Any]:
+    def responses(self, response_iterator: Iterable[Any]) -> Generator[Any, None, None]:
         """The items a server-streaming servicer yields (``response_iterator``); raises
         ServiceError when it yields none for ``idle_timeout_s`` (Health.Watch while the status
         stays the same). An exception it raises is raised here, in the caller's thread."""
         return self._paced(response_iterator, "stream-responses", "nothing to send")
 
-    def _paced(self, source: Iterable[Any], thread_name: str, what: str) -> Iterator[Any]:
+    def _paced(self, source: Iterable[Any], thread_name: str, what: str) -> Generator[Any, None, None]:
         """The items of ``source``, read by a helper thread into a one-item queue, so the
         caller (a gRPC worker) waits for each at most ``idle_timeout_s``; ends the stream with
         RESOURCE_EXHAUSTED / LIMIT_EXCEEDED (limit ``stream_idle_timeout_s``) after that."""
@@ -161,7 +161,7 @@ class StreamGate(SlotGate):
                 for item in source:
                     if not offer(item):
                         return
-            except Exception as exc:  # noqa: BLE001 - handed to the worker, which raises it
+            except Exception as exc:  # noqa: BLE001 - whatever the source raises is the caller's: raised there
                 offer(_Raised(exc))
                 return
             offer(_END)

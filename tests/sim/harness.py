@@ -66,8 +66,8 @@ from pysyncobj.transport import Transport
 
 from coordinator.raft import identity as _raft_identity
 from coordinator.raft import wire as raft_wire
-from coordinator.raft.journal import JOURNAL_NAME, DurableJournal
 from coordinator.raft.interface import ProposeOutcome
+from coordinator.raft.journal import JOURNAL_NAME, DurableJournal
 from coordinator.raft.node import ALL_FIXES, RaftConfig, RaftNode, failure_of
 
 NODE_ADDRESSES = ("127.0.0.1:4001", "127.0.0.1:4002", "127.0.0.1:4003")
@@ -1444,6 +1444,9 @@ class Simulation:
         elif kind == "cut":
             if fault.peer in by_label:  # an explicit schedule: target -> peer
                 src, dst = target, by_label[fault.peer]
+            elif fault.peer == "follower" and [m for m in followers if m is not target]:
+                # An explicit schedule: target -> one follower (the leader's link to it, say).
+                src, dst = target, rng.choice([m for m in followers if m is not target])
             else:
                 other = rng.choice([m for m in everyone if m is not target])
                 src, dst = (target, other) if rng.random() < 0.5 else (other, target)
