@@ -495,6 +495,10 @@ def test_results_are_frozen_dataclasses_with_header(cluster, client):
     status = client.status()
     assert status.epoch == result.token and status.has_quorum and len(status.members) == 3
     assert client.status(endpoint=client.endpoints[2]).header.member_id == cluster.members[2].member_id
+    local = client.status(endpoint=client.endpoints[2], local=True)  # its own view: no read through the log
+    assert local.local and not status.local and local.epoch == result.token and local.version
+    with pytest.raises(ValueError, match="without a scheme"):
+        FencingClient("http://127.0.0.1:7100")
 
 
 def test_keep_alive_many_reports_each_lease(client):
@@ -638,6 +642,8 @@ def test_async_client_follows_the_same_rules(cluster):
                 await client.write("orders/7", "k", b"v", token=0)
             status = await client.status()
             assert status.epoch == 2
+            local = await client.status(endpoint=cluster.endpoints[1], local=True)  # no read through the log
+            assert local.local and local.epoch == 2 and local.header.member_id == cluster.members[1].member_id
 
     asyncio.run(main())
 
