@@ -151,6 +151,12 @@ def test_friendly_messages_name_the_facts():
                               metadata={"holder": "worker-a", "expires_at_ms": "0", "token": "5"},
                               request={"resource": "orders/7"})
     assert str(held) == "orders/7 is held by 'worker-a' (token 5) until 1970-01-01T00:00:00.000Z (log clock)"
+    # A member that says the TTL left: a duration, not a date on the log clock (issue 29).
+    held = E.error_for_reason(R.LEASE_HELD, "", code=grpc.StatusCode.FAILED_PRECONDITION,
+                              metadata={"holder": "worker-a", "expires_at_ms": "186887", "token": "5",
+                                        "remaining_ms": "29500"}, request={"resource": "orders/7"})
+    assert str(held) == "orders/7 is held by 'worker-a' (token 5), 29.5s of its TTL left"
+    assert held.remaining_ms == 29500
     unknown = E.OutcomeUnknown(request={"rpc": "write", "op_id": b"\x01" * 16})
     assert "retry with op id " + "01" * 16 in str(unknown)
     # A reason alone (KeepAliveMany items carry no status code) still finds its class.
@@ -489,6 +495,10 @@ def test_results_are_frozen_dataclasses_with_header(cluster, client):
     status = client.status()
     assert status.epoch == result.token and status.has_quorum and len(status.members) == 3
     assert client.status(endpoint=client.endpoints[2]).header.member_id == cluster.members[2].member_id
+    local = client.status(endpoint=client.endpoints[2], local=True)  # its own view: no read through the log
+    assert local.local and not status.local and local.epoch == result.token and local.version
+    with pytest.raises(ValueError, match="without a scheme"):
+        FencingClient("http://127.0.0.1:7100")
 
 
 def test_keep_alive_many_reports_each_lease(client):
@@ -632,6 +642,8 @@ def test_async_client_follows_the_same_rules(cluster):
                 await client.write("orders/7", "k", b"v", token=0)
             status = await client.status()
             assert status.epoch == 2
+            local = await client.status(endpoint=cluster.endpoints[1], local=True)  # no read through the log
+            assert local.local and local.epoch == 2 and local.header.member_id == cluster.members[1].member_id
 
     asyncio.run(main())
 

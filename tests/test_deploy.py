@@ -341,14 +341,14 @@ def test_fencingd_health_exits_zero_only_while_serving():
     try:
         servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         refused = run_health(address)
-        assert refused.returncode == 1 and "not serving" in refused.stderr
+        assert refused.returncode == 4 and "NOT_SERVING" in refused.stderr  # grpc_health_probe's code
         servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         ok = run_health(address)
         assert ok.returncode == 0 and "SERVING" in ok.stdout
     finally:
         server.stop(0)
     gone = run_health(address)  # nobody listens any more
-    assert gone.returncode == 1
+    assert gone.returncode == 2 and "unreachable" in gone.stderr  # grpc_health_probe's code
 
 
 @pytest.mark.parametrize("path", ["compose/node1.toml", "compose/node2.toml", "compose/node3.toml",

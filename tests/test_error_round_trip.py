@@ -43,8 +43,8 @@ EXPECTED: dict[R, tuple[type[E.FencingError], dict[M, str], dict[str, Any]]] = {
     R.UNKNOWN_TOKEN: (E.UnknownToken, {M.HWM: "2"}, {"hwm": 2}),
     R.LEASE_HELD: (
         E.LeaseHeld,
-        {M.HOLDER: "b", M.EXPIRES_AT_MS: "1700000000000", M.TOKEN: "4"},
-        {"holder": "b", "expires_at_ms": 1700000000000, "token": 4},
+        {M.HOLDER: "b", M.EXPIRES_AT_MS: "1700000000000", M.TOKEN: "4", M.REMAINING_MS: "2500"},
+        {"holder": "b", "expires_at_ms": 1700000000000, "token": 4, "remaining_ms": 2500},
     ),
     R.LEASE_EXPIRED: (E.LeaseExpired, {}, {}),
     R.VERSION_MISMATCH: (E.VersionMismatch, {M.VERSION: "3"}, {"version": 3}),
@@ -277,6 +277,6 @@ def test_the_wire_strings_are_pinned():
     assert all(reason.value == reason.name for reason in R)
     assert sorted(M) == sorted([
         "field", "hwm", "holder", "expires_at_ms", "token", "version", "epoch", "op",
-        "resource", "limit", "max", "leader", "leader_api", "detail", "quota", "principal",
+        "resource", "limit", "max", "leader", "leader_api", "detail", "quota", "principal", "remaining_ms",
     ])
     assert sorted(Trailer) == ["fencing-applied-index", "fencing-member-id", "fencing-raft-term"]

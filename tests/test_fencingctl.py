@@ -131,6 +131,12 @@ def test_json_request_with_a_good_token_writes(cluster, ctl):
         (["write", "--json", '{"resource": "r", "key": "k", "token": 1}'], "exactly one of value"),
         (["acquire", "orders/7"], "missing --ttl-ms"),
         (["acquire", "orders/7", "--ttl-ms", "5"], "ttl_ms must be in [100"),
+        (["acquire", "orders/7", "--ttl-ms", "50ms"], "ttl_ms must be in [100"),
+        (["acquire", "orders/7", "--ttl-ms", "ten seconds"], "is not a duration"),
+        (["acquire", "orders/7", "--ttl-ms", "1.5ms"], "whole number of milliseconds"),
+        (["acquire", "orders/7", "--ttl-ms", "10s", "--wait-ms", "1h"], "wait_ms must be in [0"),
+        (["endpoint"], "required"),
+        (["--endpoints", "http://127.0.0.1:7100", "status"], "without a scheme"),
         (["acquire", "--json", '{"resource": "r", "ttl_ms": 5000.0}'], "ttl_ms must be a JSON integer"),
         (["write", "orders/7", "k", "v", "--token", "1", "--op-id", "abc"], "op_id must be 16-64 bytes"),
         (["write", "orders/7", "k", "v", "--token", "1", "--expected-version", "-1"], "expected_version"),
@@ -174,7 +180,8 @@ def test_stale_token_is_refused_with_exit_3_and_a_friendly_line(cluster, ctl):
 def test_each_refusal_reason_has_its_line_and_code(cluster, ctl):
     token = acquire(ctl, holder="worker-a")
     code, _, err = ctl("acquire", "orders/7", "--ttl-ms", "5000", "--holder", "b")
-    assert code == 3 and err.startswith("fencingctl: refused: orders/7 is held by 'worker-a' (token 1) until ")
+    assert code == 3 and err.startswith("fencingctl: refused: orders/7 is held by 'worker-a' (token 1), ")
+    assert err.endswith("s of its TTL left\n") and "1970" not in err, err
     code, _, err = ctl("write", "orders/7", "k", "v", "--token", "9")
     assert (code, err) == (3, "fencingctl: refused: token 9 was never issued for orders/7 (high-water mark is 1)\n")
     ctl("write", "orders/7", "k", "v", "--token", str(token))
@@ -278,6 +285,49 @@ def test_every_command_in_table_and_json(cluster, ctl, tmp_path):
     assert code == 0
     code, _, err = ctl("admin", "restore", "--in", str(tmp_path / "missing"), "--epoch-floor", "5")
     assert code == 2 and "cannot read --in" in err
+
+
+def test_durations_remaining_ttl_and_not_found_as_people_read_them(cluster, ctl):
+    """Issue 29's Display items: durations in, a remaining TTL out (raw clock fields in JSON
+    only), "not found" for a missing key, a refused Acquire with the holder's TTL left."""
+    code, out, err = ctl("acquire", "orders/7", "--ttl-ms", "10s", "--holder", "a", "--wait-ms", "500ms")
+    assert code == 0, err
+    rows = dict(line.split(None, 1) for line in out.splitlines())
+    assert rows["ttl"] == "10s" and "expires_at_ms" not in rows
+    code, out, _ = ctl("describe", "orders/7")
+    rows = dict(line.split(None, 1) for line in out.splitlines())
+    assert code == 0 and rows["held"] == "yes" and rows["holder"] == "a"
+    assert rows["remaining_ttl"].endswith("s") and 0 < float(rows["remaining_ttl"][:-1]) <= 10, out
+    assert "expires_at_ms" not in out and "log_clock_ms" not in out
+    code, doc, _ = ctl.json("describe", "orders/7")
+    assert code == 0 and doc["remaining_ms"] == doc["expires_at_ms"] - doc["log_clock_ms"] > 0
+    code, _, err = ctl("acquire", "orders/7", "--ttl-ms", "1m", "--holder", "b")
+    assert code == 3 and "of its TTL left" in err and "1970" not in err and "log clock" not in err, err
+    code, out, _ = ctl("read", "orders/7", "missing")
+    assert code == 0 and "(not found)" in out and "None" not in out, out
+    code, doc, _ = ctl.json("read", "orders/7", "missing")
+    assert code == 0 and doc["found"] is False and doc["value"] is None
+    code, doc, _ = ctl.json("keepalive", "orders/7", "--token", "1", "--ttl-ms", "2.5s")
+    assert code == 0 and doc["expires_at_ms"] > 0
+    code, out, _ = ctl("describe", "orders/8")  # never held
+    assert code == 0 and dict(line.split(None, 1) for line in out.splitlines())["remaining_ttl"] == "-"
+
+
+def test_duration_text_reads_back():
+    from coordinator.client.durations import parse_s, text_ms
+
+    assert [text_ms(ms) for ms in (0, 750, 1000, 29_500, 59_999, 60_000, 250_000, 7_205_000)] == [
+        "0ms", "750ms", "1s", "29.5s", "59.9s", "1m0s", "4m10s", "2h0m5s"]
+    assert parse_s(text_ms(29_500), default_unit="s") == 29.5
+
+
+def test_endpoint_commands_in_table_and_json(cluster, ctl):
+    code, doc, err = ctl.json("endpoint", "status")
+    assert code == 0, err
+    assert [e["endpoint"] for e in doc["endpoints"]] == list(cluster.endpoints)
+    assert all(e["reachable"] and e["version"] and e["term"] >= 1 for e in doc["endpoints"])
+    code, out, _ = ctl("endpoint", "status")
+    assert code == 0 and len(out.splitlines()) == 1 + len(cluster.endpoints)
 
 
 def test_global_options_work_after_the_command(cluster, capsys):

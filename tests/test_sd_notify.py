@@ -125,7 +125,7 @@ def api_of(values: dict) -> str:
 
 
 def health(address: str) -> bool:
-    from coordinator.server.fencingd import _healthy
+    from coordinator.server.health_probe import healthy as _healthy
 
     return _healthy(address, timeout_s=5)
 

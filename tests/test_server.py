@@ -202,6 +202,8 @@ def test_seed_scenario_stale_writer_is_refused(cluster):
     code, reason, meta, _ = failure(n1.lease.Acquire, pb.AcquireRequest(
         resource=resource, holder="worker-b", ttl_ms=5_000, op_id=op_id()), timeout=T)
     assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, R.LEASE_HELD)
+    remaining = int(meta.pop(M.REMAINING_MS))  # the TTL left as of the refusal, on the log clock
+    assert 0 < remaining <= 1_000
     assert meta == {M.HOLDER: "worker-a", M.EXPIRES_AT_MS: str(a.expires_at_ms), M.TOKEN: str(a.token)}
 
     # B waits server-side until A's lease expires on the log clock, then gets a new token.

@@ -772,7 +772,7 @@ def test_lease_held_until_it_expires():
         cmds.acquire(resource=R, holder="B", ttl_ms=TTL, op_id=op_id(1), stamp_ms=TTL - 1),
         Reason.LEASE_HELD,
     )
-    assert held.details == {"holder": "A", "expires_at_ms": TTL, "token": 1}
+    assert held.details == {"holder": "A", "expires_at_ms": TTL, "token": 1, "remaining_ms": 1}
     # the same holder does not get a second lease either
     assert_rejected(acquire(sm, holder="A", stamp=1), Reason.LEASE_HELD)
     # at exactly expires_at_ms the lease is over

@@ -116,7 +116,7 @@ def test_fencingctl_and_the_health_probe_take_certificate_files(cluster, pki):
     assert plain.returncode == 4, plain.stderr  # unavailable: nothing answers plaintext
     address = cluster.nodes[0].api_address
     assert _run("coordinator.server.fencingd", "health", "--address", address, *tls).returncode == 0
-    assert _run("coordinator.server.fencingd", "health", "--address", address).returncode == 1
+    assert _run("coordinator.server.fencingd", "health", "--address", address).returncode == 2  # no TLS: no answer
 
 
 def test_tls_settings_are_checked_at_start(tmp_path, pki):

@@ -41,6 +41,10 @@ from coordinator.core.names import ErrorMeta
 
 def normalize_endpoint(endpoint: str) -> str:
     """``host:port``, with ``localhost`` spelled 127.0.0.1; ValueError if malformed."""
+    scheme, found, rest = endpoint.strip().partition("://")
+    if found:  # etcd's habit (http://host:port): a gRPC target here is host:port alone
+        raise ValueError(f"endpoint must be host:port without a scheme ({scheme}://), got {endpoint!r}; "
+                         f"try {rest.rstrip('/')!r}")
     host, sep, port = endpoint.strip().rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"endpoint must be host:port, got {endpoint!r}")

@@ -261,16 +261,20 @@ class ClientMethods:
 
     # -- Cluster and Admin --------------------------------------------------------------
 
-    def status(self, *, endpoint: str | None = None, timeout_s: float | None = None) -> ClusterStatus:
+    def status(
+        self, *, endpoint: str | None = None, timeout_s: float | None = None, local: bool = False
+    ) -> ClusterStatus:
         """Cluster.Status: members, leader, term, indexes, epoch (linearizable). With
-        ``endpoint`` the question goes to that node only, in one attempt."""
+        ``endpoint`` the question goes to that node only, in one attempt. With ``local`` the
+        node answers from its own view, without a read through the log (works without a
+        quorum; may be stale): what ``fencingctl endpoint status`` asks each endpoint."""
         target = None
         if endpoint is not None:
             target = self._match_endpoint(endpoint)
             if target is None:
                 raise ValueError(f"{endpoint!r} is not one of this client's endpoints")
         return self._execute(Call(
-            "cluster", "Status", pb.StatusRequest(), Kind.READ, {"rpc": "status"},
+            "cluster", "Status", pb.StatusRequest(local=local), Kind.READ, {"rpc": "status"},
             results.cluster_status, timeout_s=timeout_s, endpoint=target,
         ))
 

@@ -38,6 +38,9 @@ exit codes:
 """
 
 
+_DURATION_MS_HELP = "a duration: 10s, 500ms, 1.5m (a bare number: milliseconds)"
+
+
 class _Parser(argparse.ArgumentParser):
     usage_exit = 2  # EXIT_USAGE; `lock` uses a code CMD's own status cannot be confused with
 
@@ -62,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     def command(name: str, help_text: str, *, json_form: bool = True, parent=sub):
         return _add_command(parent, name, help_text, json_form=json_form)
 
-    command("status", "cluster members, leader, term, indexes and epoch", json_form=False)
+    command("status", "cluster members (and which answer), leader, term, indexes and epoch; "
+            "without a quorum each member's own view, exit 4", json_form=False)
+    _add_endpoint_commands(sub, command)
     _add_lease_commands(command)
     _add_key_commands(command)
     lockcmd.add_parser(sub, command)
@@ -85,15 +90,15 @@ def _add_command(parent, name: str, help_text: str, *, json_form: bool = True) -
 def _add_lease_commands(command) -> None:
     p = command("acquire", "take the lease on RESOURCE and print its fencing token")
     p.add_argument("resource", nargs="?")
-    p.add_argument("--ttl-ms", dest="ttl_ms")
+    p.add_argument("--ttl-ms", dest="ttl_ms", metavar="D", help=_DURATION_MS_HELP)
     p.add_argument("--holder")
-    p.add_argument("--wait-ms", dest="wait_ms")
+    p.add_argument("--wait-ms", dest="wait_ms", metavar="D", help=_DURATION_MS_HELP)
     p.add_argument("--op-id", dest="op_id", metavar="HEX")
 
     p = command("keepalive", "renew the lease holding TOKEN once")
     p.add_argument("resource", nargs="?")
     p.add_argument("--token")
-    p.add_argument("--ttl-ms", dest="ttl_ms")
+    p.add_argument("--ttl-ms", dest="ttl_ms", metavar="D", help=_DURATION_MS_HELP)
 
     p = command("release", "end the lease holding TOKEN (the high-water mark stays)")
     p.add_argument("resource", nargs="?")
@@ -123,6 +128,16 @@ def _add_key_commands(command) -> None:
     p.add_argument("key", nargs="?")
     p.add_argument("--token")
     p.add_argument("--op-id", dest="op_id", metavar="HEX")
+
+
+def _add_endpoint_commands(sub, command) -> None:
+    endpoint = sub.add_parser("endpoint", help="ask each endpoint on its own (works with members down)")
+    endpoint_sub = endpoint.add_subparsers(dest="endpoint_command", metavar="ENDPOINT_COMMAND", parser_class=_Parser)
+    endpoint_sub.required = True
+    command("status", "each endpoint's own view: reachable, leader, term, applied index, version, data size; "
+            "exit 4 if one does not answer", json_form=False, parent=endpoint_sub)
+    command("health", "each endpoint's gRPC health (SERVING: a quorum and a read through the log); "
+            "exit 4 if one is not SERVING", json_form=False, parent=endpoint_sub)
 
 
 def _add_admin_commands(sub, command) -> None:

@@ -18,7 +18,7 @@ import re
 import sys
 from typing import Any, Callable
 
-from coordinator.client import lockcmd
+from coordinator.client import durations, lockcmd
 from coordinator.core import limits, validation
 
 
@@ -61,6 +61,22 @@ def _int_field(name: str, value: Any, *, low: int, high: int, from_json: bool) -
     return number
 
 
+def _duration_ms_field(name: str, value: Any, *, low: int, high: int, from_json: bool) -> int:
+    """Milliseconds: a JSON integer, or on the command line a duration (``10s``, ``500ms``,
+    ``1.5m``; a bare number is milliseconds, as the flag's name says)."""
+    if from_json or not isinstance(value, str) or _DIGITS.fullmatch(value.strip()) is not None:
+        return _int_field(name, value, low=low, high=high, from_json=from_json)
+    try:
+        ms = durations.parse_s(value, default_unit="ms") * 1000
+    except ValueError as error:
+        raise BadField(f"{name}: {error}") from None
+    if ms != int(ms):
+        raise BadField(f"{name} must be a whole number of milliseconds, got {value!r}")
+    if not low <= ms <= high:
+        raise BadField(f"{name} must be in [{low}, {high}] ms, got {value!r}")
+    return int(ms)
+
+
 def _token(value: Any, from_json: bool) -> int:
     try:
         return _int_field("token", value, low=1, high=limits.TOKEN_MAX, from_json=from_json)
@@ -90,6 +106,9 @@ def _field_parsers() -> dict[str, Callable[[Any, bool], Any]]:
     def ranged(name: str, low: int, high: int) -> Callable[[Any, bool], int]:
         return lambda v, j: _int_field(name, v, low=low, high=high, from_json=j)
 
+    def duration_ms(name: str, low: int, high: int) -> Callable[[Any, bool], int]:
+        return lambda v, j: _duration_ms_field(name, v, low=low, high=high, from_json=j)
+
     return {
         "resource": lambda v, j: _str_field("resource", v, j),
         "key": lambda v, j: _str_field("key", v, j),
@@ -98,8 +117,8 @@ def _field_parsers() -> dict[str, Callable[[Any, bool], Any]]:
         "value_base64": _value_base64,
         "token": _token,
         "op_id": _op_id,
-        "ttl_ms": ranged("ttl_ms", limits.LEASE_TTL_MS_MIN, limits.LEASE_TTL_MS_MAX),
-        "wait_ms": ranged("wait_ms", 0, limits.ACQUIRE_WAIT_MS_MAX),
+        "ttl_ms": duration_ms("ttl_ms", limits.LEASE_TTL_MS_MIN, limits.LEASE_TTL_MS_MAX),
+        "wait_ms": duration_ms("wait_ms", 0, limits.ACQUIRE_WAIT_MS_MAX),
         "expected_version": ranged("expected_version", 0, 2**64 - 1),
         "floor": ranged("floor", 1, limits.TOKEN_MAX),
         "epoch_floor": ranged("epoch_floor", 1, limits.TOKEN_MAX),
@@ -256,7 +275,7 @@ def request_for(args: argparse.Namespace, name: str, lock_cmd: list[str]) -> dic
             return lockcmd.parse(args, lock_cmd)
         except lockcmd.LockUsage as error:
             raise UsageError(str(error), exit_code=lockcmd.LockExit.FAILED) from None
-    if name in ("status", "snapshot") or name.startswith("member-"):
+    if name in ("status", "snapshot") or name.startswith(("member-", "endpoint-")):
         return {}
     if name == "restore":
         return _restore_request(args)

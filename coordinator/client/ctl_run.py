@@ -12,10 +12,12 @@ import argparse
 import base64
 import json
 import os
+import sys
 import tempfile
 from typing import Any
 
-from coordinator.client import proof
+from coordinator.client import ctl_endpoint, durations, proof
+from coordinator.client import exceptions as exc
 from coordinator.client.ctl_request import UsageError
 from coordinator.client.sync import FencingClient
 
@@ -52,11 +54,15 @@ def _value_fields(value: bytes) -> dict[str, Any]:
 # -- commands ----------------------------------------------------------------------------
 
 
-def run(client: FencingClient, args: argparse.Namespace, name: str, request: dict[str, Any]) -> None:
+def run(client: FencingClient, args: argparse.Namespace, name: str, request: dict[str, Any]) -> int | None:
+    """Run command ``name``; an exit code when it is not 0 though nothing was raised (some
+    endpoint down, after the output), else None."""
     out = args.output
     if name == "status":
-        _run_status(client, out)
-    elif name.startswith("member-"):
+        return _run_status(client, args, out)
+    if name.startswith("endpoint-"):
+        return ctl_endpoint.run_endpoint(client, args, name, out)
+    if name.startswith("member-"):
         _run_member(client, args, name, out)
     elif name in _LEASE_COMMANDS:
         _run_lease(client, name, request, out)
@@ -64,15 +70,43 @@ def run(client: FencingClient, args: argparse.Namespace, name: str, request: dic
         _run_key(client, name, request, out)
     else:
         _run_admin(client, args, name, request, out)
+    return None
 
 
 _LEASE_COMMANDS = ("acquire", "keepalive", "release", "describe")
 _KEY_COMMANDS = ("write", "read", "delete")
 
 
-def _run_status(client: FencingClient, out: str) -> None:
-    status = client.status()
+def _run_status(client: FencingClient, args: argparse.Namespace, out: str) -> int | None:
+    """The cluster's status, each member marked by whether it answers; without a quorum (or
+    when too few members answer for one) the most advanced member's own view, said on
+    stderr, and exit 4."""
+    answers = ctl_endpoint.endpoint_statuses(client, ctl_endpoint.endpoint_deadline(args))
+    status, why = None, "too few members answer for a quorum"
+    if not ctl_endpoint.quorum_impossible(answers):
+        try:
+            status = client.status()
+        except exc.Unavailable as error:
+            answers = ctl_endpoint.endpoint_statuses(client, ctl_endpoint.endpoint_deadline(args))
+            if ctl_endpoint.best_local_status(answers) is None:
+                raise
+            why = " ".join(str(error).split())
+    local = status is None
+    if status is None:
+        status = ctl_endpoint.best_local_status(answers)
+        if status is None:  # nobody answers: the routed call says why, in one line
+            status = client.status()
+        print(f"fencingctl: warning: no quorum ({why}); showing {status.header.member_id or '?'}'s "
+              "own view (may be stale)", file=sys.stderr)
+    reachable = ctl_endpoint.reachability(status.members, args)
     doc = _jsonable(status)
+    for member in doc["members"]:
+        member["reachable"] = reachable.get(member["api_address"])
+    _emit_status(status, doc, reachable, out, local)
+    return ctl_endpoint.EXIT_UNAVAILABLE if local else None
+
+
+def _emit_status(status, doc: dict[str, Any], reachable: dict[str, bool | None], out: str, local: bool) -> None:
     if out == "json":
         _emit(doc, out)
         return
@@ -83,10 +117,10 @@ def _run_status(client: FencingClient, out: str) -> None:
         ("commit_index", status.commit_index),
         ("applied_index", status.applied_index),
         ("has_quorum", status.has_quorum),
-        ("answered_by", status.header.member_id),
+        ("answered_by", status.header.member_id + (" (its own view: no quorum)" if local else "")),
     ])
     print()
-    _print_members(status.members)
+    _print_members(status.members, reachable)
 
 
 def _run_member(client: FencingClient, args: argparse.Namespace, name: str, out: str) -> None:
@@ -117,15 +151,42 @@ def _run_lease(client: FencingClient, name: str, request: dict[str, Any], out: s
         doc.pop("token_proof", None)
         if r.token_proof:  # only when the cluster signs (DESIGN §6); text form, for a guard
             doc["token_proof"] = proof.to_text(r.token_proof)
-        _emit(doc, out)
+        _emit(doc, out, _with_ttl(doc, request["ttl_ms"]))
     elif name == "keepalive":
         renewed = client.keep_alive(request["resource"], request["token"], ttl_ms=request.get("ttl_ms"))
-        _emit(_jsonable(renewed), out)
+        doc = _jsonable(renewed)
+        _emit(doc, out, _with_ttl(doc, request.get("ttl_ms")))
     elif name == "release":
         released = client.release(request["resource"], request["token"], op_id=request.get("op_id"))
         _emit({"resource": request["resource"], "token": request["token"], **_jsonable(released)}, out)
     else:  # describe
-        _emit(_jsonable(client.describe(request["resource"])), out)
+        _run_describe(client, request["resource"], out)
+
+
+def _with_ttl(doc: dict[str, Any], ttl_ms: int | None) -> list[tuple[str, Any]]:
+    """A granted or renewed lease's table: its TTL as a duration in place of the expiry on the
+    log clock (a number of milliseconds since no wall-clock time, kept in --output json)."""
+    rows: list[tuple[str, Any]] = []
+    for key, value in doc.items():
+        if key == "expires_at_ms":
+            rows.append(("ttl", durations.text_ms(ttl_ms) if ttl_ms is not None else "renewed, as before"))
+        elif key != "header":
+            rows.append((key, value))
+    return rows
+
+
+def _run_describe(client: FencingClient, resource: str, out: str) -> None:
+    """The lease on ``resource`` with its remaining TTL (``remaining_ms`` in JSON, beside the
+    raw expiry and log clock); the table shows the TTL as a duration and no raw clock values."""
+    lease = client.describe(resource)
+    remaining = max(0, lease.expires_at_ms - lease.log_clock_ms) if lease.held else None
+    doc = {**_jsonable(lease), "remaining_ms": remaining}
+    _emit(doc, out, [
+        ("resource", lease.resource), ("held", lease.held), ("holder", lease.holder if lease.held else "-"),
+        ("token", lease.token if lease.held else "-"),
+        ("remaining_ttl", "-" if remaining is None else durations.text_ms(remaining)),
+        ("hwm", lease.hwm), ("waiters", lease.waiters),
+    ])
 
 
 def _run_key(client: FencingClient, name: str, request: dict[str, Any], out: str) -> None:
@@ -139,7 +200,11 @@ def _run_key(client: FencingClient, name: str, request: dict[str, Any], out: str
         got = client.read(request["resource"], request["key"])
         doc = {"resource": request["resource"], "key": request["key"], **_jsonable(got)}
         doc.update(_value_fields(got.value) if got.found else {"value": None, "value_base64": None})
-        _emit(doc, out)
+        if got.found:
+            _emit(doc, out)
+        else:  # a read that found nothing succeeded (exit 0, as etcdctl get): it says so
+            _emit(doc, out, [("resource", doc["resource"]), ("key", doc["key"]), ("found", False),
+                             ("value", "(not found)"), ("hwm", got.hwm)])
     else:  # delete
         deleted = client.delete(request["resource"], request["key"], token=request["token"], op_id=request.get("op_id"))
         _emit({"resource": request["resource"], "key": request["key"], **_jsonable(deleted)}, out)
@@ -165,13 +230,19 @@ def _run_admin(client: FencingClient, args: argparse.Namespace, name: str, reque
         raise UsageError(f"unknown command {name}")
 
 
-def _print_members(members) -> None:
+def _print_members(members, reachable: dict[str, bool | None] | None = None) -> None:
+    def answers(m) -> str:
+        up = (reachable or {}).get(m.api_address)
+        return "?" if up is None else "yes" if up else "NO"
+
     columns = [
         ("MEMBER", lambda m: m.member_id or "-"), ("RAFT", lambda m: m.id), ("API", lambda m: m.api_address or "-"),
         ("INCARNATION", lambda m: str(m.incarnation) if m.incarnation else "unbound"),
         ("ROLE", lambda m: m.role or ("leader" if m.is_leader else "-")),
         ("MATCH", lambda m: str(m.match_index)), ("VOTER", lambda m: "yes" if m.voter else "no"),
     ]
+    if reachable is not None:
+        columns.append(("REACHABLE", answers))
     rows = [[cell(m) for _, cell in columns] for m in members]
     widths = [max([len(title), *(len(row[i]) for row in rows)]) for i, (title, _) in enumerate(columns)]
     print("  ".join(f"{title:<{w}}" for (title, _), w in zip(columns, widths, strict=True)).rstrip())

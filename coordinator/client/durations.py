@@ -1,6 +1,7 @@
 """Durations as people type them on a command line: ``10s``, ``500ms``, ``1.5m``, ``2h``.
 
-Owns: turning one such word into seconds, and the wording of its error. Must never: accept a
+Owns: turning one such word into seconds, and the wording of its error; and the way back,
+a duration as people read it (``29.5s``, ``4m10s``) for what fencingctl prints. Must never: accept a
 word it has to guess about (an empty unit is the flag's own unit, given by the caller, so
 ``--wait-s 2`` keeps meaning two seconds and ``--ttl-ms 5000`` five seconds), or return a
 value that is not finite.
@@ -30,3 +31,16 @@ def parse_s(text: str, *, default_unit: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{text!r} is too large a duration")
     return value
+
+
+def text_ms(ms: int) -> str:
+    """``ms`` as people read a duration (Go's time.Duration style): ``750ms``, ``29.5s``,
+    ``4m10s``, ``2h0m5s`` (a tenth of a second at most under a minute; whole seconds above)."""
+    if ms < 1000:
+        return f"{max(0, int(ms))}ms"
+    if ms < 60_000:
+        return f"{(ms // 100) / 10:.1f}".rstrip("0").rstrip(".") + "s"
+    total_s = int(ms // 1000)
+    hours, rest = divmod(total_s, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return (f"{hours}h" if hours else "") + f"{minutes}m{seconds}s"

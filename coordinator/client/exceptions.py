@@ -66,6 +66,7 @@ from typing import Any, Mapping
 
 import grpc
 
+from coordinator.client import durations
 from coordinator.core.names import DOMAIN, ErrorMeta, ErrorReason
 
 __all__ = [
@@ -298,11 +299,18 @@ class LeaseHeld(Refused):
     def token(self) -> int | None:
         return self._int_meta(ErrorMeta.TOKEN)
 
+    @property
+    def remaining_ms(self) -> int | None:
+        """The holder's TTL left when the cluster refused (None from a member too old to say)."""
+        return self._int_meta(ErrorMeta.REMAINING_MS)
+
     def _describe(self) -> str:
-        return (
-            f"{self.resource or '?'} is held by {self.holder!r} (token {self.token}) "
-            f"until {_log_clock_text(self.expires_at_ms)}"
-        )
+        if self.token == 0:  # no live lease, but lock waiters queued: the queue goes first
+            return f"{self.resource or '?'} has lock waiters queued; {self.holder!r} is next"
+        held = f"{self.resource or '?'} is held by {self.holder!r} (token {self.token})"
+        if self.remaining_ms is not None:
+            return f"{held}, {durations.text_ms(self.remaining_ms)} of its TTL left"
+        return f"{held} until {_log_clock_text(self.expires_at_ms)}"
 
 
 class LeaseExpired(Refused):

@@ -12,9 +12,12 @@ Usage::
                [--credential TOKEN] [--admin-token TOKEN] [--ca-file F [--cert-file F --key-file F]]
                COMMAND ...   (these options may also follow COMMAND)
 
-    status
-    acquire   RESOURCE --ttl-ms N [--holder H] [--wait-ms N] [--op-id HEX]
-    keepalive RESOURCE --token N [--ttl-ms N]
+    status                (marks members that do not answer; without a quorum: exit 4)
+    endpoint status       each endpoint's own view, asked on its own (works without a quorum)
+    endpoint health       each endpoint's gRPC health
+    acquire   RESOURCE --ttl-ms D [--holder H] [--wait-ms D] [--op-id HEX]
+    keepalive RESOURCE --token N [--ttl-ms D]
+              (D: a duration, 10s, 500ms, 1.5m; a bare number is milliseconds)
     release   RESOURCE --token N [--op-id HEX]
     describe  RESOURCE
     write     RESOURCE KEY VALUE --token N [--op-id HEX] [--expected-version N]
@@ -47,7 +50,7 @@ Backups: ``admin snapshot`` writes a consistent backup (read through the log) to
 chunks, so any state the limits allow fits (at most limits.BACKUP_BYTES_MAX, ~740 MB); each
 may take up to five minutes at that size.
 
-Every command except status and snapshot also takes the request as one JSON object,
+Every command except status, endpoint, member and snapshot also takes the request as one JSON object,
 ``--json '{"resource": "orders/7", "key": "k", "value": "v", "token": 3}'`` (``--json -``
 reads stdin), instead of arguments; a binary value goes as ``"value_base64"``. The field
 names are the API's (resource, key, value, token, op_id as hex, expected_version, ttl_ms,
@@ -177,6 +180,8 @@ def _main(argv: list[str] | None) -> int:
         name = args.admin_command if args.command == "admin" else args.command
         if name == "member":
             name = f"member-{args.member_command}"  # arguments only, checked by the server too
+        elif name == "endpoint":
+            name = f"endpoint-{args.endpoint_command}"
         request = request_for(args, name, lock_cmd)
         client = _client(args)
     except UsageError as error:
@@ -195,7 +200,9 @@ def _main(argv: list[str] | None) -> int:
                     code = lockcmd.exit_code_for(error)
                     _print_error(error, error.category, output, code)
                     return int(code)
-            run(client, args, name, request)
+            ran = run(client, args, name, request)
+            if ran:
+                return ran  # status/endpoint: some endpoint down, after the output
         except exc.FencingError as error:
             code = exit_code_for(error)
             category = "invalid argument" if code == EXIT_USAGE else error.category

@@ -171,6 +171,9 @@ class ClusterStatus(_Result):
     epoch: int
     has_quorum: bool
     header: Header
+    version: str = ""  # the answering member's software version ("": a member too old to say)
+    data_size_bytes: int = 0  # its data dir on disk
+    local: bool = False  # answered from its own view (status(local=True)), not through the log
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,6 +303,9 @@ def cluster_status(r: pb.StatusResponse) -> ClusterStatus:
         epoch=r.epoch,
         has_quorum=r.has_quorum,
         header=header_from_pb(r.header),
+        version=r.version,
+        data_size_bytes=r.data_size_bytes,
+        local=r.local,
     )
 
 

@@ -40,6 +40,7 @@ class LeaseHandlers(MachineBase):
                     "holder": head.holder if lease is None else lease.holder,
                     "expires_at_ms": 0 if lease is None else lease.expires_at_ms,
                     "token": 0 if lease is None else lease.token,
+                    "remaining_ms": 0 if lease is None else max(0, lease.expires_at_ms - now),
                 },
             )
         if lease is not None and lease.expires_at_ms > now:
@@ -51,6 +52,7 @@ class LeaseHandlers(MachineBase):
                     "holder": lease.holder,
                     "expires_at_ms": lease.expires_at_ms,
                     "token": lease.token,
+                    "remaining_ms": lease.expires_at_ms - now,
                 },
             )
         principal = args["principal"]

@@ -32,7 +32,7 @@ class ErrorReason(enum.StrEnum):
     INVALID_FIELD = "INVALID_FIELD"  # a malformed request field; metadata: field
     STALE_TOKEN = "STALE_TOKEN"  # token < hwm; metadata: hwm
     UNKNOWN_TOKEN = "UNKNOWN_TOKEN"  # token > hwm, never issued; metadata: hwm
-    LEASE_HELD = "LEASE_HELD"  # metadata: holder, expires_at_ms, token
+    LEASE_HELD = "LEASE_HELD"  # metadata: holder, expires_at_ms, token, remaining_ms
     LEASE_EXPIRED = "LEASE_EXPIRED"
     VERSION_MISMATCH = "VERSION_MISMATCH"  # metadata: version
     EPOCH_FLOOR_TOO_LOW = "EPOCH_FLOOR_TOO_LOW"  # metadata: epoch
@@ -62,6 +62,7 @@ class ErrorMeta(enum.StrEnum):
     HOLDER = "holder"  # the live lease's holder
     EXPIRES_AT_MS = "expires_at_ms"  # the live lease's expiry, on the log clock
     TOKEN = "token"  # the live lease's token
+    REMAINING_MS = "remaining_ms"  # the live lease's TTL left, as of the refusal
     VERSION = "version"  # the key's current version (0: absent)
     EPOCH = "epoch"  # the current epoch
     OP = "op"  # the op an op_id was first used for

@@ -10,6 +10,7 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
 
     fencingd          the ``fencingd`` command: ``serve``, ``dev``, ``health``, ``keygen``,
                       ``gen-secret``, ``check-config``, ``restore-cluster``
+    health_probe      ``fencingd health``: one health check, grpc_health_probe's exit codes
     restore_cluster   ``fencingd restore-cluster``: a new cluster's data dirs made offline
                       from a backup, fenced above every old token (disaster recovery)
     app               one ``fencingd serve`` process: the Raft node, the gRPC server, wiring

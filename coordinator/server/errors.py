@@ -17,7 +17,7 @@ Layers (the etcd way: transport-free sentinels, then one table)::
 | Failure.INVALID_INPUT, Reason.MALFORMED | INVALID_ARGUMENT | INVALID_FIELD | field |
 | Reason.STALE_TOKEN | FAILED_PRECONDITION | STALE_TOKEN | hwm |
 | Reason.UNKNOWN_TOKEN | FAILED_PRECONDITION | UNKNOWN_TOKEN | hwm |
-| Reason.LEASE_HELD | FAILED_PRECONDITION | LEASE_HELD | holder, expires_at_ms, token |
+| Reason.LEASE_HELD | FAILED_PRECONDITION | LEASE_HELD | holder, expires_at_ms, token, remaining_ms |
 | Reason.LEASE_EXPIRED | FAILED_PRECONDITION | LEASE_EXPIRED | |
 | Reason.VERSION_MISMATCH | FAILED_PRECONDITION | VERSION_MISMATCH | version |
 | Reason.EPOCH_FLOOR_TOO_LOW | FAILED_PRECONDITION | EPOCH_FLOOR_TOO_LOW | epoch |

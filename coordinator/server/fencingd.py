@@ -2,7 +2,7 @@
 
     fencingd serve --config node1.toml [--flag value ...]   one cluster member
     fencingd dev [--data-dir DIR] [--base-port N]            a local three-member cluster
-    fencingd health --address HOST:PORT                      exit 0 iff the member is SERVING
+    fencingd health --address HOST:PORT                      exit 0 iff SERVING; 2 unreachable, 4 not serving
     fencingd keygen --private-key F --public-key G           a token signing key pair (DESIGN §6)
     fencingd gen-secret FILE                                 a peer credential (raft_secret_file), mode 0600
     fencingd check-config FILE [--values-only]               exit 0 iff ``serve`` would accept the config
@@ -37,7 +37,7 @@ import time
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from coordinator.client.version import distribution_version
-from coordinator.server import api_conns, cpu_pin, log_limits, member_dir, sd_notify, server_extra
+from coordinator.server import api_conns, cpu_pin, health_probe, log_limits, member_dir, sd_notify, server_extra
 from coordinator.server import config as config_mod
 
 log = logging.getLogger("fencingd")
@@ -250,39 +250,6 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def _healthy(api_address: str, timeout_s: float = 1.0, credentials=None) -> bool:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    from coordinator.client import open_channel
-
-    with open_channel(api_address, credentials) as channel:
-        try:
-            # The stubs declare HealthStub without its methods.
-            reply = health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]
-                health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
-            )
-        except grpc.RpcError:
-            return False
-    return reply.status == health_pb2.HealthCheckResponse.SERVING
-
-
-def cmd_health(args: argparse.Namespace) -> int:
-    """Exit 0 iff the member at ``--address`` says SERVING (for container health checks)."""
-    from coordinator.client import tls_credentials
-
-    try:
-        credentials = tls_credentials(args.ca_file, args.cert_file, args.key_file)
-    except OSError as exc:
-        print(f"fencingd health: {exc}", file=sys.stderr, flush=True)
-        return 2
-    if _healthy(args.address, timeout_s=args.timeout_s, credentials=credentials):
-        print(f"{args.address}: SERVING", flush=True)
-        return 0
-    print(f"{args.address}: not serving (or no answer within {args.timeout_s} s)", file=sys.stderr, flush=True)
-    return 1
-
-
 def _create_file(path: str, data: bytes, mode: int) -> str | None:
     """Create ``path`` holding ``data`` with ``mode``, synced; never overwrites. The error line, or None."""
     try:
@@ -467,7 +434,7 @@ def _wait_dev_healthy(dev: _DevCluster, children: list[subprocess.Popen], stop: 
                 print(f"fencingd dev: member {i} exited with {children[i].returncode}; see {dev.logs[i]}",
                       file=sys.stderr)
                 return "failed"
-            if _healthy(dev.apis[i]):
+            if health_probe.healthy(dev.apis[i]):
                 waiting.discard(i)
         if time.monotonic() > deadline:
             print(f"fencingd dev: not healthy after {start_timeout:.0f} s; see {', '.join(dev.logs)}", file=sys.stderr)
@@ -557,15 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     dev.add_argument("--start-timeout", type=float, default=DEV_START_TIMEOUT_S, help="seconds to wait for health")
     dev.set_defaults(func=cmd_dev)
-    health = sub.add_parser(
-        "health", help="exit 0 iff a member answers SERVING (grpc.health.v1): for container probes"
-    )
-    health.add_argument("--address", default="127.0.0.1:7100", help="the member's API address (HOST:PORT)")
-    health.add_argument("--timeout-s", type=float, default=2.0, help="seconds to wait for the answer")
-    health.add_argument("--ca-file", help="TLS: PEM CA that signed the member's certificate (default: plaintext)")
-    health.add_argument("--cert-file", help="mutual TLS: this probe's PEM certificate")
-    health.add_argument("--key-file", help="mutual TLS: its PEM private key")
-    health.set_defaults(func=cmd_health)
+    health_probe.add_parser(sub)
     keygen = sub.add_parser(
         "keygen", help="write an Ed25519 key pair for signed token proofs (token_signing_key_file)"
     )
@@ -587,7 +546,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     server_extra.require("fencingd")  # a client-only install: one line naming the extra, no traceback
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = build_parser().parse_args(words)
+    except SystemExit as done:
+        # health's usage error is 1, as grpc_health_probe's: argparse's 2 there means unreachable.
+        if done.code == 2 and words[:1] == ["health"]:
+            return health_probe.HEALTH_USAGE
+        raise
     return args.func(args)
 
 

@@ -19,11 +19,13 @@ written (coordinator/raft/read_index.py), and fall back to the entry whenever it
 from __future__ import annotations
 
 import functools
+import os
 import time
 from typing import Any
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
+from coordinator.client.version import distribution_version
 from coordinator.core import commands
 from coordinator.core.state_machine import Reason
 from coordinator.server import errors
@@ -276,8 +278,15 @@ class ClusterServicer(pb_grpc.ClusterServicer):
 
     @unary
     def Status(self, request: pb.StatusRequest, context, caller: Principal | None) -> pb.StatusResponse:
-        # Linearizable like a read (I9): without a barrier through the log there is no answer.
-        result, index = self.core.barrier(context, caller)
+        if request.local:
+            # This member's own view, at once: what `fencingctl endpoint status` asks each
+            # member, so it answers with the quorum lost (no barrier; may be stale).
+            self.core.authorize(caller, None)
+            epoch, index = self.core.node.read(lambda sm: sm.epoch), 0
+        else:
+            # Linearizable like a read (I9): without a barrier through the log there is no answer.
+            result, index = self.core.barrier(context, caller)
+            epoch = result["epoch"]
         status = self.core.node.status()
         leader = status["leader"] or ""
         # Every member of the replicated configuration (its id, incarnation, role, match index,
@@ -293,6 +302,28 @@ class ClusterServicer(pb_grpc.ClusterServicer):
             term=status["term"],
             commit_index=status["commit_index"],
             applied_index=max(index, status["last_applied"]),
-            epoch=result["epoch"],
+            epoch=epoch,
             has_quorum=bool(status["has_quorum"]),
+            version=distribution_version(),
+            data_size_bytes=_data_size_bytes(getattr(self.core.node.config, "data_dir", None)),
+            local=request.local,
         )
+
+
+def _data_size_bytes(data_dir: str | None) -> int:
+    """The files at the top of ``data_dir`` (journal, snapshots, identity): what a member
+    keeps (0 for a node without a data dir: the in-memory test cluster)."""
+    if data_dir is None:
+        return 0
+    total = 0
+    try:
+        with os.scandir(data_dir) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+                except OSError:
+                    continue  # removed meanwhile (a snapshot replaced)
+    except OSError:
+        return 0
+    return total

@@ -302,8 +302,10 @@ class ReadResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., found: _Optional[bool] = ..., value: _Optional[bytes] = ..., version: _Optional[int] = ..., hwm: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("local",)
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
+    local: bool
+    def __init__(self, local: _Optional[bool] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("id", "api_address", "is_leader", "member_id", "incarnation", "role", "match_index", "voter")
@@ -326,7 +328,7 @@ class Member(_message.Message):
     def __init__(self, id: _Optional[str] = ..., api_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., member_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., role: _Optional[str] = ..., match_index: _Optional[int] = ..., voter: _Optional[bool] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("header", "members", "leader", "leader_api_address", "term", "commit_index", "applied_index", "epoch", "has_quorum")
+    __slots__ = ("header", "members", "leader", "leader_api_address", "term", "commit_index", "applied_index", "epoch", "has_quorum", "version", "data_size_bytes", "local")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -336,6 +338,9 @@ class StatusResponse(_message.Message):
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HAS_QUORUM_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DATA_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
     header: ResponseHeader
     members: _containers.RepeatedCompositeFieldContainer[Member]
     leader: str
@@ -345,7 +350,10 @@ class StatusResponse(_message.Message):
     applied_index: int
     epoch: int
     has_quorum: bool
-    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., leader: _Optional[str] = ..., leader_api_address: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., epoch: _Optional[int] = ..., has_quorum: _Optional[bool] = ...) -> None: ...
+    version: str
+    data_size_bytes: int
+    local: bool
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., leader: _Optional[str] = ..., leader_api_address: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., epoch: _Optional[int] = ..., has_quorum: _Optional[bool] = ..., version: _Optional[str] = ..., data_size_bytes: _Optional[int] = ..., local: _Optional[bool] = ...) -> None: ...
 
 class MemberListRequest(_message.Message):
     __slots__ = ()

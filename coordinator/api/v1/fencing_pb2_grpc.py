@@ -751,7 +751,9 @@ class ClusterServicer:
     """
 
     def Status(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Linearizable by default (read through the log, so it fails without a quorum); with
+        `local` this member answers from its own state at once, with or without a quorum.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
