@@ -339,7 +339,9 @@ def test_the_run_records_a_fault_whose_own_check_failed(ok, at):
     from chaos.runner import Run
 
     run = Run.__new__(Run)  # only run_fault's bookkeeping: no cluster, no clients
-    run.errors, run.cluster, run.converge_timeout_s = [], None, 1.0
+    # A cluster that names no leader: the leadership check before and after has nothing to compare.
+    run.errors, run.converge_timeout_s = [], 1.0
+    run.cluster = types.SimpleNamespace(statuses=lambda: {})
     run.writer = types.SimpleNamespace(write=lambda record: None)
     run.wait_converged = lambda timeout_s: 0.01
     step = run.run_fault(_SelfCheckingFault(ok, at), hold_s=0.0)
