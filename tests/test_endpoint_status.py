@@ -127,3 +127,16 @@ def test_fencingd_health_usage_error_is_1_not_unreachable():
     assert proc.returncode == 0
     for line in ("0  SERVING", "2  unreachable", "4  NOT_SERVING"):
         assert line in proc.stdout
+
+
+def test_the_client_decodes_every_health_status_as_grpc_health_encodes_it():
+    """`endpoint health` speaks grpc.health.v1 without grpcio-health-checking (a server-only
+    dependency): its decoder must agree with the library's encoding of every status."""
+    from grpc_health.v1 import health_pb2
+
+    from coordinator.client.ctl_endpoint import serving_status
+
+    for value in health_pb2.HealthCheckResponse.ServingStatus.values():
+        encoded = health_pb2.HealthCheckResponse(status=value).SerializeToString()
+        assert serving_status(encoded) == health_pb2.HealthCheckResponse.ServingStatus.Name(value)
+    assert serving_status(b"\x08\x09").startswith("UNKNOWN") and serving_status(b"\x10\x01").startswith("UNKNOWN")

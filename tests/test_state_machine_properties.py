@@ -157,7 +157,7 @@ class Model:
                 return (
                     "rejected",
                     Reason.LEASE_HELD,
-                    {"holder": holder_, "expires_at_ms": expires_, "token": token_},
+                    {"holder": holder_, "expires_at_ms": expires_, "token": token_, "remaining_ms": expires_ - now},
                 ), None
             if name not in self.res and len(self.res) >= RESOURCES_MAX:
                 return ("rejected", Reason.LIMIT_EXCEEDED, None), None

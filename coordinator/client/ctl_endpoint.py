@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.client import exceptions as exc
 from coordinator.client.ctl_parser import TLS_ENV
@@ -109,6 +108,24 @@ def endpoint_statuses(client: FencingClient, timeout_s: float) -> list[EndpointS
     return _all_at_once(ask, client.endpoints)
 
 
+# grpc.health.v1's Check, spoken without grpcio-health-checking: that package is a server
+# dependency (the [server] extra), and a client-only install runs `fencingctl endpoint health` too.
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+SERVING_STATUS_NAMES = ("UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN")
+
+
+def serving_status(reply: bytes) -> str:
+    """The status name of an encoded HealthCheckResponse: ``{status = 1}``, an enum (a varint).
+    Empty bytes are the default, UNKNOWN; a field or value this client does not know is named
+    by its number."""
+    if not reply:
+        return SERVING_STATUS_NAMES[0]
+    if reply[0] != 0x08 or len(reply) != 2 or reply[1] >= 0x80:
+        return f"UNKNOWN (undecoded answer {reply.hex()})"
+    value = reply[1]
+    return SERVING_STATUS_NAMES[value] if value < len(SERVING_STATUS_NAMES) else f"UNKNOWN ({value})"
+
+
 def health_of(
     endpoints: Sequence[str], credentials: grpc.ChannelCredentials | None, timeout_s: float
 ) -> list[EndpointHealth]:
@@ -118,8 +135,8 @@ def health_of(
         started = time.monotonic()
         with open_channel(endpoint, credentials) as channel:
             try:
-                stub: Any = health_pb2_grpc.HealthStub(channel)  # the generated stub declares no methods
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+                check: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(HEALTH_CHECK)
+                reply = check(b"", timeout=timeout_s)  # HealthCheckRequest{service: ""} is empty
             except grpc.RpcError as error:
                 took = (time.monotonic() - started) * 1000
                 code = error.code() if hasattr(error, "code") else None
@@ -127,7 +144,7 @@ def health_of(
                     return EndpointHealth(endpoint, "UNREACHABLE", took, f"no answer within {timeout_s:g} s")
                 return EndpointHealth(endpoint, "UNKNOWN", took, f"{code.name}: {error.details()}")
         took = (time.monotonic() - started) * 1000
-        return EndpointHealth(endpoint, health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status), took)
+        return EndpointHealth(endpoint, serving_status(reply), took)
 
     return _all_at_once(ask, endpoints)
 
