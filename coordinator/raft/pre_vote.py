@@ -20,7 +20,6 @@ only once a majority said yes.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 import pysyncobj.syncobj as _ps
@@ -31,8 +30,6 @@ if TYPE_CHECKING:  # for mypy only: the class it is mixed into is a pysyncobj Sy
     from pysyncobj import SyncObj as _Host
 else:
     _Host = object
-
-log = logging.getLogger(__name__)
 
 PRE_VOTE = "pre_vote"
 PRE_VOTE_RESPONSE = "pre_vote_response"
@@ -144,8 +141,10 @@ class PreVote(_Host):
         if member is None or (member.voter and member.incarnation != message.get("incarnation")):
             return
         self.term_notices_adopted += 1
-        log.warning("raft: %s is in term %d, above this member's %d: adopting it (a leader steps down)",
-                    node.address, message["term"], self.raftCurrentTerm)
+        # Rate-limited like the refusals: without the peer secret a stranger naming a learner's
+        # address could send these (as it could an append of a higher term: RAFT.md "Not closed here").
+        peer_warnings.warning("raft: %s is in term %d, above this member's %d: adopting it (a leader steps down)",
+                              node.address, message["term"], self.raftCurrentTerm)
         self._SyncObj__setCurrentTerm(message["term"], None)  # saved first (durable_term.py)
         self._SyncObj__setState(_ps._RAFT_STATE.FOLLOWER)
         self._SyncObj__raftLeader = None
