@@ -179,6 +179,10 @@ class ChaosCluster(GrpcCluster):
     def raft_term(self, i: int, timeout_s: float = 2.0) -> int:
         """Member ``i``'s current Raft term as it holds it in memory, from its /metrics: a
         local read (no barrier through the log), so it answers during an election too."""
+        return int(self.metric(i, "fencing_raft_term", timeout_s))
+
+    def metric(self, i: int, name: str, timeout_s: float = 2.0) -> float:
+        """The value of the unlabelled series ``name`` on member ``i``'s /metrics."""
         node = self.nodes[i]
         conn = http.client.HTTPConnection(node.host, self.metrics_port, timeout=timeout_s)
         try:
@@ -188,9 +192,9 @@ class ChaosCluster(GrpcCluster):
         finally:
             conn.close()
         for line in body.splitlines():
-            if line.startswith("fencing_raft_term "):
-                return int(float(line.split()[1]))
-        raise RuntimeError(f"member {i}'s /metrics has no fencing_raft_term")
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise RuntimeError(f"member {i}'s /metrics has no {name}")
 
     def env(self, node) -> dict:
         if not self.clock_steppable:

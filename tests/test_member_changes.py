@@ -21,7 +21,6 @@ treating them as failures made this test fail about one run in three.
 from __future__ import annotations
 
 import concurrent.futures
-import http.client
 import threading
 import time
 from itertools import pairwise
@@ -207,19 +206,6 @@ def test_rolling_restart_remove_re_add_and_replace_at_a_new_address_under_load(c
     assert all(gap < GAP_BOUND_S for gap in gaps.values()), gaps
 
 
-def _metric(cluster, i: int, name: str) -> float:
-    conn = http.client.HTTPConnection(cluster.nodes[i].host, cluster.metrics_port, timeout=5.0)
-    try:
-        conn.request("GET", "/metrics")
-        body = conn.getresponse().read().decode("utf-8", "replace")
-    finally:
-        conn.close()
-    for line in body.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"member {i}'s /metrics has no {name}")
-
-
 def test_a_member_removed_unawares_is_added_again_and_promoted(cluster):
     """Its Raft traffic is dropped while it is removed, so it never hears of it: it goes on as a
     voter and, hearing no leader, asks for votes. Pre-vote (RAFT.md "Pre-vote") keeps its term at
@@ -237,11 +223,11 @@ def test_a_member_removed_unawares_is_added_again_and_promoted(cluster):
             faults.nft_drop(host, member.host, cluster.raft_port)
         try:
             _change(lambda: admin.member_remove(member_id), lambda: member_id not in _members(admin))
-            started = _metric(cluster, i, "fencing_raft_pre_votes_started_total")
+            started = cluster.metric(i, "fencing_raft_pre_votes_started_total")
 
             def tries() -> float:  # pre-vote rounds, or (with the fix off) elections it stood in
                 return (
-                    _metric(cluster, i, "fencing_raft_pre_votes_started_total") - started + cluster.raft_term(i) - term
+                    cluster.metric(i, "fencing_raft_pre_votes_started_total") - started + cluster.raft_term(i) - term
                 )
 
             wait_until(lambda: tries() >= 3, 30.0, what="three tries to be elected by the member cut off")

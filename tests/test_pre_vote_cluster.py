@@ -11,7 +11,6 @@ one removed from the configuration while it keeps running.
 
 from __future__ import annotations
 
-import http.client
 import time
 
 import grpc
@@ -117,17 +116,4 @@ def test_a_paused_follower_resumes_and_nobody_is_deposed(cluster):
 
 
 def _pre_votes_started(c: ChaosCluster, i: int) -> float:
-    return _metric(c, i, "fencing_raft_pre_votes_started_total")
-
-
-def _metric(c: ChaosCluster, i: int, name: str) -> float:
-    conn = http.client.HTTPConnection(c.nodes[i].host, c.metrics_port, timeout=5.0)
-    try:
-        conn.request("GET", "/metrics")
-        body = conn.getresponse().read().decode("utf-8", "replace")
-    finally:
-        conn.close()
-    for line in body.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"member {i}'s /metrics has no {name}")
+    return c.metric(i, "fencing_raft_pre_votes_started_total")
