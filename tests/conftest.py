@@ -20,6 +20,28 @@ if ROOT not in _paths:
     os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *_paths])
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that used a cluster fixture reports the tail of every member's log.
+
+    A real-process failure that does not come back in isolation (a timeout under load, say)
+    is otherwise left with nothing to read; the logs are still on disk at this point.
+    """
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    from testsupport.supervisor import Supervisor
+
+    for name, value in getattr(item, "funcargs", {}).items():
+        if isinstance(value, Supervisor):
+            report.sections.append((f"member logs ({name})", value.logs(tail=MEMBER_LOG_TAIL_CHARS)))
+
+
+# Per member, in a failure report: enough for the last election or two, not a whole run.
+MEMBER_LOG_TAIL_CHARS = 20_000
+
+
 def pytest_sessionfinish(session, exitstatus):
     """In CI every test must run: a skip there (a missing package, say) fails the run."""
     if os.environ.get("CI") != "true" or exitstatus != 0:
