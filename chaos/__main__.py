@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                                      "violations", "violations_by_kind", "errors", "hazards")}
     brief["failover_s"] = {k: v for k, v in summary["failover_s"].items() if k != "values"}
     brief["convergence_s"] = {k: v for k, v in summary["convergence_s"].items() if k != "values"}
+    brief["leader_changes_by_fault"] = summary["leader_changes_by_fault"]
+    brief["longest_ack_gap_by_fault_s"] = summary["longest_ack_gap_by_fault_s"]
     print(json.dumps(brief, indent=2))
     print(f"[chaos] report: {os.path.join(out, 'summary.json')}  {os.path.join(out, 'timeline.html')}")
     return code

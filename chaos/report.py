@@ -8,6 +8,7 @@ violations marked in red at the ops they name.
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import os
 import statistics
@@ -22,6 +23,36 @@ def _stats(values: list[float]) -> dict:
         return {"n": 0, "p50": None, "max": None}
     return {"n": len(values), "p50": round(statistics.median(values), 3), "max": round(max(values), 3),
             "values": values}
+
+
+def longest_ack_gap_s(history: History, start_ns: int, end_ns: int) -> float | None:
+    """The longest stretch of ``[start_ns, end_ns]`` in which no operation was acknowledged.
+
+    Issue "safe for the whole life of a deployment" bounds it for follower faults: a leader
+    that keeps leading keeps acknowledging, so a follower's pause or partition shows as no gap
+    beyond a couple of heartbeats. Ops are every client's ``ok`` answers (hostile and refused
+    ones say nothing about availability). None for an empty or inverted window.
+    """
+    if end_ns <= start_ns:
+        return None
+    acks = sorted(op.complete_ns for op in history.ops
+                  if op.outcome == "ok" and op.complete_ns is not None and start_ns <= op.complete_ns <= end_ns)
+    edges = [start_ns, *acks, end_ns]
+    return round(max(b - a for a, b in itertools.pairwise(edges)) / 1e9, 3)
+
+
+def ack_gaps_by_fault(history: History, steps: list[dict]) -> dict[str, float | None]:
+    """Per fault kind (the largest of its steps), the longest gap between acknowledgements from
+    inject to heal; in the summary beside the leader changes, for the follower faults."""
+    gaps: dict[str, float | None] = {}
+    for step in steps:
+        if "inject_t_ns" not in step or "heal_t_ns" not in step:
+            continue
+        gap = longest_ack_gap_s(history, step["inject_t_ns"], step["heal_t_ns"])
+        step["longest_ack_gap_s"] = gap
+        known = [g for g in (gaps.get(step["kind"]), gap) if g is not None]
+        gaps[step["kind"]] = max(known) if known else None
+    return gaps
 
 
 def summarize(history: History, report, steps: list[dict], errors: list[str], final_info: dict, *, profile: str,
@@ -53,6 +84,9 @@ def summarize(history: History, report, steps: list[dict], errors: list[str], fi
         "convergence_s": _stats([s.get("convergence_s") for s in steps]),
         # Terms a new leader took during each fault (0: the leader led through it in its term).
         "leader_changes_by_fault": {s["kind"]: s["leader_changes"] for s in steps if "leader_changes" in s},
+        # Seconds without an acknowledged operation, inject to heal (a figure, not a check:
+        # this machine's load moves it; compare the follower faults with 2x the heartbeat).
+        "longest_ack_gap_by_fault_s": ack_gaps_by_fault(history, steps),
         "final_digest": final_info.get("digest"),
         "steps": steps,
         "errors": errors,
