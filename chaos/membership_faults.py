@@ -19,10 +19,10 @@ import os
 import random
 import shutil
 import time
-from itertools import pairwise
 
 from chaos.faults import Fault, _pick
 from chaos.harness import ChaosCluster
+from chaos.report import longest_gap_s
 from chaos.workload import make_client
 from coordinator.client.exceptions import OutcomeUnknown, Refused, Unavailable
 from coordinator.raft.identity import IDENTITY_NAME
@@ -79,12 +79,6 @@ def acknowledged_ends_ns(clients_dir: str) -> list[int]:
                 if record.get("type") == "op" and record.get("complete_ns") is not None:
                     ends.append(int(record["complete_ns"]))
     return sorted(ends)
-
-
-def longest_gap_s(ends_ns: list[int], since_ns: int, until_ns: int) -> float:
-    """The longest time in [since, until] with no acknowledged op completing."""
-    edges = [since_ns, *(t for t in ends_ns if since_ns <= t <= until_ns), until_ns]
-    return round(max(b - a for a, b in pairwise(edges)) / 1e9, 3)
 
 
 class DiskLoss(Fault):

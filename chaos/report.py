@@ -35,9 +35,13 @@ def longest_ack_gap_s(history: History, start_ns: int, end_ns: int) -> float | N
     """
     if end_ns <= start_ns:
         return None
-    acks = sorted(op.complete_ns for op in history.ops
-                  if op.outcome == "ok" and op.complete_ns is not None and start_ns <= op.complete_ns <= end_ns)
-    edges = [start_ns, *acks, end_ns]
+    return longest_gap_s([op.complete_ns for op in history.ops if op.outcome == "ok" and op.complete_ns is not None],
+                         start_ns, end_ns)
+
+
+def longest_gap_s(ends_ns: list[int], since_ns: int, until_ns: int) -> float:
+    """The longest time in [since, until] with none of ``ends_ns`` (acknowledgements) in it."""
+    edges = [since_ns, *sorted(t for t in ends_ns if since_ns <= t <= until_ns), until_ns]
     return round(max(b - a for a, b in itertools.pairwise(edges)) / 1e9, 3)
 
 

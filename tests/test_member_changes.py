@@ -23,7 +23,6 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from itertools import pairwise
 
 import pytest
 
@@ -31,6 +30,7 @@ from chaos import faults
 from chaos.check import check_file, format_report
 from chaos.harness import ChaosCluster
 from chaos.history import read_history
+from chaos.report import longest_gap_s
 from chaos.workload import run_client, write_final_states
 from coordinator.client import FencingClient
 from coordinator.client.exceptions import OutcomeUnknown, Refused, UnknownMember
@@ -60,10 +60,9 @@ def _acknowledged(paths) -> int:
 
 
 def _longest_gap_s(paths, since_ns: int, until_ns: int) -> float:
-    ends = sorted(op.complete_ns for path in paths for op in read_history(path).ops
-                  if op.outcome == "ok" and op.complete_ns is not None and since_ns <= op.complete_ns <= until_ns)
-    edges = [since_ns, *ends, until_ns]
-    return max(b - a for a, b in pairwise(edges)) / 1e9
+    ends = [op.complete_ns for path in paths for op in read_history(path).ops
+            if op.outcome == "ok" and op.complete_ns is not None]
+    return longest_gap_s(ends, since_ns, until_ns)
 
 
 def _change(change, applied):
