@@ -131,6 +131,7 @@ def principals_file(base: str) -> str:
 
 def probe_cluster(base: str, cls=GrpcCluster, node_settings: dict | None = None) -> GrpcCluster:
     """A cluster as the issue's: secret, principals, admin token; audit log and metrics per member."""
+    os.makedirs(base, exist_ok=True)
     metrics_port, _ = pick_ports(DEFAULT_HOSTS)
     per_node = {i: {"audit_log_path": os.path.join(base, f"audit{i}.log"), "metrics_address": f"{h}:{metrics_port}",
                     **(node_settings or {}).get(i, {})} for i, h in enumerate(DEFAULT_HOSTS)}
@@ -445,19 +446,27 @@ def _follower_victim(cluster, victim) -> int:
     return leader
 
 
+def _fresh_health(node) -> str:
+    """Health.Check over a new connection: can a client still connect while the API is full?"""
+    with grpc.insecure_channel(node.api_address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return timed(lambda: stub.Check(health_pb2.HealthCheckRequest(), timeout=PROBE_DEADLINE_S))
+
+
 def _election_with_connections(cluster, victim) -> tuple[list[str], bool]:
     leader = _follower_victim(cluster, victim)
     term0, fds0 = term_of(victim), fds(victim.proc.pid)
     socks = _idle_connections(victim, IDLE_CONNECTIONS)
     try:
         time.sleep(api_conns.PEER_SCAN_INTERVAL_S + 1.0)  # a duration: the per-address scan runs meanwhile
-        held_fds = fds(victim.proc.pid)
+        held_fds, fresh = fds(victim.proc.pid), _fresh_health(victim)
         cluster.pause(leader)  # the other two elect: the victim must save a higher term
         try:
-            new = leader_of(cluster, [n for n in cluster.nodes if n.up])
+            new = leader_of(cluster, [n for n in cluster.nodes if n.up])  # over channels opened before
             term1 = term_of(victim)
             meta = read_meta(os.path.join(victim.data_dir, META_NAME))
-            with FencingClient([cluster.nodes[new].api_address], bearer_token=token_of("x")) as client:
+            up = sorted((n for n in cluster.nodes if n.up), key=lambda n: n is victim)  # victim's API last
+            with FencingClient([n.api_address for n in up], bearer_token=token_of("x")) as client:
                 lease = client.acquire(f"x/fd-{os.urandom(4).hex()}", holder="probe", ttl_ms=60_000)
                 ok, failed = _write_for(client, lease, 2.0)
         finally:
@@ -466,9 +475,11 @@ def _election_with_connections(cluster, victim) -> tuple[list[str], bool]:
         for s in socks:
             s.close()
     return [f"{len(socks)} idle API connections (no credential, {CONNECTION_SOURCES} addresses): member's "
-            f"descriptors {fds0} -> {held_fds} (limit {FD_LIMIT}); leader paused: term {term0} -> {term1}, "
-            f"raft.meta term {meta[0] if meta else None}, member {'running' if victim.alive else 'EXITED'}; "
-            f"writes under the new leader {ok} ok / {failed} failed"], (term1 == (meta or (0,))[0] and victim.alive)
+            f"descriptors {fds0} -> {held_fds} (limit {FD_LIMIT}); Health.Check on a new connection meanwhile "
+            f"{fresh}",
+            f"leader paused: member {victim.index}'s term {term0} -> {term1}, raft.meta term "
+            f"{meta[0] if meta else None}, member {'running' if victim.alive else 'EXITED'}, new leader member "
+            f"{new}; writes meanwhile {ok} ok / {failed} failed"], (term1 == (meta or (0,))[0] and victim.alive)
 
 
 def _exhausted_election(cluster, victim) -> tuple[list[str], bool]:
@@ -512,7 +523,7 @@ def probe_term_durability(base: str) -> bool:
             f.write(f"api_connections_max = {fits}\n")
         cluster.start_all()
         more, saved = _election_with_connections(cluster, victim)
-        lines += [f"restarted with api_connections_max = {fits}: " + more[0]]
+        lines += [f"restarted with api_connections_max = {fits}: " + more[0], more[1]]
         exhausted, stopped = _exhausted_election(cluster, victim)
         lines += exhausted
     return report(2, "term durability under descriptor exhaustion", lines, saved and stopped)
