@@ -337,37 +337,53 @@ def probe_dedup(cluster, writes_max: int, seconds: float) -> bool:
 # -- 7: metrics port -------------------------------------------------------------------------
 
 
-def probe_metrics(cluster) -> bool:
-    index = 2
-    pid, url = cluster.pids[index], cluster.metrics_urls[index]
-    host, port = url.split("//")[1].split("/")[0].rsplit(":", 1)
-    timeout_s = config_mod.ServerConfig().metrics_request_timeout_s
-    before = threads(pid)
+def _metrics_counts(url: str) -> tuple[float, float]:
+    return (metric_value(url, "fencing_metrics_connections_refused_total", 0.0),
+            metric_value(url, "fencing_metrics_connections_timed_out_total", 0.0))
+
+
+def _half_sent(host: str, port: int) -> list[socket.socket]:
     socks = []
     for _ in range(HALF_SENT_CONNECTIONS):
-        sock = socket.create_connection((host, int(port)), timeout=5)
+        sock = socket.create_connection((host, port), timeout=5)
         try:
             sock.sendall(HALF_SENT)
         except OSError:
             pass  # closed on arrival
         socks.append(sock)
+    return socks
+
+
+def probe_metrics(cluster) -> bool:
+    index = 2
+    pid, url = cluster.pids[index], cluster.metrics_urls[index]
+    host, port = url.split("//")[1].split("/")[0].rsplit(":", 1)
+    defaults = config_mod.ServerConfig()
+    refused0, timed_out0 = _metrics_counts(url)
+    threads0, fds0 = threads(pid), fds(pid)
+    socks = _half_sent(host, int(port))
+    opened = time.monotonic()
     try:
         time.sleep(0.5)  # a duration: the member's loop accepts (and refuses) them meanwhile
-        during = threads(pid)
-        open_at_first = sum(not closed_by_server(s) for s in socks)
-        time.sleep(timeout_s + CLOSE_MARGIN_S)  # a duration: what the finding measured (open after a time)
-        still_open = sum(not closed_by_server(s) for s in socks)
-        after = threads(pid)
+        threads1, fds1 = threads(pid), fds(pid)
+        seen = [(0.5, sum(not closed_by_server(s) for s in socks))]
+        for at in (2.0, defaults.metrics_request_timeout_s + CLOSE_MARGIN_S):
+            time.sleep(max(0.0, opened + at - time.monotonic()))  # a duration: open after this long
+            seen.append((at, sum(not closed_by_server(s) for s in socks)))
+        threads2 = threads(pid)
     finally:
         for s in socks:
             s.close()
+    refused1, timed_out1 = _metrics_counts(url)  # readable again: nothing of ours is held
     with urllib.request.urlopen(url, timeout=T) as reply:
         scrape = reply.status == 200 and b"fencing_build_info" in reply.read()
-    lines = [f"{HALF_SENT_CONNECTIONS} half-sent requests: threads {before} -> {during} (after {after}); "
-             f"open after 0.5 s {open_at_first}, after {timeout_s + CLOSE_MARGIN_S:g} s {still_open}; "
-             f"a scrape afterwards {'answers' if scrape else 'FAILS'}"]
-    cap = config_mod.ServerConfig().metrics_connections_max
-    holds = during - before < 3 and open_at_first <= cap and still_open == 0 and scrape
+    open_seen = ", ".join(f"{n} at {at:g} s" for at, n in seen)
+    lines = [f"{HALF_SENT_CONNECTIONS} half-sent requests: threads {threads0} -> {threads1} (after {threads2}), "
+             f"descriptors {fds0} -> {fds1}; still open as the client sees them: {open_seen}",
+             f"the member's counts: refused on arrival {refused1 - refused0:g}, closed at the deadline "
+             f"{timed_out1 - timed_out0:g}; a scrape afterwards {'answers' if scrape else 'FAILS'}"]
+    holds = (threads1 - threads0 < 3 and fds1 - fds0 <= defaults.metrics_connections_max + 2
+             and seen[-1][1] == 0 and scrape)
     return report(7, "slow metrics clients", lines, holds)
 
 
