@@ -462,11 +462,17 @@ def _follower_victim(cluster, victim) -> int:
     return leader
 
 
+FRESH_TRIES = 10  # probe 2: new connections tried at each look
+
+
 def _fresh_health(node) -> str:
-    """Health.Check over a new connection: can a client still connect while the API is full?"""
-    with grpc.insecure_channel(node.api_address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        return timed(lambda: stub.Check(health_pb2.HealthCheckRequest(), timeout=PROBE_DEADLINE_S))
+    """Health.Check over new connections: can a client still connect while the API is full?"""
+    answered = 0
+    for _ in range(FRESH_TRIES):
+        with grpc.insecure_channel(node.api_address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            answered += "after" not in timed(lambda s=stub: s.Check(health_pb2.HealthCheckRequest(), timeout=1.0))
+    return f"{answered}/{FRESH_TRIES}"
 
 
 def _election_with_connections(cluster, victim) -> tuple[list[str], bool]:
@@ -474,8 +480,10 @@ def _election_with_connections(cluster, victim) -> tuple[list[str], bool]:
     term0, fds0 = term_of(victim), fds(victim.proc.pid)
     socks = _idle_connections(victim, IDLE_CONNECTIONS)
     try:
+        fresh = [_fresh_health(victim)]
         time.sleep(api_conns.PEER_SCAN_INTERVAL_S + 1.0)  # a duration: the per-address scan runs meanwhile
-        held_fds, fresh = fds(victim.proc.pid), _fresh_health(victim)
+        held_fds = fds(victim.proc.pid)
+        fresh.append(_fresh_health(victim))
         cluster.pause(leader)  # the other two elect: the victim must save a higher term
         try:
             new = leader_of(cluster, [n for n in cluster.nodes if n.up])  # over channels opened before
@@ -485,14 +493,15 @@ def _election_with_connections(cluster, victim) -> tuple[list[str], bool]:
             with FencingClient([n.api_address for n in up], bearer_token=token_of("x")) as client:
                 lease = client.acquire(f"x/fd-{os.urandom(4).hex()}", holder="probe", ttl_ms=60_000)
                 ok, failed = _write_for(client, lease, 2.0)
+            fresh.append(_fresh_health(victim))
         finally:
             cluster.resume(leader)
     finally:
         for s in socks:
             s.close()
     return [f"{len(socks)} idle API connections (no credential, {CONNECTION_SOURCES} addresses): member's "
-            f"descriptors {fds0} -> {held_fds} (limit {FD_LIMIT}); Health.Check on a new connection meanwhile "
-            f"{fresh}",
+            f"descriptors {fds0} -> {held_fds} (limit {FD_LIMIT}); new connections answering Health.Check at once, "
+            f"after 2 s and after the election: {', '.join(fresh)}",
             f"leader paused: member {victim.index}'s term {term0} -> {term1}, raft.meta term "
             f"{meta[0] if meta else None}, member {'running' if victim.alive else 'EXITED'}, new leader member "
             f"{new}; writes meanwhile {ok} ok / {failed} failed"], (term1 == (meta or (0,))[0] and victim.alive)
@@ -581,7 +590,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flood-s", type=float, default=60.0, help="probe 5: X's flood lasts at most this (default 60 s)")
     p.add_argument("--keep", action="store_true", help="keep the members' data dirs and logs (printed)")
     args = p.parse_args(argv)
-    probes = sorted({int(n) for n in args.only.split(",") if n.strip()})
+    try:
+        probes = sorted({int(n) for n in args.only.split(",") if n.strip()})
+    except ValueError:
+        probes = [0]
+    if not probes or not set(probes) <= set(ISSUE):
+        p.error(f"--only: probe numbers among {', '.join(map(str, ISSUE))}, comma-separated (got {args.only!r})")
     base = tempfile.mkdtemp(prefix="exhaustion-probes-")
     started = time.monotonic()
     try:
