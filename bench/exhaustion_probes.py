@@ -469,7 +469,9 @@ def _fresh_health(node) -> str:
     """Health.Check over new connections: can a client still connect while the API is full?"""
     answered = 0
     for _ in range(FRESH_TRIES):
-        with grpc.insecure_channel(node.api_address) as channel:
+        # a pool of its own: a channel with the same target and options would share the
+        # subchannel (the TCP connection) of one opened before, and prove nothing
+        with grpc.insecure_channel(node.api_address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             answered += "after" not in timed(lambda s=stub: s.Check(health_pb2.HealthCheckRequest(), timeout=1.0))
     return f"{answered}/{FRESH_TRIES}"
