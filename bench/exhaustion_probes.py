@@ -3,17 +3,18 @@ again on real ``fencingd serve`` members, each printed beside the figure the iss
 
 One three-member cluster as the issue's (peer secret, principals file with two tenants and an
 admin, admin token, an audit log and a metrics endpoint per member; every other setting the
-product's default, only election timings shortened as in the tests) runs probes 1, 3, 4, 5
-and 7. Probe 2 has a cluster of its own (one member under a descriptor limit of 400, then
-exhausted, then stopped), probe 6 one ``fencingd serve`` of its own. The helpers are the tests'
-(tests/test_stream_admission.py, test_log_bounds.py, test_peer_auth.py, test_metrics_http.py,
-testsupport/), so a probe measures what its test checks. Figures only: nothing is asserted;
-each probe ends with the SECURITY.md claim it measures and "holds" or "DOES NOT HOLD".
+default, only election timings shortened as in the tests) runs probes 1, 3, 4, 5 and 7; probe
+2 has a cluster of its own (one member under a descriptor limit of 400), probe 6 one member.
+The helpers are the tests' (tests/test_stream_admission.py, test_log_bounds.py,
+test_peer_auth.py, test_metrics_http.py, test_api_connections.py, testsupport/), so a probe
+measures what its test checks. Figures only, nothing asserted: each probe ends with the
+SECURITY.md claim it measures and "holds" or "DOES NOT HOLD" (exit 1 if one does not).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import itertools
 import os
@@ -59,6 +60,7 @@ BIG_CALLS = 50  # probe 3: calls with a 4 MB field per caller
 FD_LIMIT = 400  # probe 2: the issue's prlimit --nofile=400
 IDLE_CONNECTIONS = 450  # probe 2: idle API connections, no credential
 CONNECTION_SOURCES = 5  # ... from this many loopback addresses (90 each, under the per-peer cap)
+FRESH_TRIES = 10  # probe 2: new connections tried at each look
 FD_BELOW_HELD = 4  # probe 2: the soft limit this far below what the member holds (as the test)
 EXIT_WAIT_S = 30.0  # probe 2: an election and a vote round, on a loaded machine
 HALF_SENT_CONNECTIONS = 150  # probe 7
@@ -158,8 +160,6 @@ def term_of(node) -> int:
 
 
 # -- 1: idle streams -------------------------------------------------------------------------
-
-
 def _flood_streams(channel, kind: str, metadata) -> Streams:
     streams = Streams()
     for _ in range(STREAMS):
@@ -189,9 +189,8 @@ def probe_streams(cluster) -> bool:
             except TimeoutError:
                 pass  # admitted reflection streams that sent nothing stay open: counted below
             during, health_s, status_s = threads(pid), timed(check), timed(status)
-            ended = {f"{code.name}{'/' + lim if lim else ''}": 0 for code, lim in streams.ended.values()}
-            for code, lim in streams.ended.values():
-                ended[f"{code.name}{'/' + lim if lim else ''}"] += 1
+            outcomes = (f"{code.name}{'/' + lim if lim else ''}" for code, lim in streams.ended.values())
+            ended = dict(collections.Counter(outcomes))
             held = STREAMS - len(streams.ended)
         finally:
             streams.close()
@@ -203,8 +202,6 @@ def probe_streams(cluster) -> bool:
 
 
 # -- 3: audit amplification ------------------------------------------------------------------
-
-
 def _sizes(cluster, index: int) -> tuple[int, int]:
     audit = os.path.join(cluster.base_dir, f"audit{index}.log")
     return (os.path.getsize(audit) if os.path.exists(audit) else 0), os.path.getsize(cluster.nodes[index].log_path)
@@ -230,8 +227,6 @@ def probe_audit(cluster) -> bool:
 
 
 # -- 4: relay on a stopped member's address --------------------------------------------------
-
-
 def _write_for(client, lease, seconds: float) -> tuple[int, int]:
     ok = failed = 0
     deadline = time.monotonic() + seconds
@@ -280,8 +275,6 @@ def probe_relay(cluster) -> bool:
 
 
 # -- 5: dedup flood --------------------------------------------------------------------------
-
-
 def _flood(node, token: int, writes_max: int, seconds: float) -> tuple[int, float]:
     """X's WriteMany batches with fresh op_ids from 4 threads until ``writes_max`` or ``seconds``."""
     counter, batch = itertools.count(), limits.WRITE_MANY_ITEMS_MAX
@@ -335,8 +328,6 @@ def probe_dedup(cluster, writes_max: int, seconds: float) -> bool:
 
 
 # -- 7: metrics port -------------------------------------------------------------------------
-
-
 def _metrics_counts(url: str) -> tuple[float, float]:
     return (metric_value(url, "fencing_metrics_connections_refused_total", 0.0),
             metric_value(url, "fencing_metrics_connections_timed_out_total", 0.0))
@@ -388,8 +379,6 @@ def probe_metrics(cluster) -> bool:
 
 
 # -- 6: open API defaults --------------------------------------------------------------------
-
-
 def probe_open_api(base: str) -> bool:
     raft_port, api_port = pick_ports(("127.0.0.2",))
     path = os.path.join(base, "open.toml")
@@ -412,8 +401,6 @@ def probe_open_api(base: str) -> bool:
 
 
 # -- 2: term durability under descriptor exhaustion ------------------------------------------
-
-
 class LimitedCluster(GrpcCluster):
     """Member ``limited`` runs under ``prlimit --nofile=N:N``, as the issue's members did."""
 
@@ -460,9 +447,6 @@ def _follower_victim(cluster, victim) -> int:
         cluster.resume(victim.index)
         leader = leader_of(cluster)
     return leader
-
-
-FRESH_TRIES = 10  # probe 2: new connections tried at each look
 
 
 def _fresh_health(node) -> str:
@@ -557,8 +541,6 @@ def probe_term_durability(base: str) -> bool:
 
 
 # -- the run ---------------------------------------------------------------------------------
-
-
 def run_probes(probes: list[int], base: str, args) -> dict[int, bool | None]:
     results: dict[int, bool | None] = {}
 
