@@ -14,6 +14,7 @@ BENCHMARKS = {
     "raft": ("bench.raft_bench", "replicated commands in the leader, ours beside stock pysyncobj"),
     "profile": ("bench.profile_raft", "where a Raft op's time goes"),
     "scale": ("bench.scale", "what the state's size costs: RSS, snapshot, restore, stall, keep-alives"),
+    "probes": ("bench.exhaustion_probes", "issue 26's seven exhaustion and impersonation probes, then and now"),
 }
 
 
