@@ -120,7 +120,8 @@ def test_renewals_failing_past_the_ttl_lose_the_session_and_every_lease_in_it(cl
     leases = [session.acquire(f"x/{n}", on_lost=lease_lost.append) for n in range(5)]
     cluster.inject("KeepAliveMany", *[stall(TTL_MS / 1000)] * 20)  # the cluster cannot be reached in time
     assert session.done.wait(3 * TTL_MS / 1000)
-    assert session_lost == [session.lost_error] and "session" in str(session.lost_error)
+    assert wait_until(lambda: session_lost, 5.0) == [session.lost_error]  # on_lost runs right after done
+    assert "session" in str(session.lost_error)
     assert all(lease.lost.is_set() and lease.lost_error.cause is session.lost_error for lease in leases)
     assert len(lease_lost) == 5 and len(session) == 0
     with pytest.raises(E.LeaseLost):

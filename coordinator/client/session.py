@@ -138,6 +138,7 @@ class Session:
         self._stop = threading.Event()
         self._lags: collections.deque[float] = collections.deque(maxlen=RENEWAL_LAG_SAMPLES_MAX)
         self.rounds = 0  # renewal rounds sent (each one KeepAliveMany call per RENEW_BATCH_ITEMS leases)
+        self.renewals = 0  # leases renewed, all rounds together
         self._thread = threading.Thread(target=self._run, name=f"fencing-session-{id(self):x}", daemon=True)
         self._thread.start()
 
@@ -197,7 +198,7 @@ class Session:
                on_lost: Callable[[LeaseLost], None] | None) -> SessionLease:
         lease = SessionLease(self, acquired, sent_at=sent_at, on_lost=on_lost)
         with self._lock:
-            ended = self._closed or self.done.is_set()
+            ended = self._closed or self.lost_error is not None
             if not ended:
                 self._leases[(lease.resource, lease.token)] = lease
         if ended:  # lost or closed while it was being acquired: not kept past the session
@@ -287,11 +288,12 @@ class Session:
                 failed = True
         with self._lock:
             self._lags.extend(lags)
+            self.renewals += len(lags)
         return failed
 
     def _lose(self, cause: BaseException | None, why: str) -> None:
         with self._lock:
-            if self.done.is_set():
+            if self.lost_error is not None:
                 return
             leases = list(self._leases.values())
             self._leases.clear()
@@ -299,10 +301,11 @@ class Session:
                 f"the session (ttl {self.ttl_ms} ms, {len(leases)} lease(s)) is lost: {why}",
                 cause=cause, request={"rpc": "keep-alive-many"},
             )
-            self.done.set()
         log.log(logging.INFO if self._on_lost is not None else logging.WARNING, "%s", self.lost_error)
-        for lease in leases:
-            lease._mark_lost(self.lost_error, f"{lease._expired_message()} with its session")
+        for lease in leases:  # before ``done``: whoever waits on it finds every lease lost
+            lease._mark_lost(self.lost_error, f"the lease with token {lease.token} on {lease.resource} "
+                                              "is lost with its session")
+        self.done.set()
         if self._on_lost is not None:
             try:
                 self._on_lost(self.lost_error)
@@ -329,7 +332,7 @@ class Session:
         for lease in leases:
             with lease._state_lock:
                 lease._released = True
-        if leases and not self.done.is_set():
+        if leases and self.lost_error is None:
             self._release_all(leases, timeout_s=timeout_s)
 
     def _release_all(self, leases: list[SessionLease], *, timeout_s: float | None) -> None:
