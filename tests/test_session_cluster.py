@@ -82,3 +82,24 @@ def test_a_session_that_cannot_reach_the_cluster_is_lost_with_its_leases(cluster
         with pytest.raises(E.LeaseLost):
             session.acquire("gone/late")
         session.close()
+
+
+def test_the_session_bench_reports_every_figure(tmp_path):
+    """``python -m bench session`` runs end to end and prints what it says (no speed asserted)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "session.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "session", "--leases", "20", "--ttl-ms", "1500", "--seconds", "3",
+         "--json", str(out)], capture_output=True, text=True, timeout=180, cwd=root, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["lost"] == 0 and figures["held_in_sample"] == "20/20"
+    assert figures["threads_held"]["python"] == figures["threads_before"]["python"] + 1
+    assert figures["threads_after"]["python"] == figures["threads_before"]["python"]
+    assert figures["renewals_in_window"] >= 20 and figures["client_cpu_s"] > 0
+    assert set(figures["renewal_lag_ms"]) == {"p50", "p90", "p99", "max"}
