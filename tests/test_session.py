@@ -15,7 +15,7 @@ import pytest
 from coordinator.client import FencingClient, Session, SessionLease
 from coordinator.client import exceptions as E
 from coordinator.client._lease import RENEW_FRACTION
-from coordinator.client.session import SessionAction, SessionStep, session_step
+from coordinator.client._session import SessionAction, SessionStep, session_step
 from testsupport.inmemory import InMemoryCluster
 from testsupport.inmemory_faults import stall
 from testsupport.supervisor import wait_until

@@ -19,6 +19,7 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     _lock_wait   one ``lock()`` wait: which Lock call next, pauses, when it ends
     _lease       a held lease, and the keep-alive policy as one pure decision
     session      ``client.session()``: many leases kept alive by one thread, lost together
+    _session     a session's renewal schedule and verdicts, as pure decisions
     _requests    request building and the field checks run before anything is sent
     _defaults    every timeout, retry and discovery default, each with its reason
     retry        the retry policy: which failures are retried, the backoff, what to raise

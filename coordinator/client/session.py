@@ -2,8 +2,9 @@
 ``concurrency.Session``), and a lock taken in a session lost with it.
 
 Owns: ``Session`` (``client.session(ttl_ms)``: its one renewal thread, its leases, its lost
-signal ``done``, and releasing everything on close), ``SessionLease`` (a ``Lease`` the session
-renews) and ``session_step``, the session's renewal schedule as one pure decision.
+signal ``done``, and releasing everything on close) and ``SessionLease`` (a ``Lease`` the
+session renews). The schedule and what each answer means are ``_session``'s pure decisions,
+kept apart so an asyncio session can share them.
 Must never: start a thread per lease, send a call without a deadline, or keep a lease it
 cannot prove live past ``renewed_at + ttl``.
 
@@ -29,68 +30,36 @@ limits.RELEASE_MANY_ITEMS_MAX a call). ``lease.release()`` takes one lease out o
 from __future__ import annotations
 
 import collections
-import dataclasses
-import enum
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable
 
-from coordinator.client._lease import RENEW_FRACTION, RENEW_RETRY_S, RENEWAL_ERRORS
-from coordinator.client.exceptions import AuthError, FencingError, InvalidArgument, LeaseExpired, LeaseLost, Refused
+from coordinator.client._lease import RENEWAL_ERRORS
+from coordinator.client._session import (
+    RELEASE_BATCH_ITEMS,
+    RENEW_BATCH_ITEMS,
+    RENEWAL_LAG_SAMPLES_MAX,
+    SessionAction,
+    Verdict,
+    call_verdict,
+    interval_s,
+    item_verdict,
+    lease_lost_message,
+    retry_at,
+    session_lost,
+    session_step,
+)
+from coordinator.client.exceptions import FencingError, LeaseLost, Refused
 from coordinator.client.results import AcquireResult, KeepAliveItem
 from coordinator.client.sync import Lease
-from coordinator.core import limits
 
 if TYPE_CHECKING:
     from coordinator.client.sync import FencingClient
 
 log = logging.getLogger("coordinator.client")
-
-# Leases renewed per KeepAliveMany call: the server's own items limit (more go in further calls).
-RENEW_BATCH_ITEMS = limits.KEEP_ALIVE_BATCH_ITEMS_MAX
-# Leases released per ReleaseMany call when a session closes: the server's items limit.
-RELEASE_BATCH_ITEMS = limits.RELEASE_MANY_ITEMS_MAX
-# Renewal lag samples (seconds, one per lease renewed) a session keeps for ``renewal_lags_s``:
-# the latest 10,000 (80 KB of floats), enough for percentiles over ten rounds of 1,000 leases.
-RENEWAL_LAG_SAMPLES_MAX = 10_000
 # How long close() waits for the renewal thread: a renewal in flight ends by its own deadline.
 THREAD_JOIN_GRACE_S = 1.0
-
-
-class SessionAction(enum.Enum):
-    SLEEP = "sleep"  # wait ``seconds``, then step again
-    RENEW = "renew"  # renew the leases ``due`` (indexes), each call's deadline ``seconds``
-    LOST = "lost"  # the oldest lease may have expired: the session is lost
-
-
-@dataclasses.dataclass(frozen=True)
-class SessionStep:
-    action: SessionAction
-    seconds: float = 0.0
-    due: tuple[int, ...] = ()
-
-
-def session_step(*, now: float, renewed_at: Sequence[float], ttl_ms: int, retry_at: float = 0.0) -> SessionStep:
-    """The session's renewal schedule, as one pure decision.
-
-    ``renewed_at``: per lease, the send time of its latest successful renewal (the acquire
-    included), on the clock of ``now``. ``retry_at``: after a round that failed, no new round
-    before it. A lease is due ttl/RENEW_FRACTION after its renewal; a round renews every lease
-    due within half an interval from now; the deadline is the time left before the oldest of
-    them may expire. Lost once the oldest lease's ``renewed_at + ttl`` has passed.
-    """
-    interval_s = ttl_ms / 1000 / RENEW_FRACTION
-    if not renewed_at:
-        return SessionStep(SessionAction.SLEEP, interval_s)
-    oldest = min(renewed_at)
-    if oldest + ttl_ms / 1000 <= now:
-        return SessionStep(SessionAction.LOST)
-    start = max(oldest + interval_s, retry_at)
-    if now < start:
-        return SessionStep(SessionAction.SLEEP, start - now)
-    due = tuple(n for n, at in enumerate(renewed_at) if at + interval_s <= now + interval_s / 2)
-    return SessionStep(SessionAction.RENEW, oldest + ttl_ms / 1000 - now, due)
 
 
 class SessionLease(Lease):
@@ -215,14 +184,14 @@ class Session:
     # -- the renewal thread -------------------------------------------------------------------
 
     def _run(self) -> None:
-        retry_at = 0.0
+        not_before = 0.0
         while True:
             with self._lock:
                 if self._closed:
                     return
                 leases = list(self._leases.values())
             renewed_at = [lease._renewed_at for lease in leases]
-            step = session_step(now=time.monotonic(), renewed_at=renewed_at, ttl_ms=self.ttl_ms, retry_at=retry_at)
+            step = session_step(now=time.monotonic(), renewed_at=renewed_at, ttl_ms=self.ttl_ms, retry_at=not_before)
             if step.action is SessionAction.SLEEP:
                 if self._stop.wait(step.seconds):
                     return
@@ -230,12 +199,11 @@ class Session:
             if step.action is SessionAction.LOST:
                 self._lose(None, "renewals failed until its oldest lease may have expired")
                 return
-            due = [leases[n] for n in step.due]
             try:
-                failed = self._renew(due)
+                failed = self._renew([leases[n] for n in step.due])
             except _SessionEnded:
                 return
-            retry_at = time.monotonic() + min(self.ttl_ms / 1000 / RENEW_FRACTION, RENEW_RETRY_S) if failed else 0.0
+            not_before = retry_at(time.monotonic(), self.ttl_ms) if failed else 0.0
 
     def _renew(self, due: list[SessionLease]) -> bool:
         """One round: renew ``due`` in calls of RENEW_BATCH_ITEMS. True if some lease could not
@@ -253,10 +221,10 @@ class Session:
                 items = self._client.keep_alive_many(
                     [(lease.resource, lease.token) for lease in chunk], timeout_s=deadline_s)
             except RENEWAL_ERRORS as exc:
-                if isinstance(exc, (Refused, InvalidArgument, AuthError)):
+                verdict = call_verdict(exc)
+                if verdict is Verdict.SESSION_LOST:
                     self._lose(exc, "its renewal was refused")
-                    raise _SessionEnded from exc
-                if not isinstance(exc, FencingError):  # the client (or its channel) was closed
+                if verdict is not Verdict.RETRY:
                     raise _SessionEnded from exc
                 log.info("session renewal of %d lease(s) failed: %s", len(chunk), exc)
                 failed = True
@@ -267,21 +235,21 @@ class Session:
     def _renewed(self, chunk: list[SessionLease], items: list[KeepAliveItem], sent_at: float) -> bool:
         """Apply one call's answers; True if some lease stays unrenewed but possibly live."""
         answered_at = time.monotonic()
-        interval_s = self.ttl_ms / 1000 / RENEW_FRACTION
+        every_s = interval_s(self.ttl_ms)
         failed = len(items) < len(chunk)  # a short answer: the rest are retried
         lags = []
         for lease, item in zip(chunk, items, strict=False):  # a short answer leaves the rest unrenewed
             with self._lock:
                 if self._leases.get((lease.resource, lease.token)) is not lease:
                     continue  # released meanwhile: its answer no longer matters
-            error = item.error
-            if error is None:
-                lags.append(answered_at - (lease._renewed_at + interval_s))
+            verdict, error = item_verdict(item)
+            if verdict is Verdict.RENEWED:
+                lags.append(answered_at - (lease._renewed_at + every_s))
                 lease._renewed_item(item, sent_at)
-            elif isinstance(error, LeaseExpired):
+            elif verdict is Verdict.SESSION_LOST:
                 self._lose(error, f"the server ended its lease on {lease.resource} (token {lease.token})")
                 raise _SessionEnded
-            elif isinstance(error, (Refused, InvalidArgument, AuthError)):
+            elif verdict is Verdict.LEASE_LOST:
                 self._forget(lease)  # fenced (ForceRelease) or never issued: this lease alone
                 lease._mark_lost(error, "")
             else:
@@ -297,14 +265,10 @@ class Session:
                 return
             leases = list(self._leases.values())
             self._leases.clear()
-            self.lost_error = LeaseLost(
-                f"the session (ttl {self.ttl_ms} ms, {len(leases)} lease(s)) is lost: {why}",
-                cause=cause, request={"rpc": "keep-alive-many"},
-            )
+            self.lost_error = session_lost(self.ttl_ms, len(leases), why, cause)
         log.log(logging.INFO if self._on_lost is not None else logging.WARNING, "%s", self.lost_error)
         for lease in leases:  # before ``done``: whoever waits on it finds every lease lost
-            lease._mark_lost(self.lost_error, f"the lease with token {lease.token} on {lease.resource} "
-                                              "is lost with its session")
+            lease._mark_lost(self.lost_error, lease_lost_message(lease.resource, lease.token))
         self.done.set()
         if self._on_lost is not None:
             try:

@@ -61,8 +61,8 @@ from coordinator.client._defaults import CHANNEL_OPTIONS, DEFAULT_ENDPOINTS
 from coordinator.client._lease import RENEWAL_ERRORS, KeepAliveAction, LeaseBase, Renewal, keepalive_step
 from coordinator.client._lock_wait import LockWait
 from coordinator.client._requests import check_field, new_op_id
+from coordinator.client._session import session_ttl_ms
 from coordinator.client.aio import AsyncFencingClient, AsyncLease
-from coordinator.client.durations import parse_s
 from coordinator.client.exceptions import FencingError, LeaseLost, Refused, error_for_reason
 from coordinator.client.multiplex import KINDS as BATCH_KINDS
 from coordinator.client.multiplex import Batcher, ItemOutcome
@@ -420,7 +420,7 @@ class FencingClient(_ClientBase):
         releases every lease still in it. See ``coordinator.client.session``."""
         from coordinator.client.session import Session  # session.py builds on Lease, defined here
 
-        ttl_ms = _session_ttl_ms(ttl_ms, ttl)
+        ttl_ms = session_ttl_ms(ttl_ms, ttl)
         check_field(validation.REQUESTS["Acquire"]["ttl_ms"].check, ttl_ms, {"rpc": "session", "ttl_ms": ttl_ms})
         if self._closed:
             raise RuntimeError("the FencingClient is closed")
@@ -455,16 +455,6 @@ class FencingClient(_ClientBase):
         if auto_renew:
             lease._start_keepalive()
         return lease
-
-
-def _session_ttl_ms(ttl_ms: int | None, ttl: str | float | None) -> int:
-    """The session TTL in ms from exactly one of ``ttl_ms`` and ``ttl`` (ValueError otherwise)."""
-    if (ttl_ms is None) == (ttl is None):
-        raise ValueError("give the session's TTL as ttl_ms or as ttl (one of them)")
-    if ttl_ms is not None:
-        return ttl_ms
-    seconds = parse_s(ttl, default_unit="s") if isinstance(ttl, str) else float(ttl)  # type: ignore[arg-type]
-    return round(seconds * 1000)
 
 
 class Lease(LeaseBase):
