@@ -7,12 +7,13 @@ real processes with 1,000 leases: tests/test_session_cluster.py.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import pytest
 
-from coordinator.client import FencingClient, Session, SessionLease
+from coordinator.client import AsyncFencingClient, AsyncSession, FencingClient, Session, SessionLease
 from coordinator.client import exceptions as E
 from coordinator.client._lease import RENEW_FRACTION
 from coordinator.client._session import SessionAction, SessionStep, session_step
@@ -169,3 +170,62 @@ def test_closing_the_client_stops_its_sessions_threads(cluster):
     assert _keepalive_threads() == []
     with pytest.raises(RuntimeError):
         session.acquire("c/2")
+
+
+# ---------------------------------------------------------------- AsyncSession
+
+
+def _keepalive_tasks() -> int:
+    """Renewal tasks of the running loop (sessions' and lone leases'), whatever else gRPC runs."""
+    names = ("AsyncSession._run", "AsyncLease._keepalive_loop")
+    return sum(1 for task in asyncio.all_tasks() if task.get_coro().__qualname__ in names)
+
+
+def test_an_async_session_renews_many_leases_in_one_task_and_loses_a_fenced_one_alone(cluster):
+    async def main():
+        async with AsyncFencingClient(cluster.endpoints, **FAST) as client:
+            async with client.session(ttl_ms=TTL_MS) as session:
+                assert isinstance(session, AsyncSession)
+                leases = [await session.acquire(f"a/{n}") for n in range(30)]
+                locked = await session.lock("a/lock", timeout_s=2)
+                assert _keepalive_tasks() == 1  # the session's one task
+                await asyncio.sleep(3 * TTL_MS / 1000)
+                assert not session.done.is_set() and not any(lease.lost.is_set() for lease in leases)
+                assert _keepalive_tasks() == 1 and session.renewals >= 2 * 31
+                held = [(await client.describe(lease.resource)).token == lease.token for lease in leases]
+                assert all(held) and (await client.describe("a/lock")).held
+                await client.force_release("a/0")
+                await asyncio.wait_for(leases[0].lost.wait(), 3 * TTL_MS / 1000)
+                assert isinstance(leases[0].lost_error.cause, E.StaleToken)
+                assert len(session) == 30 and not session.done.is_set() and not locked.lost.is_set()
+                assert await leases[1].release() is not None and len(session) == 29
+            assert [len(c.request.releases) for c in cluster.calls_to("ReleaseMany")] == [29]
+            assert _keepalive_tasks() == 0
+            assert cluster.calls_to("KeepAliveMany") and not cluster.calls_to("KeepAlive")
+
+    asyncio.run(main())
+
+
+def test_an_async_session_that_cannot_renew_is_lost_with_its_leases(cluster):
+    async def main():
+        async with AsyncFencingClient(cluster.endpoints, **FAST) as client:
+            lost: list[E.LeaseLost] = []
+
+            async def on_lost(error):
+                lost.append(error)
+
+            session = client.session(ttl="1.5s", on_lost=on_lost)
+            leases = [await session.acquire(f"ax/{n}") for n in range(5)]
+            cluster.inject("KeepAliveMany", *[stall(TTL_MS / 1000)] * 20)
+            await asyncio.wait_for(session.done.wait(), 3 * TTL_MS / 1000)
+            assert all(lease.lost.is_set() and lease.lost_error.cause is session.lost_error for lease in leases)
+            for _ in range(50):
+                if lost:
+                    break
+                await asyncio.sleep(0.02)
+            assert lost == [session.lost_error]
+            with pytest.raises(E.LeaseLost):
+                await session.acquire("ax/late")
+            await session.close()
+
+    asyncio.run(main())
