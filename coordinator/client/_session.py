@@ -4,7 +4,8 @@ Owns: ``session_step`` (when the next round goes and which leases it renews), ``
 and ``call_verdict`` (what a renewal's answer or failure means for a lease and for the
 session), ``session_lost`` (the session's LeaseLost), and the session's limits.
 Must never: block, sleep, read a clock of its own or do I/O (the thread or task that runs the
-session does, and passes in its readings).
+session does, and passes in its readings). Its upper-case constants are limits, each a row of
+SECURITY.md's table (tests/test_security_doc.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 import enum
 from typing import Sequence
 
-from coordinator.client._lease import RENEW_FRACTION, RENEW_RETRY_S
+from coordinator.client import _lease
 from coordinator.client.durations import parse_s
 from coordinator.client.exceptions import AuthError, FencingError, InvalidArgument, LeaseExpired, LeaseLost, Refused
 from coordinator.client.results import KeepAliveItem
@@ -43,7 +44,7 @@ class SessionStep:
 
 def interval_s(ttl_ms: int) -> float:
     """A lease is due this long after its latest renewal: two rounds may fail before it expires."""
-    return ttl_ms / 1000 / RENEW_FRACTION
+    return ttl_ms / 1000 / _lease.RENEW_FRACTION
 
 
 def session_step(*, now: float, renewed_at: Sequence[float], ttl_ms: int, retry_at: float = 0.0) -> SessionStep:
@@ -70,7 +71,7 @@ def session_step(*, now: float, renewed_at: Sequence[float], ttl_ms: int, retry_
 
 def retry_at(now: float, ttl_ms: int) -> float:
     """After a round that left a lease unrenewed but possibly live: the next round's earliest start."""
-    return now + min(interval_s(ttl_ms), RENEW_RETRY_S)
+    return now + min(interval_s(ttl_ms), _lease.RENEW_RETRY_S)
 
 
 class Verdict(enum.Enum):
