@@ -1,7 +1,8 @@
 """Sessions on a real three-process cluster (issue 29 point 5): 1,000 leases in one
 ``client.session()`` stay alive past several TTLs on one thread; a force-released lease is
 lost alone; closing the session releases every lease; a session that cannot reach the cluster
-before its TTL runs out is lost with every lease in it. Figures: ``python -m bench session``.
+before its TTL runs out is lost with every lease in it, a lock taken in it included.
+Figures: ``python -m bench session``.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def test_a_session_that_cannot_reach_the_cluster_is_lost_with_its_leases(cluster
     with FencingClient([n.api_address for n in cluster.nodes], timeout_s=5, attempt_timeout_s=1) as client:
         lost: list[E.LeaseLost] = []
         session = client.session(ttl_ms=ttl_ms, on_lost=lost.append)
-        leases = [session.acquire(f"gone/{n}") for n in range(10)]
+        leases = [session.acquire(f"gone/{n}") for n in range(10)] + [session.lock("gone/lock", timeout_s=10)]
         paused_at = time.monotonic()
         for node in cluster.nodes:  # every member stops answering (SIGSTOP)
             cluster.pause(node.index)
