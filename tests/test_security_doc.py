@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from coordinator.client import lockcmd, redis_guard
+from coordinator.client import _session, lockcmd, redis_guard
 from coordinator.core import limits as core_limits
 from coordinator.raft import limits as raft_limits
 from coordinator.server import auth, log_limits, settings
@@ -42,7 +42,7 @@ NOT_LIMITS = {
 SECURITY_SWITCHES = ("reflection", "insecure_api", "insecure_peer_transport")
 # Client modules whose every numeric constant is a limit on the client's own inputs (a
 # command's arguments), not pacing: the rest of the client's constants are retry timing.
-CLIENT_LIMIT_MODULES = (lockcmd, redis_guard)
+CLIENT_LIMIT_MODULES = (lockcmd, redis_guard, _session)
 SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 

@@ -18,6 +18,9 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     _calls       one call and its attempts: deadline, attempt count, what is raised
     _lock_wait   one ``lock()`` wait: which Lock call next, pauses, when it ends
     _lease       a held lease, and the keep-alive policy as one pure decision
+    session      ``client.session()``: many leases kept alive by one thread, lost together
+    aio_session  ``AsyncFencingClient.session()``: the same, renewed by one asyncio task
+    _session     a session's renewal schedule and verdicts, as pure decisions
     _requests    request building and the field checks run before anything is sent
     _defaults    every timeout, retry and discovery default, each with its reason
     retry        the retry policy: which failures are retried, the backoff, what to raise
@@ -45,6 +48,12 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
 """
 
 # sync.py's __all__ is the one list of public names (it re-exports the asyncio client and
-# the results too), so this module cannot drift from it.
+# the results too), so this module cannot drift from it; the sessions' names are added
+# here because session.py builds on sync.py's Lease (sync cannot import it at load time), as
+# aio_session.py on aio.py's AsyncLease.
+from coordinator.client.aio_session import AsyncSession, AsyncSessionLease
+from coordinator.client.session import Session, SessionLease
 from coordinator.client.sync import *  # noqa: F403
-from coordinator.client.sync import __all__  # noqa: F401
+from coordinator.client.sync import __all__ as _sync_all
+
+__all__ = [*_sync_all, "AsyncSession", "AsyncSessionLease", "Session", "SessionLease"]

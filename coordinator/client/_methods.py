@@ -26,7 +26,7 @@ from coordinator.client._requests import (
     request_of,
     restore_messages,
 )
-from coordinator.client.exceptions import InvalidArgument
+from coordinator.client.exceptions import FencingError, InvalidArgument
 from coordinator.client.results import (
     AcquireResult,
     ClusterStatus,
@@ -160,6 +160,34 @@ class ClientMethods:
         return self._execute(Call(
             "lease", "Release", req, Kind.DEDUP, ctx, results.release_result, timeout_s=timeout_s,
             batch="release",
+        ))
+
+    def release_many(
+        self,
+        leases: Iterable[tuple[str, int]],
+        *,
+        timeout_s: float | None = None,
+    ) -> list[ReleaseResult | FencingError]:
+        """End many ``(resource, token)`` leases in one ReleaseMany call: per lease, in order,
+        the ReleaseResult or the exception its Release alone would raise. At most
+        limits.RELEASE_MANY_ITEMS_MAX leases (InvalidArgument beyond). Each item carries an
+        op_id, so the call is retried like a single release."""
+        ctx: dict[str, Any] = {"rpc": "release-many"}
+        requests = [
+            request_of(
+                pb.ReleaseRequest, {**ctx, "resource": resource, "token": token},
+                resource=resource, token=token, op_id=new_op_id(),
+            )
+            for resource, token in leases
+        ]
+        if len(requests) > limits.RELEASE_MANY_ITEMS_MAX:
+            raise InvalidArgument(
+                f"{len(requests)} leases, more than {limits.RELEASE_MANY_ITEMS_MAX} in one call",
+                reason=ErrorReason.INVALID_FIELD, metadata={ErrorMeta.FIELD: "leases"}, request=ctx,
+            )
+        return self._execute(Call(
+            "lease", "ReleaseMany", pb.ReleaseManyRequest(releases=requests), Kind.DEDUP, ctx,
+            results.release_many_outcomes, timeout_s=timeout_s,
         ))
 
     def _lock_call(

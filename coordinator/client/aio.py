@@ -22,7 +22,7 @@ import asyncio
 import inspect
 import logging
 import time
-from typing import Any, Awaitable, Callable, Generator, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generator, TypeVar, cast
 
 import grpc
 import grpc.aio
@@ -33,8 +33,14 @@ from coordinator.client._calls import Attempts, Call, Shape, Stubs, send
 from coordinator.client._defaults import CHANNEL_OPTIONS
 from coordinator.client._lease import RENEWAL_ERRORS, KeepAliveAction, LeaseBase, Renewal, keepalive_step
 from coordinator.client._lock_wait import LockWait
+from coordinator.client._requests import check_field
+from coordinator.client._session import session_ttl_ms
 from coordinator.client.exceptions import FencingError, LeaseLost, Refused
 from coordinator.client.results import AcquireResult, KeepAliveResult, ReleaseResult
+from coordinator.core import validation
+
+if TYPE_CHECKING:
+    from coordinator.client.aio_session import AsyncSession
 
 log = logging.getLogger("coordinator.client.aio")
 
@@ -167,6 +173,17 @@ class AsyncFencingClient(_ClientBase):
         """``FencingClient.lock`` for asyncio: wait in the FIFO queue until granted, the
         deadline passes (LockTimeout), the client closes (RuntimeError) or the task is
         cancelled; in every case but the grant the waiter leaves the queue."""
+        acquired, sent_at = await self._lock_granted(resource, ttl_ms=ttl_ms, timeout_s=timeout_s, holder=holder)
+        lease = AsyncLease(self, acquired, ttl_ms=ttl_ms, on_lost=on_lost, sent_at=sent_at)
+        self._leases.add(lease)
+        lease._start_keepalive()
+        return lease
+
+    async def _lock_granted(
+        self, resource: str, *, ttl_ms: int, timeout_s: float | None, holder: str | None
+    ) -> tuple[AcquireResult, float]:
+        """``lock()``'s wait: the granted lease and the monotonic time its TTL counts from
+        (``AsyncSession.lock`` keeps it in a session instead of a lease task of its own)."""
         wait = LockWait(self, resource, ttl_ms=ttl_ms, holder=holder, timeout_s=timeout_s)
         self._lock_waits.add(wait)
         try:
@@ -186,10 +203,7 @@ class AsyncFencingClient(_ClientBase):
                 if wait.abandoned:  # close() left the line meanwhile (and released a grant)
                     raise RuntimeError("the AsyncFencingClient was closed while lock() waited")
                 if step.acquired is not None:
-                    lease = AsyncLease(self, step.acquired, ttl_ms=ttl_ms, on_lost=on_lost, sent_at=wait.granted_after)
-                    self._leases.add(lease)
-                    lease._start_keepalive()
-                    return lease
+                    return step.acquired, wait.granted_after
                 pause_s = wait.pause_s(step)
                 if pause_s > 0:
                     await asyncio.sleep(pause_s)
@@ -215,6 +229,26 @@ class AsyncFencingClient(_ClientBase):
             raise
         finally:
             self._lock_waits.discard(wait)
+
+    def session(
+        self,
+        ttl_ms: int | None = None,
+        *,
+        ttl: str | float | None = None,
+        holder: str | None = None,
+        on_lost: Callable[[LeaseLost], Any] | None = None,
+    ) -> AsyncSession:
+        """``FencingClient.session`` for asyncio: ``async with client.session(ttl="10s") as s``;
+        its leases are renewed by one task (``coordinator.client.aio_session``)."""
+        from coordinator.client.aio_session import AsyncSession  # it builds on AsyncLease, defined here
+
+        ttl_ms = session_ttl_ms(ttl_ms, ttl)
+        check_field(validation.REQUESTS["Acquire"]["ttl_ms"].check, ttl_ms, {"rpc": "session", "ttl_ms": ttl_ms})
+        if self._closed:
+            raise RuntimeError("the AsyncFencingClient is closed")
+        session = AsyncSession(self, ttl_ms=ttl_ms, holder=holder, on_lost=on_lost)
+        self._leases.add(session)  # close() stops its task, as an AsyncLease's
+        return session
 
     def lease(
         self,

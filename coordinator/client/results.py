@@ -10,6 +10,8 @@ import dataclasses
 import hashlib
 from typing import Any
 
+import grpc
+
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client.exceptions import FencingError, Header, error_for_reason
 
@@ -238,6 +240,22 @@ def keep_alive_items(r: pb.KeepAliveManyResponse) -> list[KeepAliveItem]:
 
 def release_result(r: pb.ReleaseResponse) -> ReleaseResult:
     return ReleaseResult(released=r.released, hwm=r.hwm, header=header_from_pb(r.header))
+
+
+def release_many_outcomes(r: pb.ReleaseManyResponse) -> list[ReleaseResult | FencingError]:
+    """Per item of a ReleaseMany, its ReleaseResult or the exception its Release alone raises."""
+    outcomes: list[ReleaseResult | FencingError] = []
+    for item in r.results:
+        if item.WhichOneof("outcome") == "release":
+            outcomes.append(release_result(item.release))
+        else:
+            code = getattr(grpc.StatusCode, item.error.code, None) if item.error.code else None
+            outcomes.append(error_for_reason(
+                item.error.reason, item.error.message, code=code if isinstance(code, grpc.StatusCode) else None,
+                metadata=dict(item.error.metadata), header=header_from_pb(r.header),
+                request={"rpc": "release"},
+            ))
+    return outcomes
 
 
 def description(r: pb.DescribeResponse, *, resource: str) -> Description:

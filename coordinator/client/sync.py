@@ -50,7 +50,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import grpc
 
@@ -60,7 +60,8 @@ from coordinator.client._calls import Attempts, Call, Shape, send
 from coordinator.client._defaults import CHANNEL_OPTIONS, DEFAULT_ENDPOINTS
 from coordinator.client._lease import RENEWAL_ERRORS, KeepAliveAction, LeaseBase, Renewal, keepalive_step
 from coordinator.client._lock_wait import LockWait
-from coordinator.client._requests import new_op_id
+from coordinator.client._requests import check_field, new_op_id
+from coordinator.client._session import session_ttl_ms
 from coordinator.client.aio import AsyncFencingClient, AsyncLease
 from coordinator.client.exceptions import FencingError, LeaseLost, Refused, error_for_reason
 from coordinator.client.multiplex import KINDS as BATCH_KINDS
@@ -82,6 +83,7 @@ from coordinator.client.results import (
     WriteResult,
     header_from_pb,
 )
+from coordinator.core import validation
 
 __all__ = [
     "DEFAULT_ENDPOINTS",
@@ -107,6 +109,9 @@ __all__ = [
     "open_channel",
     "tls_credentials",
 ]
+
+if TYPE_CHECKING:
+    from coordinator.client.session import Session
 
 log = logging.getLogger("coordinator.client")
 
@@ -359,6 +364,17 @@ class FencingClient(_ClientBase):
         call (one Raft entry) per limits.LOCK_WAIT_MS_MAX keeps its place; the grant itself is
         the entry that ended the previous lease.
         """
+        acquired, sent_at = self._lock_granted(resource, ttl_ms=ttl_ms, timeout_s=timeout_s, holder=holder)
+        lease = Lease(self, acquired, ttl_ms=ttl_ms, on_lost=on_lost, sent_at=sent_at)
+        self._leases.add(lease)
+        lease._start_keepalive()
+        return lease
+
+    def _lock_granted(
+        self, resource: str, *, ttl_ms: int, timeout_s: float | None, holder: str | None
+    ) -> tuple[AcquireResult, float]:
+        """``lock()``'s wait: the granted lease and the monotonic time its TTL counts from
+        (``Session.lock`` keeps it in a session instead of a Lease of its own)."""
         wait = LockWait(self, resource, ttl_ms=ttl_ms, holder=holder, timeout_s=timeout_s)
         try:
             while True:
@@ -373,10 +389,7 @@ class FencingClient(_ClientBase):
                         time.sleep(pause_s)
                     continue
                 if step.acquired is not None:
-                    lease = Lease(self, step.acquired, ttl_ms=ttl_ms, on_lost=on_lost, sent_at=wait.granted_after)
-                    self._leases.add(lease)
-                    lease._start_keepalive()
-                    return lease
+                    return step.acquired, wait.granted_after
                 pause_s = wait.pause_s(step)
                 if pause_s > 0:
                     time.sleep(pause_s)
@@ -391,6 +404,29 @@ class FencingClient(_ClientBase):
             if closed and not isinstance(exc, RuntimeError):
                 raise RuntimeError("the FencingClient was closed while lock() waited") from exc
             raise
+
+    def session(
+        self,
+        ttl_ms: int | None = None,
+        *,
+        ttl: str | float | None = None,
+        holder: str | None = None,
+        on_lost: Callable[[LeaseLost], None] | None = None,
+    ) -> Session:
+        """A ``Session``: leases with one TTL, taken with ``session.acquire()`` or
+        ``session.lock()``, all renewed by one thread (KeepAliveMany calls, whatever their
+        number), lost together when the session is (``session.done``). Give the TTL as
+        ``ttl_ms`` or as ``ttl``: seconds, or a duration such as ``"10s"``. Leaving its block
+        releases every lease still in it. See ``coordinator.client.session``."""
+        from coordinator.client.session import Session  # session.py builds on Lease, defined here
+
+        ttl_ms = session_ttl_ms(ttl_ms, ttl)
+        check_field(validation.REQUESTS["Acquire"]["ttl_ms"].check, ttl_ms, {"rpc": "session", "ttl_ms": ttl_ms})
+        if self._closed:
+            raise RuntimeError("the FencingClient is closed")
+        session = Session(self, ttl_ms=ttl_ms, holder=holder, on_lost=on_lost)
+        self._leases.add(session)  # close() stops its thread, as a Lease's
+        return session
 
     def lease(
         self,
