@@ -4,7 +4,7 @@ again on real ``fencingd serve`` members, each printed beside the figure the iss
 One three-member cluster as the issue's (peer secret, principals file with two tenants and an
 admin, admin token, an audit log and a metrics endpoint per member; every other setting the
 default, only election timings shortened as in the tests) runs probes 1, 3, 4, 5 and 7; probe
-2 has a cluster of its own (one member under a descriptor limit of 400), probe 6 one member.
+2 (bench/_exhaustion_term.py) has clusters of its own, probe 6 one member.
 The helpers are the tests' (tests/test_stream_admission.py, test_log_bounds.py,
 test_peer_auth.py, test_metrics_http.py, test_api_connections.py, testsupport/), so a probe
 measures what its test checks. Figures only, nothing asserted: each probe ends with the
@@ -18,7 +18,6 @@ import collections
 import concurrent.futures
 import itertools
 import os
-import resource
 import shutil
 import socket
 import subprocess
@@ -31,13 +30,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2_grpc
 
-from chaos.leader_reports import highest_term_logged
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client import FencingClient
 from coordinator.core import limits
-from coordinator.raft.fatal import EXIT_DISK_FAILED
-from coordinator.raft.journal import META_NAME, read_meta
-from coordinator.server import api_conns
 from coordinator.server import config as config_mod
 from coordinator.server.auth import token_digest
 from tests.test_api_connections import closed_by_server
@@ -57,12 +52,6 @@ T = 5.0  # RPC deadline of a setup call
 PROBE_DEADLINE_S = 3.0  # the issue's: Health.Check and Status "time out after 3 s"
 STREAMS = 64  # probe 1: idle streams on one connection
 BIG_CALLS = 50  # probe 3: calls with a 4 MB field per caller
-FD_LIMIT = 400  # probe 2: the issue's prlimit --nofile=400
-IDLE_CONNECTIONS = 450  # probe 2: idle API connections, no credential
-CONNECTION_SOURCES = 5  # ... from this many loopback addresses (90 each, under the per-peer cap)
-FRESH_TRIES = 10  # probe 2: new connections tried at each look
-FD_BELOW_HELD = 4  # probe 2: the soft limit this far below what the member holds (as the test)
-EXIT_WAIT_S = 30.0  # probe 2: an election and a vote round, on a loaded machine
 HALF_SENT_CONNECTIONS = 150  # probe 7
 CLOSE_MARGIN_S = 3.0  # probe 7: past metrics_request_timeout_s
 START_REFUSAL_WAIT_S = 30.0  # probe 6 and 2: a refused start exits in a second or two
@@ -227,7 +216,7 @@ def probe_audit(cluster) -> bool:
 
 
 # -- 4: relay on a stopped member's address --------------------------------------------------
-def _write_for(client, lease, seconds: float) -> tuple[int, int]:
+def write_for(client, lease, seconds: float) -> tuple[int, int]:
     ok = failed = 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -239,7 +228,7 @@ def _write_for(client, lease, seconds: float) -> tuple[int, int]:
     return ok, failed
 
 
-def _log_text(node, offset: int = 0) -> str:
+def log_text(node, offset: int = 0) -> str:
     with open(node.log_path, encoding="utf-8", errors="replace") as f:
         f.seek(offset)
         return f.read()
@@ -255,13 +244,13 @@ def probe_relay(cluster) -> bool:
         leader_of(cluster)
         with FencingClient([a.api_address, c.api_address], bearer_token=token_of("x")) as client:
             lease = client.acquire(f"x/relay-{os.urandom(4).hex()}", holder="probe", ttl_ms=600_000)
-            base_ok, base_failed = _write_for(client, lease, RELAY_WINDOW_S)
+            base_ok, base_failed = write_for(client, lease, RELAY_WINDOW_S)
             replaced0, refused0, log_from = replaced(), refused(), os.path.getsize(a.log_path)
             with Relay(b.raft_address, a.raft_address) as relay:
-                ok, failed = _write_for(client, lease, RELAY_WINDOW_S)
+                ok, failed = write_for(client, lease, RELAY_WINDOW_S)
                 relay.stop_listening()
                 forwarded = relay.forwarded
-        swaps = _log_text(a, log_from).count(f"peer {c.raft_address} connected again")
+        swaps = log_text(a, log_from).count(f"peer {c.raft_address} connected again")
         swapped = replaced() - replaced0
         lines = [f"B stopped, no relay, {RELAY_WINDOW_S:g} s: writes {base_ok} ok / {base_failed} failed",
                  f"relay on B's Raft address -> A, {RELAY_WINDOW_S:g} s: {forwarded} dials relayed, A swapped C's "
@@ -400,146 +389,6 @@ def probe_open_api(base: str) -> bool:
     return report(6, "open API defaults", lines, holds)
 
 
-# -- 2: term durability under descriptor exhaustion ------------------------------------------
-class LimitedCluster(GrpcCluster):
-    """Member ``limited`` runs under ``prlimit --nofile=N:N``, as the issue's members did."""
-
-    limited, nofile = 2, FD_LIMIT
-
-    def command(self, node):
-        prefix = ["prlimit", f"--nofile={self.nofile}:{self.nofile}"] if node.index == self.limited else []
-        return prefix + super().command(node)
-
-
-def _start_refused(cluster, victim) -> str:
-    """Start the limited member on the defaults: how it ends (it should refuse, exit 2)."""
-    cluster.spawn(victim.index)
-    try:
-        code = victim.proc.wait(timeout=START_REFUSAL_WAIT_S)
-    except subprocess.TimeoutExpired:
-        return f"with the defaults under nofile={FD_LIMIT} it STARTED (no refusal)"
-    refusal = [line for line in _log_text(victim).splitlines() if "api_connections_max" in line]
-    return f"defaults under nofile={FD_LIMIT}: exit {code}: {(refusal or ['(no line)'])[-1][:300]}"
-
-
-def _idle_connections(node, count: int) -> list[socket.socket]:
-    host, port = node.api_address.rsplit(":", 1)
-    socks = []
-    for i in range(count):
-        sock = socket.socket()
-        sock.bind((f"127.0.{60 + i % CONNECTION_SOURCES}.1", 0))
-        sock.settimeout(2.0)
-        try:
-            sock.connect((host, int(port)))
-        except OSError:
-            sock.close()
-            continue
-        socks.append(sock)
-    return socks
-
-
-def _follower_victim(cluster, victim) -> int:
-    """The leader's index once ``victim`` follows (pausing it once if it led)."""
-    leader = leader_of(cluster)
-    if leader == victim.index:
-        cluster.pause(leader)
-        leader = leader_of(cluster, [n for n in cluster.nodes if n.up])
-        cluster.resume(victim.index)
-        leader = leader_of(cluster)
-    return leader
-
-
-def _fresh_health(node) -> str:
-    """Health.Check over new connections: can a client still connect while the API is full?"""
-    answered = 0
-    for _ in range(FRESH_TRIES):
-        # a pool of its own: a channel with the same target and options would share the
-        # subchannel (the TCP connection) of one opened before, and prove nothing
-        with grpc.insecure_channel(node.api_address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            answered += "after" not in timed(lambda s=stub: s.Check(health_pb2.HealthCheckRequest(), timeout=1.0))
-    return f"{answered}/{FRESH_TRIES}"
-
-
-def _election_with_connections(cluster, victim) -> tuple[list[str], bool]:
-    leader = _follower_victim(cluster, victim)
-    term0, fds0 = term_of(victim), fds(victim.proc.pid)
-    socks = _idle_connections(victim, IDLE_CONNECTIONS)
-    try:
-        fresh = [_fresh_health(victim)]
-        time.sleep(api_conns.PEER_SCAN_INTERVAL_S + 1.0)  # a duration: the per-address scan runs meanwhile
-        held_fds = fds(victim.proc.pid)
-        fresh.append(_fresh_health(victim))
-        cluster.pause(leader)  # the other two elect: the victim must save a higher term
-        try:
-            new = leader_of(cluster, [n for n in cluster.nodes if n.up])  # over channels opened before
-            term1 = term_of(victim)
-            meta = read_meta(os.path.join(victim.data_dir, META_NAME))
-            up = sorted((n for n in cluster.nodes if n.up), key=lambda n: n is victim)  # victim's API last
-            with FencingClient([n.api_address for n in up], bearer_token=token_of("x")) as client:
-                lease = client.acquire(f"x/fd-{os.urandom(4).hex()}", holder="probe", ttl_ms=60_000)
-                ok, failed = _write_for(client, lease, 2.0)
-            fresh.append(_fresh_health(victim))
-        finally:
-            cluster.resume(leader)
-    finally:
-        for s in socks:
-            s.close()
-    return [f"{len(socks)} idle API connections (no credential, {CONNECTION_SOURCES} addresses): member's "
-            f"descriptors {fds0} -> {held_fds} (limit {FD_LIMIT}); new connections answering Health.Check at once, "
-            f"after 2 s and after the election: {', '.join(fresh)}",
-            f"leader paused: member {victim.index}'s term {term0} -> {term1}, raft.meta term "
-            f"{meta[0] if meta else None}, member {'running' if victim.alive else 'EXITED'}, new leader member "
-            f"{new}; writes meanwhile {ok} ok / {failed} failed"], (term1 == (meta or (0,))[0] and victim.alive)
-
-
-def _exhausted_election(cluster, victim) -> tuple[list[str], bool]:
-    leader = _follower_victim(cluster, victim)
-    term0 = term_of(victim)
-    wait_until(lambda: (read_meta(os.path.join(victim.data_dir, META_NAME)) or (0,))[0] == term0, 5.0)
-    victim.close_channel()
-    log_from = os.path.getsize(victim.log_path)
-    held = fds(victim.proc.pid)
-    _soft, hard = resource.prlimit(victim.proc.pid, resource.RLIMIT_NOFILE)
-    resource.prlimit(victim.proc.pid, resource.RLIMIT_NOFILE, (held - FD_BELOW_HELD, hard))
-    cluster.pause(leader)
-    try:
-        code = victim.proc.wait(timeout=EXIT_WAIT_S)
-    except subprocess.TimeoutExpired:
-        code = None
-    finally:
-        cluster.resume(leader)
-    text = _log_text(victim, log_from)
-    fatal = [line for line in text.splitlines() if "FATAL" in line]
-    meta = read_meta(os.path.join(victim.data_dir, META_NAME))
-    logged = highest_term_logged(victim.log_path, log_from)
-    acted = max(term0, logged or 0)
-    lines = [f"soft descriptor limit set to {held - FD_BELOW_HELD} (it held {held}), leader paused: "
-             f"exit {code if code is not None else f'NONE within {EXIT_WAIT_S:g} s'}, {len(fatal)} FATAL line(s), "
-             f"'failed _onTick' {text.count('failed _onTick')} times",
-             f"FATAL: {fatal[0][:300] if fatal else '-'}",
-             f"term before {term0}, highest term in its log since {logged}, raft.meta term "
-             f"{meta[0] if meta else None} ({'= ' if meta and meta[0] == acted else 'BELOW '}the highest it acted in)"]
-    holds = code == EXIT_DISK_FAILED and len(fatal) == 1 and meta is not None and meta[0] == acted
-    return lines, holds
-
-
-def probe_term_durability(base: str) -> bool:
-    cluster = probe_cluster(base, LimitedCluster)
-    victim = cluster.nodes[LimitedCluster.limited]
-    with cluster:
-        lines = [_start_refused(cluster, victim)]
-        fits = FD_LIMIT - api_conns.fd_reserve(config_mod.ServerConfig(metrics_address="x:1"))
-        with open(victim.config_path, "a", encoding="utf-8") as f:
-            f.write(f"api_connections_max = {fits}\n")
-        cluster.start_all()
-        more, saved = _election_with_connections(cluster, victim)
-        lines += [f"restarted with api_connections_max = {fits}: " + more[0], more[1]]
-        exhausted, stopped = _exhausted_election(cluster, victim)
-        lines += exhausted
-    return report(2, "term durability under descriptor exhaustion", lines, saved and stopped)
-
-
 # -- the run ---------------------------------------------------------------------------------
 def run_probes(probes: list[int], base: str, args) -> dict[int, bool | None]:
     results: dict[int, bool | None] = {}
@@ -563,7 +412,9 @@ def run_probes(probes: list[int], base: str, args) -> dict[int, bool | None]:
             attempt(4, lambda: probe_relay(cluster))
             attempt(5, lambda: probe_dedup(cluster, args.flood_writes, args.flood_s))
     attempt(6, lambda: probe_open_api(base))
-    attempt(2, lambda: probe_term_durability(os.path.join(base, "limited")))
+    from bench._exhaustion_term import probe_term_durability  # it builds on this module's helpers
+
+    attempt(2, lambda: probe_term_durability(base))
     return results
 
 
