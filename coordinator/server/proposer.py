@@ -204,7 +204,10 @@ class Proposer:
         if refusal is not None:
             return errors.from_refusal(refusal)
         needed = commands.level_needed(command)
-        if needed > commands.LEVEL_BEFORE_LEVELS:
+        # SET_CLUSTER_LEVEL needs level 2 to apply, but it is what raises the level: only the
+        # leader's LevelPoller proposes it (no request builds one), once every member of the
+        # configuration announced the level it sets.
+        if needed > commands.LEVEL_BEFORE_LEVELS and command.op is not commands.Op.SET_CLUSTER_LEVEL:
             cluster_level = self.node.read(lambda sm: sm.cluster_level)
             if needed > cluster_level:
                 return errors.cluster_level_too_low(needed, cluster_level)
