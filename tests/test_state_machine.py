@@ -627,6 +627,15 @@ def test_the_cluster_level_only_rises_and_rides_in_the_snapshot_above_level_1():
     assert sm.cluster_level == 2
 
 
+def test_every_op_after_the_release_before_levels_needs_a_later_level():
+    """The release before levels applies ops 1 to 16 (not 10) and nothing else: an op added
+    since must name the entry level that brings it (commands._OP_LEVEL), or the proposer would
+    send it to members that stop at it."""
+    level_1 = {op for op in Op if cmds.level_needed(Command(op, 0, {})) == 1}
+    assert {int(op) for op in level_1} == set(range(1, 17)) - {10}
+    assert all(1 < cmds.level_needed(Command(op, 0, {})) <= limits.ENTRY_LEVEL for op in set(Op) - level_1)
+
+
 def test_a_conditional_delete_deletes_only_at_the_expected_version():
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0))
