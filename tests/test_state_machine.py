@@ -19,9 +19,11 @@ from coordinator.core.state_machine import (
     FencingStateMachine,
     Reason,
     Rejected,
+    UnappliableEntry,
     outcome_from_wire,
     outcome_to_wire,
 )
+from coordinator.core.validation import InvalidField
 from testsupport.backups import restore_in_chunks
 
 R = "orders/shard-7"
@@ -91,7 +93,13 @@ def assert_refused_unchanged(sm: FencingStateMachine, command: Command, reason: 
         entry = command.encode()
     except (OverflowError, UnicodeEncodeError):
         return outcome
-    assert sm.apply(entry) == outcome
+    if FencingStateMachine.proposal_refusal(command) is not None:
+        # Never proposed by this build; in the log it is another build's entry (or a bug):
+        # applying it stops the member instead of refusing it (DESIGN §8).
+        with pytest.raises(UnappliableEntry):
+            sm.apply(entry)
+    else:
+        assert sm.apply(entry) == outcome
     assert sm.digest() == before
     return outcome
 
@@ -116,6 +124,7 @@ def test_op_numbers_never_change():
         "RESTORE_ABORT": 14,
         "ENQUEUE": 15,
         "DEQUEUE": 16,
+        "SET_CLUSTER_LEVEL": 17,
     }
     assert [r.value for r in Reason] == list(range(1, 12))
     assert Reason.OP_ID_CONFLICT == 9 and Reason.MALFORMED == 1
@@ -543,18 +552,103 @@ def test_execute_refuses_bad_envelopes_too():
         assert sm.digest() == before
 
 
-def test_op_10_is_refused_like_any_unknown_op_and_changes_nothing():
+def test_op_10_stops_the_member_through_the_log_and_is_refused_by_execute():
     """10 was a whole-backup RESTORE in builds before the first release; no released build
-    wrote one. An entry with it, even one carrying a good backup and floor, is refused as
-    MALFORMED with no op, through the log and through execute, and the state stays as it was."""
+    wrote one. In the log, an entry with it (even one carrying a good backup and floor) is one
+    this build cannot apply: it raises UnappliableEntry (the member stops, DESIGN §8); handed
+    to execute, it is refused as MALFORMED with no op. Either way the state stays as it was."""
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=5))
     body = {"data": sm.backup(), "epoch_floor": 10}
     before = sm.digest()
-    for outcome in (sm.apply(packed([1, 10, 6, body])), sm.execute(Command(10, 6, body))):  # type: ignore[arg-type]
-        refused = assert_rejected(outcome, Reason.MALFORMED)
-        assert refused.op is None and refused.message == "unknown op 10", refused
-        assert sm.digest() == before and sm.epoch == 1 and sm.log_clock_ms == 5
+    with pytest.raises(UnappliableEntry, match="unknown op 10"):
+        sm.apply(packed([1, 10, 6, body]), 42)
+    refused = assert_rejected(sm.execute(Command(10, 6, body)), Reason.MALFORMED)  # type: ignore[arg-type]
+    assert refused.op is None and refused.message == "unknown op 10", refused
+    assert sm.digest() == before and sm.epoch == 1 and sm.log_clock_ms == 5
+
+
+def test_an_entry_of_a_higher_level_stops_the_member_and_changes_nothing():
+    """What a rolling upgrade must never let happen, and what happens if it does: an entry a
+    later build wrote (an op, a format, a field this build does not read) raises
+    UnappliableEntry naming the entry and both levels, with nothing changed."""
+    sm = FencingStateMachine()
+    assert_applied(acquire(sm, stamp=5))
+    assert_applied(write(sm, token=1, stamp=6))
+    before = sm.digest()
+    later = [
+        packed([1, 99, 7, {}]),  # an op of a later level
+        packed([2, 9, 7, {}]),  # a later envelope format
+        packed([1, 4, 7, {"resource": R, "key": "k", "value": b"v", "token": 1, "op_id": op_id(3), "new": 1}]),
+        cmds.set_cluster_level(level=limits.ENTRY_LEVEL + 1, stamp_ms=7).encode(),
+    ]
+    levels = rf"log entry 17 .*entry level {limits.ENTRY_LEVEL}, cluster level 1"
+    for entry in later:
+        with pytest.raises(UnappliableEntry, match=levels):
+            sm.apply(entry, 17)
+        assert sm.digest() == before and sm.log_clock_ms == 6
+
+
+def test_a_handler_that_raises_stops_the_member(monkeypatch):
+    """A handler bug is never a refusal (a build without the bug would apply the entry): it
+    raises UnappliableEntry naming the entry, the op and the error, through apply and execute."""
+    sm = FencingStateMachine()
+
+    def broken(now, args):
+        raise KeyError("bug")
+
+    monkeypatch.setitem(sm._handlers, Op.TICK, broken)
+    with pytest.raises(UnappliableEntry, match=r"log entry 9 \(TICK\) raised KeyError: 'bug'"):
+        sm.apply(cmds.tick(stamp_ms=3).encode(), 9)
+    with pytest.raises(UnappliableEntry, match="raised KeyError"):
+        sm.execute(cmds.tick(stamp_ms=3))
+
+
+def test_the_cluster_level_only_rises_and_rides_in_the_snapshot_above_level_1():
+    """SET_CLUSTER_LEVEL never lowers the level; a snapshot keeps format 4 (what the release
+    before levels reads) at level 1 and carries the level, format 5, above it; a backup never
+    carries it, and a backup restored through the log keeps the cluster's own level."""
+    sm = FencingStateMachine()
+    assert_applied(acquire(sm, stamp=1))
+    assert msgpack.unpackb(sm.snapshot(), raw=False)[1] == SNAPSHOT_FORMAT_VERSION == 4
+    backup = sm.backup()
+    assert_applied(sm.execute(cmds.set_cluster_level(level=2, stamp_ms=2)))
+    assert sm.cluster_level == 2
+    assert assert_applied(sm.execute(cmds.set_cluster_level(level=1, stamp_ms=3))) == {"level": 2}
+    assert sm.cluster_level == 2
+    document = msgpack.unpackb(sm.snapshot(), raw=False)
+    assert document[1] == 5 and len(document) == 8 and document[7] == 2
+    assert msgpack.unpackb(sm.backup(), raw=False)[1] == 4
+    restored = FencingStateMachine()
+    restored.restore(sm.snapshot())
+    assert restored.cluster_level == 2 and restored.digest() == sm.digest()
+    assert b"".join(sm.snapshot_pieces()) == sm.snapshot()
+    restore_in_chunks(sm, backup, epoch_floor=10, stamp_ms=4)
+    assert sm.cluster_level == 2
+
+
+def test_every_op_after_the_release_before_levels_needs_a_later_level():
+    """The release before levels applies ops 1 to 16 (not 10) and nothing else: an op added
+    since must name the entry level that brings it (commands._OP_LEVEL), or the proposer would
+    send it to members that stop at it."""
+    level_1 = {op for op in Op if cmds.level_needed(Command(op, 0, {})) == 1}
+    assert {int(op) for op in level_1} == set(range(1, 17)) - {10}
+    assert all(1 < cmds.level_needed(Command(op, 0, {})) <= limits.ENTRY_LEVEL for op in set(Op) - level_1)
+
+
+def test_a_conditional_delete_deletes_only_at_the_expected_version():
+    sm = FencingStateMachine()
+    assert_applied(acquire(sm, stamp=0))
+    version = assert_applied(write(sm, token=1, stamp=1))["version"]
+    conditional = cmds.delete(resource=R, key="k", token=1, op_id=op_id(7), stamp_ms=2, expected_version=version + 1)
+    assert cmds.level_needed(conditional) == 2
+    refused = assert_refused_unchanged(sm, conditional, Reason.VERSION_MISMATCH)
+    assert refused.details == {"version": version}
+    deleted = cmds.delete(resource=R, key="k", token=1, op_id=op_id(8), stamp_ms=2, expected_version=version)
+    assert assert_applied(sm.execute(deleted))["deleted"] is True
+    absent = cmds.delete(resource=R, key="k", token=1, op_id=op_id(9), stamp_ms=3, expected_version=0)
+    assert assert_applied(sm.execute(absent))["deleted"] is False
+    assert cmds.level_needed(cmds.delete(resource=R, key="k", token=1, op_id=op_id(9), stamp_ms=3)) == 1
 
 
 # -- expected_version ----------------------------------------------------------------------------
@@ -1149,7 +1243,8 @@ def test_log_clock_never_goes_backwards_and_refusals_do_not_move_it():
         assert sm.log_clock_ms == expected
     assert_rejected(write(sm, token=1, stamp=1_000), Reason.UNKNOWN_TOKEN)
     assert sm.log_clock_ms == 60
-    assert_rejected(sm.apply(b"garbage"), Reason.MALFORMED)
+    with pytest.raises(UnappliableEntry):
+        sm.apply(b"garbage")
     assert sm.log_clock_ms == 60
 
 
@@ -1351,8 +1446,15 @@ field_values = msgpack_values | st.sampled_from(
 
 
 def check_apply(sm: FencingStateMachine, data: bytes):
+    """``data`` applied: an outcome, or (None) UnappliableEntry for an entry the checks refuse,
+    never a handler's failure, and with nothing changed."""
     before = sm.digest()
-    outcome = sm.apply(data)
+    try:
+        outcome = sm.apply(data)
+    except UnappliableEntry as exc:
+        assert isinstance(exc.__cause__, (MalformedCommand, InvalidField)), exc
+        assert sm.digest() == before
+        return None
     assert isinstance(outcome, (Applied, Rejected))
     # every outcome can be stored and sent
     wire = msgpack.packb(outcome_to_wire(outcome), use_bin_type=True)
@@ -1374,7 +1476,7 @@ def seeded_machine() -> FencingStateMachine:
 def test_apply_never_raises_on_random_bytes(data):
     outcome = check_apply(seeded_machine(), data)
     # only a 4-item array can be a command
-    assert isinstance(outcome, Rejected) or data[:1] in (b"\x94", b"\xdc", b"\xdd")
+    assert outcome is None or data[:1] in (b"\x94", b"\xdc", b"\xdd")
 
 
 @settings(max_examples=150, deadline=None)
@@ -1400,6 +1502,7 @@ OP_FIELDS = {
     Op.RESTORE_ABORT: ["restore_id"],
     Op.ENQUEUE: ["resource", "holder", "ttl_ms", "waiter_id"],
     Op.DEQUEUE: ["resource", "waiter_id"],
+    Op.SET_CLUSTER_LEVEL: ["level"],
 }
 GOOD_FIELD_VALUES = {
     "resource": st.sampled_from([R, R2]),
@@ -1419,6 +1522,7 @@ GOOD_FIELD_VALUES = {
     "seq": st.integers(min_value=0, max_value=2),
     "chunk": st.sampled_from([FencingStateMachine().snapshot(), b"x"]),
     "waiter_id": st.sampled_from([b"w" * 16, b"v" * 16]),
+    "level": st.integers(min_value=1, max_value=limits.ENTRY_LEVEL),
 }
 
 

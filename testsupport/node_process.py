@@ -10,6 +10,8 @@ Requests (msgpack maps, key "op"):
   ping | status | digest | compact
   propose  {cmd: bytes, timeout_s}  - cmd is an encoded command; its stamp is
                                       replaced here by the node's log-clock stamp
+  propose_raw {entry: bytes, timeout_s} - ``entry`` proposed as it is, unchecked: a
+                                      stand-in for an entry a later build wrote
   bench    {threads, count, timeout_s} - fenced writes proposed inside this process,
                                       returns per-call latencies (seconds)
 """
@@ -68,6 +70,8 @@ class NodeService:
         if op == "propose":
             cmd = commands.decode(req["cmd"])
             return _wire(self.propose_command(cmd, float(req.get("timeout_s", 5.0))))
+        if op == "propose_raw":
+            return _wire(self.node.propose(bytes(req["entry"]), float(req.get("timeout_s", 5.0))))
         if op == "bench":
             return self.bench(int(req["threads"]), int(req["count"]), float(req.get("timeout_s", 5.0)))
         return {"error": f"unknown op {op!r}"}

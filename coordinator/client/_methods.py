@@ -267,12 +267,23 @@ class ClientMethods:
         *,
         token: int,
         op_id: bytes | None = None,
+        expected_version: int | None = None,
         timeout_s: float | None = None,
     ) -> DeleteResult:
-        """Fenced delete of ``key`` (checked like a write, DESIGN I7)."""
+        """Fenced delete of ``key`` (checked like a write, DESIGN I7). ``expected_version``
+        (entry level 2): only while the key is at that version (VersionMismatch otherwise);
+        Refused (CLUSTER_LEVEL_TOO_LOW) while a member runs an older build. A member of the
+        release before levels does not know the field and deletes unconditionally: send it
+        only once every member is upgraded, or to an upgraded member."""
         op_id = new_op_id() if op_id is None else op_id
-        ctx = {"rpc": "delete", "resource": resource, "key": key, "token": token, "op_id": op_id}
-        req = request_of(pb.DeleteRequest, ctx, resource=resource, key=key, token=token, op_id=op_id)
+        ctx = {
+            "rpc": "delete", "resource": resource, "key": key, "token": token, "op_id": op_id,
+            "expected_version": expected_version,
+        }
+        req = request_of(
+            pb.DeleteRequest, ctx, resource=resource, key=key, token=token, op_id=op_id,
+            expected_version=expected_version,
+        )
         return self._execute(Call(
             "store", "Delete", req, Kind.DEDUP, ctx,
             lambda r: results.delete_result(r, op_id=op_id), timeout_s=timeout_s,

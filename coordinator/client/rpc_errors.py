@@ -62,6 +62,7 @@ ERROR_CLASSES: dict[tuple[grpc.StatusCode, str], type[FencingError]] = {
     (_C.FAILED_PRECONDITION, _R.VERSION_MISMATCH): VersionMismatch,
     (_C.FAILED_PRECONDITION, _R.EPOCH_FLOOR_TOO_LOW): EpochFloorTooLow,
     (_C.FAILED_PRECONDITION, _R.MEMBER_CHANGE_REFUSED): Refused,
+    (_C.FAILED_PRECONDITION, _R.CLUSTER_LEVEL_TOO_LOW): Refused,
     (_C.FAILED_PRECONDITION, ""): Refused,
     (_C.NOT_FOUND, _R.UNKNOWN_MEMBER): UnknownMember,
     (_C.NOT_FOUND, ""): UnknownMember,

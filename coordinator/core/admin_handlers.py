@@ -1,8 +1,9 @@
 """The admin handlers: force-release, the epoch floor, and restoring a backup in chunks.
 
 Owns: ``AdminHandlers``, the state machine's handlers for FORCE_RELEASE (DESIGN §3 I7),
-SET_EPOCH_FLOOR and the chunked restore RESTORE_BEGIN, RESTORE_CHUNK, RESTORE_COMMIT,
-RESTORE_ABORT (I11), and the swap that replaces the whole state by a backup or a snapshot
+SET_EPOCH_FLOOR, SET_CLUSTER_LEVEL (commands.py "Entry levels") and the chunked restore
+RESTORE_BEGIN, RESTORE_CHUNK, RESTORE_COMMIT, RESTORE_ABORT (I11),
+and the swap that replaces the whole state by a backup or a snapshot
 (``_install``, which ``FencingStateMachine.restore`` uses too). The staging of the chunks
 is ``restore_staging``'s, the reading of a backup ``snapshot_format``'s.
 Must never: issue again a token issued before (every admin path fences above the current
@@ -116,6 +117,7 @@ class AdminHandlers(MachineBase):
             res.waiters = NO_WAITERS  # waiters belong to clients of the state being replaced
         parts.epoch, parts.log_clock_ms = new_epoch, self._log_clock_ms
         parts.dedup, parts.staged = collections.OrderedDict(), None
+        parts.cluster_level = self._cluster_level  # the members' builds did not change
         self._install(parts)
         return Applied(op=op, result={"epoch": new_epoch, "resources": len(parts.resources)})
 
@@ -132,8 +134,14 @@ class AdminHandlers(MachineBase):
         self._usage = Usage.of(parts.resources)
         self._dedup.load(parts.dedup)
         self._staging.load(parts.staged)  # mid-restore: its chunks are read again
+        self._cluster_level = parts.cluster_level
         self._keys_total = sum(len(res.data) for res in parts.resources.values())
         self._stored_bytes_total = sum(res.stored_bytes for res in parts.resources.values())
+
+    def _set_cluster_level(self, now: int, args: dict[str, Any]) -> Outcome:
+        # Never lowers it: a level once reached may have been used by entries after it.
+        self._cluster_level = max(self._cluster_level, args["level"])
+        return Applied(op=Op.SET_CLUSTER_LEVEL, result={"level": self._cluster_level})
 
     # -- a backup restored in chunks ---------------------------------------------------------
     # BEGIN, CHUNK..., COMMIT are separate entries, each within the Raft entry bounds; the

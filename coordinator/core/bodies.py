@@ -38,6 +38,7 @@ FIELD_CHECKS: dict[str, Callable[[object], Any]] = {
     "seq": validation.check_seq,
     "chunk": validation.check_chunk,
     "waiter_id": validation.check_waiter_id,
+    "level": validation.check_level,
 }
 
 # op -> (required fields, optional fields). An optional field that is nil counts as absent.
@@ -53,7 +54,10 @@ SCHEMAS: dict[Op, tuple[frozenset[str], frozenset[str]]] = {
         frozenset({"resource", "key", "value", "token", "op_id"}),
         frozenset({"expected_version", "principal", "quota"}),
     ),
-    Op.DELETE: (frozenset({"resource", "key", "token", "op_id"}), frozenset({"principal", "quota"})),
+    Op.DELETE: (
+        frozenset({"resource", "key", "token", "op_id"}),
+        frozenset({"expected_version", "principal", "quota"}),
+    ),
     Op.READ_BARRIER: (frozenset(), frozenset({"resource", "key"})),
     Op.FORCE_RELEASE: (frozenset({"resource", "op_id"}), frozenset({"principal", "quota"})),
     Op.SET_EPOCH_FLOOR: (frozenset({"floor"}), frozenset({"fence_all"})),
@@ -67,6 +71,7 @@ SCHEMAS: dict[Op, tuple[frozenset[str], frozenset[str]]] = {
         frozenset({"principal", "quota"}),
     ),
     Op.DEQUEUE: (frozenset({"resource", "waiter_id"}), frozenset()),
+    Op.SET_CLUSTER_LEVEL: (frozenset({"level"}), frozenset()),
 }
 assert set(SCHEMAS) == set(Op), "every op needs a schema"
 assert all(f in FIELD_CHECKS for req, opt in SCHEMAS.values() for f in req | opt)

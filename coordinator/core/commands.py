@@ -34,7 +34,8 @@ import msgpack
 from coordinator.core import limits
 from coordinator.core.validation import is_int
 
-# Version of the envelope above. A replica that meets another version refuses the entry.
+# Version of the envelope above. An entry with another version cannot be applied here: the
+# member stops (state_machine.UnappliableEntry), it never refuses it (DESIGN §8).
 FORMAT_VERSION = 1
 
 
@@ -64,6 +65,31 @@ class Op(enum.IntEnum):
     # the head waiter in the same entry that ends a lease.
     ENQUEUE = 15
     DEQUEUE = 16
+    # Entry level 2 (ENTRY_LEVEL below): the cluster's entry level is raised to ``level``. The
+    # leader proposes it once every member announces that level (server/level_poller.py).
+    SET_CLUSTER_LEVEL = 17
+
+
+# Entry levels (DESIGN §8 "Rolling upgrades"): what a build can apply, as one number that only
+# grows. Level 1 is every op and field above up to DEQUEUE: what the release before levels
+# applies (it announces nothing, and counts as 1). Level 2 adds SET_CLUSTER_LEVEL and a DELETE
+# carrying ``expected_version`` (a conditional delete). The replicated cluster level is the
+# highest level every member runs; nothing that needs a higher level is ever proposed, so no
+# member meets an entry it cannot apply. A new op or field gets the next level, here and in
+# ``level_needed``.
+ENTRY_LEVEL = limits.ENTRY_LEVEL
+LEVEL_BEFORE_LEVELS = 1
+_OP_LEVEL = {Op.SET_CLUSTER_LEVEL: 2}
+_FIELD_LEVEL = {(Op.DELETE, "expected_version"): 2}
+
+
+def level_needed(command: Command) -> int:
+    """The entry level a member needs to apply ``command``."""
+    needed = _OP_LEVEL.get(command.op, LEVEL_BEFORE_LEVELS)
+    for (op, field), level in _FIELD_LEVEL.items():
+        if op is command.op and command.body.get(field) is not None:
+            needed = max(needed, level)
+    return needed
 
 
 class MalformedCommand(ValueError):
@@ -256,9 +282,14 @@ def write(
     return Command(Op.WRITE, stamp_ms, body)
 
 
-def delete(*, resource: str, key: str, token: int, op_id: bytes, stamp_ms: int) -> Command:
-    """Fenced delete of ``key`` under ``resource``, checked like a write (I7)."""
-    body = {"resource": resource, "key": key, "token": token, "op_id": op_id}
+def delete(
+    *, resource: str, key: str, token: int, op_id: bytes, stamp_ms: int, expected_version: int | None = None
+) -> Command:
+    """Fenced delete of ``key`` under ``resource``, checked like a write (I7); with
+    ``expected_version`` (entry level 2) only while the key is at that version."""
+    body: dict[str, Any] = {"resource": resource, "key": key, "token": token, "op_id": op_id}
+    if expected_version is not None:
+        body["expected_version"] = expected_version
     return Command(Op.DELETE, stamp_ms, body)
 
 
@@ -321,3 +352,8 @@ def enqueue(*, resource: str, holder: str, ttl_ms: int, waiter_id: bytes, stamp_
 def dequeue(*, resource: str, waiter_id: bytes, stamp_ms: int) -> Command:
     """Take ``waiter_id`` out of ``resource``'s queue; release its lease if it was granted."""
     return Command(Op.DEQUEUE, stamp_ms, {"resource": resource, "waiter_id": waiter_id})
+
+
+def set_cluster_level(*, level: int, stamp_ms: int) -> Command:
+    """Raise the cluster's entry level to ``level`` (entry level 2; never lowers it)."""
+    return Command(Op.SET_CLUSTER_LEVEL, stamp_ms, {"level": level})

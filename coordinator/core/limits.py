@@ -206,3 +206,7 @@ LOCK_WAIT_MS_MAX = 5_000
 # A waiter's id: client-chosen random bytes, sized like an op_id.
 WAITER_ID_BYTES_MIN = 16
 WAITER_ID_BYTES_MAX = 64
+
+# The highest entry level this build applies (commands.py "Entry levels"): a SET_CLUSTER_LEVEL
+# above it is a field no check here passes, and a member that meets one stops (DESIGN §8).
+ENTRY_LEVEL = 2

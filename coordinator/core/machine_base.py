@@ -39,6 +39,7 @@ class MachineBase:
     _resources: ResourceTable
     _dedup: DedupTable
     _staging: RestoreStaging
+    _cluster_level: int  # the entry level every member runs (commands.py "Entry levels")
     # Derived from _resources (recounted on restore): indexes and totals kept so that no
     # command scans every resource.
     _expiry: ExpiryIndex

@@ -48,6 +48,9 @@ class ErrorReason(enum.StrEnum):
     # Admin membership changes: nothing was proposed. Metadata: detail (a MemberRefusal value).
     MEMBER_CHANGE_REFUSED = "MEMBER_CHANGE_REFUSED"  # a precondition (a change in progress, ...)
     UNKNOWN_MEMBER = "UNKNOWN_MEMBER"  # no member with that id in the configuration
+    # Rolling upgrades: the request needs an entry level above the cluster's (some member still
+    # runs an older build); nothing was proposed. Metadata: needed_level, cluster_level.
+    CLUSTER_LEVEL_TOO_LOW = "CLUSTER_LEVEL_TOO_LOW"
     # Never sent by this server; the client has read them as NO_LEADER since its first
     # version, so a peer that sends them keeps being retried the same way.
     NOT_LEADER = "NOT_LEADER"
@@ -74,6 +77,8 @@ class ErrorMeta(enum.StrEnum):
     LEADER = "leader"  # the leader's Raft address ("" when none is known)
     LEADER_API = "leader_api"  # the leader's API address ("" when none is known)
     DETAIL = "detail"  # why a proposal did not apply, or why its outcome is unknown
+    NEEDED_LEVEL = "needed_level"  # the entry level a request needs
+    CLUSTER_LEVEL = "cluster_level"  # the cluster's entry level, as this member applied it
 
 
 class Trailer(enum.StrEnum):

@@ -43,8 +43,13 @@ from coordinator.core.validation import InvalidField, is_int
 # Versions 1 to 3 are still read; any other is refused. A dedup entry names its principal (a 7th item, so that
 # its per-principal budget survives a snapshot: core/dedup.py) in every version: entries of 5 or
 # 6 items, written before, are refused (0.1.0 was never released; no such snapshot is kept).
+# 5 (entry level 2) adds the cluster's entry level as an 8th item; it is written only once the
+# cluster level is above 1, so a member of the release before levels (which reads 1 to 4 and
+# refuses 5: it stops, exit 70) is sent only snapshots it reads, until every member runs a
+# build that reads 5 (DESIGN §8 "Rolling upgrades").
 SNAPSHOT_FORMAT_VERSION = 4
-SNAPSHOT_FORMAT_VERSIONS_READ = (1, 2, 3, 4)
+SNAPSHOT_FORMAT_VERSION_LEVELS = 5
+SNAPSHOT_FORMAT_VERSIONS_READ = (1, 2, 3, 4, 5)
 SNAPSHOT_MAGIC = "fencing-coordinator/state"
 
 
@@ -75,6 +80,7 @@ class Parts:
     resources: dict[str, ResourceState]
     dedup: collections.OrderedDict[bytes, DedupEntry]
     staged: StagedRestore | None
+    cluster_level: int = 1  # the cluster's entry level (format 5; 1 before it)
 
 
 def parse_snapshot(data: object, counts: Counts | None) -> Parts:
@@ -224,8 +230,8 @@ class SnapshotReader:
 def _read_steps(tallies: dict[str, Any], keep_dedup: bool) -> Generator[tuple[str, str], Any, Parts]:
     """The document, item by item: yields what it needs next, is sent it, returns the Parts.
     ``tallies`` gets the counts ``SnapshotReader.finish`` holds to the configured limits."""
-    length = yield _HEAD, "top level must be a 6- or 7-item array"
-    _need(length in (6, 7), "top level must be a 6- or 7-item array")
+    length = yield _HEAD, "top level must be a 6- to 8-item array"
+    _need(length in (6, 7, 8), "top level must be a 6- to 8-item array")
     magic = yield _ITEM, ""
     _need(magic == SNAPSHOT_MAGIC, "not a fencing-coordinator state snapshot")
     version = yield _ITEM, ""
@@ -233,7 +239,8 @@ def _read_steps(tallies: dict[str, Any], keep_dedup: bool) -> Generator[tuple[st
         is_int(version) and version in SNAPSHOT_FORMAT_VERSIONS_READ,
         "unknown snapshot format version %r (this build reads %s)", version, SNAPSHOT_FORMAT_VERSIONS_READ,
     )
-    _need(length == (6 if version == 1 else 7), "a version %d snapshot has %d items", version, 6 + (version > 1))
+    items = 6 if version == 1 else 8 if version >= SNAPSHOT_FORMAT_VERSION_LEVELS else 7
+    _need(length == items, "a version %d snapshot has %d items", version, items)
     epoch = _need_int((yield _ITEM, ""), 0, limits.TOKEN_MAX, "epoch")
     # The log clock is the greatest stamp applied, and stamps are at most STAMP_MS_MAX.
     log_clock_ms = _need_int((yield _ITEM, ""), 0, limits.STAMP_MS_MAX, "log_clock_ms")
@@ -272,8 +279,12 @@ def _read_steps(tallies: dict[str, Any], keep_dedup: bool) -> Generator[tuple[st
         previous_at = entry[4]
         if keep_dedup:
             dedup[entry[0]] = DedupEntry(*entry)
-    staged = _read_staged((yield _ITEM, "") if length == 7 else None, log_clock_ms)
-    return Parts(epoch, log_clock_ms, resources, dedup, staged)
+    staged = _read_staged((yield _ITEM, "") if length >= 7 else None, log_clock_ms)
+    cluster_level = 1
+    if length == 8:
+        # Written only above level 1 (snapshot_pack), and never above what this build applies.
+        cluster_level = _need_int((yield _ITEM, ""), 2, limits.ENTRY_LEVEL, "cluster_level")
+    return Parts(epoch, log_clock_ms, resources, dedup, staged, cluster_level)
 
 
 def _read_resource(item: Any, previous_name: str | None, epoch: int, log_clock_ms: int, version: int = 3,

@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 
 from coordinator.core.machine_base import MachineBase
-from coordinator.core.snapshot_format import SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC
+from coordinator.core.snapshot_format import SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION_LEVELS, SNAPSHOT_MAGIC
 from coordinator.core.state import ResourceState, StagedRestore
 
 # Resources packed per piece of a snapshot built off the Raft thread: about 100 KiB and a
@@ -39,7 +39,9 @@ class SnapshotPacking(MachineBase):
         """All state as canonical msgpack: resources and keys sorted, dedup in apply order,
         then the staged restore (what a member's snapshot and ``digest`` hold).
 
-        Layout: ``[magic, SNAPSHOT_FORMAT_VERSION, epoch, log_clock_ms, resources, dedup, staged]``;
+        Layout: ``[magic, SNAPSHOT_FORMAT_VERSION, epoch, log_clock_ms, resources, dedup, staged]``,
+        or, once the cluster's entry level is above 1, ``[magic, 5, ..., staged, cluster_level]``
+        (a member of the release before levels refuses format 5 and stops rather than misread it);
         resources ``[[name, hwm, revision, lease|nil, [[key, value, version], ...], owner?, waiters?], ...]``
         (``owner`` only when the resource has one or has waiters, so states without principals
         keep the bytes they had before quotas; ``waiters`` only when some are queued, in FIFO
@@ -48,12 +50,14 @@ class SnapshotPacking(MachineBase):
         ``[[op_id, op, resource, outcome_wire, applied_at_ms, first_index, principal], ...]``, staged
         nil or ``[restore_id, size, digest, epoch_floor, touched_at_ms, [chunk, ...]]``.
         """
-        return self._document(self._staging.staged, with_queue=True)
+        return self._document(self._staging.staged, with_queue=True, with_level=True)
 
     def backup(self) -> bytes:
         """``snapshot()`` without the staged restore (nil) and without the lock queue: what
         Admin snapshots hand out, so a backup is never larger than limits.BACKUP_BYTES_MAX,
-        restore in progress or not (a restore drops waiters and leases anyway)."""
+        restore in progress or not (a restore drops waiters and leases anyway). Without the
+        cluster level too: it says which builds run the cluster, not what the state holds, so
+        a backup restores into a cluster of any level (which keeps its own)."""
         return self._document(None, with_queue=False)
 
     def snapshot_pieces(self) -> Iterator[bytes]:
@@ -66,13 +70,13 @@ class SnapshotPacking(MachineBase):
         the pieces still describe the state as it was at the first (copy-on-write: the resources
         changed meanwhile are kept as they were, ResourceTable). Abandoning the iterator early
         (``close()``, under the apply lock) ends the capture."""
-        return self._document_pieces(self._staging.staged, with_queue=True, copy_on_write=True)
+        return self._document_pieces(self._staging.staged, with_queue=True, copy_on_write=True, with_level=True)
 
-    def _document(self, staged: StagedRestore | None, *, with_queue: bool) -> bytes:
-        return b"".join(self._document_pieces(staged, with_queue=with_queue))
+    def _document(self, staged: StagedRestore | None, *, with_queue: bool, with_level: bool = False) -> bytes:
+        return b"".join(self._document_pieces(staged, with_queue=with_queue, with_level=with_level))
 
     def _document_pieces(
-        self, staged: StagedRestore | None, *, with_queue: bool, copy_on_write: bool = False
+        self, staged: StagedRestore | None, *, with_queue: bool, copy_on_write: bool = False, with_level: bool = False
     ) -> Iterator[bytes]:
         # msgpack is concatenative: an array is its header then its packed items, so the
         # document is packed item by item, and the dedup entries' stored bytes are joined as
@@ -84,6 +88,7 @@ class SnapshotPacking(MachineBase):
         # never change; the table only gains and evicts entries), the staged chunks (a list
         # that grows: copied) and, with copy_on_write, the resources (ResourceTable.capture).
         epoch, log_clock_ms = self._epoch, self._log_clock_ms
+        level = self._cluster_level if with_level and self._cluster_level > 1 else None
         # The names are copied a slice per piece, an empty piece between slices: one list() of a
         # million names held the GIL ~30 ms, and the caller applies nothing before the first
         # non-empty piece, so the table does not change while it is walked.
@@ -106,9 +111,9 @@ class SnapshotPacking(MachineBase):
         try:
             yield b"".join(
                 [
-                    packer.pack_array_header(7),
+                    packer.pack_array_header(7 if level is None else 8),
                     packer.pack(SNAPSHOT_MAGIC),
-                    packer.pack(SNAPSHOT_FORMAT_VERSION),
+                    packer.pack(SNAPSHOT_FORMAT_VERSION if level is None else SNAPSHOT_FORMAT_VERSION_LEVELS),
                     packer.pack(epoch),
                     packer.pack(log_clock_ms),
                     packer.pack_array_header(len(names)),
@@ -139,6 +144,8 @@ class SnapshotPacking(MachineBase):
         for i in range(0, len(dedup), SNAPSHOT_RESOURCES_PER_PIECE):
             yield b"".join(dedup[i : i + SNAPSHOT_RESOURCES_PER_PIECE])
         yield packer.pack(staged_wire)
+        if level is not None:
+            yield packer.pack(level)
 
     @staticmethod
     def _resource_item(name: str, res: ResourceState, with_queue: bool) -> list[Any]:

@@ -13,8 +13,10 @@ bookkeeping in ``lock_queue``, the staging of a backup restored in chunks in
 ``restore_staging`` and which dedup entry leaves when (per principal) in ``dedup``.
 Must never: read a clock, draw randomness, touch files, sockets or threads, or import grpc or
 the Raft library (time arrives inside each command); raise on bad input (refusals are ``Rejected``
-values); change anything, not even the log clock, when it refuses. The same entries in the
-same order give the same state and the same outcomes on every replica.
+values); change anything, not even the log clock, when it refuses; or turn an entry it cannot
+apply (an unknown format, op or field, a handler that raised) into a refusal: that raises
+``UnappliableEntry`` and stops the member (DESIGN §8), since another build may apply it. The
+same entries in the same order give the same state and the same outcomes on every replica.
 
 Quotas (DESIGN §8) are checked in the state machine (``machine_base``, ``write_handlers``), not
 in the gRPC layer, because what they count -- resources, leases, stored bytes -- is replicated
@@ -44,7 +46,7 @@ from typing import Any
 from coordinator.core import limits
 from coordinator.core.admin_handlers import AdminHandlers
 from coordinator.core.bodies import parse_body
-from coordinator.core.commands import Command, MalformedCommand, Op, decode, validate_envelope
+from coordinator.core.commands import ENTRY_LEVEL, Command, MalformedCommand, Op, decode, validate_envelope
 from coordinator.core.dedup import DedupTable
 from coordinator.core.expiry import ExpiryIndex
 from coordinator.core.lease_handlers import LeaseHandlers
@@ -64,9 +66,20 @@ __all__ = [
     "Outcome",
     "Reason",
     "Rejected",
+    "UnappliableEntry",
     "outcome_from_wire",
     "outcome_to_wire",
 ]
+
+
+class UnappliableEntry(Exception):
+    """A committed entry this member cannot apply: an unknown format or op, a body this build
+    does not read, or a handler that raised (DESIGN §8). Never a refusal: another member, of
+    another build, may apply it, and a refusal only some replicas make splits their states
+    unnoticed. It escapes ``apply``, and the Raft layer stops the member with one line, exit
+    70 (coordinator/raft/fatal.py), before anything after the entry is applied. Every entry
+    this build proposes passed the same checks first (``proposal_refusal``), so it means a
+    build of a higher entry level wrote it, or a bug."""
 
 
 def _positive_config(name: str, value: int | None, default: int) -> int:
@@ -127,6 +140,7 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
         self._keys_total = 0
         self._stored_bytes_total = 0
         self._staging = RestoreStaging()
+        self._cluster_level = 1  # raised by SET_CLUSTER_LEVEL only (commands.py "Entry levels")
         self._handlers: dict[Op, Callable[[int, dict[str, Any]], Outcome]] = {
             Op.ACQUIRE: self._acquire,
             Op.KEEP_ALIVE: self._keep_alive,
@@ -143,6 +157,7 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
             Op.RESTORE_ABORT: self._restore_abort,
             Op.ENQUEUE: self._enqueue,
             Op.DEQUEUE: self._dequeue,
+            Op.SET_CLUSTER_LEVEL: self._set_cluster_level,
         }
         assert set(self._handlers) == set(Op), "every op needs a handler"
 
@@ -152,6 +167,11 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
     def epoch(self) -> int:
         """The last token issued (0 before the first)."""
         return self._epoch
+
+    @property
+    def cluster_level(self) -> int:
+        """The entry level every member runs, as replicated (1 until a SET_CLUSTER_LEVEL)."""
+        return self._cluster_level
 
     @property
     def log_clock_ms(self) -> int:
@@ -245,21 +265,44 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
     # -- applying commands ----------------------------------------------------------------
 
     def apply(self, entry: bytes, index: int = 0) -> Outcome:
-        """Decode and execute one log entry (at Raft ``index``). Never raises for any input."""
+        """Decode and execute one log entry (at Raft ``index``). Raises UnappliableEntry for
+        an entry this build cannot read or a handler that raised; every other outcome,
+        refusals included, is a value."""
         try:
             cmd = decode(entry)
-        except MalformedCommand as exc:
-            return Rejected(op=None, reason=Reason.MALFORMED, message=str(exc))
-        return self._execute(cmd.op, cmd, index)  # decode checked the envelope
+            args = parse_body(cmd.op, cmd.body)
+        except (MalformedCommand, InvalidField) as exc:
+            raise UnappliableEntry(
+                f"log entry {index} cannot be applied by this build (entry level {ENTRY_LEVEL},"
+                f" cluster level {self._cluster_level}): {exc}"
+            ) from exc
+        return self._run(cmd.op, cmd, args, index)
 
     def execute(self, cmd: Command, index: int = 0) -> Outcome:
-        """Execute one decoded command. Never raises for bad fields; refusals change nothing."""
+        """Execute one decoded command that did not come from the log (tests, tools): a bad
+        envelope or field is refused (MALFORMED) and changes nothing. A handler that raises
+        raises UnappliableEntry, as in ``apply``."""
+        refusal = self.proposal_refusal(cmd)
+        if refusal is not None:
+            return refusal
+        op = Op(cmd.op)
+        return self._run(op, cmd, parse_body(op, cmd.body), index)
+
+    @staticmethod
+    def proposal_refusal(cmd: Command) -> Rejected | None:
+        """Why ``cmd`` must not be proposed (its envelope or a body field is one ``apply``
+        cannot read, which would stop every member of this build), or None. Reads no state:
+        the server runs it before it proposes anything (server/proposer.py)."""
         try:
             op = validate_envelope(cmd.op, cmd.stamp_ms, cmd.body)
         except MalformedCommand as exc:
             known_op = cmd.op if isinstance(cmd.op, Op) else None
             return Rejected(op=known_op, reason=Reason.MALFORMED, message=str(exc))
-        return self._execute(op, cmd, index)
+        try:
+            parse_body(op, cmd.body)
+        except InvalidField as exc:
+            return Rejected(op=op, reason=Reason.MALFORMED, message=str(exc), details={"field": exc.field})
+        return None
 
     def read_now(self, cmd: Command) -> Outcome:
         """What ``cmd``, a READ_BARRIER, would answer if it applied now, with nothing changed.
@@ -278,15 +321,8 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
             return Rejected(op=op, reason=Reason.MALFORMED, message="only a READ_BARRIER reads without the log")
         return self._read_barrier(max(self._log_clock_ms, cmd.stamp_ms), args)
 
-    def _execute(self, op: Op, cmd: Command, index: int) -> Outcome:
-        """``cmd`` with its envelope checked (``op`` is its Op): check the body, then run."""
-        try:
-            args = parse_body(op, cmd.body)
-        except InvalidField as exc:
-            return Rejected(
-                op=op, reason=Reason.MALFORMED, message=str(exc), details={"field": exc.field}
-            )
-
+    def _run(self, op: Op, cmd: Command, args: dict[str, Any], index: int) -> Outcome:
+        """``cmd`` with its envelope and body checked (``args``): dedup, then its handler."""
         op_id: bytes | None = args.get("op_id")
         if op_id is not None:
             entry = self._dedup.get(op_id)
@@ -321,17 +357,14 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
                 if dedup_item is not None:
                     quota = args.get("quota")
                     self._dedup.add(*dedup_item, None if quota is None else quota.get("dedup_entries"))
-        # DESIGN §8: apply never raises. The field and snapshot checks make this unreachable.
-        # Should some input still get past them, the handler may have changed state before it
-        # failed, but every replica fails the same way at the same entry (apply is
-        # deterministic), so they stay equal; and the member keeps serving instead of exiting
-        # on an entry it would meet again after every restart (a crash loop).
-        except Exception as exc:  # noqa: BLE001 - any failure becomes a refusal
-            return Rejected(
-                op=op,
-                reason=Reason.MALFORMED,
-                message=f"refused: applying it failed ({type(exc).__name__}: {exc})",
-            )
+        # DESIGN §8: a handler that raised is a bug, never a refusal. It may have changed state
+        # before it failed, and a build without the bug (or with another one) would not fail
+        # here: serving on would answer from a state no other replica may hold. The Raft layer
+        # stops the member (exit 70, which deploy/'s unit does not restart, so no crash loop).
+        except Exception as exc:  # any type: what the handler raised is the bug
+            raise UnappliableEntry(
+                f"applying log entry {index} ({op.name}) raised {type(exc).__name__}: {exc}"
+            ) from exc
         return outcome
 
 

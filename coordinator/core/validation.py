@@ -33,6 +33,7 @@ __all__ = [
     "check_floor",
     "check_holder",
     "check_key",
+    "check_level",
     "check_op_id",
     "check_principal",
     "check_quota",
@@ -139,6 +140,15 @@ def check_waiter_id(value: object) -> bytes:
     """The id of one queued lock waiter (client-chosen random bytes, sized like an op_id)."""
     return _check_id_bytes("waiter_id", value, limits.WAITER_ID_BYTES_MIN, limits.WAITER_ID_BYTES_MAX,
                            "random bytes, chosen once per lock wait and sent on each of its Lock calls")
+
+
+def check_level(value: object) -> int:
+    """A cluster entry level this build can apply: 1 to ``limits.ENTRY_LEVEL``."""
+    if not is_int(value):
+        raise InvalidField("level", f"must be an integer, got {type(value).__name__}")
+    if not 1 <= value <= limits.ENTRY_LEVEL:
+        raise InvalidField("level", f"{value} is outside [1, {limits.ENTRY_LEVEL}] (the levels this build applies)")
+    return value
 
 
 def check_value(value: object) -> bytes:
@@ -309,6 +319,8 @@ REQUESTS: dict[str, dict[str, Field]] = {
         "key": Field(check_key),
         "token": Field(check_token),
         "op_id": _OP_ID,
+        # absent: any; entry level 2 (the server refuses it below that cluster level)
+        "expected_version": Field(check_expected_version, required=False),
     },
     "Read": {"resource": Field(check_resource), "key": Field(check_key)},
     "ForceRelease": {"resource": Field(check_resource), "op_id": _OP_ID},

@@ -94,6 +94,15 @@ class WriteHandlers(MachineBase):
         res = self._fenced(Op.DELETE, resource, args["token"])
         if isinstance(res, Rejected):
             return res
+        expected = args["expected_version"]  # entry level 2: a conditional delete
+        current_version = res.data[key][1] if key in res.data else 0
+        if expected is not None and expected != current_version:
+            return Rejected(
+                op=Op.DELETE,
+                reason=Reason.VERSION_MISMATCH,
+                message=f"{key!r} is at version {current_version}, not {expected}",
+                details={"version": current_version},
+            )
         if key not in res.data:
             return Applied(op=Op.DELETE, result={"version": 0, "deleted": False})
         refusal = _revision_refusal(Op.DELETE, resource, res)

@@ -136,7 +136,8 @@ class Replica(SyncObjConsumer):
             shared = raft_wire.decode_shared_entry(entry)
             with self.lock:
                 if shared is None:
-                    # A malformed shared entry goes to the state machine as is: refused as a value.
+                    # A malformed shared entry goes to the state machine as is, which cannot
+                    # apply it: it raises, and the member stops below (DESIGN §8).
                     # The index lets the state machine report where an op_id first applied.
                     outcome = self._sm.apply(entry, index)
                 else:

@@ -26,6 +26,7 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     backups           snapshots handed out and restores proposed in chunks
     members           the members as the API shows them; membership changes' checks
     lease_ticker      ``LeaseTicker``: the leader's TICK every ``lease_tick_interval_s``
+    level_poller      rolling upgrades: this build's entry levels announced, the leader's SET_CLUSTER_LEVEL
     auth              the principals file, bearer tokens, resource prefixes, admin checks
     config            a ``ServerConfig`` built from the TOML file and flags
     settings          ``ServerConfig``: every setting, its default and unit, what follows

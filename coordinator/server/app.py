@@ -35,7 +35,7 @@ from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.core import commands, limits
 from coordinator.core.state_machine import FencingStateMachine
 from coordinator.raft.node import RaftConfig, RaftNode
-from coordinator.server import api_conns, listen_check
+from coordinator.server import api_conns, level_poller, listen_check
 from coordinator.server.admin import AdminServicer
 from coordinator.server.auth import Authenticator
 from coordinator.server.certs import ApiCertificates, TlsMaterial
@@ -255,6 +255,19 @@ def _cannot_listen(setting: str, address: str, error: OSError | None) -> Startup
     return StartupError(f"{setting} {address}: cannot listen: {why}")
 
 
+def _peer_credentials(certificates: ApiCertificates | None) -> grpc.ChannelCredentials | None:
+    """How the leader's LevelPoller reaches the other members' API: plaintext when this member
+    serves plaintext; else TLS trusting the client CA bundle (the system roots without one),
+    presenting this member's own certificate (what a mutual-TLS member asks of a client)."""
+    if certificates is None:
+        return None
+    material = certificates.current
+    return grpc.ssl_channel_credentials(
+        root_certificates=material.client_ca, private_key=material.private_key,
+        certificate_chain=material.cert_chain,
+    )
+
+
 class FencingServer:
     """The Raft node, the gRPC server and the health updater of one member."""
 
@@ -305,6 +318,10 @@ class FencingServer:
         self.health = health.HealthServicer(experimental_non_blocking=False)
         for name in ("", *FENCING_SERVICES):
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in level_poller.announced_services():
+            # This build's entry levels (DESIGN §8 "Rolling upgrades"), announced from start:
+            # the leader's LevelPoller reads them; NOT_SERVING only once it shuts down.
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
         if config.reflection:
             reflection.enable_server_reflection(
@@ -331,6 +348,10 @@ class FencingServer:
         self.updater = HealthUpdater(self.node, self.proposer, self.health, config.health_check_interval_s)
         self.ticker = LeaseTicker(
             self.node, self.proposer, interval_s=config.lease_tick_interval_s, timeout_s=config.propose_timeout_max_s
+        )
+        self.levels = level_poller.LevelPoller(
+            self.node, self.proposer, config.member_map, credentials=_peer_credentials(self.certificates),
+            timeout_s=config.propose_timeout_max_s,
         )
         if self.metrics is not None:
             self.metrics.watch(self.member_status)
@@ -390,6 +411,7 @@ class FencingServer:
         self.peer_cap.start()
         self.updater.start()
         self.ticker.start()
+        self.levels.start()
         log.info(
             "serving member %s: gRPC on %s, pid %d", self.config.raft_address, self.config.bind_address, os.getpid()
         )
@@ -406,6 +428,7 @@ class FencingServer:
         """Stop accepting, let running RPCs finish within the grace period, close the node."""
         self.updater.stop()
         self.ticker.stop()
+        self.levels.stop()
         self.health.enter_graceful_shutdown()  # probes see NOT_SERVING while we drain
         self.grpc_server.stop(self.config.shutdown_grace_s).wait(self.config.shutdown_grace_s + 1)
         self.peer_cap.stop()

@@ -32,6 +32,7 @@ Layers (the etcd way: transport-free sentinels, then one table)::
 | Failure.PERMISSION_DENIED | PERMISSION_DENIED | PERMISSION_DENIED | |
 | Failure.MEMBER_CHANGE_REFUSED | FAILED_PRECONDITION | MEMBER_CHANGE_REFUSED | detail |
 | Failure.UNKNOWN_MEMBER | NOT_FOUND | UNKNOWN_MEMBER | detail |
+| Failure.CLUSTER_LEVEL_TOO_LOW | FAILED_PRECONDITION | CLUSTER_LEVEL_TOO_LOW | needed_level, cluster_level |
 
 The reason strings, the metadata keys, the domain and the trailer names are declared once,
 in ``coordinator/core/names.py``; the client reads them from there too.
@@ -69,6 +70,7 @@ class Failure(enum.Enum):
     PERMISSION_DENIED = "permission_denied"  # a known caller, not allowed this resource or Admin
     MEMBER_CHANGE_REFUSED = "member_change_refused"  # a membership change's precondition failed
     UNKNOWN_MEMBER = "unknown_member"  # a membership change named no member of the configuration
+    CLUSTER_LEVEL_TOO_LOW = "cluster_level_too_low"  # the request needs a later build on every member
 
 
 _C = grpc.StatusCode
@@ -97,6 +99,7 @@ STATUS_TABLE: dict[Reason | Failure, tuple[grpc.StatusCode, ErrorReason]] = {
     Reason.EPOCH_FLOOR_TOO_LOW: (_C.FAILED_PRECONDITION, _R.EPOCH_FLOOR_TOO_LOW),
     Failure.MEMBER_CHANGE_REFUSED: (_C.FAILED_PRECONDITION, _R.MEMBER_CHANGE_REFUSED),
     Failure.UNKNOWN_MEMBER: (_C.NOT_FOUND, _R.UNKNOWN_MEMBER),
+    Failure.CLUSTER_LEVEL_TOO_LOW: (_C.FAILED_PRECONDITION, _R.CLUSTER_LEVEL_TOO_LOW),
 }
 assert all(key in STATUS_TABLE for key in (*Reason, *Failure)), "every failure needs a status"
 
@@ -186,6 +189,17 @@ def from_propose_failure(result: ProposeResult, leader: str = "", leader_api: st
     if failure is Failure.QUEUE_FULL:
         return ServiceError(failure, "the Raft command queue is full; retry later", {"detail": detail})
     return ServiceError(failure, f"not applied ({detail})", {"detail": detail})
+
+
+def cluster_level_too_low(needed: int, cluster_level: int) -> ServiceError:
+    """A request that needs entry level ``needed`` while the cluster is at ``cluster_level``:
+    proposing it would stop every member of an older build (DESIGN §8 "Rolling upgrades")."""
+    return ServiceError(
+        Failure.CLUSTER_LEVEL_TOO_LOW,
+        f"not applied: this request needs entry level {needed}, and the cluster is at level {cluster_level}"
+        " until every member runs a build of that level (a rolling upgrade in progress); retry after it",
+        {ErrorMeta.NEEDED_LEVEL: needed, ErrorMeta.CLUSTER_LEVEL: cluster_level},
+    )
 
 
 def read_not_confirmed() -> ServiceError:

@@ -9,7 +9,9 @@ start (health). One code path for one command and for many: ``propose`` is
 ``propose_many([command])[0]`` (raised, when it is an error).
 Must never: decide a domain rule (the state machine does), queue proposals without bound,
 report an unknown outcome as a failure (a deadline passed is OUTCOME_UNKNOWN: the entry may
-still commit), or map a fate to a status anywhere but ``errors``.
+still commit), map a fate to a status anywhere but ``errors``, or propose a command the state
+machine's checks refuse or one that needs an entry level above the cluster's (``_gate``: such
+an entry would stop members, DESIGN §8).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 import grpc
 
 from coordinator.core import commands, limits
+from coordinator.core.state_machine import FencingStateMachine
 from coordinator.raft.interface import ProposeFailure, ProposeOutcome, ProposeResult
 from coordinator.raft.node import RaftNode
 from coordinator.raft.read_index import ReadIndexOutcome
@@ -172,6 +175,10 @@ class Proposer:
         *, alone: bool,
     ) -> None:
         """Stamp, size and send proposal ``i``; its fate reaches ``round_``."""
+        refusal = self._gate(command)
+        if refusal is not None:
+            round_.refuse(i, refusal)
+            return
         encoded = dataclasses.replace(command, stamp_ms=self.node.next_stamp_ms()).encode()
         if len(encoded) > (limits.COMMAND_BYTES_MAX if max_bytes is None else max_bytes):
             round_.refuse(i, ProposeResult.failed(ProposeFailure.COMMAND_TOO_LARGE))
@@ -187,6 +194,24 @@ class Proposer:
             self.node.propose_async_result(
                 encoded, functools.partial(round_.settle, i), batch_key=command.resource,
             )
+
+    def _gate(self, command: commands.Command) -> ServiceError | None:
+        """Why ``command`` must not reach the log, or None (DESIGN §8 "Rolling upgrades"): a
+        body ``apply`` would not read (every member of this build would stop at it), or an
+        entry level above the cluster's (every member of an older build would). Reads the
+        cluster level under the apply lock only for a command that needs more than level 1."""
+        refusal = FencingStateMachine.proposal_refusal(command)
+        if refusal is not None:
+            return errors.from_refusal(refusal)
+        needed = commands.level_needed(command)
+        # SET_CLUSTER_LEVEL needs level 2 to apply, but it is what raises the level: only the
+        # leader's LevelPoller proposes it (no request builds one), once every member of the
+        # configuration announced the level it sets.
+        if needed > commands.LEVEL_BEFORE_LEVELS and command.op is not commands.Op.SET_CLUSTER_LEVEL:
+            cluster_level = self.node.read(lambda sm: sm.cluster_level)
+            if needed > cluster_level:
+                return errors.cluster_level_too_low(needed, cluster_level)
+        return None
 
     def _answers(self, commands_: list[commands.Command], fates: list[Fate]) -> list[Fate]:
         """Each fate as the caller sees it: APPLIED results as they are, anything else its

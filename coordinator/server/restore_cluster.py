@@ -188,7 +188,8 @@ def restored_entries(plan: Plan, config: Configuration) -> tuple[list[snapshot_f
     def run(command: commands.Command, **_limits: Any) -> tuple[dict, int]:
         index = len(entries) + 1
         encoded = command.encode()
-        outcome = sm.apply(encoded, index)
+        # As the proposer does: nothing the state machine's checks refuse enters a log.
+        outcome = sm.proposal_refusal(command) or sm.apply(encoded, index)
         if isinstance(outcome, Rejected):
             raise Refused(f"--backup: the restore was refused: {outcome.message}")
         entries.append((raft_wire.encode_entry(encoded), index, RESTORED_TERM))

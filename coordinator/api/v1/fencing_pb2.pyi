@@ -258,16 +258,18 @@ class WriteManyResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., results: _Optional[_Iterable[_Union[WriteManyResult, _Mapping]]] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
-    __slots__ = ("resource", "key", "token", "op_id")
+    __slots__ = ("resource", "key", "token", "op_id", "expected_version")
     RESOURCE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     OP_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
     resource: str
     key: str
     token: int
     op_id: bytes
-    def __init__(self, resource: _Optional[str] = ..., key: _Optional[str] = ..., token: _Optional[int] = ..., op_id: _Optional[bytes] = ...) -> None: ...
+    expected_version: int
+    def __init__(self, resource: _Optional[str] = ..., key: _Optional[str] = ..., token: _Optional[int] = ..., op_id: _Optional[bytes] = ..., expected_version: _Optional[int] = ...) -> None: ...
 
 class DeleteResponse(_message.Message):
     __slots__ = ("header", "version", "deleted")
