@@ -36,6 +36,7 @@ NOT_LIMITS = {
     "leader_fallback_timeout_s": "election timing",
     "leader_lost_election_s": "election timing",
     "heartbeat_s": "election timing",
+    "lease_read_clock_drift_s": "read-lease timing: shortens the leader's lease, bounds nothing a caller sends",
 }
 # Switches that turn a defence off or a surface on: each needs a row stating its default
 # (true or false), so turning one is a documented choice.

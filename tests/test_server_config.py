@@ -63,6 +63,8 @@ def test_leader_lost_election_can_be_off(tmp_path):
     ("leader_lost_election_s = 0.05\n", "leader_lost_election_s: 0.05 must be 0 (off), or at least heartbeat_s (0.1)"),
     ("leader_lost_election_s = 1.0\n", "and below raft_min_timeout_s (1)"),
     ("leader_lost_election_s = -0.3\n", "leader_lost_election_s: -0.3 must be 0 (off)"),
+    ("lease_read_clock_drift_s = 0.3\n", "lease_read_clock_drift_s: 0.3 must be at least 0 and below 0.3"),
+    ("lease_read_clock_drift_s = -0.01\n", "lease_read_clock_drift_s: -0.01 must be at least 0"),
     ("grpc_threads = 100\ngrpc_max_concurrent_rpcs = 10\n", "grpc_max_concurrent_rpcs: must be >= grpc_threads"),
     ("grpc_threads = 16\n", "streams_max: 16 must be below grpc_threads (16)"),
     ("grpc_threads = 26\n", "acquire_waiters_max: 8 plus streams_max (16) plus BACKUP_TRANSFERS_MAX (2) must be"

@@ -33,6 +33,7 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
                      pysyncobj's node set following the configuration
     read_index       the mixin that answers read-index reads on the leader
     read_rounds      the pure bookkeeping of read-index rounds
+    read_lease       the leader's read lease: how long a confirmed round answers reads alone
     pre_vote         the mixin that asks the voters before standing for election
     membership       ``Configuration``, its CONFIG log entry and snapshot form, ``ConfigLog``
     identity         the data dir's identity file: member id, incarnation, cluster id

@@ -85,8 +85,8 @@ class GroupCommit(_Host):
         entry appended later, during poll, cannot be acked before it is sent here,
         after which it is synced). Follower acks go out only after the sync.
         """
-        # Reads waiting on a round nobody sent yet: the round goes out now, not at the
-        # next heartbeat (read_index.py).
+        # Reads waiting on a round nobody sent yet, or a lease running short: the round goes
+        # out now, not at the next heartbeat (read_index.py).
         read_round = self.read_index_tick()
         if (self._append_pending or read_round) and not self._snapshot_blocks_sends():
             # While a snapshot's result is not yet collected (pysyncobj does that at
@@ -99,6 +99,9 @@ class GroupCommit(_Host):
             elif read_round or self._append_worth_sending():
                 self._append_pending = False
                 self._commit_notify_at = None
+                # With lease reads, appends going out anyway carry a round now and then: each
+                # one confirmed renews the lease (read_index.py lease_round_rides).
+                read_round = read_round or self.lease_round_rides()
                 if read_round:
                     self.start_read_round()
                 SyncObj._SyncObj__sendAppendEntries(self)

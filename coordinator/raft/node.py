@@ -90,6 +90,15 @@ class RaftConfig:
     leader_lost_election_s: float = 0.3
     # Heartbeat period; also the longest a leader waits before resending.
     heartbeat_s: float = 0.1
+    # Lease reads (RAFT.md "Lease reads"): a leader a majority confirmed within the last
+    # read_lease_s answers a linearizable read with no round trip. Needs the pre_vote fix (its
+    # voters refuse votes while they hear a live leader: the lease rests on that).
+    lease_reads: bool = True
+    # How much slower the leader's monotonic clock may run than a voter's over one vote window
+    # (vote_window_s, 0.3 s by default), subtracted from the lease. NTP slews CLOCK_MONOTONIC by
+    # at most 500 ppm (0.15 ms over 0.3 s); 50 ms is ~300x that, and also covers a small step
+    # back of a leader's clock between two of its reads (read_lease.py).
+    lease_read_clock_drift_s: float = 0.05
     # The leader runs its own journal fdatasync on a thread of its own, so the Raft thread
     # keeps handling acks and new commands meanwhile (it counts itself toward a commit
     # only once its copy is durable). False: sync inline, once per tick.
@@ -129,6 +138,18 @@ class RaftConfig:
     bootstrap: bool = True
 
     @property
+    def vote_window_s(self) -> float:
+        """The shortest time a voter grants no vote after its leader's append (pre_vote.py)."""
+        return min(self.raft_min_timeout_s, self.leader_lost_election_s or self.raft_min_timeout_s)
+
+    @property
+    def read_lease_s(self) -> float:
+        """How long a confirmed round's lease lasts; 0: no lease reads."""
+        if not self.lease_reads or "pre_vote" not in self.fixes:
+            return 0.0
+        return self.vote_window_s - self.lease_read_clock_drift_s
+
+    @property
     def secrets(self) -> tuple[str, ...]:
         """``secret`` as a set, the sending one first; () without one."""
         if not self.secret:
@@ -150,6 +171,11 @@ class RaftConfig:
             self.heartbeat_s <= self.leader_lost_election_s < self.raft_min_timeout_s
         ):
             raise ValueError("need leader_lost_election_s 0, or heartbeat_s <= it < raft_min_timeout_s")
+        if self.lease_reads and not (0 <= self.lease_read_clock_drift_s < self.vote_window_s):
+            raise ValueError(
+                f"need 0 <= lease_read_clock_drift_s < {self.vote_window_s:g} s (the vote window: the smaller of"
+                " raft_min_timeout_s and a nonzero leader_lost_election_s)"
+            )
 
 
 class RaftNode:
@@ -349,13 +375,23 @@ class RaftNode:
 
     def read_index(self, fn: Callable[[Any], Any], timeout_s: float) -> tuple[ReadIndexOutcome | None, Any, int]:
         """A linearizable read without a log entry (read_index.py): on the leader, once a
-        majority confirmed its leadership after this call began and this member applied the
-        commit index of that moment, ``fn(state_machine)`` under the apply lock.
+        majority confirmed its leadership after this call began (or, at once, while its read
+        lease holds: read_lease.py) and this member applied the commit index of that moment,
+        ``fn(state_machine)`` under the apply lock.
 
         Returns (CONFIRMED, fn's value, index read at), or (another outcome, None, 0): then
         nothing was read and the caller goes through the log; (None, None, 0): ``timeout_s``
         passed first (nothing was read; a read changes nothing, so its outcome is no mystery).
         """
+        lease_index = self._syncobj.lease_read_index()
+        if lease_index is not None:
+            # The lease held after the call began (read_lease.py): C without a round.
+            replica = self._replica
+            with replica.applied:
+                if not replica.applied.wait_for(lambda: replica.last_applied_index >= lease_index,
+                                                max(0.0, timeout_s)):
+                    return None, None, 0
+                return ReadIndexOutcome.CONFIRMED, fn(self.state_machine), replica.last_applied_index
         pending = self._syncobj.request_read_index()
         if not pending.done.wait(max(0.0, timeout_s)):
             return None, None, 0
@@ -424,6 +460,8 @@ class RaftNode:
             "peer_connections_replaced": so.peer_connections_replaced,
             "refused_entries": so.refused_entries,
             "read_index_rounds": so.read_index_rounds,
+            **self._lease_status(),
+            "votes_refused_leader_heard": so.votes_refused_leader_heard,
             "pre_votes_started": so.pre_votes_started,
             "pre_votes_won": so.pre_votes_won,
             "pre_votes_refused": so.pre_votes_refused,
@@ -431,6 +469,13 @@ class RaftNode:
             **self._snapshot_status(),
             **so.membership_status(),
         }
+
+    def _lease_status(self) -> dict[str, Any]:
+        lease = self._syncobj._lease
+        if lease is None:
+            return {}
+        return {"lease_reads": lease.reads, "lease_read_fallbacks": lease.fallbacks,
+                "lease_clock_steps_back": lease.clock_steps_back}
 
     def _snapshot_status(self) -> dict[str, Any]:
         writer = self._syncobj._snapshot_writer()

@@ -4,8 +4,10 @@ Owns: ``PreVote``, the part of ``HardenedSyncObj`` (a mixin; syncobj.py wires it
 pysyncobj's election back until a pre-vote round is won, answers other members' pre-vote
 requests, and catches a member up to the term a refusal names. RAFT.md "Pre-vote" says why.
 Must never: change this member's term, vote or election timer while answering a pre-vote, grant
-one while it leads or hears a live leader, or count a grant from an incarnation the
-configuration does not name as a voter.
+one while it leads or hears a live leader, grant a vote of a later term while it hears a live
+leader (unless the candidate stands at a leader's transfer), or count a grant from an
+incarnation the configuration does not name as a voter. The vote window (``vote_window_s``)
+is what the leader's read lease rests on (read_lease.py, RAFT.md "Lease reads").
 
 pysyncobj stands for election by raising its term (syncobj.py:636-650), and any member that
 receives a vote request with a higher term steps down to it (syncobj.py:920-924). A member cut
@@ -43,12 +45,19 @@ class PreVote(_Host):
 
     _SyncObj__raftElectionDeadline: float  # pysyncobj's (untyped), pushed back here
 
-    def _init_pre_vote(self, enabled: bool) -> None:
+    def _init_pre_vote(self, enabled: bool, leader_lost_election_s: float) -> None:
         self._pre_vote_on = enabled
+        self._leader_lost_election_s = leader_lost_election_s
         self._pre_vote_term: int | None = None  # the term the running round asks for
         self._pre_vote_grants: set[str] = set()  # addresses that granted it (self included)
         self._pre_vote_won: int | None = None  # a won round's term: pysyncobj may stand in it
-        self._leader_heard_at = float("-inf")  # monotonic time of the last append from our leader
+        # Monotonic time of the last append from our leader, and who sent it. A start counts as
+        # hearing one: a member that restarts right after acknowledging a leader's round must
+        # not vote against that leader's lease (read_lease.py) any sooner than if it had not.
+        self._leader_heard_at = _ps.monotonicTime()
+        self._heard_from = None
+        self._transfer_term: int | None = None  # the term this member stands in at a leader's transfer
+        self.votes_refused_leader_heard = 0  # vote requests of a later term dropped: a live leader was heard
         self.pre_votes_started = 0
         self.pre_votes_won = 0
         self.pre_votes_refused = 0  # pre-vote requests this member answered with no
@@ -67,7 +76,11 @@ class PreVote(_Host):
         if self._SyncObj__raftElectionDeadline >= now or not self._SyncObj__connectedToAnyone():
             return  # pysyncobj would not stand either
         if self._SyncObj__transferInProgress:
-            return  # the leader handed over (timeout_now): the voters expect this election
+            # The leader handed over (timeout_now): the voters expect this election, and grant
+            # its votes even while they hear that leader (refuse_vote). pysyncobj clears its
+            # flag before the vote requests go out, so the term is kept for outgoing_fields.
+            self._transfer_term = self.raftCurrentTerm + 1
+            return
         if not self.is_voter() or self.config() is None:
             # Not a voter: hold_election_if_not_voter holds it. No configuration: the unanimous
             # bootstrap counts real votes of every initial member (member_gate.py).
@@ -185,18 +198,50 @@ class PreVote(_Host):
             return "its log is behind this member's"
         return None
 
+    def vote_window_s(self) -> float:
+        """How long after its leader's last append (or its own start) this member grants no vote:
+        the shortest election timeout while the connection to that leader is open, else
+        ``leader_lost_election_s`` (a leader whose process died closed it: the followers stand
+        after 1-2x that, RAFT.md "A closed leader connection", and grant each other then)."""
+        shortest = self._SyncObj__conf.raftMinTimeout
+        heard = self._heard_from
+        if heard is not None and heard in self._SyncObj__connectedNodes:
+            return shortest
+        return min(shortest, self._leader_lost_election_s or shortest)
+
     def _hears_leader(self) -> bool:
-        """A leader's append arrived within the shortest election timeout, on a connection still
-        open (a leader whose process died closed it: its followers grant at once, so a crash
-        fails over as fast as before, RAFT.md "A closed leader connection")."""
-        leader = self._SyncObj__raftLeader
-        if leader is None or leader not in self._SyncObj__connectedNodes:
+        """A leader's append arrived (or this member started) within ``vote_window_s``."""
+        now = _ps.monotonicTime()
+        if now < self._leader_heard_at:
+            # The clock went back (CLOCK_MONOTONIC does not; a faked one can): count the window
+            # from now, never for as long as the step.
+            self._leader_heard_at = now
+        return now - self._leader_heard_at < self.vote_window_s()
+
+    def refuse_vote(self, node, message: dict) -> bool:
+        """Before pysyncobj handles a vote request: True to drop it. A vote of a later term is
+        refused while this member hears a live leader (etcd's check-quorum does the same), or
+        that leader's lease (read_lease.py) could be outlived by a leader it never heard of; a
+        pre-vote round keeps such requests rare, but one won just before the leader was heard
+        again still sends them. A candidate standing at its leader's transfer is expected (that
+        leader gave up its lease first, read_index.py transferLeadership)."""
+        if not self._pre_vote_on or message.get("transfer") or message["term"] <= self.raftCurrentTerm:
             return False
-        return _ps.monotonicTime() - self._leader_heard_at < self._SyncObj__conf.raftMinTimeout
+        if self._SyncObj__raftState == _ps._RAFT_STATE.LEADER or not self._hears_leader():
+            return False  # a leader steps down and may vote: its lease ends first (syncobj.py _state_changed)
+        self.votes_refused_leader_heard += 1
+        return True
+
+    def outgoing_fields(self, message: dict) -> dict:
+        fields = super().outgoing_fields(message)
+        if message["type"] == "request_vote" and message["term"] == self._transfer_term:
+            fields["transfer"] = True
+        return fields
 
     def note_leader_heard(self, node) -> None:
         """After pysyncobj handled an append: from the leader it follows, it is alive."""
         if node == self._SyncObj__raftLeader:
             self._leader_heard_at = _ps.monotonicTime()
+            self._heard_from = node
             # A round won before this leader was heard is stale: the next election asks again.
             self._pre_vote_won = self._pre_vote_term = None

@@ -44,6 +44,16 @@ class ReadRounds:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    @property
+    def in_flight(self) -> bool:
+        """A round was sent that a majority has not confirmed yet."""
+        return self._confirmed < self.sent
+
+    @property
+    def confirmed(self) -> int:
+        """The highest round a majority echoed in this term (0: none)."""
+        return self._confirmed
+
     def round_due(self) -> bool:
         """A read waits on a round not sent yet, and no round is in flight (else the waiting
         reads go with the next round, once the one in flight is confirmed)."""

@@ -146,15 +146,14 @@ class HardenedSyncObj(
         # Anything escaping a tick of the auto-tick thread stops the member (durable_term.py).
         self._guard_ticks = kwargs.get("autoTick", True)
         self._replica = replica
-        self._leader_lost_election_s = config.leader_lost_election_s
         self._init_shared_entries(config.commands_queue_size)
         self._init_group_commit(config.commit_notify_delay_s)
         self._init_snapshots(config.log_compaction_min_bytes)
         self._init_admission(config.secrets)
         self._init_appends()
         self._init_gate(identity, config.data_dir, config.bootstrap, member_ids)
-        self._init_pre_vote("pre_vote" in self._fixes)
-        self._init_read_index()
+        self._init_pre_vote("pre_vote" in self._fixes, config.leader_lost_election_s)
+        self._init_read_index(config.read_lease_s, config.heartbeat_s)
         self._init_changes(config.peer_addresses)
         replica.config_at = self.config_plain_at
         replica.on_snapshot_config = self.snapshot_config_loaded
@@ -207,6 +206,10 @@ class HardenedSyncObj(
     def _state_changed(self, old_state, new_state) -> None:
         # pysyncobj calls this on the Raft thread for every state change (syncobj.py:1239-1244).
         was, now = old_state == _ps._RAFT_STATE.LEADER, new_state == _ps._RAFT_STATE.LEADER
+        if was and not now:
+            # Before anything sent afterwards: a vote this member grants as it steps down
+            # (syncobj.py:920-940) could elect a leader while its lease still held.
+            self.lease_void()
         if self._on_leadership is None or was == now:
             return
         try:
@@ -319,6 +322,8 @@ class HardenedSyncObj(
             peer_warnings.warning("raft: dropped a split append from %s; members of ours never send one", node)
             return
         if kind in STAMPED_TYPES and not self.admit_member_message(node, message):
+            return
+        if kind == "request_vote" and self.refuse_vote(node, message):
             return
         if kind == "apply_command" and message["command"][:2] == raft_wire.CONFIG_ENTRY_HEAD:
             # A forwarded CONFIG entry would be appended unchecked (syncobj.py:958-963): only the

@@ -263,6 +263,8 @@ _SCHEMAS: dict[int, tuple[str, tuple[tuple[str, Callable, bool], ...]]] = {
 # The leader's appends carry its last read round; a follower's acknowledgement echoes the
 # term and round of the append it answers.
 _TRAILING: dict[int, tuple[tuple[str, Callable, bool], ...]] = {
+    # A candidate standing at its leader's transfer (pre_vote.py): sent only then.
+    3: (("transfer", _bool, True),),
     5: (("read_seq", _int, True),),
     6: (("read_seq", _int, True),),
     7: (("read_term", _int, True), ("read_seq", _int, True)),

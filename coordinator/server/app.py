@@ -130,6 +130,9 @@ def raft_config(config: ServerConfig) -> RaftConfig:
         leader_fallback_timeout_s=config.leader_fallback_timeout_s,
         leader_lost_election_s=config.leader_lost_election_s,
         heartbeat_s=config.heartbeat_s,
+        # The lease answers only read-index reads; without them no round rides on appends.
+        lease_reads=config.lease_reads and config.read_index,
+        lease_read_clock_drift_s=config.lease_read_clock_drift_s,
         commands_queue_size=config.commands_queue_size,
         log_compaction_min_entries=config.log_compaction_min_entries,
         log_compaction_min_time_s=config.log_compaction_min_time_s,

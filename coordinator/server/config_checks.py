@@ -140,6 +140,13 @@ def _check_timing(config: ServerConfig) -> None:
             f"leader_lost_election_s: {config.leader_lost_election_s} must be 0 (off), or at least"
             f" heartbeat_s ({config.heartbeat_s:g}) and below raft_min_timeout_s ({config.raft_min_timeout_s:g})"
         )
+    window = min(config.raft_min_timeout_s, config.leader_lost_election_s or config.raft_min_timeout_s)
+    if config.lease_reads and not (0 <= config.lease_read_clock_drift_s < window):
+        # The lease lasts the vote window minus this bound (RAFT.md "Lease reads"): it must be left positive.
+        raise ConfigError(
+            f"lease_read_clock_drift_s: {config.lease_read_clock_drift_s} must be at least 0 and below {window:g}"
+            " (the vote window: the smaller of raft_min_timeout_s and a nonzero leader_lost_election_s)"
+        )
 
 
 def _check_connection_limits(config: ServerConfig) -> None:

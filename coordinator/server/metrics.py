@@ -339,6 +339,18 @@ class _MemberCollector:
         ("read_index_rounds", "fencing_raft_read_index_rounds",
          "Read-index confirmation rounds this member sent as leader (one per batch of reads; "
          "read_index, RAFT.md)"),
+        ("lease_reads", "fencing_raft_lease_reads",
+         "Read and Describe calls this member answered as leader by its read lease, with no round "
+         "(lease_reads, RAFT.md \"Lease reads\")"),
+        ("lease_read_fallbacks", "fencing_raft_lease_read_fallbacks",
+         "Read and Describe calls on this member as leader that found no lease holding and took a "
+         "read-index round instead (a new leader, a lapsed or voided lease)"),
+        ("lease_clock_steps_back", "fencing_raft_lease_clock_steps_back",
+         "Times this member's monotonic clock read below an earlier reading, which voided its read "
+         "lease (should stay 0: a monotonic clock never goes back)"),
+        ("votes_refused_leader_heard", "fencing_raft_votes_refused_leader_heard",
+         "Vote requests of a later term this member dropped because it heard a live leader within "
+         "its vote window (RAFT.md \"Lease reads\"; a leadership transfer's are granted)"),
         ("pre_votes_started", "fencing_raft_pre_votes_started",
          "Pre-vote rounds this member started: it heard no leader for an election timeout "
          "(RAFT.md \"Pre-vote\"; a member cut off from the others counts up here, its term does not)"),

@@ -296,6 +296,25 @@ class ServerConfig:
             " version without it (it refuses the round's field)"
         ),
     )
+    # Lease reads rest on the voters' refusal to vote while they hear a live leader; the drift
+    # bound is far above what NTP's slew of a monotonic clock can make of one vote window
+    # (coordinator/raft/RAFT.md, "Lease reads").
+    lease_reads: bool = dataclasses.field(
+        default=True,
+        metadata=_doc(
+            "true (with read_index): a leader whose last confirmation round a majority acknowledged"
+            " within its lease (the vote window, the smaller of raft_min_timeout_s and"
+            " leader_lost_election_s, less lease_read_clock_drift_s) answers Read and Describe with no"
+            " round trip; false: every such read takes a read-index round"
+        ),
+    )
+    lease_read_clock_drift_s: float = dataclasses.field(
+        default=0.05,
+        metadata=_doc(
+            "seconds the leader's monotonic clock may fall behind a voter's over one vote window;"
+            " subtracted from the read lease"
+        ),
+    )
     commands_queue_size: int = dataclasses.field(
         default=10_000, metadata=_doc("commands queued for the Raft thread; beyond it OVERLOADED")
     )

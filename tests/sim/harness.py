@@ -30,7 +30,10 @@ Model, in short (the docstrings below give the details):
   data dir rolls back to its last periodic "kernel writeback" image. Not modelled:
   a lost snapshot rename (the old snapshot coming back), torn records, disk errors.
 
-Checked: at most one leader per term; applied sequences are prefixes of one
+Checked: at most one leader per term; no member's read lease holds (``lease_read_index``,
+asked after every tick of every member and, as if a read arrived, of every member at every
+client step, paused ones too) once a leader of a later term was elected, and a lease read's
+index covers every command acknowledged before it; applied sequences are prefixes of one
 another and never move backwards; no command is applied twice; a SUCCESS callback
 names the entry it acknowledges; every acknowledged command is applied exactly
 once on every node at the end; no command reported as definitely-not-applied is
@@ -120,6 +123,8 @@ SAFETY_VIOLATIONS = frozenset(
         "log_truncating_applied",  # pysyncobj logged 'truncating already-applied log entries'
         "fatal",  # on_fatal: the node stopped rather than diverge or lose data
         "config_lost",  # a member that had a cluster configuration has none (RAFT.md "Member identity")
+        "stale_lease",  # a member's read lease held after a leader of a later term was elected
+        "stale_lease_read",  # a lease read's index misses a command acknowledged before it
     }
 )
 OTHER_VIOLATIONS = frozenset(
@@ -889,6 +894,8 @@ class Simulation:
         self._converged = False
         self._log = _LogRecorder()
         self._logs_checked = 0
+        self._acked_position_max = 0  # the highest position any acknowledged command applied at
+        self._lease_reads: list[tuple[_Member, int, int, int]] = []  # (member, incarnation, index, position)
 
     # -- bookkeeping ---------------------------------------------------------------
 
@@ -1082,6 +1089,7 @@ class Simulation:
             _index, position = result
             cmd.acked = True
             cmd.position = position
+            self._acked_position_max = max(self._acked_position_max, position)
             self.stats["acked"] += 1
             applied = m.sm.applied if m.sm is not None and m.incarnation == incarnation else []
             if not (0 < position <= len(applied) and applied[position - 1] == cmd.payload):
@@ -1236,6 +1244,7 @@ class Simulation:
             )
         )
         self._check_member(m)
+        self._check_lease(m)
         if m.armed_snapshots is not None and m.sm.snapshots > m.armed_snapshots:
             fault = m.armed_fault
             partner = None
@@ -1302,6 +1311,39 @@ class Simulation:
                     return
             m.applied_len = len(restored)
 
+    def _check_lease(self, m: _Member) -> None:
+        """A read arriving at ``m`` now: if its lease answers it, no later term may have a leader
+        yet, and once ``m`` applied the index it returns, every command acknowledged before
+        now must be in its state."""
+        so = m.node.syncobj
+        # Asking costs no virtual CPU time: a check must not move the run it checks.
+        _ps_syncobj.monotonicTime, charged = (lambda: self.clock.now_us / 1_000_000), _ps_syncobj.monotonicTime
+        try:
+            index = so.lease_read_index()
+        finally:
+            _ps_syncobj.monotonicTime = charged
+        if index is not None:
+            self.stats["lease_reads"] += 1
+            term = so.raftCurrentTerm
+            later = sorted(t for t in self.leader_of_term if t > term)
+            if later:
+                self._violate("stale_lease", f"{m.label}'s lease of term {term} holds, but term {later[0]} "
+                              f"elected {self.leader_of_term[later[0]]}")
+                return
+            self._lease_reads.append((m, m.incarnation, index, self._acked_position_max))
+        waiting = []
+        for read in self._lease_reads:
+            member, incarnation, at, needed = read
+            if member.incarnation != incarnation or not member.alive:
+                continue  # it died before applying: the read was never answered
+            if member.node.syncobj.raftLastApplied < at:
+                waiting.append(read)
+            elif len(member.sm.applied) < needed:
+                self._violate("stale_lease_read", f"{member.label} read by lease at index {at}: "
+                              f"{len(member.sm.applied)} commands applied, but one at position {needed} was "
+                              "acknowledged before")
+        self._lease_reads = waiting
+
     def _check_position(self, m: _Member, position: int, entry: bytes) -> bool:
         """Every node's n-th applied entry must be the same: the canonical sequence."""
         canonical = self.canonical
@@ -1349,6 +1391,9 @@ class Simulation:
         now = self.clock.now_us
         if now >= self._clients_until_us:
             return
+        for member in self.members.values():
+            if member.alive:  # paused ones too: a read handled the moment it resumes
+                self._check_lease(member)
         ready = [m for m in self.members.values() if m.alive and now >= m.paused_until]
         if ready:
             m = self.client_rng.choice(ready)

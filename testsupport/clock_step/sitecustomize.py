@@ -10,7 +10,11 @@ Owns: what libfaketime cannot do for a Python member on this machine (as measure
   (sem_clockwait) hangs. So the jump is made here: ``time.monotonic`` and
   ``time.monotonic_ns`` add the seconds in FENCING_TEST_MONOTONIC_OFFSET_FILE (re-read
   whenever the file changes), as a VM resumed after that long would look from inside.
-Must never: be imported by anything but a member started by that test.
+- a jump of CLOCK_MONOTONIC_RAW, the clock pysyncobj's timers and the Raft layer (pre-vote's
+  vote window, the read lease) read (pysyncobj/monotonic.py): ``time.clock_gettime`` adds the
+  seconds in FENCING_TEST_RAW_MONOTONIC_OFFSET_FILE to that clock only
+  (tests/test_lease_clock_step.py).
+Must never: be imported by anything but a member started by those tests.
 """
 
 import os
@@ -52,3 +56,27 @@ if _offset_path:
 
     time.monotonic_ns = _monotonic_ns
     time.monotonic = _monotonic
+
+
+_raw_offset_path = os.environ.get("FENCING_TEST_RAW_MONOTONIC_OFFSET_FILE")
+
+if _raw_offset_path:
+    _real_clock_gettime = time.clock_gettime
+    _raw_cache = {"mtime_ns": None, "offset_s": 0.0}
+
+    def _raw_offset_s() -> float:
+        try:
+            mtime_ns = os.stat(_raw_offset_path).st_mtime_ns
+        except OSError:
+            return _raw_cache["offset_s"]
+        if mtime_ns != _raw_cache["mtime_ns"]:
+            with open(_raw_offset_path, encoding="ascii") as f:
+                _raw_cache["offset_s"] = float(f.read().strip() or 0)
+            _raw_cache["mtime_ns"] = mtime_ns
+        return _raw_cache["offset_s"]
+
+    def _clock_gettime(clock_id: int) -> float:
+        value = _real_clock_gettime(clock_id)
+        return value + _raw_offset_s() if clock_id == time.CLOCK_MONOTONIC_RAW else value
+
+    time.clock_gettime = _clock_gettime
