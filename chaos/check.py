@@ -117,6 +117,7 @@ from chaos.history import (
     Op,
     read_history,
 )
+from coordinator.core.validation import InvalidField, check_resource
 
 TOKEN_DUPLICATE = "TOKEN_DUPLICATE"
 TOKEN_NOT_MONOTONIC = "TOKEN_NOT_MONOTONIC"
@@ -274,6 +275,15 @@ class _Logical:
     def applied_index(self) -> int | None:
         return self.rep.applied_index if self.outcome == "ok" else None
 
+
+
+def _nameable(resource: str) -> bool:
+    """The server accepts ``resource`` as a name (validation.check_resource)."""
+    try:
+        check_resource(resource)
+    except InvalidField:
+        return False
+    return True
 
 def _logical_ops(ops: list[Op]) -> list[_Logical]:
     """Group mutation attempts by op_id (and function, resource, key); reads stay single."""
@@ -765,7 +775,11 @@ def _check_durability(
     keys = {k for k in mutations if k[0] in checked_resources}
     keys |= {(r, k) for r, s in finals.items() for k in s.data}
     # A resource whose every write / delete was refused cannot have changed: nothing to check.
-    changed = {r for (r, _), ops in mutations.items() if any(op.outcome != "refused" for op in ops)}
+    # Nor can one whose name the server refuses at the door (the hostile role's "hot0 !"),
+    # whatever its ops' outcomes: an unknown outcome there is a timeout before the refusal, no
+    # entry is ever proposed for it, and an ``ok`` is a hostile-op violation of its own.
+    changed = {r for (r, _), ops in mutations.items()
+               if _nameable(r) and any(op.outcome != "refused" for op in ops)}
     unchecked = changed - checked_resources
     if unchecked and finals:
         for resource in sorted(unchecked):
