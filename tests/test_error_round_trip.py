@@ -68,6 +68,10 @@ EXPECTED: dict[R, tuple[type[E.FencingError], dict[M, str], dict[str, Any]]] = {
     R.PERMISSION_DENIED: (E.PermissionDenied, {}, {}),
     R.MEMBER_CHANGE_REFUSED: (E.Refused, {M.DETAIL: "change_in_progress"}, {}),
     R.UNKNOWN_MEMBER: (E.UnknownMember, {M.DETAIL: "unknown_member"}, {}),
+    R.COMPACTED: (
+        E.Compacted, {M.CURRENT_REVISION: "40", M.OLDEST_REVISION: "31"},
+        {"current_revision": 40, "oldest_revision": 31},
+    ),
 }
 
 ALL_KEYS = list(errors.STATUS_TABLE)
@@ -272,11 +276,12 @@ def test_the_wire_strings_are_pinned():
         "VERSION_MISMATCH", "EPOCH_FLOOR_TOO_LOW", "OP_ID_CONFLICT", "LIMIT_EXCEEDED",
         "EPOCH_EXHAUSTED", "OVERLOADED", "NO_LEADER", "OUTCOME_UNKNOWN", "UNAUTHENTICATED",
         "PERMISSION_DENIED", "NOT_LEADER", "NO_QUORUM", "QUOTA_EXCEEDED",
-        "MEMBER_CHANGE_REFUSED", "UNKNOWN_MEMBER",
+        "MEMBER_CHANGE_REFUSED", "UNKNOWN_MEMBER", "COMPACTED",
     ])
     assert all(reason.value == reason.name for reason in R)
     assert sorted(M) == sorted([
         "field", "hwm", "holder", "expires_at_ms", "token", "version", "epoch", "op",
         "resource", "limit", "max", "leader", "leader_api", "detail", "quota", "principal", "remaining_ms",
+        "current_revision", "oldest_revision",
     ])
     assert sorted(Trailer) == ["fencing-applied-index", "fencing-member-id", "fencing-raft-term"]

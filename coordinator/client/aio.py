@@ -35,6 +35,7 @@ from coordinator.client._lease import RENEWAL_ERRORS, KeepAliveAction, LeaseBase
 from coordinator.client._lock_wait import LockWait
 from coordinator.client.exceptions import FencingError, LeaseLost, Refused
 from coordinator.client.results import AcquireResult, KeepAliveResult, ReleaseResult
+from coordinator.client.watch import AsyncWatcher
 
 log = logging.getLogger("coordinator.client.aio")
 
@@ -215,6 +216,12 @@ class AsyncFencingClient(_ClientBase):
             raise
         finally:
             self._lock_waits.discard(wait)
+
+    def watch(self, prefix: str = "", *, start_revision: int = 0) -> AsyncWatcher:
+        """As ``FencingClient.watch``: ``async for event in client.watch("jobs/")``."""
+        if self._closed:
+            raise RuntimeError("the AsyncFencingClient is closed")
+        return AsyncWatcher(self, prefix, start_revision)
 
     def lease(
         self,

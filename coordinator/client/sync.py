@@ -82,6 +82,7 @@ from coordinator.client.results import (
     WriteResult,
     header_from_pb,
 )
+from coordinator.client.watch import Watcher, WatchEvent
 
 __all__ = [
     "DEFAULT_ENDPOINTS",
@@ -102,6 +103,8 @@ __all__ = [
     "ReadResult",
     "ReleaseResult",
     "Snapshot",
+    "WatchEvent",
+    "Watcher",
     "WriteResult",
     "new_op_id",
     "open_channel",
@@ -391,6 +394,15 @@ class FencingClient(_ClientBase):
             if closed and not isinstance(exc, RuntimeError):
                 raise RuntimeError("the FencingClient was closed while lock() waited") from exc
             raise
+
+    def watch(self, prefix: str = "", *, start_revision: int = 0) -> Watcher:
+        """The changes to resources under ``prefix`` ("": all), in log order, from
+        ``start_revision`` (0: from now): iterate the ``Watcher`` for ``WatchEvent``s. A lost
+        stream is resumed on the next endpoint from the last revision + 1, nothing missed or
+        repeated; ``Compacted`` when that revision is gone from the member's history."""
+        if self._closed:
+            raise RuntimeError("the FencingClient is closed")
+        return Watcher(self, prefix, start_revision)
 
     def lease(
         self,

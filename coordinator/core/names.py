@@ -48,6 +48,9 @@ class ErrorReason(enum.StrEnum):
     # Admin membership changes: nothing was proposed. Metadata: detail (a MemberRefusal value).
     MEMBER_CHANGE_REFUSED = "MEMBER_CHANGE_REFUSED"  # a precondition (a change in progress, ...)
     UNKNOWN_MEMBER = "UNKNOWN_MEMBER"  # no member with that id in the configuration
+    # Watch: the start revision is older than the member's watch history (or a snapshot
+    # loaded there made a gap). Metadata: current_revision, oldest_revision.
+    COMPACTED = "COMPACTED"
     # Never sent by this server; the client has read them as NO_LEADER since its first
     # version, so a peer that sends them keeps being retried the same way.
     NOT_LEADER = "NOT_LEADER"
@@ -67,6 +70,8 @@ class ErrorMeta(enum.StrEnum):
     EPOCH = "epoch"  # the current epoch
     OP = "op"  # the op an op_id was first used for
     RESOURCE = "resource"  # the resource an op_id was first used for
+    CURRENT_REVISION = "current_revision"  # Watch: the member's last applied index
+    OLDEST_REVISION = "oldest_revision"  # Watch: the oldest revision its history holds
     LIMIT = "limit"  # which limit was reached
     MAX = "max"  # that limit's (or quota's) value
     QUOTA = "quota"  # which quota of the principal was reached (resources, leases, ...)

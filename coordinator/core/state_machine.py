@@ -127,6 +127,7 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
         self._keys_total = 0
         self._stored_bytes_total = 0
         self._staging = RestoreStaging()
+        self._changes = []  # what the entry being applied changed (changes.py)
         self._handlers: dict[Op, Callable[[int, dict[str, Any]], Outcome]] = {
             Op.ACQUIRE: self._acquire,
             Op.KEEP_ALIVE: self._keep_alive,
@@ -302,6 +303,7 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
                 )
 
         now = max(self._log_clock_ms, cmd.stamp_ms)
+        self._changes.clear()
         try:
             # A handler either refuses without touching state or applies and returns Applied.
             outcome = self._handlers[op](now, args)
@@ -321,6 +323,8 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
                 if dedup_item is not None:
                     quota = args.get("quota")
                     self._dedup.add(*dedup_item, None if quota is None else quota.get("dedup_entries"))
+                if self._changes:
+                    outcome = dataclasses.replace(outcome, changes=tuple(self._changes))
         # DESIGN §8: apply never raises. The field and snapshot checks make this unreachable.
         # Should some input still get past them, the handler may have changed state before it
         # failed, but every replica fails the same way at the same entry (apply is

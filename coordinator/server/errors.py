@@ -32,6 +32,7 @@ Layers (the etcd way: transport-free sentinels, then one table)::
 | Failure.PERMISSION_DENIED | PERMISSION_DENIED | PERMISSION_DENIED | |
 | Failure.MEMBER_CHANGE_REFUSED | FAILED_PRECONDITION | MEMBER_CHANGE_REFUSED | detail |
 | Failure.UNKNOWN_MEMBER | NOT_FOUND | UNKNOWN_MEMBER | detail |
+| Failure.COMPACTED | OUT_OF_RANGE | COMPACTED | current_revision, oldest_revision |
 
 The reason strings, the metadata keys, the domain and the trailer names are declared once,
 in ``coordinator/core/names.py``; the client reads them from there too.
@@ -69,6 +70,7 @@ class Failure(enum.Enum):
     PERMISSION_DENIED = "permission_denied"  # a known caller, not allowed this resource or Admin
     MEMBER_CHANGE_REFUSED = "member_change_refused"  # a membership change's precondition failed
     UNKNOWN_MEMBER = "unknown_member"  # a membership change named no member of the configuration
+    COMPACTED = "compacted"  # Watch: the start revision is older than the member's history
 
 
 _C = grpc.StatusCode
@@ -97,6 +99,7 @@ STATUS_TABLE: dict[Reason | Failure, tuple[grpc.StatusCode, ErrorReason]] = {
     Reason.EPOCH_FLOOR_TOO_LOW: (_C.FAILED_PRECONDITION, _R.EPOCH_FLOOR_TOO_LOW),
     Failure.MEMBER_CHANGE_REFUSED: (_C.FAILED_PRECONDITION, _R.MEMBER_CHANGE_REFUSED),
     Failure.UNKNOWN_MEMBER: (_C.NOT_FOUND, _R.UNKNOWN_MEMBER),
+    Failure.COMPACTED: (_C.OUT_OF_RANGE, _R.COMPACTED),
 }
 assert all(key in STATUS_TABLE for key in (*Reason, *Failure)), "every failure needs a status"
 

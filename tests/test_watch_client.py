@@ -1,0 +1,146 @@
+"""``client.watch()`` against the real servicers (in-memory cluster): the events of each
+change, in log order; a stream lost with its member resumed on another from the last revision
++ 1, nothing missed or repeated; Compacted naming the current revision; prefixes a principal
+may not read refused."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from coordinator.client.exceptions import Compacted, InvalidArgument
+from coordinator.client.sync import FencingClient
+from coordinator.server.auth import Principal
+from coordinator.server.errors import ServiceError
+from coordinator.server.watch_service import authorize_prefix
+from testsupport.inmemory import InMemoryCluster
+
+DEADLINE_S = 10.0
+
+
+def wait_for(condition, timeout_s: float = DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+class Collector:
+    """Runs a watcher in a thread, keeping every event it yields (or the error it raised)."""
+
+    def __init__(self, watcher) -> None:
+        self.watcher = watcher
+        self.events: list = []
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for event in self.watcher:
+                self.events.append(event)
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            self.error = exc
+
+    def stop(self) -> None:
+        self.watcher.close()
+        self.thread.join(DEADLINE_S)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture
+def cluster():
+    with InMemoryCluster(3) as running:
+        yield running
+
+
+def test_watch_reports_each_change_with_its_log_index(cluster):
+    with FencingClient(cluster.endpoints) as client:
+        start = client.describe("jobs/a").header.applied_index + 1  # nothing under jobs/ yet
+        collector = Collector(client.watch("jobs/", start_revision=start))
+        lease = client.acquire("jobs/a", ttl_ms=60_000, holder="h1")
+        write = client.write("jobs/a", "k", b"v1", token=lease.token)
+        client.acquire("other/x", ttl_ms=60_000, holder="h2")  # outside the prefix
+        deleted = client.delete("jobs/a", "k", token=lease.token)
+        released = client.release("jobs/a", lease.token)
+        wait_for(lambda: len(collector.events) == 4)
+        collector.stop()
+    events = collector.events
+    assert [e.type for e in events] == ["ACQUIRED", "WRITTEN", "DELETED", "RELEASED"]
+    assert [e.revision for e in events] == [
+        lease.header.applied_index, write.header.applied_index,
+        deleted.header.applied_index, released.header.applied_index,
+    ]
+    assert (events[0].holder, events[0].token) == ("h1", lease.token)
+    assert (events[1].key, events[1].value, events[1].version) == ("k", b"v1", write.version)
+    assert all(e.resource == "jobs/a" for e in events)
+
+
+def test_a_watch_that_loses_its_member_resumes_elsewhere_with_every_event_once(cluster):
+    with FencingClient(cluster.endpoints) as client:
+        lease = client.acquire("jobs/a", ttl_ms=60_000, holder="h1")
+        collector = Collector(client.watch("jobs/", start_revision=lease.header.applied_index))
+        versions = []
+        for n in range(10):
+            versions.append(client.write("jobs/a", "k", str(n).encode(), token=lease.token).version)
+            if n == 4:
+                wait_for(lambda: len(collector.events) >= 3)
+                cluster.stop_node(0)  # the member the watch streams from (its first endpoint)
+        wait_for(lambda: len(collector.events) == 11)
+        collector.stop()
+    assert collector.error is None
+    assert collector.watcher.resumes >= 1
+    events = collector.events
+    assert events[0].type == "ACQUIRED"
+    assert [e.version for e in events[1:]] == versions  # each write once, in order
+    assert [e.revision for e in events] == sorted({e.revision for e in events})
+
+
+def test_a_start_older_than_the_history_raises_compacted_with_the_current_revision(cluster):
+    with FencingClient(cluster.endpoints) as client:
+        lease = client.acquire("jobs/a", ttl_ms=60_000, holder="h1")
+        for member in cluster.members:
+            assert member.watch is not None
+            member.watch.history_bytes_max = 1  # keeps the newest entry only
+        for n in range(3):
+            last = client.write("jobs/a", "k", str(n).encode(), token=lease.token)
+        with pytest.raises(Compacted) as caught:
+            list(client.watch("jobs/", start_revision=1))
+    assert caught.value.current_revision == last.header.applied_index
+    assert f"current revision {last.header.applied_index}" in str(caught.value)
+
+
+def test_a_bad_prefix_is_refused_before_anything_is_watched(cluster):
+    with FencingClient(cluster.endpoints) as client, pytest.raises(InvalidArgument) as caught:
+        list(client.watch("jobs/ bad"))
+    assert "prefix" in str(caught.value)
+
+
+def test_a_principal_may_watch_only_inside_its_prefixes():
+    orders = Principal("orders", ("orders/",), admin=False)
+    authorize_prefix(None, orders, "orders/eu/")  # type: ignore[arg-type]  # core unused here
+    for outside in ("", "order", "jobs/"):
+        with pytest.raises(ServiceError) as caught:
+            authorize_prefix(None, orders, outside)  # type: ignore[arg-type]
+        assert caught.value.reason == "PERMISSION_DENIED"
+
+
+def test_the_asyncio_client_watches_too(cluster):
+    from coordinator.client.sync import AsyncFencingClient
+
+    async def main() -> list:
+        async with AsyncFencingClient(cluster.endpoints) as client:
+            lease = await client.acquire("jobs/a", ttl_ms=60_000, holder="h1")
+            watcher = client.watch("jobs/", start_revision=lease.header.applied_index)
+            await client.write("jobs/a", "k", b"v", token=lease.token)
+            seen = []
+            async for event in watcher:
+                seen.append(event.type)
+                if len(seen) == 2:
+                    watcher.close()
+            return seen
+
+    assert asyncio.run(asyncio.wait_for(main(), DEADLINE_S)) == ["ACQUIRED", "WRITTEN"]
