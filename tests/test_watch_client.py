@@ -144,3 +144,44 @@ def test_the_asyncio_client_watches_too(cluster):
             return seen
 
     assert asyncio.run(asyncio.wait_for(main(), DEADLINE_S)) == ["ACQUIRED", "WRITTEN"]
+
+
+def test_election_observe_follows_the_watch_without_a_read_per_interval(cluster):
+    from coordinator.client.election import AsyncElection, Election
+
+    resource = "election/scheduler"
+    with FencingClient(cluster.endpoints) as a, FencingClient(cluster.endpoints) as watcher:
+        alice = Election(a, resource, ttl_ms=60_000)
+        stop = threading.Event()
+        seen: list = []
+        observer = threading.Thread(
+            target=lambda: seen.extend(Election(watcher, resource, ttl_ms=60_000).observe(interval_s=0.05, stop=stop)),
+            daemon=True)
+        observer.start()
+        wait_for(lambda: seen == [None])
+        alice.campaign("alice")
+        wait_for(lambda: seen == [None, "alice"])
+        alice.resign()
+        wait_for(lambda: seen == [None, "alice", None])
+        stop.set()
+        observer.join(DEADLINE_S)
+        assert not observer.is_alive()
+        assert len(cluster.calls_to("Describe")) == 1  # the first read only: no polling
+
+    async def async_observe() -> list:
+        from coordinator.client.sync import AsyncFencingClient
+
+        async with AsyncFencingClient(cluster.endpoints) as client:
+            bob = AsyncElection(client, resource, ttl_ms=60_000)
+            got: list = []
+            async for leader in bob.observe():
+                got.append(leader)
+                if leader is None and len(got) == 1:
+                    await bob.campaign("bob")
+                elif leader == "bob":
+                    await bob.resign()
+                else:
+                    break
+            return got
+
+    assert asyncio.run(asyncio.wait_for(async_observe(), DEADLINE_S)) == [None, "bob", None]

@@ -25,7 +25,7 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     results      the result dataclasses, built from the API's responses
     exceptions   the exception tree, and the public home of every name of the error surface
     rpc_errors   the one table from gRPC errors to the tree, and reading a failed call
-    election     ``Election``: leader election on the lock queue
+    election     ``Election``, ``AsyncElection``: leader election on the lock queue
     watch        ``watch()``: a prefix's changes in log order, resumed across failures
     proof        signed token proofs (DESIGN §6): signing and verifying
     guard_rule   the fencing rule every guard applies at an external store
