@@ -38,6 +38,7 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     ctl_request  what the user typed, checked field by field before anything is sent
     ctl_run      each command's client call and its output, as a table or JSON
     ctl_endpoint  ``fencingctl endpoint status|health``: each endpoint asked on its own
+    ctl_watch    ``fencingctl watch`` and ``fencingctl elect``: Watch and elections
     lockcmd      ``fencingctl lock``: run a command while holding a lease
     lock_child   the command ``fencingctl lock`` runs: started, signalled, reaped
     durations    durations as typed on a command line (``10s``, ``500ms``)
