@@ -112,7 +112,7 @@ def test_watchers_per_caller_are_capped_and_given_back_on_close():
     hub.open("", 0, "principal p")
     with pytest.raises(ServiceError) as caught:
         hub.open("", 0, "principal p")
-    assert caught.value.metadata["limit"] == "WATCHERS_PER_CALLER_MAX"
+    assert caught.value.metadata["limit"] == "watchers_per_principal_max"
     hub.open("", 0, "principal q")  # another caller is not held back
     hub.close(first)
     hub.close(first)  # twice: counted once

@@ -112,7 +112,7 @@ def add_services(
     pb_grpc.add_LeaseServicer_to_server(lease, server)
     pb_grpc.add_FencedStoreServicer_to_server(FencedStoreServicer(core), server)
     pb_grpc.add_ClusterServicer_to_server(ClusterServicer(core), server)
-    hub = WatchHub()
+    hub = WatchHub(per_caller_max=config.watchers_per_principal_max)
     hub.attach(node)
     pb_grpc.add_WatchServicer_to_server(WatchServicer(core, hub, idle_timeout_s=config.stream_idle_timeout_s), server)
     if not principals:

@@ -226,6 +226,16 @@ class ServerConfig:
             " with RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (limit stream_idle_timeout_s)"
         ),
     )
+    watchers_per_principal_max: int = dataclasses.field(
+        # An Election observer and a `fencingctl watch` per client host, with streams to spare
+        # for keep-alives under streams_per_principal_max.
+        default=2,
+        metadata=_doc(
+            "Watch streams one principal (without a valid credential: one client host) may have open"
+            " on this member, each also counted as a stream; beyond it RESOURCE_EXHAUSTED/LIMIT_EXCEEDED"
+            " (limit watchers_per_principal_max)"
+        ),
+    )
     # -- waiting Acquires (issue 14: like streams, each holds a worker thread while it waits) --
     acquire_waiters_max: int = dataclasses.field(
         # An eighth of the default grpc_threads: with streams_max, 32 of 64 threads stay for

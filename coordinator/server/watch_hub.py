@@ -4,7 +4,7 @@ that each watcher reads at its own pace.
 Owns: ``WatchHub`` -- the history ring (each applied entry's changes, core/changes.py, under
 its log index: the revision), fed from the apply path (``RaftNode.watch_applied``), bounded by
 ``WATCH_HISTORY_BYTES_MAX``; the watchers open on this member, each a cursor into that ring,
-capped per caller (``WATCHERS_PER_CALLER_MAX``); and the two ways a watcher cannot go on: its
+capped per caller (the ``watchers_per_principal_max`` setting); and the two ways a watcher cannot go on: its
 start revision is older than the ring holds, or it fell so far behind that the ring dropped
 what it had not read yet (both COMPACTED / LIMIT_EXCEEDED errors naming the current revision).
 Must never: block the apply path (publishing appends one item and wakes the waiting watchers:
@@ -43,7 +43,7 @@ __all__ = ["WATCH_HISTORY_BYTES_MAX", "WATCHERS_PER_CALLER_MAX", "Cursor", "Watc
 WATCH_HISTORY_BYTES_MAX = 8 * 1024 * 1024
 # Watchers one caller (a principal, or one client host on an open data plane) may have open
 # on this member at once, besides the stream caps every stream counts against (streams.py):
-# an Election observer and a ``fencingctl watch`` per process leave a stream for keep-alives.
+# the default of the member's ``watchers_per_principal_max`` setting.
 WATCHERS_PER_CALLER_MAX = 2
 # Batches (revisions) one ``Cursor.next`` returns at most: one response each.
 READ_BATCHES_MAX = 64
@@ -151,8 +151,9 @@ class WatchHub:
             if held >= self.per_caller_max:
                 raise ServiceError(
                     Reason.LIMIT_EXCEEDED,
-                    f"{who} already has {held} watchers on this member (WATCHERS_PER_CALLER_MAX {self.per_caller_max})",
-                    {"limit": "WATCHERS_PER_CALLER_MAX", "max": self.per_caller_max},
+                    f"{who} already has {held} watchers on this member"
+                    f" (watchers_per_principal_max {self.per_caller_max})",
+                    {"limit": "watchers_per_principal_max", "max": self.per_caller_max},
                 )
             start = start_revision or self._current + 1
             if start < self._oldest:

@@ -11,7 +11,7 @@ resume from. Must never: wait on the apply path, keep a cursor open after its RP
 Admission: Watch is a server-streaming RPC, so the member's stream interceptor admits it
 before this runs (stream_admission.py: ``streams_max``, ``streams_per_principal_max``) and
 ends it if it sends nothing for ``stream_idle_timeout_s``; the progress responses come well
-inside that. The hub adds its own cap per caller (``WATCHERS_PER_CALLER_MAX``).
+inside that. The hub adds its own cap per caller (``watchers_per_principal_max``).
 """
 
 from __future__ import annotations

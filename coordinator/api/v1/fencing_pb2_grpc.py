@@ -1327,8 +1327,8 @@ class WatchServicer:
         watch from current_revision + 1. A watcher that falls behind the history is ended with
         RESOURCE_EXHAUSTED / LIMIT_EXCEEDED (limit WATCH_HISTORY_BYTES_MAX). A caller may watch
         only prefixes inside its principal's prefixes (an admin: any, "" for all); it may have at
-        most 2 watchers open per member (WATCHERS_PER_CALLER_MAX), and each counts against the
-        member's stream caps (streams_max, streams_per_principal_max).
+        most watchers_per_principal_max (default 2) watchers open per member, and each counts
+        against the member's stream caps (streams_max, streams_per_principal_max).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
