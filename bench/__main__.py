@@ -14,6 +14,7 @@ BENCHMARKS = {
     "raft": ("bench.raft_bench", "replicated commands in the leader, ours beside stock pysyncobj"),
     "profile": ("bench.profile_raft", "where a Raft op's time goes"),
     "scale": ("bench.scale", "what the state's size costs: RSS, snapshot, restore, stall, keep-alives"),
+    "watch": ("bench.watch_memory", "what slow watchers cost a member: RSS, and what they are told"),
 }
 
 
