@@ -185,3 +185,15 @@ def test_election_observe_follows_the_watch_without_a_read_per_interval(cluster)
             return got
 
     assert asyncio.run(asyncio.wait_for(async_observe(), DEADLINE_S)) == [None, "bob", None]
+
+
+def test_a_watcher_left_inside_an_entrys_events_resumes_at_that_entry():
+    from coordinator.client.watch import WatchEvent, _Position
+
+    position = _Position("jobs/", 5)
+    expired, granted = WatchEvent("EXPIRED", 9, "jobs/a"), WatchEvent("ACQUIRED", 9, "jobs/a")
+    events = position.each(9, [expired, granted])
+    assert next(events) is expired
+    assert position.revision == 8  # the entry's second event not taken yet: resume at 9
+    assert next(events) is granted
+    assert position.revision == 9

@@ -89,6 +89,15 @@ class _Position:
         """Every event up to this revision has been yielded (0: none asked for yet)."""
         return max(0, self.next_revision - 1)
 
+    def each(self, revision: int, events: list[WatchEvent]) -> Iterator[WatchEvent]:
+        """``events`` one by one, ``revision`` counted as seen only with its last one: a
+        caller that stops in the middle of an entry's events resumes at that entry."""
+        self.next_revision = revision
+        for event in events[:-1]:
+            yield event
+        self.next_revision = revision + 1
+        yield events[-1]
+
     def context(self) -> dict[str, Any]:
         return {"rpc": "watch", "prefix": self.prefix, "start_revision": self.next_revision}
 
@@ -136,8 +145,8 @@ class Watcher:
         self.close()
 
     def __iter__(self) -> Iterator[WatchEvent]:
-        for _revision, events in self.batches():
-            yield from events
+        for revision, events in self.batches():
+            yield from self._position.each(revision, events)
 
     def batches(self) -> Iterator[tuple[int, list[WatchEvent]]]:
         """(revision, its events) in log order, until ``close``."""
@@ -156,8 +165,8 @@ class Watcher:
                     failing_since = None
                     found = self._position.batch(response)
                     if found is not None:
+                        self._position.next_revision = found[0] + 1  # the caller has them all
                         yield found
-                        self._position.next_revision = found[0] + 1
             except grpc.RpcError as err:
                 if self._closed:
                     return
@@ -205,8 +214,8 @@ class AsyncWatcher:
         return self._events()
 
     async def _events(self) -> AsyncIterator[WatchEvent]:
-        async for _revision, events in self.batches():
-            for event in events:
+        async for revision, events in self.batches():
+            for event in self._position.each(revision, events):
                 yield event
 
     async def batches(self) -> AsyncIterator[tuple[int, list[WatchEvent]]]:
@@ -221,8 +230,8 @@ class AsyncWatcher:
                     failing_since = None
                     found = self._position.batch(response)
                     if found is not None:
+                        self._position.next_revision = found[0] + 1  # the caller has them all
                         yield found
-                        self._position.next_revision = found[0] + 1
             except grpc.RpcError as err:
                 if self._closed:
                     return
