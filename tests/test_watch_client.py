@@ -197,3 +197,23 @@ def test_a_watcher_left_inside_an_entrys_events_resumes_at_that_entry():
     assert position.revision == 8  # the entry's second event not taken yet: resume at 9
     assert next(events) is granted
     assert position.revision == 9
+
+
+def test_a_third_watcher_from_one_caller_is_refused_and_its_slot_comes_back(cluster):
+    from coordinator.client.exceptions import LimitExceeded
+
+    with FencingClient(cluster.endpoints[:1]) as client:
+        first, second = Collector(client.watch("jobs/")), Collector(client.watch("jobs/"))
+        member = cluster.members[0]
+        assert member.watch is not None
+        wait_for(lambda: member.watch.open_count() == 2)
+        with pytest.raises(LimitExceeded) as caught:
+            list(client.watch("jobs/"))
+        assert caught.value.metadata["limit"] == "watchers_per_principal_max"
+        first.stop()
+        wait_for(lambda: member.watch.open_count() == 1)  # a closed stream gives its slot back
+        third = Collector(client.watch("jobs/"))
+        wait_for(lambda: member.watch.open_count() == 2)
+        second.stop()
+        third.stop()
+        assert first.error is second.error is third.error is None

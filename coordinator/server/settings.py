@@ -201,7 +201,7 @@ class ServerConfig:
         # health, Admin and unary calls (one stream keeps any number of leases alive).
         default=16,
         metadata=_doc(
-            "streaming RPCs open at once on this member, of every service (KeepAliveStream,"
+            "streaming RPCs open at once on this member, of every service (KeepAliveStream, Watch,"
             " Admin's SnapshotStream and RestoreStream, Health.Watch, reflection); with"
             " acquire_waiters_max and BACKUP_TRANSFERS_MAX below grpc_threads, so they never hold"
             " every thread; beyond it RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (limit streams_max)"
