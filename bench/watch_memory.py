@@ -80,6 +80,18 @@ def main(argv: list[str]) -> int:
                 next(stream)  # created; then never read until the end
             print(f"{args.watchers} slow watchers opened: RSS {rss_mib(pid):.1f} MiB, after each burst:"
                   f" {bursts(client, token, args, pid)}")
+            fresh = [grpc.insecure_channel(eps[follower]) for _ in range(args.watchers)]
+            opened_again = 0
+            for ch in fresh:
+                try:
+                    next(pb_grpc.WatchStub(ch).Watch(pb.WatchRequest(prefix="bench/"), timeout=10))
+                    opened_again += 1
+                except grpc.RpcError as err:
+                    print(f"  a new watcher refused: {err.code().name}: {err.details()}")
+            print(f"new watchers opened on that member while the slow ones had not read yet:"
+                  f" {opened_again} of {args.watchers} (their slots came back)")
+            for ch in fresh:
+                ch.close()
             ended: dict[str, int] = {}
             delivered = 0
             for stream in streams:

@@ -142,3 +142,18 @@ def test_a_restore_reaches_every_watcher_whatever_its_prefix():
     feed.applied(1, Applied(Op.RESTORE_COMMIT, {}, changes=(Change(ChangeKind.RESET, ""),)))
     found, _ = hub.next(cursor, 0)
     assert [c.kind for _, changes in found for c in changes] == [ChangeKind.RESET]
+
+
+def test_a_cursor_left_behind_while_nobody_reads_it_is_cancelled_off_the_apply_path():
+    hub, feed = hub_and_feed(history_bytes_max=4 * change_cost(written("jobs/a").changes[0]))
+    cancelled = threading.Event()
+    stuck, _ = hub.open("jobs/", 0, "host a")
+    stuck.cancel = cancelled.set  # its RPC: blocked sending, never reads the cursor again
+    reading, _ = hub.open("jobs/", 0, "host b")
+    wrongly: list = []
+    reading.cancel = lambda: wrongly.append("cancelled")  # keeps up: never cancelled
+    for index in range(1, 20):
+        feed.applied(index, written("jobs/a", index))
+        hub.next(reading, 0)
+    assert cancelled.wait(10)
+    assert stuck.cancelled and not reading.cancelled and wrongly == []

@@ -26,7 +26,7 @@ import bisect
 import dataclasses
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from coordinator.core.changes import Change, ChangeKind
 from coordinator.core.names import ErrorMeta
@@ -72,6 +72,10 @@ class Cursor:
     next_revision: int
     generation: int  # the ring's generation it reads (a snapshot loaded starts a new one)
     closed: bool = False
+    # Ends the RPC from outside its thread (the servicer sets ``context.cancel``): a watcher
+    # whose client stopped reading is blocked in gRPC's send and never reads the cursor again.
+    cancel: Callable[[], None] | None = None
+    cancelled: bool = False
 
 
 class WatchHub:
@@ -91,6 +95,9 @@ class WatchHub:
         self._current = 0  # the last index applied here
         self._generation = 0
         self._open: dict[str, int] = {}  # who -> watchers open
+        self._cursors: set[Cursor] = set()
+        self._trimmed = threading.Event()  # the ring dropped entries: look for cursors left behind
+        self._reaper: threading.Thread | None = None
 
     # -- the apply path (the Raft thread, under the apply lock): quick, never blocks -------------
 
@@ -124,6 +131,7 @@ class WatchHub:
             self._oldest = index + 1
             self._generation += 1  # every open cursor ends COMPACTED
             self._cond.notify_all()
+            self._trimmed.set()
 
     def _trim(self) -> None:
         # The newest batch stays even when alone over the bound: it is what watchers read next.
@@ -131,6 +139,7 @@ class WatchHub:
             self._bytes -= self._costs[self._head]
             self._oldest = self._revisions[self._head] + 1
             self._head += 1
+            self._trimmed.set()
         if self._head > 1024 and self._head * 2 > len(self._revisions):
             del self._revisions[: self._head], self._batches[: self._head], self._costs[: self._head]
             self._head = 0
@@ -159,13 +168,19 @@ class WatchHub:
             if start < self._oldest:
                 raise compacted(start, self._oldest, self._current, "older than this member's watch history")
             self._open[who] = held + 1
-            return Cursor(prefix, who, start, self._generation), self._current
+            cursor = Cursor(prefix, who, start, self._generation)
+            self._cursors.add(cursor)
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap, name="watch-reaper", daemon=True)
+                self._reaper.start()
+            return cursor, self._current
 
     def close(self, cursor: Cursor) -> None:
         with self._cond:
             if cursor.closed:
                 return
             cursor.closed = True
+            self._cursors.discard(cursor)
             left = self._open[cursor.who] - 1
             if left:
                 self._open[cursor.who] = left
@@ -196,6 +211,24 @@ class WatchHub:
                 if left <= 0:
                     return [], cursor.next_revision - 1
                 self._cond.wait(left)
+
+    def _reap(self) -> None:
+        """Forever (a daemon thread, off the apply path): after each trim or snapshot, cancel
+        the RPC of every cursor the ring has left behind. One whose thread still reads would
+        end itself with the reason (``_check_alive``); one whose client stopped reading is
+        blocked sending and would hold its worker thread and stream slot until the client went
+        away. Its client sees CANCELLED, and a resume is answered COMPACTED, the reason."""
+        while True:
+            self._trimmed.wait()
+            self._trimmed.clear()
+            with self._cond:
+                behind = [c for c in self._cursors if not c.cancelled and c.cancel is not None
+                          and (c.next_revision < self._oldest or c.generation != self._generation)]
+                for cursor in behind:
+                    cursor.cancelled = True
+            for cursor in behind:
+                assert cursor.cancel is not None
+                cursor.cancel()
 
     def _check_alive(self, cursor: Cursor) -> None:
         if cursor.generation != self._generation:

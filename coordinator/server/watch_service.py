@@ -5,7 +5,9 @@ read everything under it), opening a cursor on the hub (watch_hub.py) for the ca
 turning what the cursor reads into responses: ``created`` first, one response per revision
 with events, and a progress response (no events) every ``progress_s`` while nothing matches,
 which keeps the stream inside the member's idle timeout and tells the client how far it may
-resume from. Must never: wait on the apply path, keep a cursor open after its RPC ended
+resume from. A watcher the hub's history left behind is ended with "watcher too slow" when
+it reads next, or cancelled by the hub if its client stopped reading (its resume is then
+answered COMPACTED). Must never: wait on the apply path, keep a cursor open after its RPC ended
 (``close`` runs however it ends), or map an error to a status anywhere but ``errors``.
 
 Admission: Watch is a server-streaming RPC, so the member's stream interceptor admits it
@@ -79,6 +81,7 @@ class WatchServicer(pb_grpc.WatchServicer):
             cursor, _current = self.hub.open(prefix, request.start_revision, who)
         except ServiceError as error:
             self.core.abort(context, error)
+        cursor.cancel = context.cancel  # the hub ends it if it falls behind while blocked sending
         # Wakes a cursor waiting in ``next`` when the client goes away, and gives its slot back.
         if not context.add_callback(lambda: self.hub.close(cursor)):
             self.hub.close(cursor)
