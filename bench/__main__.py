@@ -16,6 +16,7 @@ BENCHMARKS = {
     "scale": ("bench.scale", "what the state's size costs: RSS, snapshot, restore, stall, keep-alives"),
     "probes": ("bench.exhaustion_probes", "issue 26's seven exhaustion and impersonation probes, then and now"),
     "session": ("bench.session_bench", "1,000 leases in one client.session(): threads, CPU, renewal lag"),
+    "watch": ("bench.watch_memory", "what slow watchers cost a member: RSS, and what they are told"),
 }
 
 

@@ -89,6 +89,9 @@ Checks, each reporting its own violation kind (the constants below):
    that term. One violation per term, from whichever evidence shows it (samples first).
    ``REPLICAS_DIVERGED``: ``final`` records (the last one per node) disagree — different digests
    at the same applied index, or different applied indexes after convergence.
+9. ``WATCH_MISSED_EVENT``, ``WATCH_REPEATED_EVENT``, ``WATCH_OUT_OF_ORDER`` (issue 29, Watch):
+   each watcher's stream (``watch`` records) has every acknowledged change in its range once,
+   in log order (chaos/watch_check.py).
 
 Things the checker cannot judge (unordered mutations, a search over its state budget) are
 listed as warnings, never silently passed as checked.
@@ -106,6 +109,7 @@ import time
 from typing import Any, Iterable
 
 from chaos import linearizability as lin
+from chaos import watch_check
 from chaos.history import (
     EPOCH_FUNCTIONS,
     FENCED_FUNCTIONS,
@@ -150,6 +154,7 @@ VIOLATION_KINDS = (
     EPOCH_FLOOR_BROKEN,
     HOSTILE_ACCEPTED,
     REFUSAL_CHANGED_STATE,
+    *watch_check.KINDS,
 )
 
 #: States the register search may explore per segment before calling it inconclusive.
@@ -1191,6 +1196,8 @@ def check_history(
     violations += _check_dedup(history, refs)
     violations += _check_epoch_floors(logical, refs, warnings)
     violations += _check_hostile(logical, refs)
+    violations += [Violation(kind, detail, refs.many(ops) + [watch_check.event_ref(e) for e in events])
+                   for kind, detail, ops, events in watch_check.check_watches(history)]
     unchanged, refusals_watched = _check_refusals_unchanged(history, refs)
     violations += unchanged
     violations += _check_nodes(history)

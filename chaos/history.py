@@ -60,6 +60,17 @@ leader it followed), from its log (chaos.leader_reports); ``log_line`` says wher
     {"type": "fault", "t_ns": 1400, "kind": "partition", "action": "inject",
      "nodes": ["127.0.0.2:7001"]}
 
+``watch`` — one event a watcher saw (chaos.workload's ``--watch`` mode), in the order seen::
+
+    {"type": "watch", "watcher": "w0.1", "prefix": "r", "start": 12, "seq": 3, "revision": 31,
+     "event": "WRITTEN", "resource": "r1", "key": "k", "value": "c1-17", "token": 4}
+
+    watcher   one unbroken stream of events (the client resumes across faults under the same
+              name; after COMPACTED the watcher starts over under a new one)
+    start     the revision that stream started from; with the last revision it saw, the
+              range it must have seen every change of (chaos.watch_check)
+    seq       its position in that stream (1, 2, ...)
+
 ``meta`` — free-form facts about the run (scenario, seed, versions); not checked::
 
     {"type": "meta", "scenario": "partition-leader", "seed": 7}
@@ -210,6 +221,23 @@ class Fault:
 
 
 @dataclasses.dataclass
+class WatchSeen:
+    watcher: str
+    prefix: str
+    start: int
+    seq: int
+    revision: int
+    event: str
+    resource: str
+    key: str | None = None
+    value: str | None = None
+    token: int | None = None
+    line: int | None = dataclasses.field(default=None, compare=False)
+
+    type = "watch"
+
+
+@dataclasses.dataclass
 class Meta:
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
     line: int | None = dataclasses.field(default=None, compare=False)
@@ -217,7 +245,7 @@ class Meta:
     type = "meta"
 
 
-Record = Union[Op, NodeSample, LeaderReport, FinalReplica, FinalState, Fault, Meta]
+Record = Union[Op, NodeSample, LeaderReport, FinalReplica, FinalState, Fault, WatchSeen, Meta]
 
 
 @dataclasses.dataclass
@@ -230,6 +258,7 @@ class History:
     finals: list[FinalReplica] = dataclasses.field(default_factory=list)
     final_states: list[FinalState] = dataclasses.field(default_factory=list)
     faults: list[Fault] = dataclasses.field(default_factory=list)
+    watches: list[WatchSeen] = dataclasses.field(default_factory=list)
     meta: list[Meta] = dataclasses.field(default_factory=list)
 
     @classmethod
@@ -250,6 +279,7 @@ class History:
             FinalReplica: self.finals,
             FinalState: self.final_states,
             Fault: self.faults,
+            WatchSeen: self.watches,
             Meta: self.meta,
         }.get(type(record))
         if target is None:
@@ -264,6 +294,7 @@ class History:
         yield from self.nodes
         yield from self.leader_reports
         yield from self.faults
+        yield from self.watches
         yield from self.finals
         yield from self.final_states
 
@@ -392,6 +423,20 @@ def from_dict(doc: Any, line: int | None = None) -> Record:
             kind=_need(doc, "kind", "str", line),
             action=action,
             nodes=_need(doc, "nodes", "list", line, nullable=True) or [],
+            line=line,
+        )
+    if kind == "watch":
+        return WatchSeen(
+            watcher=_need(doc, "watcher", "str", line),
+            prefix=_need(doc, "prefix", "str", line),
+            start=_need(doc, "start", "int", line),
+            seq=_need(doc, "seq", "int", line),
+            revision=_need(doc, "revision", "int", line),
+            event=_need(doc, "event", "str", line),
+            resource=_need(doc, "resource", "str", line),
+            key=_need(doc, "key", "str", line, nullable=True),
+            value=_need(doc, "value", "str", line, nullable=True),
+            token=_need(doc, "token", "int", line, nullable=True),
             line=line,
         )
     if kind == "meta":

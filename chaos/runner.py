@@ -153,7 +153,20 @@ class Run:
             )
             self.cluster.adopt(proc.pid)
             self.clients.append(proc)
+        self.start_watcher()
         self.start_hazard_roles()
+
+    def start_watcher(self) -> None:
+        """One watcher of the workload's resources (chaos.workload --watch), checked by
+        chaos.watch_check: every acknowledged change seen once, in order."""
+        out = os.path.join(self.out, "clients", "w0.jsonl")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chaos.workload", "--process", "w0", "--endpoints",
+             ",".join(self.cluster.endpoints), "--out", out, "--watch", "r"],
+            stdout=open(os.path.join(self.out, "clients", "w0.log"), "w"), stderr=subprocess.STDOUT,
+        )
+        self.cluster.adopt(proc.pid)
+        self.clients.append(proc)
 
     def start_hazard_roles(self) -> None:
         """Contention, hostile clients and the operator (chaos.hazards), one process each."""

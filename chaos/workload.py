@@ -13,6 +13,10 @@ Run as a process: ``python -m chaos.workload --process c1 --endpoints A,B,C --ou
 --resources r0,r1,r2 --seed 7`` loops acquire / write / keepalive / read / delete / release on a
 handful of resources until SIGTERM (finishes the op in flight, then exits 0).
 
+``watch`` mode (``--watch PREFIX``): follow PREFIX's Watch for the whole run, one ``watch``
+record per event, resumed across faults (``run_watcher``); chaos.watch_check holds what it saw
+to the ops the other clients got acknowledged.
+
 ``gc-pause`` mode (``--gc-pause``): acquire ``--resource`` with ``--ttl-ms``, check the lease is
 still live (KeepAlive ok), print ``PAUSING token=T`` and SIGSTOP itself — between its lease
 check and its write. The harness resumes it after the lease expired and another client acquired
@@ -175,6 +179,44 @@ def run_client(process: str, endpoints: list[str], out: str, resources: list[str
         return rec.counts
 
 
+def run_watcher(process: str, endpoints: list[str], out: str, prefix: str, stop: threading.Event) -> int:
+    """Watch ``prefix`` until ``stop``, one ``watch`` record per event (chaos/history.py). The
+    client resumes the stream across faults itself; if the watch cannot go on (COMPACTED, or
+    no member for the client's timeout), it starts again, from the current revision under a new
+    stream name after COMPACTED, else from where it was under the same name. Returns the count."""
+    seen = 0
+    with HistoryWriter(out) as writer, make_client(endpoints, timeout_s=30.0) as client:
+        start = 0
+        while start == 0 and not stop.is_set():
+            try:
+                start = client.status(local=True).applied_index + 1
+            except exc_mod.FencingError:
+                stop.wait(0.5)
+        stream, seq, next_revision = 1, 0, start
+        while not stop.is_set():
+            watcher = client.watch(prefix, start_revision=next_revision)
+            closer = threading.Thread(target=lambda w=watcher: (stop.wait(), w.close()), daemon=True)
+            closer.start()
+            try:
+                for event in watcher:
+                    seq += 1
+                    seen += 1
+                    writer.write({
+                        "type": "watch", "watcher": f"{process}.{stream}", "prefix": prefix, "start": start,
+                        "seq": seq, "revision": event.revision, "event": event.type, "resource": event.resource,
+                        "key": event.key or None, "value": event.value.decode() if event.type == "WRITTEN" else None,
+                        "token": event.token or None, "t_ns": time.monotonic_ns(),
+                    })
+            except exc_mod.Compacted as compacted:
+                start = next_revision = (compacted.current_revision or 0) + 1
+                stream, seq = stream + 1, 0
+                continue
+            except exc_mod.FencingError:
+                stop.wait(0.5)
+            next_revision = max(next_revision, watcher.revision + 1)
+    return seen
+
+
 # -- an unfenced store (for the demonstration): a dict behind a TCP line protocol --------------
 
 
@@ -277,8 +319,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gc-pause", action="store_true")
     p.add_argument("--resource", default="gc")
     p.add_argument("--unfenced", default=None, help="host:port of an UnfencedStore (demo)")
+    p.add_argument("--watch", default=None, metavar="PREFIX", help="watch PREFIX, recording what it sees")
     args = p.parse_args(argv)
     endpoints = args.endpoints.split(",")
+    if args.watch is not None:
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        seen = run_watcher(args.process, endpoints, args.out, args.watch, stop)
+        print(json.dumps({"process": args.process, "watch_events": seen}), flush=True)
+        return 0
     if args.gc_pause:
         return run_gc_pause(args.process, endpoints, args.out, args.resource, args.ttl_ms, args.unfenced)
     stop = threading.Event()

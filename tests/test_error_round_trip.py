@@ -69,6 +69,10 @@ EXPECTED: dict[R, tuple[type[E.FencingError], dict[M, str], dict[str, Any]]] = {
     R.MEMBER_CHANGE_REFUSED: (E.Refused, {M.DETAIL: "change_in_progress"}, {}),
     R.UNKNOWN_MEMBER: (E.UnknownMember, {M.DETAIL: "unknown_member"}, {}),
     R.CLUSTER_LEVEL_TOO_LOW: (E.Refused, {M.NEEDED_LEVEL: "2", M.CLUSTER_LEVEL: "1"}, {}),
+    R.COMPACTED: (
+        E.Compacted, {M.CURRENT_REVISION: "40", M.OLDEST_REVISION: "31"},
+        {"current_revision": 40, "oldest_revision": 31},
+    ),
 }
 
 ALL_KEYS = list(errors.STATUS_TABLE)
@@ -273,12 +277,12 @@ def test_the_wire_strings_are_pinned():
         "VERSION_MISMATCH", "EPOCH_FLOOR_TOO_LOW", "OP_ID_CONFLICT", "LIMIT_EXCEEDED",
         "EPOCH_EXHAUSTED", "OVERLOADED", "NO_LEADER", "OUTCOME_UNKNOWN", "UNAUTHENTICATED",
         "PERMISSION_DENIED", "NOT_LEADER", "NO_QUORUM", "QUOTA_EXCEEDED",
-        "MEMBER_CHANGE_REFUSED", "UNKNOWN_MEMBER", "CLUSTER_LEVEL_TOO_LOW",
+        "MEMBER_CHANGE_REFUSED", "UNKNOWN_MEMBER", "CLUSTER_LEVEL_TOO_LOW", "COMPACTED",
     ])
     assert all(reason.value == reason.name for reason in R)
     assert sorted(M) == sorted([
         "field", "hwm", "holder", "expires_at_ms", "token", "version", "epoch", "op",
         "resource", "limit", "max", "leader", "leader_api", "detail", "quota", "principal", "remaining_ms",
-        "needed_level", "cluster_level",
+        "needed_level", "cluster_level", "current_revision", "oldest_revision",
     ])
     assert sorted(Trailer) == ["fencing-applied-index", "fencing-member-id", "fencing-raft-term"]

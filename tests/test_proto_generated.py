@@ -53,7 +53,9 @@ def test_generated_code_is_an_importable_package():
     from coordinator.api.v1 import fencing_pb2, fencing_pb2_grpc
 
     names = [s.full_name for s in fencing_pb2.DESCRIPTOR.services_by_name.values()]
-    assert names == ["fencing.v1.Lease", "fencing.v1.FencedStore", "fencing.v1.Cluster", "fencing.v1.Admin"]
+    assert names == [
+        "fencing.v1.Lease", "fencing.v1.FencedStore", "fencing.v1.Cluster", "fencing.v1.Admin", "fencing.v1.Watch",
+    ]
     for service in ("Lease", "FencedStore", "Cluster", "Admin"):
         assert hasattr(fencing_pb2_grpc, f"{service}Stub")
         assert hasattr(fencing_pb2_grpc, f"add_{service}Servicer_to_server")

@@ -26,6 +26,7 @@ from coordinator.server.config import ServerConfig
 from coordinator.server.metrics import Metrics
 from coordinator.server.request_core import Core
 from coordinator.server.service import LeaseServicer
+from coordinator.server.watch_hub import WatchHub
 from testsupport.inmemory_faults import Fault, Faults, ProposeFault, TransportFault
 from testsupport.inmemory_node import InMemoryNode, SharedLog
 
@@ -113,12 +114,14 @@ class Member:
         self.running = False
         self.core: Core | None = None
         self.lease: LeaseServicer | None = None
+        self.watch: WatchHub | None = None
 
     def wire(self, config: ServerConfig, members: dict[str, str]) -> None:
         """Build and register the servicers with app.py's ``add_services``, as a member does."""
         services = add_services(self.server, self.node, config, members=members, metrics=self.metrics)
         self.core = services.core
         self.lease = services.lease
+        self.watch = services.watch
 
     def start(self) -> None:
         self.server.start()

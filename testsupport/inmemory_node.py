@@ -79,6 +79,8 @@ class SharedLog:
         self._stamp_clock = StampClock()
         self._timers: list[threading.Timer] = []
         self._closed = False
+        # Each member's Watch feed (RaftNode.watch_applied), called under ``lock`` per entry.
+        self.appliers: dict[int, Callable[[int, Any], None]] = {}
 
     def next_stamp_ms(self) -> int:
         """DESIGN I6, as RaftNode's leader stamps (one log: one term, always led)."""
@@ -91,6 +93,8 @@ class SharedLog:
             self.applied_index += 1
             self.ops.append(_op_of(command))
             value = self.state_machine.apply(command, self.applied_index)
+            for on_applied in list(self.appliers.values()):
+                on_applied(self.applied_index, value)
             self.applied.notify_all()
             return applied(value, self.applied_index)
 
@@ -179,6 +183,12 @@ class InMemoryNode:
         """RaftNode.wait_applied: ``fn`` again after every entry, until truthy or timeout."""
         with self.log.applied:
             return self.log.applied.wait_for(lambda: fn(self.log.state_machine), max(0.0, timeout_s))
+
+    def watch_applied(self, on_applied: Callable[[int, Any], None], on_loaded: Callable[[int], None]) -> int:
+        """RaftNode.watch_applied (one log, never a snapshot: ``on_loaded`` is never called)."""
+        with self.log.lock:
+            self.log.appliers[self.index] = on_applied
+            return self.log.applied_index
 
     def wake_waiters(self) -> None:
         """RaftNode.wake_waiters: every ``wait_applied`` checks its ``fn`` again now."""

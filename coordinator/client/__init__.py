@@ -28,7 +28,8 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     results      the result dataclasses, built from the API's responses
     exceptions   the exception tree, and the public home of every name of the error surface
     rpc_errors   the one table from gRPC errors to the tree, and reading a failed call
-    election     ``Election``: leader election on the lock queue
+    election     ``Election``, ``AsyncElection``: leader election on the lock queue
+    watch        ``watch()``: a prefix's changes in log order, resumed across failures
     proof        signed token proofs (DESIGN §6): signing and verifying
     guard_rule   the fencing rule every guard applies at an external store
     guard        the SQLite guard
@@ -40,6 +41,7 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     ctl_request  what the user typed, checked field by field before anything is sent
     ctl_run      each command's client call and its output, as a table or JSON
     ctl_endpoint  ``fencingctl endpoint status|health``: each endpoint asked on its own
+    ctl_watch    ``fencingctl watch`` and ``fencingctl elect``: Watch and elections
     lockcmd      ``fencingctl lock``: run a command while holding a lease
     lock_child   the command ``fencingctl lock`` runs: started, signalled, reaped
     durations    durations as typed on a command line (``10s``, ``500ms``)

@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 
 
 class Stubs:
-    """The four service stubs on one channel (sync or asyncio: the generated stubs take both)."""
+    """The five service stubs on one channel (sync or asyncio: the generated stubs take both)."""
 
-    __slots__ = ("channel", "lease", "store", "cluster", "admin")
+    __slots__ = ("channel", "lease", "store", "cluster", "admin", "watch")
 
     def __init__(self, channel: Any) -> None:
         self.channel = channel
@@ -38,6 +38,7 @@ class Stubs:
         self.store = pb_grpc.FencedStoreStub(channel)
         self.cluster = pb_grpc.ClusterStub(channel)
         self.admin = pb_grpc.AdminStub(channel)
+        self.watch = pb_grpc.WatchStub(channel)
 
 
 class Shape(enum.Enum):

@@ -41,6 +41,7 @@ from coordinator.core import validation
 
 if TYPE_CHECKING:
     from coordinator.client.aio_session import AsyncSession
+from coordinator.client.watch import AsyncWatcher
 
 log = logging.getLogger("coordinator.client.aio")
 
@@ -249,6 +250,11 @@ class AsyncFencingClient(_ClientBase):
         session = AsyncSession(self, ttl_ms=ttl_ms, holder=holder, on_lost=on_lost)
         self._leases.add(session)  # close() stops its task, as an AsyncLease's
         return session
+    def watch(self, prefix: str = "", *, start_revision: int = 0) -> AsyncWatcher:
+        """As ``FencingClient.watch``: ``async for event in client.watch("jobs/")``."""
+        if self._closed:
+            raise RuntimeError("the AsyncFencingClient is closed")
+        return AsyncWatcher(self, prefix, start_revision)
 
     def lease(
         self,

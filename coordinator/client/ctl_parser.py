@@ -13,7 +13,7 @@ import argparse
 import sys
 from typing import Any, NoReturn
 
-from coordinator.client import lockcmd
+from coordinator.client import ctl_watch, lockcmd
 from coordinator.client.ctl_request import UsageError
 from coordinator.client.sync import DEFAULT_ENDPOINTS
 
@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lease_commands(command)
     _add_key_commands(command)
     lockcmd.add_parser(sub, command)
+    ctl_watch.add_parsers(sub, command)
     _add_admin_commands(sub, command)
     return parser
 

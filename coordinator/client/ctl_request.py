@@ -275,7 +275,7 @@ def request_for(args: argparse.Namespace, name: str, lock_cmd: list[str]) -> dic
             return lockcmd.parse(args, lock_cmd)
         except lockcmd.LockUsage as error:
             raise UsageError(str(error), exit_code=lockcmd.LockExit.FAILED) from None
-    if name in ("status", "snapshot") or name.startswith(("member-", "endpoint-")):
+    if name in ("status", "snapshot", "watch", "elect") or name.startswith(("member-", "endpoint-")):
         return {}
     if name == "restore":
         return _restore_request(args)

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from typing import Any
 
-from coordinator.client import ctl_endpoint, durations, proof
+from coordinator.client import ctl_endpoint, ctl_watch, durations, proof
 from coordinator.client import exceptions as exc
 from coordinator.client.ctl_request import UsageError
 from coordinator.client.sync import FencingClient
@@ -62,6 +62,9 @@ def run(client: FencingClient, args: argparse.Namespace, name: str, request: dic
         return _run_status(client, args, out)
     if name.startswith("endpoint-"):
         return ctl_endpoint.run_endpoint(client, args, name, out)
+    if name in ctl_watch.COMMANDS:
+        ctl_watch.run(client, args, name)
+        return None
     if name.startswith("member-"):
         _run_member(client, args, name, out)
     elif name in _LEASE_COMMANDS:

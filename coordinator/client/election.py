@@ -1,10 +1,11 @@
 """Leader election on the lock queue, like etcd's ``concurrency.Election``.
 
-Owns: ``Election`` -- ``campaign`` (wait in the resource's FIFO queue until this candidate
-leads, and hold the lease that says so), ``leader`` (who leads now), ``observe`` (each change
-of leader, as it is seen) and ``resign`` (give the lead to the next candidate in line). The
-leader's identity is the lease's holder label; its fencing token is the term of its lead, so
-whatever a leader writes through a fenced resource is refused once a newer leader exists.
+Owns: ``Election`` (sync client) and ``AsyncElection`` (asyncio client) -- ``campaign`` (wait
+in the resource's FIFO queue until this candidate leads, and hold the lease that says so),
+``leader`` (who leads now), ``observe`` (each change of leader, as it is seen) and ``resign``
+(give the lead to the next candidate in line). The leader's identity is the lease's holder
+label; its fencing token is the term of its lead, so whatever a leader writes through a
+fenced resource is refused once a newer leader exists.
 Must never: claim a lead the cluster has not granted, or keep one after ``resign``.
 
     election = Election(client, "jobs/scheduler", ttl_ms=5000)
@@ -12,22 +13,38 @@ Must never: claim a lead the cluster has not granted, or keep one after ``resign
     lease.write("plan", b"...")                 # fenced by the lead's token
     election.resign()
 
-``observe`` polls ``describe`` (a read through the log) every ``interval_s``: a leader change
-is seen within that interval, at one Raft entry per interval per observer.
+``observe`` reads the leader once (a linearizable ``describe``), then follows the resource's
+Watch from the revision that read saw: each grant, release, expiry or force-release is seen as
+the member applies it, at no Raft entry per observer. A release and the grant to the next in
+line apply in one entry, so the observer sees the new leader without a "nobody" between.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Iterator
+from typing import AsyncIterator, Awaitable, Iterable, Iterator, cast
 
+from coordinator.client.aio import AsyncFencingClient, AsyncLease
+from coordinator.client.results import Description
 from coordinator.client.sync import FencingClient, Lease
+from coordinator.client.watch import WatchEvent
 
-__all__ = ["Election"]
+__all__ = ["AsyncElection", "Election"]
 
-# How often observe() reads the leader: a change is seen within this, and each read is one
-# Raft entry (a linearizable describe), so an observer costs one entry per interval.
+# How often observe() looks at its ``stop`` event, in seconds (the watch itself is pushed).
 OBSERVE_INTERVAL_S_DEFAULT = 0.5
+_ENDED = frozenset({"RELEASED", "EXPIRED", "FORCE_RELEASED", "RESET"})
+
+
+def leader_after(resource: str, leader: str | None, events: Iterable[WatchEvent]) -> str | None:
+    """Who leads ``resource`` after ``events`` (one entry's), given ``leader`` before them."""
+    for event in events:
+        if event.type == "RESET" or event.resource == resource:
+            if event.type == "ACQUIRED":
+                leader = event.holder
+            elif event.type in _ENDED:
+                leader = None
+    return leader
 
 
 class Election:
@@ -54,15 +71,29 @@ class Election:
 
     def observe(self, *, interval_s: float = OBSERVE_INTERVAL_S_DEFAULT,
                 stop: threading.Event | None = None) -> Iterator[str | None]:
-        """Yield the leader (None: nobody) now and after each change, until ``stop`` is set."""
-        stop = stop or threading.Event()
-        last: object = object()  # nothing seen yet: the first answer is always yielded
-        while not stop.is_set():
-            current = self.leader()
-            if current != last:
-                last = current
-                yield current
-            stop.wait(interval_s)
+        """Yield the leader (None: nobody) now and after each change, until ``stop`` is set
+        (looked at every ``interval_s``)."""
+        described = self.client.describe(self.resource)
+        current = described.holder if described.held else None
+        yield current
+        watcher = self.client.watch(self.resource, start_revision=described.header.applied_index + 1)
+        done = threading.Event()
+        if stop is not None:
+            def close_on_stop() -> None:
+                while not done.is_set():
+                    if stop.wait(interval_s):
+                        watcher.close()
+                        return
+            threading.Thread(target=close_on_stop, name="election-observe", daemon=True).start()
+        try:
+            for _revision, events in watcher.batches():
+                leader = leader_after(self.resource, current, events)
+                if leader != current:
+                    current = leader
+                    yield current
+        finally:
+            done.set()
+            watcher.close()
 
     def resign(self) -> None:
         """Give up the lead: the lease is released and the next candidate in line gets it in
@@ -70,3 +101,47 @@ class Election:
         lease, self.lease = self.lease, None
         if lease is not None:
             lease.release()
+
+
+class AsyncElection:
+    """``Election`` for the asyncio client: the same calls, awaited."""
+
+    def __init__(self, client: AsyncFencingClient, resource: str, *, ttl_ms: int) -> None:
+        self.client = client
+        self.resource = resource
+        self.ttl_ms = ttl_ms
+        self.lease: AsyncLease | None = None
+
+    async def campaign(self, candidate: str, *, timeout_s: float | None = None) -> AsyncLease:
+        if self.lease is not None and not self.lease.lost.is_set():
+            raise RuntimeError(f"already leading {self.resource} as {self.lease.holder!r}")
+        self.lease = await self.client.lock(self.resource, ttl_ms=self.ttl_ms, timeout_s=timeout_s, holder=candidate)
+        return self.lease
+
+    async def leader(self) -> str | None:
+        described = await self._describe()
+        return described.holder if described.held else None
+
+    async def _describe(self) -> Description:
+        # The asyncio client's methods are awaitables typed as the sync client's results.
+        return await cast("Awaitable[Description]", self.client.describe(self.resource))
+
+    async def observe(self) -> AsyncIterator[str | None]:
+        """The leader now and after each change; stop by leaving the ``async for``."""
+        described = await self._describe()
+        current = described.holder if described.held else None
+        yield current
+        watcher = self.client.watch(self.resource, start_revision=described.header.applied_index + 1)
+        try:
+            async for _revision, events in watcher.batches():
+                leader = leader_after(self.resource, current, events)
+                if leader != current:
+                    current = leader
+                    yield current
+        finally:
+            watcher.close()
+
+    async def resign(self) -> None:
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            await lease.release()

@@ -37,6 +37,8 @@ The tree answers the first question a caller has after a failed mutation, "did i
     │   │   └── Overloaded           the server is shedding load (the client backs off
     │   │                            and retries it; raised when the retries run out)
     │   ├── InvalidArgument          malformed request                       .field
+    │   ├── Compacted                Watch: the start revision is older than the member's
+    │   │                            history               .current_revision .oldest_revision
     │   └── AuthError
     │       ├── Unauthenticated      no credential where one is needed
     │       └── PermissionDenied     the principal may not do this
@@ -73,6 +75,7 @@ __all__ = [
     "ERROR_CLASSES",
     "ERROR_DOMAIN",
     "AuthError",
+    "Compacted",
     "EpochExhausted",
     "EpochFloorTooLow",
     "FencingError",
@@ -432,6 +435,25 @@ class InvalidArgument(NotApplied):
         if self.field and f"'{self.field}'" not in text:
             return f"field {self.field!r}: {text}"
         return text
+
+
+class Compacted(NotApplied):
+    """Watch: the events from the revision asked for are no longer known to the member
+    (older than its watch history, or before a snapshot it installed). Read the state again
+    and watch from ``current_revision + 1``."""
+
+    category = "compacted"
+
+    @property
+    def current_revision(self) -> int | None:
+        return self._int_meta(ErrorMeta.CURRENT_REVISION)
+
+    @property
+    def oldest_revision(self) -> int | None:
+        return self._int_meta(ErrorMeta.OLDEST_REVISION)
+
+    def _describe(self) -> str:
+        return self.server_message or f"compacted, current revision {self.current_revision}"
 
 
 class AuthError(NotApplied):

@@ -29,6 +29,10 @@ Usage::
               FENCING_TOKEN_PROOF; passes SIGTERM/SIGINT/SIGHUP on to CMD and stops it if
               the lease is lost; exits with CMD's status, its own failures 124-127:
               coordinator/client/lockcmd.py)
+    watch     PREFIX [--rev N] [--count N]
+              (one line per change under PREFIX: REVISION TYPE RESOURCE FIELD=VALUE...)
+    elect     NAME [PROPOSAL] [--ttl D]
+              (observe the leader of NAME, or campaign as PROPOSAL until SIGINT/SIGTERM)
     admin force-release   RESOURCE [--op-id HEX]
     admin set-epoch-floor FLOOR [--no-fence-all]
     admin snapshot        --out FILE

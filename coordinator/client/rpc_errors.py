@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping, cast
 import grpc
 
 from coordinator.client.exceptions import (
+    Compacted,
     EpochExhausted,
     EpochFloorTooLow,
     FencingError,
@@ -54,6 +55,7 @@ _R = ErrorReason
 ERROR_CLASSES: dict[tuple[grpc.StatusCode, str], type[FencingError]] = {
     (_C.INVALID_ARGUMENT, ""): InvalidArgument,
     (_C.INVALID_ARGUMENT, _R.INVALID_FIELD): InvalidArgument,
+    (_C.OUT_OF_RANGE, _R.COMPACTED): Compacted,
     (_C.OUT_OF_RANGE, ""): InvalidArgument,
     (_C.FAILED_PRECONDITION, _R.STALE_TOKEN): StaleToken,
     (_C.FAILED_PRECONDITION, _R.UNKNOWN_TOKEN): UnknownToken,

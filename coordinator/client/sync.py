@@ -83,6 +83,7 @@ from coordinator.client.results import (
     WriteResult,
     header_from_pb,
 )
+from coordinator.client.watch import Watcher, WatchEvent
 from coordinator.core import validation
 
 __all__ = [
@@ -104,6 +105,8 @@ __all__ = [
     "ReadResult",
     "ReleaseResult",
     "Snapshot",
+    "WatchEvent",
+    "Watcher",
     "WriteResult",
     "new_op_id",
     "open_channel",
@@ -427,6 +430,14 @@ class FencingClient(_ClientBase):
         session = Session(self, ttl_ms=ttl_ms, holder=holder, on_lost=on_lost)
         self._leases.add(session)  # close() stops its thread, as a Lease's
         return session
+    def watch(self, prefix: str = "", *, start_revision: int = 0) -> Watcher:
+        """The changes to resources under ``prefix`` ("": all), in log order, from
+        ``start_revision`` (0: from now): iterate the ``Watcher`` for ``WatchEvent``s. A lost
+        stream is resumed on the next endpoint from the last revision + 1, nothing missed or
+        repeated; ``Compacted`` when that revision is gone from the member's history."""
+        if self._closed:
+            raise RuntimeError("the FencingClient is closed")
+        return Watcher(self, prefix, start_revision)
 
     def lease(
         self,

@@ -25,6 +25,7 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     validation       one check per field name, and which fields each RPC's request carries
     outcomes         what applying answers: ``Applied`` / ``Rejected`` with a ``Reason``, and
                      their wire form
+    changes          what an applied entry changed, as Watch reports it (``Change``)
     state            the state as data: resources, leases, usage per principal, dedup entries
     dedup            the dedup table of op_ids, accounted and evicted per principal (I5)
     expiry           ``ExpiryIndex``: which leases a TICK expires, found without a scan

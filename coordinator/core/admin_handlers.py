@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from coordinator.core import limits
+from coordinator.core.changes import ChangeKind
 from coordinator.core.commands import Op
 from coordinator.core.machine_base import MachineBase
 from coordinator.core.outcomes import Applied, Outcome, Reason, Rejected
@@ -38,6 +39,10 @@ class AdminHandlers(MachineBase):
         self._usage.remove(resource, res)
         self._epoch += 1
         res.high_water_mark = self._epoch  # the old holder's token is now stale (I7)
+        if res.lease is None:
+            self._note(ChangeKind.FORCE_RELEASED, resource)
+        else:
+            self._note_lease_end(ChangeKind.FORCE_RELEASED, resource, res.lease)
         res.lease = None
         res.fenced = True  # issued to nobody (I3), unless the next waiter is granted it below
         self._advance(resource, res, now)  # the next waiter gets it, above the fence
@@ -62,8 +67,10 @@ class AdminHandlers(MachineBase):
         self._epoch = new_epoch
         if fence_all:
             self._resources.preserve_all()  # a snapshot being read keeps them as they were
-            for res in self._resources.values():
+            for name, res in self._resources.items():
                 res.high_water_mark = new_epoch  # every token issued before is stale (I11)
+                if res.lease is not None:
+                    self._note_lease_end(ChangeKind.FORCE_RELEASED, name, res.lease)
                 res.lease = None
                 res.fenced = True  # issued to nobody (I3)
             # Queued waiters go too: fencing everything is a stop for every holder, and a
@@ -119,6 +126,7 @@ class AdminHandlers(MachineBase):
         parts.dedup, parts.staged = collections.OrderedDict(), None
         parts.cluster_level = self._cluster_level  # the members' builds did not change
         self._install(parts)
+        self._note(ChangeKind.RESET, "")
         return Applied(op=op, result={"epoch": new_epoch, "resources": len(parts.resources)})
 
     def _install(self, parts: Parts) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from coordinator.core.changes import ChangeKind
 from coordinator.core.commands import Op
 from coordinator.core.lock_queue import lock_state
 from coordinator.core.machine_base import MachineBase
@@ -65,7 +66,10 @@ class LeaseHandlers(MachineBase):
         if refusal is not None:
             return refusal
         for name in idle:
-            self._usage.remove(name, self._resources.pop(name))
+            forgotten = self._resources.pop(name)
+            if forgotten.lease is not None:  # expired by the log clock, not yet by a TICK
+                self._note_lease_end(ChangeKind.EXPIRED, name, forgotten.lease)
+            self._usage.remove(name, forgotten)
         if res is None:
             res = self._resources[resource] = ResourceState()
         else:
@@ -133,6 +137,7 @@ class LeaseHandlers(MachineBase):
             # lease is ended here rather than left to block the queue for its ttl.
             self._usage.remove(resource, res)
             released = res.lease.expires_at_ms > now
+            self._note_lease_end(ChangeKind.RELEASED if released else ChangeKind.EXPIRED, resource, res.lease)
             res.lease = None
         else:
             return Applied(op=Op.DEQUEUE, result={"cancelled": False, "released": False})
@@ -167,6 +172,7 @@ class LeaseHandlers(MachineBase):
         released = False
         if lease is not None and lease.token == token:
             released = lease.expires_at_ms > now  # an expired lease had already ended
+            self._note_lease_end(ChangeKind.RELEASED if released else ChangeKind.EXPIRED, resource, lease)
             res.lease = None
         self._advance(resource, res, now)  # the next waiter gets it in this entry
         self._settle(resource, res)  # no data: forgotten; the epoch fences its tokens
@@ -187,6 +193,7 @@ class LeaseHandlers(MachineBase):
             if res is None or res.lease is None or res.lease.expires_at_ms > now:
                 continue  # granted anew to a waiter above
             self._usage.remove(name, res)
+            self._note_lease_end(ChangeKind.EXPIRED, name, res.lease)
             res.lease = None
             self._advance(name, res, now)  # the head waiter, in this TICK
             self._settle(name, res)  # an expired lease on no data: forgotten

@@ -13,7 +13,10 @@ input, or change state in a check: every ``*_refusal`` only reads.
 
 from __future__ import annotations
 
+from typing import Any
+
 from coordinator.core import limits
+from coordinator.core.changes import Change, ChangeKind
 from coordinator.core.commands import Op
 from coordinator.core.dedup import DedupTable
 from coordinator.core.expiry import ExpiryIndex
@@ -47,6 +50,14 @@ class MachineBase:
     _usage: Usage
     _keys_total: int
     _stored_bytes_total: int
+    # What the entry being applied changed so far (changes.py): emptied before each entry.
+    _changes: list[Change]
+
+    def _note(self, kind: ChangeKind, resource: str, **fields: Any) -> None:
+        self._changes.append(Change(kind, resource, **fields))
+
+    def _note_lease_end(self, kind: ChangeKind, resource: str, lease: Lease) -> None:
+        self._changes.append(Change(kind, resource, lease.holder, lease.token, lease.expires_at_ms))
 
     # -- fencing and forgetting ---------------------------------------------------------------
 
@@ -112,6 +123,8 @@ class MachineBase:
                waiter_id: bytes = b"") -> None:
         """Grant ``name``'s lease with a new token (the caller checked the epoch and removed
         ``res`` from the usage; it adds it back)."""
+        if res.lease is not None:  # only a lease expired by ``now`` is ever replaced
+            self._note_lease_end(ChangeKind.EXPIRED, name, res.lease)
         res.owner = shared(principal)
         self._epoch += 1
         res.high_water_mark = self._epoch  # fence on acquire (I2)
@@ -120,6 +133,8 @@ class MachineBase:
             holder=shared(holder), token=self._epoch, ttl_ms=ttl_ms, expires_at_ms=now + ttl_ms, waiter_id=waiter_id
         )
         self._expiry.add(res.lease.expires_at_ms, name)
+        self._note(ChangeKind.ACQUIRED, name, holder=res.lease.holder, token=res.lease.token,
+                   expires_at_ms=res.lease.expires_at_ms)
 
     def _advance(self, name: str, res: ResourceState, now: int) -> None:
         """While ``name``'s lease is free (none, or expired by ``now``), grant it to the head

@@ -51,6 +51,9 @@ class ErrorReason(enum.StrEnum):
     # Rolling upgrades: the request needs an entry level above the cluster's (some member still
     # runs an older build); nothing was proposed. Metadata: needed_level, cluster_level.
     CLUSTER_LEVEL_TOO_LOW = "CLUSTER_LEVEL_TOO_LOW"
+    # Watch: the start revision is older than the member's watch history (or a snapshot
+    # loaded there made a gap). Metadata: current_revision, oldest_revision.
+    COMPACTED = "COMPACTED"
     # Never sent by this server; the client has read them as NO_LEADER since its first
     # version, so a peer that sends them keeps being retried the same way.
     NOT_LEADER = "NOT_LEADER"
@@ -70,6 +73,8 @@ class ErrorMeta(enum.StrEnum):
     EPOCH = "epoch"  # the current epoch
     OP = "op"  # the op an op_id was first used for
     RESOURCE = "resource"  # the resource an op_id was first used for
+    CURRENT_REVISION = "current_revision"  # Watch: the member's last applied index
+    OLDEST_REVISION = "oldest_revision"  # Watch: the oldest revision its history holds
     LIMIT = "limit"  # which limit was reached
     MAX = "max"  # that limit's (or quota's) value
     QUOTA = "quota"  # which quota of the principal was reached (resources, leases, ...)

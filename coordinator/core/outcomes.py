@@ -12,6 +12,7 @@ import dataclasses
 import enum
 from typing import Any
 
+from coordinator.core.changes import Change
 from coordinator.core.commands import Op
 from coordinator.core.validation import is_int
 
@@ -42,6 +43,9 @@ class Applied:
     # applied (0 otherwise). Replies must report that index, not the retry's own entry,
     # or a history would order the effect after writes it preceded.
     first_applied_index: int = dataclasses.field(default=0, compare=False)
+    # What the entry changed, for Watch (changes.py); never on the wire, so a retry answered
+    # from the dedup table (which changed nothing) carries none.
+    changes: tuple[Change, ...] = dataclasses.field(default=(), compare=False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -141,6 +141,7 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
         self._stored_bytes_total = 0
         self._staging = RestoreStaging()
         self._cluster_level = 1  # raised by SET_CLUSTER_LEVEL only (commands.py "Entry levels")
+        self._changes = []  # what the entry being applied changed (changes.py)
         self._handlers: dict[Op, Callable[[int, dict[str, Any]], Outcome]] = {
             Op.ACQUIRE: self._acquire,
             Op.KEEP_ALIVE: self._keep_alive,
@@ -338,6 +339,7 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
                 )
 
         now = max(self._log_clock_ms, cmd.stamp_ms)
+        self._changes.clear()
         try:
             # A handler either refuses without touching state or applies and returns Applied.
             outcome = self._handlers[op](now, args)
@@ -357,6 +359,8 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
                 if dedup_item is not None:
                     quota = args.get("quota")
                     self._dedup.add(*dedup_item, None if quota is None else quota.get("dedup_entries"))
+                if self._changes:
+                    outcome = dataclasses.replace(outcome, changes=tuple(self._changes))
         # DESIGN §8: a handler that raised is a bug, never a refusal. It may have changed state
         # before it failed, and a build without the bug (or with another one) would not fail
         # here: serving on would answer from a state no other replica may hold. The Raft layer

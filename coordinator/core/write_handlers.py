@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from coordinator.core import limits
+from coordinator.core.changes import ChangeKind
 from coordinator.core.commands import Op
 from coordinator.core.machine_base import MachineBase
 from coordinator.core.outcomes import Applied, Outcome, Reason, Rejected
@@ -87,6 +88,7 @@ class WriteHandlers(MachineBase):
         self._keys_total += current is None
         self._stored_bytes_total += grows_by
         self._usage.add(resource, res)
+        self._note(ChangeKind.WRITTEN, resource, key=key, value=value, version=res.revision, token=args["token"])
         return Applied(op=Op.WRITE, result={"version": res.revision, "hwm": res.high_water_mark})
 
     def _delete(self, now: int, args: dict[str, Any]) -> Outcome:
@@ -114,6 +116,7 @@ class WriteHandlers(MachineBase):
         res.stored_bytes -= freed
         self._keys_total -= 1
         self._stored_bytes_total -= freed
+        self._note(ChangeKind.DELETED, resource, key=key, version=res.revision, token=args["token"])
         self._settle(resource, res)  # the last key of a released resource: forgotten
         return Applied(op=Op.DELETE, result={"version": res.revision, "deleted": True})
 

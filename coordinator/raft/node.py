@@ -409,6 +409,13 @@ class RaftNode:
         with self._replica.applied:
             return self._replica.applied.wait_for(lambda: fn(self.state_machine), max(0.0, timeout_s))
 
+    def watch_applied(self, on_applied: Callable[[int, Any], None], on_loaded: Callable[[int], None]) -> int:
+        """Have ``on_applied(index, outcome)`` called after every entry applied here (in log
+        order, under the apply lock; ``outcome`` is a list for a shared entry) and
+        ``on_loaded(index)`` after a snapshot replaced the state: Watch's feed. Both must be
+        quick and never block. Returns the last index applied before the first call."""
+        return self._replica.watch_applied(on_applied, on_loaded)
+
     def wake_waiters(self) -> None:
         """Make every ``wait_applied`` check its ``fn`` again now, with no entry applied: for
         a waiter whose ``fn`` also reads something outside the state (its RPC was cancelled)."""

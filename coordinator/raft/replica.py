@@ -126,7 +126,19 @@ class Replica(SyncObjConsumer):
         # written), and where a loaded snapshot's configuration goes.
         self.config_at: Callable[[int], Any] = lambda index: None
         self.on_snapshot_config: Callable[[int, int, Any], None] = lambda index, term, config: None
+        # Set by ``watch_applied`` (Watch's hub, coordinator/server/watch_hub.py): called under
+        # ``lock`` after each applied entry with (index, its outcome or outcomes), and after a
+        # snapshot loaded with its last index; each must be quick and must never block.
+        self.on_applied: Callable[[int, Any], None] | None = None
+        self.on_loaded: Callable[[int], None] | None = None
         super().__init__()
+
+    def watch_applied(self, on_applied: Callable[[int, Any], None], on_loaded: Callable[[int], None]) -> int:
+        """Call ``on_applied`` / ``on_loaded`` from now on (replacing any before); returns the
+        last index applied before the first call, read under the same lock."""
+        with self.lock:
+            self.on_applied, self.on_loaded = on_applied, on_loaded
+            return self.last_applied_index
 
     # Called by HardenedSyncObj for each committed typed entry (wire.py "log entries"):
     # no @replicated method, so pysyncobj never pickles a call (syncobj.py:1599).
@@ -143,6 +155,8 @@ class Replica(SyncObjConsumer):
                 else:
                     outcome = [self._sm.apply(command, index) for command in shared]
                 self.last_applied_index = index
+                if self.on_applied is not None:
+                    self.on_applied(index, outcome)
                 self.applied.notify_all()
             return index, outcome
         except BaseException as exc:  # any type escaping apply is a bug: fatal, re-raised
@@ -221,6 +235,8 @@ class Replica(SyncObjConsumer):
                 last, prev, state, config = snapshot_file.decode(body)
                 self._sm.restore(state)
                 self.last_applied_index = last[1]
+                if self.on_loaded is not None:
+                    self.on_loaded(last[1])
                 self.applied.notify_all()
             freeze_long_lived(collect_young=False)
             self.on_snapshot_config(last[1], last[2], config)

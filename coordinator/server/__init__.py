@@ -22,6 +22,9 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     batches           the *Many RPCs' fan-out (each item as the call alone) and their limits
     proposer          every proposal: stamp, in-flight bound, deadline, fate to ServiceError
     stream_slots      open KeepAliveStreams per principal, against its ``streams_max`` quota
+    watch_hub         Watch's feed: each applied entry's changes in a bounded history, and
+                      the watchers reading it, capped per caller
+    watch_service     the Watch servicer: a prefix's changes streamed from the hub, resumable
     errors            every failure the API reports, and the one table to gRPC statuses
     backups           snapshots handed out and restores proposed in chunks
     members           the members as the API shows them; membership changes' checks

@@ -49,6 +49,8 @@ from coordinator.server.request_core import Core, error_trailers
 from coordinator.server.service import ClusterServicer, FencedStoreServicer, LeaseServicer
 from coordinator.server.stream_admission import StreamAdmission
 from coordinator.server.streams import SlotGate, StreamGate, waiter_gate
+from coordinator.server.watch_hub import WatchHub
+from coordinator.server.watch_service import WatchServicer
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,7 @@ class Services:
     proposer: Proposer
     core: Core
     lease: LeaseServicer
+    watch: WatchHub
 
 
 def add_services(
@@ -109,6 +112,9 @@ def add_services(
     pb_grpc.add_LeaseServicer_to_server(lease, server)
     pb_grpc.add_FencedStoreServicer_to_server(FencedStoreServicer(core), server)
     pb_grpc.add_ClusterServicer_to_server(ClusterServicer(core), server)
+    hub = WatchHub(per_caller_max=config.watchers_per_principal_max)
+    hub.attach(node)
+    pb_grpc.add_WatchServicer_to_server(WatchServicer(core, hub, idle_timeout_s=config.stream_idle_timeout_s), server)
     if not principals:
         log.warning("no principals_file: every client may use every resource (fine for dev only)")
         if not admin_token:
@@ -117,7 +123,7 @@ def add_services(
         AdminServicer(core, admin_token=admin_token, audit=audit_logger(config),
                       refused_lines=RefusedLines(window_s=config.refused_log_window_s)), server
     )
-    return Services(proposer, core, lease)
+    return Services(proposer, core, lease, hub)
 
 
 def raft_config(config: ServerConfig) -> RaftConfig:

@@ -31,6 +31,7 @@ _POSITIVE = (
     "streams_max",
     "streams_per_principal_max",
     "stream_idle_timeout_s",
+    "watchers_per_principal_max",
     "acquire_waiters_max",
     "acquire_waiters_per_principal_max",
     "health_check_interval_s",

@@ -33,6 +33,7 @@ Layers (the etcd way: transport-free sentinels, then one table)::
 | Failure.MEMBER_CHANGE_REFUSED | FAILED_PRECONDITION | MEMBER_CHANGE_REFUSED | detail |
 | Failure.UNKNOWN_MEMBER | NOT_FOUND | UNKNOWN_MEMBER | detail |
 | Failure.CLUSTER_LEVEL_TOO_LOW | FAILED_PRECONDITION | CLUSTER_LEVEL_TOO_LOW | needed_level, cluster_level |
+| Failure.COMPACTED | OUT_OF_RANGE | COMPACTED | current_revision, oldest_revision |
 
 The reason strings, the metadata keys, the domain and the trailer names are declared once,
 in ``coordinator/core/names.py``; the client reads them from there too.
@@ -71,6 +72,7 @@ class Failure(enum.Enum):
     MEMBER_CHANGE_REFUSED = "member_change_refused"  # a membership change's precondition failed
     UNKNOWN_MEMBER = "unknown_member"  # a membership change named no member of the configuration
     CLUSTER_LEVEL_TOO_LOW = "cluster_level_too_low"  # the request needs a later build on every member
+    COMPACTED = "compacted"  # Watch: the start revision is older than the member's history
 
 
 _C = grpc.StatusCode
@@ -100,6 +102,7 @@ STATUS_TABLE: dict[Reason | Failure, tuple[grpc.StatusCode, ErrorReason]] = {
     Failure.MEMBER_CHANGE_REFUSED: (_C.FAILED_PRECONDITION, _R.MEMBER_CHANGE_REFUSED),
     Failure.UNKNOWN_MEMBER: (_C.NOT_FOUND, _R.UNKNOWN_MEMBER),
     Failure.CLUSTER_LEVEL_TOO_LOW: (_C.FAILED_PRECONDITION, _R.CLUSTER_LEVEL_TOO_LOW),
+    Failure.COMPACTED: (_C.OUT_OF_RANGE, _R.COMPACTED),
 }
 assert all(key in STATUS_TABLE for key in (*Reason, *Failure)), "every failure needs a status"
 

@@ -201,7 +201,7 @@ class ServerConfig:
         # health, Admin and unary calls (one stream keeps any number of leases alive).
         default=16,
         metadata=_doc(
-            "streaming RPCs open at once on this member, of every service (KeepAliveStream,"
+            "streaming RPCs open at once on this member, of every service (KeepAliveStream, Watch,"
             " Admin's SnapshotStream and RestoreStream, Health.Watch, reflection); with"
             " acquire_waiters_max and BACKUP_TRANSFERS_MAX below grpc_threads, so they never hold"
             " every thread; beyond it RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (limit streams_max)"
@@ -224,6 +224,16 @@ class ServerConfig:
             "seconds a streaming RPC may stay idle -- no request from its client, or for a"
             " server-streaming one (Health.Watch) nothing to send -- before the server closes it"
             " with RESOURCE_EXHAUSTED/LIMIT_EXCEEDED (limit stream_idle_timeout_s)"
+        ),
+    )
+    watchers_per_principal_max: int = dataclasses.field(
+        # An Election observer and a `fencingctl watch` per client host, with streams to spare
+        # for keep-alives under streams_per_principal_max.
+        default=2,
+        metadata=_doc(
+            "Watch streams one principal (without a valid credential: one client host) may have open"
+            " on this member, each also counted as a stream; beyond it RESOURCE_EXHAUSTED/LIMIT_EXCEEDED"
+            " (limit watchers_per_principal_max)"
         ),
     )
     # -- waiting Acquires (issue 14: like streams, each holds a worker thread while it waits) --

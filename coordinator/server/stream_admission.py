@@ -1,5 +1,5 @@
 """Admission of every streaming RPC a member serves, whoever's service it belongs to: ours
-(Lease.KeepAliveStream, Admin.SnapshotStream, Admin.RestoreStream), the health service's
+(Lease.KeepAliveStream, Admin.SnapshotStream, Admin.RestoreStream, Watch.Watch), the health service's
 Watch and server reflection's ServerReflectionInfo (issue 26: 64 idle reflection streams with
 no credential held every worker thread, because the stream caps counted KeepAliveStream only).
 

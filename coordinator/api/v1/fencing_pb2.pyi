@@ -1,4 +1,5 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -536,3 +537,63 @@ class CancelLockResponse(_message.Message):
     cancelled: bool
     released: bool
     def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., cancelled: _Optional[bool] = ..., released: _Optional[bool] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("prefix", "start_revision")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    START_REVISION_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    start_revision: int
+    def __init__(self, prefix: _Optional[str] = ..., start_revision: _Optional[int] = ...) -> None: ...
+
+class WatchEvent(_message.Message):
+    __slots__ = ("type", "revision", "resource", "holder", "token", "expires_at_ms", "key", "value", "version")
+    class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        TYPE_UNSPECIFIED: _ClassVar[WatchEvent.Type]
+        ACQUIRED: _ClassVar[WatchEvent.Type]
+        RELEASED: _ClassVar[WatchEvent.Type]
+        EXPIRED: _ClassVar[WatchEvent.Type]
+        FORCE_RELEASED: _ClassVar[WatchEvent.Type]
+        WRITTEN: _ClassVar[WatchEvent.Type]
+        DELETED: _ClassVar[WatchEvent.Type]
+        RESET: _ClassVar[WatchEvent.Type]
+    TYPE_UNSPECIFIED: WatchEvent.Type
+    ACQUIRED: WatchEvent.Type
+    RELEASED: WatchEvent.Type
+    EXPIRED: WatchEvent.Type
+    FORCE_RELEASED: WatchEvent.Type
+    WRITTEN: WatchEvent.Type
+    DELETED: WatchEvent.Type
+    RESET: WatchEvent.Type
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    type: WatchEvent.Type
+    revision: int
+    resource: str
+    holder: str
+    token: int
+    expires_at_ms: int
+    key: str
+    value: bytes
+    version: int
+    def __init__(self, type: _Optional[_Union[WatchEvent.Type, str]] = ..., revision: _Optional[int] = ..., resource: _Optional[str] = ..., holder: _Optional[str] = ..., token: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., key: _Optional[str] = ..., value: _Optional[bytes] = ..., version: _Optional[int] = ...) -> None: ...
+
+class WatchResponse(_message.Message):
+    __slots__ = ("header", "revision", "events", "created")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    revision: int
+    events: _containers.RepeatedCompositeFieldContainer[WatchEvent]
+    created: bool
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., revision: _Optional[int] = ..., events: _Optional[_Iterable[_Union[WatchEvent, _Mapping]]] = ..., created: _Optional[bool] = ...) -> None: ...

@@ -1289,3 +1289,95 @@ class Admin:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class WatchStub:
+    """---------------------------------------------------------------- Watch
+
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Watch = channel.unary_stream(
+                '/fencing.v1.Watch/Watch',
+                request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.WatchRequest.SerializeToString,
+                response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.WatchResponse.FromString,
+                _registered_method=True)
+
+
+class WatchServicer:
+    """---------------------------------------------------------------- Watch
+
+    """
+
+    def Watch(self, request, context):
+        """Streams every change to the resources whose names start with `prefix`, in log order:
+        leases acquired, released, expired, force-released; keys written and deleted. Each event's
+        revision is the Raft log index of the entry that made it (the same on every member); the
+        events of one entry come in one response, never split. The first response has `created`
+        and the current revision; a response with no events is progress: nothing matched up to
+        `revision`. To resume after a disconnect, watch again from the last `revision` seen + 1:
+        no event is missed or repeated. A start older than the member's history (8 MiB of events,
+        WATCH_HISTORY_BYTES_MAX), or across a snapshot the member installed, is OUT_OF_RANGE /
+        COMPACTED with metadata current_revision and oldest_revision: read the state again and
+        watch from current_revision + 1. A watcher that falls behind the history is ended with
+        RESOURCE_EXHAUSTED / LIMIT_EXCEEDED (limit WATCH_HISTORY_BYTES_MAX). A caller may watch
+        only prefixes inside its principal's prefixes (an admin: any, "" for all); it may have at
+        most watchers_per_principal_max (default 2) watchers open per member, and each counts
+        against the member's stream caps (streams_max, streams_per_principal_max).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_WatchServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.WatchRequest.FromString,
+                    response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.WatchResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'fencing.v1.Watch', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('fencing.v1.Watch', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Watch:
+    """---------------------------------------------------------------- Watch
+
+    """
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/fencing.v1.Watch/Watch',
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.WatchRequest.SerializeToString,
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.WatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
