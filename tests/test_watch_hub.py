@@ -80,6 +80,9 @@ def test_a_slow_cursor_is_ended_with_a_reason_once_the_history_drops_what_it_has
     assert caught.value.reason is ErrorReason.LIMIT_EXCEEDED
     assert caught.value.metadata["limit"] == "WATCH_HISTORY_BYTES_MAX"
     assert "too slow" in caught.value.message
+    with pytest.raises(ServiceError):
+        hub.next(cursor, 0)  # read again: still ended, and still one watcher left behind
+    assert hub.left_behind == 1
 
 
 def test_the_history_stays_within_its_bound_whatever_the_cursors_do():
@@ -101,6 +104,7 @@ def test_a_snapshot_loaded_ends_every_cursor_compacted():
         hub.next(cursor, 0)
     assert caught.value.reason is ErrorReason.COMPACTED
     assert caught.value.metadata[ErrorMeta.CURRENT_REVISION] == "50"
+    assert hub.left_behind == 1
     with pytest.raises(ServiceError):
         hub.open("jobs/", 1, "host b")
     assert hub.open("jobs/", 51, "host b")[0].next_revision == 51
@@ -157,3 +161,4 @@ def test_a_cursor_left_behind_while_nobody_reads_it_is_cancelled_off_the_apply_p
         hub.next(reading, 0)
     assert cancelled.wait(10)
     assert stuck.cancelled and not reading.cancelled and wrongly == []
+    assert hub.left_behind == 1  # the stuck one (fencing_watchers_left_behind_total)

@@ -321,6 +321,7 @@ class FencingServer:
         )
         self.proposer = services.proposer
         self.lease = services.lease
+        self.watch = services.watch  # its counts go to /metrics (member_status)
         # Blocking: a Watch then waits on its own worker thread, under the stream caps, and
         # set() only hands the status to it; the non-blocking default sends from the thread
         # that calls set() (the health updater), which a Watch client that does not read stalls.
@@ -378,6 +379,7 @@ class FencingServer:
             lambda sm: (sm.epoch, sm.leases_count, sm.lock_waiters_count, sm.resources_count))
         status["leases_expired"] = self.ticker.leases_expired
         status["api_connections_closed_over_peer_cap"] = self.peer_cap.closed_total
+        status["watchers"], status["watchers_left_behind"] = self.watch.open_count(), self.watch.left_behind
         if self.metrics is not None:
             status.update(self.metrics.http_counts())
         return status

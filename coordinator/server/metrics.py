@@ -309,6 +309,7 @@ class _MemberCollector:
          "resources, as applied on this member"),
         ("resources", "fencing_resources", "Resources the state holds (a lease, data, waiters or a "
          "fence), as applied on this member (at most RESOURCES_MAX, core/limits.py)"),
+        ("watchers", "fencing_watchers", "Watch streams open on this member (each also holds a stream slot)"),
         ("snapshot_seconds", "fencing_raft_snapshot_seconds",
          "Wall time of this member's last snapshot, state read to file fsynced and renamed "
          "(on the snapshot writer thread, beside the Raft thread)"),
@@ -372,6 +373,10 @@ class _MemberCollector:
          "Connections to this metrics endpoint closed on arrival: metrics_connections_max were open"),
         ("metrics_connections_timed_out", "fencing_metrics_connections_timed_out",
          "Connections to this metrics endpoint closed at metrics_request_timeout_s before a reply"),
+        ("watchers_left_behind", "fencing_watchers_left_behind",
+         "Watch streams this member ended because its history moved past them: a watcher too slow "
+         "for WATCH_HISTORY_BYTES_MAX, or a snapshot installed here (the client resumes elsewhere or "
+         "reads the state again)"),
         ("snapshot_failures", "fencing_raft_snapshot_failures",
          "Snapshot writes that failed (the previous snapshot stays; the journal is not compacted; "
          "tried again later). Above 0: look at the disk"),

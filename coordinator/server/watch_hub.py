@@ -76,6 +76,7 @@ class Cursor:
     # whose client stopped reading is blocked in gRPC's send and never reads the cursor again.
     cancel: Callable[[], None] | None = None
     cancelled: bool = False
+    left_behind: bool = False  # counted once in WatchHub.left_behind, whichever path ended it
 
 
 class WatchHub:
@@ -98,6 +99,9 @@ class WatchHub:
         self._cursors: set[Cursor] = set()
         self._trimmed = threading.Event()  # the ring dropped entries: look for cursors left behind
         self._reaper: threading.Thread | None = None
+        # Watchers ended because the history moved past them (too slow, or a snapshot loaded
+        # here): fencing_watchers_left_behind_total. Counted under _cond.
+        self.left_behind = 0
 
     # -- the apply path (the Raft thread, under the apply lock): quick, never blocks -------------
 
@@ -226,11 +230,19 @@ class WatchHub:
                           and (c.next_revision < self._oldest or c.generation != self._generation)]
                 for cursor in behind:
                     cursor.cancelled = True
+                    self._count_left_behind(cursor)
             for cursor in behind:
                 assert cursor.cancel is not None
                 cursor.cancel()
 
+    def _count_left_behind(self, cursor: Cursor) -> None:
+        if not cursor.left_behind:
+            cursor.left_behind = True
+            self.left_behind += 1
+
     def _check_alive(self, cursor: Cursor) -> None:
+        if cursor.generation != self._generation or cursor.next_revision < self._oldest:
+            self._count_left_behind(cursor)
         if cursor.generation != self._generation:
             raise compacted(cursor.next_revision, self._oldest, self._current,
                             "this member installed a snapshot; the events before it are not known here")
