@@ -17,6 +17,7 @@ BENCHMARKS = {
     "probes": ("bench.exhaustion_probes", "issue 26's seven exhaustion and impersonation probes, then and now"),
     "session": ("bench.session_bench", "1,000 leases in one client.session(): threads, CPU, renewal lag"),
     "watch": ("bench.watch_memory", "what slow watchers cost a member: RSS, and what they are told"),
+    "list": ("bench.list_bench", "what one List page costs a member, by the number of resources"),
 }
 
 

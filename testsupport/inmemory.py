@@ -139,15 +139,17 @@ class InMemoryCluster:
     """``nodes`` members on one shared log, serving on 127.0.0.1 ports of their own. Use it
     as a context manager. Member 0 leads at first; set ``leader`` (an index, or None) to
     change what the members report. ``admin_token``: Admin RPCs then need it as a bearer
-    token (empty: Admin is open, as on a dev cluster)."""
+    token (empty: Admin is open, as on a dev cluster). ``principals_file``: a principals file
+    (coordinator/server/auth.py) every member authenticates against (empty: none)."""
 
-    def __init__(self, nodes: int = 3, *, admin_token: str = "") -> None:
+    def __init__(self, nodes: int = 3, *, admin_token: str = "", principals_file: str = "") -> None:
         self.log = SharedLog()
         self.faults = Faults()
         self.closing = threading.Event()  # releases stalled handlers at close
         self.calls: list[Call] = []
         self._calls_lock = threading.Lock()
-        config = ServerConfig(admin_token=admin_token)  # the production defaults otherwise
+        # The production defaults otherwise.
+        config = ServerConfig(admin_token=admin_token, principals_file=principals_file)
         self.members = [Member(self, i, config) for i in range(nodes)]
         api_addresses = {m.member_id: m.address for m in self.members}
         for member in self.members:

@@ -42,6 +42,7 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     ctl_run      each command's client call and its output, as a table or JSON
     ctl_endpoint  ``fencingctl endpoint status|health``: each endpoint asked on its own
     ctl_watch    ``fencingctl watch`` and ``fencingctl elect``: Watch and elections
+    ctl_list     ``fencingctl ls PREFIX``: the resources under a prefix, page by page
     lockcmd      ``fencingctl lock``: run a command while holding a lease
     lock_child   the command ``fencingctl lock`` runs: started, signalled, reaped
     durations    durations as typed on a command line (``10s``, ``500ms``)

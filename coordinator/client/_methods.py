@@ -10,7 +10,7 @@ Must never: send anything itself, wait, or choose an endpoint (``_execute`` and
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client import results
@@ -36,6 +36,8 @@ from coordinator.client.results import (
     ForceReleaseResult,
     KeepAliveItem,
     KeepAliveResult,
+    ListedResource,
+    ListPage,
     MemberList,
     ReadResult,
     ReleaseResult,
@@ -227,6 +229,30 @@ class ClientMethods:
             lambda r: results.description(r, resource=resource), timeout_s=timeout_s,
         ))
 
+    # ---- List (issue 29 point 4)
+    def list(
+        self, prefix: str = "", *, limit: int | None = None, page_token: str = "", timeout_s: float | None = None,
+    ) -> ListPage:
+        """One page of the resources whose names start with ``prefix`` (those this caller's
+        principal may use), sorted by name, each with holder, token, remaining TTL and lock
+        waiters; linearizable like ``describe``. ``limit``: 1 to LIST_LIMIT_MAX (None: the
+        server's LIST_LIMIT_DEFAULT). Pass the page's ``next_page_token`` (with the same
+        prefix) for the next page; ``list_all`` pages through everything."""
+        ctx = {"rpc": "list", "prefix": prefix, "limit": limit, "page_token": page_token}
+        check_field(_check_list_request, {"prefix": prefix, "limit": limit, "page_token": page_token or None}, ctx)
+        req = pb.ListRequest(prefix=prefix, limit=limit, page_token=page_token)
+        return self._execute(Call("lease", "List", req, Kind.READ, ctx, results.list_page, timeout_s=timeout_s))
+
+    def list_all(
+        self, prefix: str = "", *, page_size: int | None = None, timeout_s: float | None = None,
+    ) -> Iterator[ListedResource]:
+        """Every resource under ``prefix`` this caller may use, by name: ``list`` page after page
+        (``page_size`` per call; each page a linearizable read of its own, so a resource created
+        or removed meanwhile may be missed or still shown); ``timeout_s`` bounds each page's call.
+        The asyncio client's is an async iterator (``async for``)."""
+        return walk_pages(lambda token: self.list(prefix, limit=page_size, page_token=token, timeout_s=timeout_s))
+    # ---- end List
+
     # -- FencedStore ---------------------------------------------------------------------
 
     def write(
@@ -405,3 +431,26 @@ class ClientMethods:
             "admin", "RestoreStream", lambda: restore_messages(backup, epoch_floor), Kind.ONCE, ctx,
             results.epoch_result, timeout_s=timeout_s, extra_attempt_s=timeout_s, shape=Shape.STREAM_IN,
         ))
+
+
+def _check_list_request(fields: dict[str, Any]) -> dict[str, Any]:
+    """List's fields, as the server checks them: the table's row, and a page token that
+    continues a listing of this very prefix."""
+    checked = validation.check_request("List", fields)
+    if checked["page_token"] is not None and checked["page_token"][0] != (checked["prefix"] or ""):
+        raise validation.InvalidField(
+            "page_token", f"continues a listing of prefix {checked['page_token'][0]!r}, not {fields['prefix']!r}"
+        )
+    return checked
+
+
+def walk_pages(fetch: Callable[[str], ListPage]) -> Iterator[ListedResource]:
+    """Every resource of the pages ``fetch(page_token)`` returns, from the first ("") until a
+    page has no next_page_token: the sync client's ``list_all``."""
+    token = ""
+    while True:
+        page = fetch(token)
+        yield from page.resources
+        token = page.next_page_token
+        if not token:
+            return

@@ -22,7 +22,7 @@ import asyncio
 import inspect
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generator, TypeVar, cast
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Generator, TypeVar, cast
 
 import grpc
 import grpc.aio
@@ -36,7 +36,7 @@ from coordinator.client._lock_wait import LockWait
 from coordinator.client._requests import check_field
 from coordinator.client._session import session_ttl_ms
 from coordinator.client.exceptions import FencingError, LeaseLost, Refused
-from coordinator.client.results import AcquireResult, KeepAliveResult, ReleaseResult
+from coordinator.client.results import AcquireResult, KeepAliveResult, ListedResource, ReleaseResult
 from coordinator.core import validation
 
 if TYPE_CHECKING:
@@ -274,6 +274,22 @@ class AsyncFencingClient(_ClientBase):
             self, resource, ttl_ms=ttl_ms, holder=holder, wait_ms=wait_ms, on_lost=on_lost,
             auto_renew=auto_renew, timeout_s=timeout_s,
         )
+
+    # ---- List (issue 29 point 4)
+    async def list_all(  # type: ignore[override]  # the sync client's is a plain iterator
+        self, prefix: str = "", *, page_size: int | None = None, timeout_s: float | None = None,
+    ) -> AsyncIterator[ListedResource]:
+        """``async for item in client.list_all(prefix)``: ``FencingClient.list_all``, page
+        after page, each page awaited as it is needed."""
+        token = ""
+        while True:
+            page = await _awaited(self.list(prefix, limit=page_size, page_token=token, timeout_s=timeout_s))
+            for item in page.resources:
+                yield item
+            token = page.next_page_token
+            if not token:
+                return
+    # ---- end List
 
 
 _T = TypeVar("_T")

@@ -13,7 +13,7 @@ import argparse
 import sys
 from typing import Any, NoReturn
 
-from coordinator.client import ctl_watch, lockcmd
+from coordinator.client import ctl_list, ctl_watch, lockcmd
 from coordinator.client.ctl_request import UsageError
 from coordinator.client.sync import DEFAULT_ENDPOINTS
 
@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
             "without a quorum each member's own view, exit 4", json_form=False)
     _add_endpoint_commands(sub, command)
     _add_lease_commands(command)
+    ctl_list.add_parser(command)  # ---- List (issue 29 point 4)
     _add_key_commands(command)
     lockcmd.add_parser(sub, command)
     ctl_watch.add_parsers(sub, command)
@@ -120,7 +121,8 @@ def _add_key_commands(command) -> None:
     p.add_argument("--op-id", dest="op_id", metavar="HEX")
     p.add_argument("--expected-version", dest="expected_version", metavar="N")
 
-    p = command("read", "linearizable read of KEY under RESOURCE")
+    p = command("read", "linearizable read of KEY under RESOURCE; a missing key prints '(not found)' and exits 0 "
+                "(found: false in JSON), as etcdctl get does")
     p.add_argument("resource", nargs="?")
     p.add_argument("key", nargs="?")
 

@@ -275,11 +275,32 @@ def request_for(args: argparse.Namespace, name: str, lock_cmd: list[str]) -> dic
             return lockcmd.parse(args, lock_cmd)
         except lockcmd.LockUsage as error:
             raise UsageError(str(error), exit_code=lockcmd.LockExit.FAILED) from None
+    if name == "ls":  # ---- List (issue 29 point 4)
+        return _ls_request(args)
     if name in ("status", "snapshot", "watch", "elect") or name.startswith(("member-", "endpoint-")):
         return {}
     if name == "restore":
         return _restore_request(args)
     return _request_from_args(args, name)
+
+
+def _ls_request(args: argparse.Namespace) -> dict[str, Any]:
+    """ls's request: PREFIX, --limit (None: every page) and --page-token, checked as List's
+    fields are (a token must continue a listing of this very PREFIX, with --limit)."""
+    limit = None
+    if args.limit is not None:
+        limit = _int_field("--limit", args.limit, low=1, high=limits.LIST_LIMIT_MAX, from_json=False)
+    elif args.page_token:
+        raise BadField("--page-token continues a page: give --limit too")
+    try:
+        checked = validation.check_request(
+            "List", {"prefix": args.prefix, "limit": limit, "page_token": args.page_token or None}
+        )
+    except validation.InvalidField as error:
+        raise BadField(str(error)) from None
+    if checked["page_token"] is not None and checked["page_token"][0] != args.prefix:
+        raise BadField(f"--page-token continues a listing of {checked['page_token'][0]!r}, not {args.prefix!r}")
+    return {"prefix": args.prefix, "limit": limit, "page_token": args.page_token}
 
 
 def _restore_request(args: argparse.Namespace) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from typing import Any
 
-from coordinator.client import ctl_endpoint, ctl_watch, durations, proof
+from coordinator.client import ctl_endpoint, ctl_list, ctl_watch, durations, proof
 from coordinator.client import exceptions as exc
 from coordinator.client.ctl_request import UsageError
 from coordinator.client.sync import FencingClient
@@ -65,7 +65,9 @@ def run(client: FencingClient, args: argparse.Namespace, name: str, request: dic
     if name in ctl_watch.COMMANDS:
         ctl_watch.run(client, args, name)
         return None
-    if name.startswith("member-"):
+    if name == "ls":  # ---- List (issue 29 point 4)
+        ctl_list.run(client, request, out)
+    elif name.startswith("member-"):
         _run_member(client, args, name, out)
     elif name in _LEASE_COMMANDS:
         _run_lease(client, name, request, out)

@@ -20,6 +20,8 @@ Usage::
               (D: a duration, 10s, 500ms, 1.5m; a bare number is milliseconds)
     release   RESOURCE --token N [--op-id HEX]
     describe  RESOURCE
+    ls        [PREFIX] [--limit N [--page-token TOKEN]]
+              (resources by name: holder, token, remaining TTL, hwm, lock waiters)
     write     RESOURCE KEY VALUE --token N [--op-id HEX] [--expected-version N]
               (or --value-file PATH instead of VALUE; "-" is stdin)
     read      RESOURCE KEY

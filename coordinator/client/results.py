@@ -25,6 +25,8 @@ __all__ = [
     "Header",
     "KeepAliveItem",
     "KeepAliveResult",
+    "ListPage",
+    "ListedResource",
     "Member",
     "ReadResult",
     "ReleaseResult",
@@ -122,6 +124,47 @@ class Description(_Result):
     log_clock_ms: int
     header: Header
     waiters: int = 0  # lock waiters queued behind the holder
+
+
+# ---- List (issue 29 point 4)
+@dataclasses.dataclass(frozen=True)
+class ListedResource(_Result):
+    """One resource of a ``list`` page: its live lease (if ``held``) and lock waiters."""
+
+    resource: str
+    held: bool
+    holder: str  # "" when not held
+    token: int  # the live lease's token, 0 when not held
+    hwm: int
+    remaining_ms: int  # the live lease's remaining TTL on the log clock, 0 when not held
+    waiters: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ListPage(_Result):
+    """A page of ``list``: resources sorted by name; ``next_page_token`` continues the listing
+    (``""``: this was the last page)."""
+
+    resources: tuple[ListedResource, ...]
+    next_page_token: str
+    log_clock_ms: int
+    header: Header
+
+
+def list_page(r: pb.ListResponse) -> ListPage:
+    return ListPage(
+        resources=tuple(
+            ListedResource(
+                resource=i.resource, held=i.held, holder=i.holder, token=i.token, hwm=i.hwm,
+                remaining_ms=i.remaining_ms, waiters=i.waiters,
+            )
+            for i in r.resources
+        ),
+        next_page_token=r.next_page_token,
+        log_clock_ms=r.log_clock_ms,
+        header=header_from_pb(r.header),
+    )
+# ---- end List
 
 
 @dataclasses.dataclass(frozen=True)

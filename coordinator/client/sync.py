@@ -177,7 +177,7 @@ class FencingClient(_ClientBase):
       it now means ``multiplex=True``, with a DeprecationWarning).
 
     Every method also takes ``timeout_s=`` to override the whole-call deadline once.
-    Methods: acquire, keep_alive, keep_alive_many, release, describe, write, delete, read,
+    Methods: acquire, keep_alive, keep_alive_many, release, describe, list, list_all, write, delete, read,
     status, force_release, set_epoch_floor, snapshot, restore, and ``lease()``.
     """
 

@@ -18,6 +18,9 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     lease_handlers   ACQUIRE, KEEP_ALIVE, RELEASE, TICK (expiry) and the lock queue's
                      ENQUEUE, DEQUEUE
     write_handlers   the fenced WRITE and DELETE, READ_BARRIER, and the limits a write meets
+    listing          one page of resources by name under some prefixes (a listing
+                     READ_BARRIER, Lease.List), and the prefixes a caller's grants allow
+    name_index       ``SortedNames``: the resource names in order, for a page without a scan
     admin_handlers   FORCE_RELEASE, SET_EPOCH_FLOOR, the chunked restore and the state swap
     snapshot_pack    the canonical snapshot, whole or in bounded pieces
     commands         the numbered op codes, the versioned msgpack command envelope, its

@@ -39,6 +39,9 @@ FIELD_CHECKS: dict[str, Callable[[object], Any]] = {
     "chunk": validation.check_chunk,
     "waiter_id": validation.check_waiter_id,
     "level": validation.check_level,
+    "prefixes": validation.check_prefixes,
+    "after": validation.check_after,
+    "limit": validation.check_list_limit,
 }
 
 # op -> (required fields, optional fields). An optional field that is nil counts as absent.
@@ -58,7 +61,8 @@ SCHEMAS: dict[Op, tuple[frozenset[str], frozenset[str]]] = {
         frozenset({"resource", "key", "token", "op_id"}),
         frozenset({"expected_version", "principal", "quota"}),
     ),
-    Op.READ_BARRIER: (frozenset(), frozenset({"resource", "key"})),
+    # With prefixes (and limit, perhaps after): a page of the resources under them (List).
+    Op.READ_BARRIER: (frozenset(), frozenset({"resource", "key", "prefixes", "after", "limit"})),
     Op.FORCE_RELEASE: (frozenset({"resource", "op_id"}), frozenset({"principal", "quota"})),
     Op.SET_EPOCH_FLOOR: (frozenset({"floor"}), frozenset({"fence_all"})),
     Op.TICK: (frozenset(), frozenset()),
@@ -108,8 +112,21 @@ def parse_body(op: Op, body: dict[str, Any]) -> dict[str, Any]:
         else:
             value = body.get(name)
             args[name] = None if value is None else check(value)
-    if op is Op.READ_BARRIER and args["key"] is not None and args["resource"] is None:
-        raise InvalidField("key", "needs a resource")
+    if op is Op.READ_BARRIER:
+        _check_read_barrier(args)
     if op in (Op.ACQUIRE, Op.ENQUEUE) and args["quota"] is not None and args["principal"] is None:
         raise InvalidField("quota", "needs a principal")
     return args
+
+
+def _check_read_barrier(args: dict[str, Any]) -> None:
+    """A READ_BARRIER reads one resource (and perhaps a key) or lists, never both."""
+    if args["key"] is not None and args["resource"] is None:
+        raise InvalidField("key", "needs a resource")
+    listing = args["prefixes"] is not None
+    if listing and args["resource"] is not None:
+        raise InvalidField("prefixes", "a READ_BARRIER lists or reads one resource, not both")
+    if listing != (args["limit"] is not None):
+        raise InvalidField("limit", "goes with prefixes, and prefixes with it")
+    if args["after"] is not None and not listing:
+        raise InvalidField("after", "needs prefixes")

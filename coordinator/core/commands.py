@@ -73,14 +73,16 @@ class Op(enum.IntEnum):
 # Entry levels (DESIGN §8 "Rolling upgrades"): what a build can apply, as one number that only
 # grows. Level 1 is every op and field above up to DEQUEUE: what the release before levels
 # applies (it announces nothing, and counts as 1). Level 2 adds SET_CLUSTER_LEVEL and a DELETE
-# carrying ``expected_version`` (a conditional delete). The replicated cluster level is the
+# carrying ``expected_version`` (a conditional delete). Level 3 adds a READ_BARRIER carrying
+# ``prefixes`` (with ``limit`` and ``after``: a List page); the read-index path answers one
+# without an entry at any level. The replicated cluster level is the
 # highest level every member runs; nothing that needs a higher level is ever proposed, so no
 # member meets an entry it cannot apply. A new op or field gets the next level, here and in
 # ``level_needed``.
 ENTRY_LEVEL = limits.ENTRY_LEVEL
 LEVEL_BEFORE_LEVELS = 1
 _OP_LEVEL = {Op.SET_CLUSTER_LEVEL: 2}
-_FIELD_LEVEL = {(Op.DELETE, "expected_version"): 2}
+_FIELD_LEVEL = {(Op.DELETE, "expected_version"): 2, (Op.READ_BARRIER, "prefixes"): 3}
 
 
 def level_needed(command: Command) -> int:
@@ -300,6 +302,15 @@ def read_barrier(*, stamp_ms: int, resource: str | None = None, key: str | None 
         body["resource"] = resource
     if key is not None:
         body["key"] = key
+    return Command(Op.READ_BARRIER, stamp_ms, body)
+
+
+def list_page(*, prefixes: tuple[str, ...], limit: int, stamp_ms: int, after: str | None = None) -> Command:
+    """A READ_BARRIER that answers a page of the resources under ``prefixes`` (List), the
+    first ``limit`` after ``after`` by name (core/listing.py)."""
+    body: dict[str, Any] = {"prefixes": list(prefixes), "limit": limit}
+    if after is not None:
+        body["after"] = after
     return Command(Op.READ_BARRIER, stamp_ms, body)
 
 

@@ -207,6 +207,25 @@ LOCK_WAIT_MS_MAX = 5_000
 WAITER_ID_BYTES_MIN = 16
 WAITER_ID_BYTES_MAX = 64
 
+# -- List (a page of resources, read like Describe: Lease.List) -----------------------------
+# Resources in one page when the request sets no limit: a screenful for fencingctl ls.
+LIST_LIMIT_DEFAULT = 100
+# Most resources in one page: the page is built under the member's apply lock (a search in the
+# sorted names, then the names it returns: core/listing.py), and 1,000 items keep its reply
+# under LIST_PAGE_BYTES_MAX.
+LIST_LIMIT_MAX = 1_000
+# Prefixes one List may cover at once (the request's prefix, narrowed to each of the caller's
+# grants): they travel in one READ_BARRIER, whose arrays the decoder caps at COMMAND_ITEMS_MAX.
+LIST_PREFIXES_MAX = 16
+# One listed resource in the reply, at most: name and holder at their limits, five integers and
+# a boolean with their field tags and the item's framing (tests/test_listing.py builds it).
+LIST_ITEM_BYTES_MAX = (3 + RESOURCE_NAME_BYTES_MAX) + (3 + HOLDER_BYTES_MAX) + 5 * 11 + 2 + 4
+# The largest ListResponse (a full page of the largest items, a page token and a header):
+# ~450 KiB, far under GRPC_MESSAGE_BYTES_MAX, however many resources the cluster holds.
+LIST_PAGE_BYTES_MAX = LIST_LIMIT_MAX * LIST_ITEM_BYTES_MAX + 2 * 1024
+# A page token: the hex of the request's prefix and the last name of the page (validation.py).
+LIST_PAGE_TOKEN_BYTES_MAX = 3 + 2 * (2 * RESOURCE_NAME_BYTES_MAX + 1)
+
 # The highest entry level this build applies (commands.py "Entry levels"): a SET_CLUSTER_LEVEL
 # above it is a field no check here passes, and a member that meets one stops (DESIGN §8).
-ENTRY_LEVEL = 2
+ENTRY_LEVEL = 3

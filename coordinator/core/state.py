@@ -17,6 +17,7 @@ from typing import Any, cast
 import msgpack
 
 from coordinator.core.commands import Op
+from coordinator.core.name_index import SortedNames
 from coordinator.core.outcomes import Applied, outcome_from_wire
 
 
@@ -203,12 +204,14 @@ class ResourceTable(dict[str, ResourceState]):
     the pieces to the snapshot taken when it started.
     """
 
-    __slots__ = ("capture",)
+    __slots__ = ("capture", "names")
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         # name -> the resource as the running snapshot started with it (None: absent then)
         self.capture: dict[str, ResourceState | None] | None = None
+        # The keys in sorted order, kept by the changes below: a List page (core/listing.py).
+        self.names = SortedNames(dict.keys(self))
 
     def _keep(self, name: str) -> None:
         kept = self.capture
@@ -230,16 +233,20 @@ class ResourceTable(dict[str, ResourceState]):
     def __setitem__(self, name: str, res: ResourceState) -> None:
         if self.capture is not None:
             self._keep(name)
+        if not dict.__contains__(self, name):
+            self.names.add(name)
         dict.__setitem__(self, name, res)
 
     def __delitem__(self, name: str) -> None:
         if self.capture is not None:
             self._keep(name)
         dict.__delitem__(self, name)
+        self.names.discard(name)
 
     def pop(self, name: str, *default: Any) -> Any:
         if self.capture is not None:
             self._keep(name)
+        self.names.discard(name)
         return dict.pop(self, name, *default)
 
     def peek(self, name: str) -> ResourceState | None:

@@ -19,10 +19,11 @@ from typing import Any, Callable, Mapping, TypeGuard
 from coordinator.core import limits
 
 __all__ = [
-    "REQUESTS",
     "Field",
     "InvalidField",
     "QUOTA_NAMES",
+    "REQUESTS",
+    "check_after",
     "check_backup_data",
     "check_backup_size",
     "check_chunk",
@@ -34,7 +35,11 @@ __all__ = [
     "check_holder",
     "check_key",
     "check_level",
+    "check_list_limit",
     "check_op_id",
+    "check_page_token",
+    "check_prefix",
+    "check_prefixes",
     "check_principal",
     "check_quota",
     "check_request",
@@ -47,6 +52,7 @@ __all__ = [
     "check_value",
     "check_waiter_id",
     "is_int",
+    "page_token",
 ]
 
 
@@ -92,6 +98,86 @@ def check_resource(value: object) -> str:
 
 def check_key(value: object) -> str:
     return _check_name("key", value, limits.KEY_BYTES_MAX)
+
+
+_PREFIX_RE = re.compile(r"[A-Za-z0-9._/:-]*", re.ASCII)
+
+
+def _check_prefix(field: str, value: object) -> str:
+    """A resource-name prefix: the name charset, at most a name's length; "" is every name."""
+    if not isinstance(value, str):
+        raise InvalidField(field, f"must be a string, got {type(value).__name__}")
+    if _PREFIX_RE.fullmatch(value) is None:
+        raise InvalidField(field, "may contain only [A-Za-z0-9._/:-]")
+    if len(value) > limits.RESOURCE_NAME_BYTES_MAX:
+        raise InvalidField(field, f"is {len(value)} bytes, more than {limits.RESOURCE_NAME_BYTES_MAX}")
+    return str(value)
+
+
+def check_prefix(value: object) -> str:
+    """List's prefix: the resources whose names start with it ("" or unset: all of them)."""
+    return _check_prefix("prefix", value)
+
+
+def check_prefixes(value: object) -> tuple[str, ...]:
+    """A listing READ_BARRIER's prefixes: 1 to LIST_PREFIXES_MAX of them, none inside another
+    (the server narrows the request's prefix to the caller's grants, core/listing.py)."""
+    if not isinstance(value, (list, tuple)):
+        raise InvalidField("prefixes", f"must be a list, got {type(value).__name__}")
+    if not 1 <= len(value) <= limits.LIST_PREFIXES_MAX:
+        raise InvalidField("prefixes", f"has {len(value)} prefixes, not in [1, {limits.LIST_PREFIXES_MAX}]")
+    checked = tuple(_check_prefix("prefixes", p) for p in value)
+    for p in checked:
+        if any(q != p and q.startswith(p) for q in checked) or checked.count(p) > 1:
+            raise InvalidField("prefixes", f"{p!r} covers another of them")
+    return checked
+
+
+def check_after(value: object) -> str:
+    """Where a listing page starts: strictly after this resource name."""
+    return _check_name("after", value, limits.RESOURCE_NAME_BYTES_MAX)
+
+
+def check_list_limit(value: object) -> int:
+    """Resources in one List page: 1 to LIST_LIMIT_MAX (unset: LIST_LIMIT_DEFAULT)."""
+    return _check_int("limit", value, 1, limits.LIST_LIMIT_MAX)
+
+
+# A page token: "v1." and the hex of "PREFIX\nLAST" -- the prefix the
+# listing was asked for and the last name of the page before. Opaque to callers: only this
+# module reads it, and a newline never occurs in a name.
+_PAGE_TOKEN_HEAD = "v1."
+
+
+def page_token(prefix: str, last: str) -> str:
+    """The token that continues a listing of ``prefix`` after the resource ``last``."""
+    raw = f"{prefix}\n{last}".encode("ascii")
+    return _PAGE_TOKEN_HEAD + raw.hex()
+
+
+def check_page_token(value: object) -> tuple[str, str]:
+    """(prefix, last name) of a token ``page_token`` made; anything else is refused."""
+    if not isinstance(value, str):
+        raise InvalidField("page_token", f"must be a string, got {type(value).__name__}")
+    bad = InvalidField("page_token", "is not a token a List reply gave (pass next_page_token unchanged)")
+    if len(value) > limits.LIST_PAGE_TOKEN_BYTES_MAX or not value.startswith(_PAGE_TOKEN_HEAD):
+        raise bad
+    body = value[len(_PAGE_TOKEN_HEAD):]
+    try:
+        raw = bytes.fromhex(body).decode("ascii")
+    except ValueError:  # not hex, or not ASCII (UnicodeDecodeError is a ValueError)
+        raise bad from None
+    prefix, newline, last = raw.partition("\n")
+    if not newline:
+        raise bad
+    try:
+        prefix = _check_prefix("page_token", prefix)
+        last = _check_name("page_token", last, limits.RESOURCE_NAME_BYTES_MAX)
+    except InvalidField:
+        raise bad from None
+    if not last.startswith(prefix):
+        raise bad
+    return prefix, last
 
 
 def check_holder(value: object) -> str:
@@ -306,6 +392,13 @@ REQUESTS: dict[str, dict[str, Field]] = {
         "op_id": Field(check_op_id, required=False),
     },
     "Describe": {"resource": Field(check_resource)},
+    # List: a page of resources by name. limit unset: LIST_LIMIT_DEFAULT; the token is the
+    # reply's next_page_token, for the same prefix.
+    "List": {
+        "prefix": Field(check_prefix, required=False),
+        "limit": Field(check_list_limit, required=False),
+        "page_token": Field(check_page_token, required=False),
+    },
     "Write": {
         "resource": Field(check_resource),
         "key": Field(check_key),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.core import limits
+from coordinator.core import limits, listing
 from coordinator.core.changes import ChangeKind
 from coordinator.core.commands import Op
 from coordinator.core.machine_base import MachineBase
@@ -121,6 +121,9 @@ class WriteHandlers(MachineBase):
         return Applied(op=Op.DELETE, result={"version": res.revision, "deleted": True})
 
     def _read_barrier(self, now: int, args: dict[str, Any]) -> Outcome:
+        if args["prefixes"] is not None:  # a List page (bodies: then no resource or key)
+            return Applied(op=Op.READ_BARRIER, result=listing.page(
+                self._resources, now, args["prefixes"], args["limit"], args["after"]))
         result: dict[str, Any] = {"epoch": self._epoch, "log_clock_ms": now}
         resource = args["resource"]
         if resource is not None:

@@ -20,7 +20,7 @@ import grpc
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client.proof import ProofSigner
-from coordinator.core import commands, validation
+from coordinator.core import commands, limits, listing, validation
 from coordinator.core.names import Trailer
 from coordinator.raft.node import RaftNode
 from coordinator.server import errors
@@ -124,6 +124,29 @@ class Core:
             f" (its prefixes: {', '.join(repr(p) for p in caller.prefixes) or 'none'})",
         )
 
+    def list_prefixes(self, caller: Principal | None, prefix: str) -> tuple[str, ...]:
+        """The prefixes a List of ``prefix`` by ``caller`` covers: ``prefix`` narrowed to the
+        caller's own prefixes (all of it for an admin or on an open data plane), so a page
+        never names a resource the caller may not use. PERMISSION_DENIED when they cover
+        nothing; INVALID_ARGUMENT past LIST_PREFIXES_MAX of them (one entry carries them)."""
+        self.authorize(caller, None)
+        grants = None if caller is None or caller.admin else caller.prefixes
+        covered = listing.narrowed(prefix, grants)
+        if not covered:
+            assert caller is not None, "only a principal's grants can cover nothing"
+            raise ServiceError(
+                Failure.PERMISSION_DENIED,
+                f"principal {caller.name!r} may use no resource under prefix {prefix!r}"
+                f" (its prefixes: {', '.join(repr(p) for p in caller.prefixes) or 'none'})",
+            )
+        if len(covered) > limits.LIST_PREFIXES_MAX:
+            raise errors.invalid(
+                "prefix",
+                f"{prefix!r} covers {len(covered)} of your prefixes, more than one List may"
+                f" ({limits.LIST_PREFIXES_MAX}, LIST_PREFIXES_MAX): list under a longer prefix",
+            )
+        return covered
+
     def header(self, index: int = 0) -> pb.ResponseHeader:
         term, applied = self.node.term_and_applied()
         return pb.ResponseHeader(member_id=self.member_id, raft_term=term, applied_index=index or applied)
@@ -160,8 +183,15 @@ class Core:
         """A READ_BARRIER's result (DESIGN I9). ``read_index``: on the leader, with the setting
         on, try the read-index barrier first (no log entry); the log whenever it cannot answer."""
         command = commands.read_barrier(stamp_ms=0, resource=resource, key=key)
+        return self.read(command, context, caller, read_index=read_index)
+
+    def read(
+        self, command: commands.Command, context, caller: Principal | None, *, read_index: bool = False,
+    ) -> tuple[dict, int]:
+        """``command``'s (a READ_BARRIER's) result, by read index when ``read_index`` allows
+        (``barrier``), else through the log."""
         if read_index and self.read_index and self.node.is_leader():
-            self.authorize(caller, resource)
+            self.authorize(caller, command.resource)
             started = time.monotonic()
             wait_s = self.proposer.timeout_s(context)
             answered = self.proposer.read_index(command, wait_s)

@@ -10,9 +10,9 @@ once for every call).
 
 Every member serves every RPC. A follower proposes through its local Raft node, which
 forwards the entry to the leader, and the follower answers after it has applied the entry
-itself, so whatever it reads afterwards is at least that new. Reads (Describe, Read,
+itself, so whatever it reads afterwards is at least that new. Reads (Describe, List, Read,
 Status.epoch, Snapshot) go through the log as a READ_BARRIER entry (DESIGN I9); on the leader,
-with ``read_index`` on, Read and Describe are answered by a read-index barrier instead, no entry
+with ``read_index`` on, Read, Describe and List are answered by a read-index barrier instead, no entry
 written (coordinator/raft/read_index.py), and fall back to the entry whenever it cannot answer.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.client.version import distribution_version
-from coordinator.core import commands
+from coordinator.core import commands, limits, listing, validation
 from coordinator.core.state_machine import Reason
 from coordinator.server import errors
 from coordinator.server import members as members_api
@@ -219,6 +219,32 @@ class LeaseServicer(pb_grpc.LeaseServicer):
             log_clock_ms=result["log_clock_ms"],
             waiters=result.get("waiters", 0),
         )
+
+    # ---- List (issue 29 point 4)
+    @unary
+    def List(self, request: pb.ListRequest, context, caller: Principal | None) -> pb.ListResponse:
+        fields = checked_request("List", request)
+        prefix = fields["prefix"] or ""
+        limit = limits.LIST_LIMIT_DEFAULT if fields["limit"] is None else fields["limit"]
+        after = None
+        if fields["page_token"] is not None:
+            token_prefix, after = fields["page_token"]
+            if token_prefix != prefix:
+                raise errors.invalid(
+                    "page_token", f"continues a listing of prefix {token_prefix!r}, not {prefix!r}"
+                )
+        covered = self.core.list_prefixes(caller, prefix)
+        command = commands.list_page(prefixes=covered, limit=limit, after=after, stamp_ms=0)
+        result, index = self.core.read(command, context, caller, read_index=True)
+        items = [pb.ListedResource(**dict(zip(listing.ITEM_FIELDS, item, strict=True))) for item in result["resources"]]
+        more = result["more"] and bool(items)
+        return pb.ListResponse(
+            header=self.core.header(index),
+            resources=items,
+            next_page_token=validation.page_token(prefix, items[-1].resource) if more else "",
+            log_clock_ms=result["log_clock_ms"],
+        )
+    # ---- end List
 
 
 # -- FencedStore -------------------------------------------------------------------------

@@ -191,6 +191,46 @@ class DescribeResponse(_message.Message):
     waiters: int
     def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., resource: _Optional[str] = ..., held: _Optional[bool] = ..., holder: _Optional[str] = ..., token: _Optional[int] = ..., hwm: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., log_clock_ms: _Optional[int] = ..., waiters: _Optional[int] = ...) -> None: ...
 
+class ListRequest(_message.Message):
+    __slots__ = ("prefix", "limit", "page_token")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    limit: int
+    page_token: str
+    def __init__(self, prefix: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListedResource(_message.Message):
+    __slots__ = ("resource", "held", "holder", "token", "hwm", "remaining_ms", "waiters")
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    HWM_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_MS_FIELD_NUMBER: _ClassVar[int]
+    WAITERS_FIELD_NUMBER: _ClassVar[int]
+    resource: str
+    held: bool
+    holder: str
+    token: int
+    hwm: int
+    remaining_ms: int
+    waiters: int
+    def __init__(self, resource: _Optional[str] = ..., held: _Optional[bool] = ..., holder: _Optional[str] = ..., token: _Optional[int] = ..., hwm: _Optional[int] = ..., remaining_ms: _Optional[int] = ..., waiters: _Optional[int] = ...) -> None: ...
+
+class ListResponse(_message.Message):
+    __slots__ = ("header", "resources", "next_page_token", "log_clock_ms")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOG_CLOCK_MS_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    resources: _containers.RepeatedCompositeFieldContainer[ListedResource]
+    next_page_token: str
+    log_clock_ms: int
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., resources: _Optional[_Iterable[_Union[ListedResource, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., log_clock_ms: _Optional[int] = ...) -> None: ...
+
 class WriteRequest(_message.Message):
     __slots__ = ("resource", "key", "value", "token", "op_id", "expected_version")
     RESOURCE_FIELD_NUMBER: _ClassVar[int]

@@ -86,6 +86,11 @@ class LeaseStub:
                 request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.CancelLockRequest.SerializeToString,
                 response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.CancelLockResponse.FromString,
                 _registered_method=True)
+        self.List = channel.unary_unary(
+                '/fencing.v1.Lease/List',
+                request_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.ListRequest.SerializeToString,
+                response_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.ListResponse.FromString,
+                _registered_method=True)
 
 
 class LeaseServicer:
@@ -173,6 +178,23 @@ class LeaseServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def List(self, request, context):
+        """---- List (issue 29 point 4)
+        A page of resources by name, each with its lease (holder, token, remaining TTL) and lock
+        waiters; linearizable like Describe (each page on its own: pages read at different
+        moments, so a resource created or removed between two pages may be missed or gone).
+        Only resources the caller's principal may use are listed: the prefix is narrowed to its
+        prefixes (a prefix outside all of them is PERMISSION_DENIED). Sorted by name; at most
+        `limit` per page (unset: 100, LIST_LIMIT_DEFAULT; 0 or over 1,000, LIST_LIMIT_MAX, is
+        INVALID_ARGUMENT, field "limit"; coordinator/core/limits.py). A reply is at most
+        LIST_PAGE_BYTES_MAX (~442 KiB). Continue with page_token = next_page_token and the same
+        prefix until next_page_token is empty.
+        ---- end List
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LeaseServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -225,6 +247,11 @@ def add_LeaseServicer_to_server(servicer, server):
                     servicer.CancelLock,
                     request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.CancelLockRequest.FromString,
                     response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.CancelLockResponse.SerializeToString,
+            ),
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.ListRequest.FromString,
+                    response_serializer=coordinator_dot_api_dot_v1_dot_fencing__pb2.ListResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -499,6 +526,33 @@ class Lease:
             '/fencing.v1.Lease/CancelLock',
             coordinator_dot_api_dot_v1_dot_fencing__pb2.CancelLockRequest.SerializeToString,
             coordinator_dot_api_dot_v1_dot_fencing__pb2.CancelLockResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fencing.v1.Lease/List',
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.ListRequest.SerializeToString,
+            coordinator_dot_api_dot_v1_dot_fencing__pb2.ListResponse.FromString,
             options,
             channel_credentials,
             insecure,
