@@ -32,16 +32,22 @@ def cluster(tmp_path, request):
 def test_a_thousand_session_leases_stay_alive_on_one_thread(cluster):
     with FencingClient([n.api_address for n in cluster.nodes], timeout_s=20) as client:
         client.status()  # the channels and gRPC's own threads exist before the count
-        threads_before = threading.active_count()
+        # Threads started since, by identity: threads of earlier tests in this process may
+        # end meanwhile, which a bare count would take for the session's doing.
+        before = set(threading.enumerate())
+
+        def started_since() -> list[str]:
+            return sorted(t.name for t in threading.enumerate() if t not in before)
+
         session = client.session(ttl_ms=TTL_MS)
         leases = [session.acquire(f"sess/{n}") for n in range(LEASES)]
-        assert threading.active_count() == threads_before + 1  # the session's one thread
+        assert started_since() == [session._thread.name]  # the session's one thread
 
         # Past three TTLs: every lease renewed, none lost, the thread count constant.
         end = time.monotonic() + 3 * TTL_MS / 1000
         while time.monotonic() < end:
             assert not session.done.is_set(), session.lost_error
-            assert threading.active_count() == threads_before + 1
+            assert started_since() == [session._thread.name]
             time.sleep(0.2)
         assert [lease.resource for lease in leases if lease.lost.is_set()] == []
         assert session.renewals >= 2 * LEASES and len(session) == LEASES
@@ -58,7 +64,7 @@ def test_a_thousand_session_leases_stay_alive_on_one_thread(cluster):
 
         # Closing releases every lease left (ReleaseMany) and ends the thread.
         session.close()
-        assert threading.active_count() == threads_before
+        assert started_since() == []
         still_held = [lease.resource for lease in leases[1:] if client.describe(lease.resource).held]
         assert still_held == []
 
