@@ -31,6 +31,7 @@ from chaos.harness import ChaosCluster
 from chaos.workload import run_client, write_final_states
 from coordinator.client import FencingClient
 from coordinator.client.exceptions import Refused, VersionMismatch
+from coordinator.core import commands
 from coordinator.core.names import ErrorMeta, ErrorReason
 from testsupport.supervisor import REPO_ROOT, wait_until
 
@@ -150,11 +151,16 @@ def test_a_rolling_upgrade_from_the_previous_release_under_load(tmp_path, previo
                             assert info.value.reason == ErrorReason.CLUSTER_LEVEL_TOO_LOW, info.value
                             refusals.append(info.value.metadata)
                             assert admin.read(CONDITIONAL, "k").found  # nothing deleted
+                            # Status says where the upgrade stands: level 1, this build applies more.
+                            seen = admin.status(endpoint=cluster.nodes[i].api_address, local=True)
+                            assert (seen.cluster_level, seen.entry_level) == (1, commands.ENTRY_LEVEL)
                     # Every member upgraded: the leader raises the level, and the op applies.
                     newest = cluster.nodes[-1].api_address
                     with pytest.raises(VersionMismatch):
                         _retry_past_level(lambda: _conditional_delete(newest, lease.token, version + 7))
                     assert _conditional_delete(newest, lease.token, version).deleted
+                    seen = admin.status()
+                    assert (seen.cluster_level, seen.entry_level) == (commands.ENTRY_LEVEL, commands.ENTRY_LEVEL)
                     assert not admin.read(CONDITIONAL, "k").found
                     more_acks()
                 finally:

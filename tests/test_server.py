@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.core import limits
+from coordinator.core import commands, limits
 from coordinator.core.names import DOMAIN, Trailer
 from coordinator.core.names import ErrorMeta as M
 from coordinator.core.names import ErrorReason as R
@@ -513,6 +513,7 @@ def test_status_reports_the_cluster(cluster):
         assert (s.leader, s.leader_api_address) == (leader.id, leader.api_address)
         assert s.epoch >= a.token  # linearizable: includes every token issued before the call
         assert s.has_quorum and s.term >= 1 and s.applied_index >= s.header.applied_index >= 1
+        assert s.entry_level == commands.ENTRY_LEVEL and 1 <= s.cluster_level <= s.entry_level
 
 
 def test_outcome_unknown_then_retry_with_the_same_op_id_applies_once(cluster):

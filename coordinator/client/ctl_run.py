@@ -122,6 +122,7 @@ def _emit_status(status, doc: dict[str, Any], reachable: dict[str, bool | None],
         ("commit_index", status.commit_index),
         ("applied_index", status.applied_index),
         ("has_quorum", status.has_quorum),
+        ("cluster_level", f"{status.cluster_level} (this member's build applies up to {status.entry_level})"),
         ("answered_by", status.header.member_id + (" (its own view: no quorum)" if local else "")),
     ])
     print()

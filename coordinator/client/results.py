@@ -219,6 +219,8 @@ class ClusterStatus(_Result):
     version: str = ""  # the answering member's software version ("": a member too old to say)
     data_size_bytes: int = 0  # its data dir on disk
     local: bool = False  # answered from its own view (status(local=True)), not through the log
+    cluster_level: int = 0  # the entry level the cluster runs at (0: a member too old to say)
+    entry_level: int = 0  # the highest level the answering member's build applies
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,6 +369,8 @@ def cluster_status(r: pb.StatusResponse) -> ClusterStatus:
         version=r.version,
         data_size_bytes=r.data_size_bytes,
         local=r.local,
+        cluster_level=r.cluster_level,
+        entry_level=r.entry_level,
     )
 
 

@@ -313,6 +313,7 @@ class ClusterServicer(pb_grpc.ClusterServicer):
             # Linearizable like a read (I9): without a barrier through the log there is no answer.
             result, index = self.core.barrier(context, caller)
             epoch = result["epoch"]
+        cluster_level = self.core.node.read(lambda sm: sm.cluster_level)  # as applied here (>= the barrier)
         status = self.core.node.status()
         leader = status["leader"] or ""
         # Every member of the replicated configuration (its id, incarnation, role, match index,
@@ -333,6 +334,8 @@ class ClusterServicer(pb_grpc.ClusterServicer):
             version=distribution_version(),
             data_size_bytes=_data_size_bytes(getattr(self.core.node.config, "data_dir", None)),
             local=request.local,
+            cluster_level=cluster_level,
+            entry_level=commands.ENTRY_LEVEL,
         )
 
 

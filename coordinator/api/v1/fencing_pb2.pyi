@@ -371,7 +371,7 @@ class Member(_message.Message):
     def __init__(self, id: _Optional[str] = ..., api_address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., member_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., role: _Optional[str] = ..., match_index: _Optional[int] = ..., voter: _Optional[bool] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("header", "members", "leader", "leader_api_address", "term", "commit_index", "applied_index", "epoch", "has_quorum", "version", "data_size_bytes", "local")
+    __slots__ = ("header", "members", "leader", "leader_api_address", "term", "commit_index", "applied_index", "epoch", "has_quorum", "version", "data_size_bytes", "local", "cluster_level", "entry_level")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -384,6 +384,8 @@ class StatusResponse(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DATA_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     LOCAL_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_LEVEL_FIELD_NUMBER: _ClassVar[int]
     header: ResponseHeader
     members: _containers.RepeatedCompositeFieldContainer[Member]
     leader: str
@@ -396,7 +398,9 @@ class StatusResponse(_message.Message):
     version: str
     data_size_bytes: int
     local: bool
-    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., leader: _Optional[str] = ..., leader_api_address: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., epoch: _Optional[int] = ..., has_quorum: _Optional[bool] = ..., version: _Optional[str] = ..., data_size_bytes: _Optional[int] = ..., local: _Optional[bool] = ...) -> None: ...
+    cluster_level: int
+    entry_level: int
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., leader: _Optional[str] = ..., leader_api_address: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., epoch: _Optional[int] = ..., has_quorum: _Optional[bool] = ..., version: _Optional[str] = ..., data_size_bytes: _Optional[int] = ..., local: _Optional[bool] = ..., cluster_level: _Optional[int] = ..., entry_level: _Optional[int] = ...) -> None: ...
 
 class MemberListRequest(_message.Message):
     __slots__ = ()
