@@ -18,6 +18,7 @@ from cryptography import x509
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.client import FencingClient
+from coordinator.core import commands
 from coordinator.server import config as config_mod
 from testsupport import pki as pki_mod
 from testsupport.grpc_cluster import RPC_TIMEOUT_S, running_cluster
@@ -66,6 +67,17 @@ def test_the_client_library_works_over_mutual_tls(cluster, pki):
         lease = client.acquire("tls/1", holder="t", ttl_ms=60_000)
         assert client.write("tls/1", "k", b"v", token=lease.token).version >= 1
         assert client.read("tls/1", "k").value == b"v"
+
+
+def test_the_leader_raises_the_cluster_level_over_mutual_tls(cluster, pki):
+    """The leader's LevelPoller asks every member's health service over the API's own TLS,
+    presenting its certificate as mutual TLS asks: the level rises to what the build applies
+    (DESIGN §8 "Rolling upgrades"), as it does over plaintext."""
+    endpoints = [n.api_address for n in cluster.nodes]
+    with FencingClient(endpoints, credentials=client_credentials(pki)) as client:
+        status = wait_until(lambda: (lambda s: s if s.cluster_level == commands.ENTRY_LEVEL else None)(
+            client.status()), 30, what=f"cluster level {commands.ENTRY_LEVEL}")
+        assert status.entry_level == commands.ENTRY_LEVEL
 
 
 @pytest.mark.parametrize("how", ["plaintext", "tls without a client certificate"])
