@@ -11,6 +11,7 @@ one removed from the configuration while it keeps running.
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import grpc
@@ -40,15 +41,21 @@ def _leader_and_terms(c: ChaosCluster, indexes) -> tuple[int, dict[int, int]]:
 
 
 def _writes_meanwhile(client: FencingClient, until: float, name: str) -> int:
-    """Writes under one lease until ``until`` (monotonic): the leader serves on."""
+    """Writes under one lease until ``until`` (monotonic): the leader serves on. Prints the
+    longest time between two acknowledgements (issue: at most 2x the heartbeat; a figure,
+    since this machine's load moves it, not an assertion)."""
     lease = client.acquire(name, ttl_ms=30_000)
-    done = 0
+    done, acked = 0, [time.monotonic()]
     try:
         while time.monotonic() < until:
             client.write(name, "k", str(done).encode(), token=lease.token)
+            acked.append(time.monotonic())
             done += 1
     finally:
         client.release(name, lease.token)
+    gap_ms = max(b - a for a, b in itertools.pairwise(acked)) * 1000 if len(acked) > 1 else None
+    print(f"{name}: {done} writes acknowledged during the cut, longest gap {gap_ms:.0f} ms" if gap_ms is not None
+          else f"{name}: {done} writes acknowledged during the cut")
     return done
 
 
