@@ -73,7 +73,12 @@ def test_a_command_over_the_cap_is_refused_before_the_node_alone_or_in_a_batch()
     assert isinstance(too_large, ServiceError) and too_large.reason == R.LIMIT_EXCEEDED
     assert small is APPLIED
     assert [body["value"] for _, _, _, body in node.sent] == [b"v"]
-    assert proposer.propose(big, 1.0, max_bytes=limits.RESTORE_COMMAND_BYTES_MAX) is APPLIED  # as a restore
+    # A restore's chunk entry is over the plain cap and under the one its caller gives.
+    chunk = commands.restore_chunk(restore_id=b"r" * 16, seq=0, chunk=b"x" * limits.COMMAND_BYTES_MAX, stamp_ms=0)
+    with pytest.raises(ServiceError) as plain:
+        proposer.propose(chunk, 1.0)
+    assert plain.value.reason == R.LIMIT_EXCEEDED
+    assert proposer.propose(chunk, 1.0, max_bytes=limits.RESTORE_CHUNK_COMMAND_BYTES_MAX) is APPLIED
     assert len(node.sent) == 2
 
 

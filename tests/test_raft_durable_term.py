@@ -143,6 +143,10 @@ def follower_at_term_1(tmp_path):
 
 # How a term changes. Each returns what it calls, so the test can expect Fatal from it.
 def vote_request(node):
+    # A vote of a later term is weighed only once the member's vote window has passed since it
+    # last heard its leader (RAFT.md "Lease reads"; within it the request is dropped and no
+    # term moves): here that leader has been silent for an hour.
+    node.syncobj._leader_heard_at -= 3600
     return lambda: node.syncobj._SyncObj__onMessageReceived(
         TCPNode(OTHER), {"type": "request_vote", "term": 5, "last_log_index": 99, "last_log_term": 1})
 

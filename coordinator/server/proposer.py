@@ -174,14 +174,15 @@ class Proposer:
         self, round_: _Round, i: int, command: commands.Command, timeout_s: float, max_bytes: int | None,
         *, alone: bool,
     ) -> None:
-        """Stamp, size and send proposal ``i``; its fate reaches ``round_``."""
-        refusal = self._gate(command)
-        if refusal is not None:
-            round_.refuse(i, refusal)
-            return
+        """Stamp, size, check and send proposal ``i``; its fate reaches ``round_``. The size
+        first: it bounds what the checks below read, and names the byte cap."""
         encoded = dataclasses.replace(command, stamp_ms=self.node.next_stamp_ms()).encode()
         if len(encoded) > (limits.COMMAND_BYTES_MAX if max_bytes is None else max_bytes):
             round_.refuse(i, ProposeResult.failed(ProposeFailure.COMMAND_TOO_LARGE))
+            return
+        refusal = self._gate(command)
+        if refusal is not None:
+            round_.refuse(i, refusal)
             return
         round_.expect()
         if alone:
