@@ -14,7 +14,7 @@ import argparse
 import statistics
 import time
 
-from coordinator.core import commands, limits
+from coordinator.core import commands, limits, ops
 from coordinator.core.state_machine import FencingStateMachine
 
 PREFIXES = 100  # names are p00/00000001 ... p99/...: a narrow prefix holds a hundredth of them
@@ -30,7 +30,7 @@ def build(n: int) -> FencingStateMachine:
     return sm
 
 
-def timed(sm: FencingStateMachine, cmd: commands.Command, runs: int) -> tuple[float, float, int]:
+def timed(sm: FencingStateMachine, cmd: ops.ReadBarrier, runs: int) -> tuple[float, float, int]:
     took = []
     items = 0
     for _ in range(runs):
@@ -53,9 +53,9 @@ def main(argv: list[str]) -> int:
     for n in (int(s) for s in args.sizes.split(",")):
         sm = build(n)
         cases = {
-            "whole table": commands.list_page(prefixes=("",), limit=args.limit, stamp_ms=0),
-            "deep page": commands.list_page(prefixes=("",), limit=args.limit, stamp_ms=0, after="p50/"),
-            "one prefix": commands.list_page(prefixes=("p07/",), limit=args.limit, stamp_ms=0),
+            "whole table": ops.ReadBarrier(prefixes=("",), limit=args.limit),
+            "deep page": ops.ReadBarrier(prefixes=("",), limit=args.limit, after="p50/"),
+            "one prefix": ops.ReadBarrier(prefixes=("p07/",), limit=args.limit),
         }
         for case, cmd in cases.items():
             median, worst, items = timed(sm, cmd, args.runs)

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.core import commands as cmds
+from coordinator.core import ops
 from coordinator.core.state_machine import Applied, FencingStateMachine, Reason, Rejected
 
 ENTRIES_MAX = 24  # small, so a flood passes it many times over inside one example
@@ -31,7 +32,7 @@ def op_id(tag: str, n: int) -> bytes:
 def charged(command: cmds.Command, principal: str, budget: int | None) -> cmds.Command:
     """``command`` as the service charges it: the caller's principal and quota."""
     quota = {} if budget is None else {"dedup_entries": budget}
-    return cmds.charged(command, principal=principal, quota=quota)
+    return ops.charged(command, principal=principal, quota=quota)
 
 
 def machine() -> FencingStateMachine:
@@ -237,12 +238,12 @@ def test_every_command_with_an_op_id_is_charged_to_its_principal_with_the_quotas
     }
     read = {"acquire": set(quota), "write": {"stored_bytes", "dedup_entries"}}
     for name, command in made.items():
-        body = cmds.charged(command, principal="p", quota=quota).body
+        body = ops.charged(command, principal="p", quota=quota).body
         assert body["principal"] == "p", name
         assert set(body["quota"]) == read.get(name, {"dedup_entries"}), name
         sm = machine()  # and the state machine takes every one of them (no MALFORMED)
-        outcome = run(sm, cmds.charged(command, principal="p", quota=quota))
+        outcome = run(sm, ops.charged(command, principal="p", quota=quota))
         assert not (isinstance(outcome, Rejected) and outcome.reason is Reason.MALFORMED), (name, outcome)
     # A Release without an op_id keeps no dedup entry: nothing to charge.
     plain = cmds.release(resource="r", token=1, stamp_ms=1)
-    assert cmds.charged(plain, principal="p", quota=quota) is plain
+    assert ops.charged(plain, principal="p", quota=quota) is plain

@@ -29,7 +29,7 @@ from coordinator.client.aio import AsyncFencingClient
 from coordinator.client.fencingctl import main as fencingctl
 from coordinator.client.sync import FencingClient
 from coordinator.core import commands as cmds
-from coordinator.core import limits, listing, validation
+from coordinator.core import limits, listing, ops, validation
 from coordinator.core.state_machine import Applied, FencingStateMachine, Reason, Rejected
 from coordinator.server.auth import token_digest
 from testsupport.inmemory import InMemoryCluster
@@ -103,7 +103,7 @@ def test_a_listing_changes_nothing_and_the_read_index_path_answers_alike():
     command = cmds.list_page(prefixes=("a/",), limit=1, stamp_ms=0)
     applied = sm.apply(command.encode())  # as a log entry: encoded, decoded, applied
     assert isinstance(applied, Applied)
-    now = sm.read_now(command)
+    now = sm.read_now(ops.ReadBarrier(prefixes=("a/",), limit=1))
     assert isinstance(now, Applied) and now.result == applied.result
     assert sm.digest() == before and sm.log_clock_ms == clock
 

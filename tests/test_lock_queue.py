@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.core import commands as c
-from coordinator.core import limits
+from coordinator.core import limits, ops
 from coordinator.core.state_machine import Applied, FencingStateMachine, Reason, Rejected
 
 R = "orders/7"
@@ -20,7 +20,7 @@ def wid(i: int) -> bytes:
 
 
 def enqueue(sm, i, stamp, resource=R, **extra):
-    return sm.execute(c.charged(c.enqueue(resource=resource, holder=f"h{i}", ttl_ms=TTL, waiter_id=wid(i),
+    return sm.execute(ops.charged(c.enqueue(resource=resource, holder=f"h{i}", ttl_ms=TTL, waiter_id=wid(i),
                                           stamp_ms=stamp), principal="p", quota=extra) if extra else
                       c.enqueue(resource=resource, holder=f"h{i}", ttl_ms=TTL, waiter_id=wid(i), stamp_ms=stamp))
 

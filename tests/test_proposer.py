@@ -13,7 +13,7 @@ import types
 import msgpack
 import pytest
 
-from coordinator.core import commands, limits
+from coordinator.core import limits, ops
 from coordinator.core.names import ErrorReason as R
 from coordinator.raft.interface import ProposeFailure, ProposeOutcome, ProposeResult
 from coordinator.server.errors import ServiceError
@@ -50,8 +50,14 @@ def _proposer(node: _Node, inflight_max: int = 4) -> Proposer:
                     members={LEADER: LEADER_API})
 
 
-def _write(value: bytes = b"v") -> commands.Command:
-    return commands.write(resource="r", key="k", value=value, token=1, op_id=b"o" * 16, stamp_ms=0)
+def _write(value: bytes = b"v") -> ops.Write:
+    return ops.Write(resource="r", key="k", value=value, token=1, op_id=b"o" * 16)
+
+
+def _chunk(size: int) -> ops.RestoreChunk:
+    """A restore's chunk: the one body whose fields may take it past COMMAND_BYTES_MAX (a
+    Write cannot: VALUE_BYTES_MAX leaves room for its other fields)."""
+    return ops.RestoreChunk(restore_id=b"r" * 16, seq=0, chunk=b"x" * size)
 
 
 def test_every_command_is_stamped_once_whether_alone_or_in_a_batch():
@@ -65,7 +71,7 @@ def test_every_command_is_stamped_once_whether_alone_or_in_a_batch():
 def test_a_command_over_the_cap_is_refused_before_the_node_alone_or_in_a_batch():
     node = _Node()
     proposer = _proposer(node)
-    big = _write(b"x" * limits.COMMAND_BYTES_MAX)
+    big = _chunk(limits.COMMAND_BYTES_MAX)
     with pytest.raises(ServiceError) as alone:
         proposer.propose(big, 1.0)
     assert alone.value.reason == R.LIMIT_EXCEEDED
@@ -73,13 +79,15 @@ def test_a_command_over_the_cap_is_refused_before_the_node_alone_or_in_a_batch()
     assert isinstance(too_large, ServiceError) and too_large.reason == R.LIMIT_EXCEEDED
     assert small is APPLIED
     assert [body["value"] for _, _, _, body in node.sent] == [b"v"]
-    # A restore's chunk entry is over the plain cap and under the one its caller gives.
-    chunk = commands.restore_chunk(restore_id=b"r" * 16, seq=0, chunk=b"x" * limits.COMMAND_BYTES_MAX, stamp_ms=0)
-    with pytest.raises(ServiceError) as plain:
-        proposer.propose(chunk, 1.0)
-    assert plain.value.reason == R.LIMIT_EXCEEDED
-    assert proposer.propose(chunk, 1.0, max_bytes=limits.RESTORE_CHUNK_COMMAND_BYTES_MAX) is APPLIED
-    assert len(node.sent) == 2
+    # The chunk entry is under the cap its caller (a restore) gives.
+    assert proposer.propose(big, 1.0, max_bytes=limits.RESTORE_CHUNK_COMMAND_BYTES_MAX) is APPLIED
+    largest_write = _write(b"x" * limits.VALUE_BYTES_MAX)  # with the longest name, key and op_id too
+    largest_write = ops.Write(resource="r" * limits.RESOURCE_NAME_BYTES_MAX, key="k" * limits.KEY_BYTES_MAX,
+                              value=largest_write.value, token=limits.TOKEN_MAX, op_id=b"o" * limits.OP_ID_BYTES_MAX,
+                              principal="p" * limits.PRINCIPAL_NAME_BYTES_MAX,
+                              quota={"stored_bytes": limits.QUOTA_VALUE_MAX, "dedup_entries": limits.QUOTA_VALUE_MAX})
+    assert proposer.propose(largest_write, 1.0) is APPLIED
+    assert len(node.sent) == 3
 
 
 def test_no_slot_left_is_overloaded_but_the_members_own_jobs_still_propose():
@@ -91,7 +99,7 @@ def test_no_slot_left_is_overloaded_but_the_members_own_jobs_still_propose():
     assert alone.value.reason == R.OVERLOADED
     assert [a.reason for a in proposer.propose_many([_write(), _write()], 1.0)] == [R.OVERLOADED] * 2
     assert node.sent == []
-    assert proposer.propose(commands.tick(stamp_ms=0), 1.0, client_slot=False) is APPLIED
+    assert proposer.propose(ops.Tick(), 1.0, client_slot=False) is APPLIED
     proposer._slots.release()
     for _ in range(2):  # each call gives its slot back, whatever its fate
         assert proposer.propose(_write(), 1.0) is APPLIED

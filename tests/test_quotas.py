@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from coordinator.core import commands as cmds
+from coordinator.core import ops
 from coordinator.core.commands import Command, Op
 from coordinator.core.state import Usage
 from coordinator.core.state_machine import (
@@ -36,14 +37,14 @@ _op_ids = (n.to_bytes(16, "big") for n in itertools.count(1))
 def acquire(sm, resource, *, stamp=0, principal=None, quota=None, ttl_ms=TTL):
     cmd = cmds.acquire(resource=resource, holder="h", ttl_ms=ttl_ms, op_id=next(_op_ids), stamp_ms=stamp)
     if principal is not None:
-        cmd = cmds.charged(cmd, principal=principal, quota=quota or {})
+        cmd = ops.charged(cmd, principal=principal, quota=quota or {})
     return sm.execute(cmd)
 
 
 def write(sm, resource, token, *, key="k", value=b"v", stamp=0, quota=None):
     cmd = cmds.write(resource=resource, key=key, value=value, token=token, op_id=next(_op_ids), stamp_ms=stamp)
     if quota is not None:
-        cmd = cmds.charged(cmd, principal="ignored-for-writes", quota=quota)
+        cmd = ops.charged(cmd, principal="ignored-for-writes", quota=quota)
     return sm.execute(cmd)
 
 
@@ -220,7 +221,7 @@ def test_owners_and_usage_survive_snapshot_and_restore_and_replicas_agree():
     entries = []
     token = None
     for n in range(4):
-        cmd = cmds.charged(
+        cmd = ops.charged(
             cmds.acquire(resource=f"a/{n}", holder="h", ttl_ms=TTL, op_id=next(_op_ids), stamp_ms=n),
             principal="a", quota={"resources": 10},
         )
@@ -283,7 +284,7 @@ class QuotaMachine(RuleBasedStateMachine):
         self.clock += step
         name = NAMES[n]
         principal = name.split("/")[0]
-        cmd = cmds.charged(
+        cmd = ops.charged(
             cmds.acquire(resource=name, holder="h", ttl_ms=ttl, op_id=next(_op_ids), stamp_ms=self.clock),
             principal=principal, quota=QUOTA,
         )
@@ -301,7 +302,7 @@ class QuotaMachine(RuleBasedStateMachine):
         tokens = self.issued[name]
         token = tokens[-1 - pick % len(tokens)] if tokens else 1
         hwm = self.hwm(name)
-        cmd = cmds.charged(
+        cmd = ops.charged(
             cmds.write(
                 resource=name, key=key, value=b"x" * size, token=token, op_id=next(_op_ids), stamp_ms=self.clock
             ),

@@ -1,34 +1,34 @@
-"""One table of each RPC's request fields (``validation.REQUESTS``), and its four readers.
+"""One typed body per op (``core/ops.py``), the RPC request rows taken from it
+(``requests.REQUESTS``), and their readers.
 
-The service and the client check a request's fields through it, fencingctl takes from it
-which fields a command takes and which the user must give, and the state machine's command schemas must
-agree with it field for field (they are a different layer, with their own wire format, so
-they are compared here rather than derived).
+The service builds an op's body from a request (every field checked by the rule its class
+names), the client checks a request by the same row before sending, fencingctl takes from it
+which fields a command takes and which the user must give, and the proto stays the wire
+contract: every field of an RPC's request is a field of its row (or one of the few the row
+leaves out, each for a reason below) and every field of the row is a field of the request.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client import FencingClient, ctl_request
 from coordinator.client import exceptions as E
-from coordinator.core import bodies, validation
-from coordinator.core.commands import CHARGE_FIELDS, Op
+from coordinator.core import ops, requests, validation
+from coordinator.core.commands import Op
 from coordinator.server import errors, request_core
 
 GOOD_OP_ID = bytes(16)
 
-# The RPCs that propose a command of their own, and that command's op. (Restore proposes the
-# chunked RESTORE_BEGIN, CHUNK..., COMMIT, whose fields are not the request's.)
-OP_OF_RPC = {
-    "Acquire": Op.ACQUIRE,
-    "KeepAlive": Op.KEEP_ALIVE,
-    "Release": Op.RELEASE,
-    "Write": Op.WRITE,
-    "Delete": Op.DELETE,
-    "ForceRelease": Op.FORCE_RELEASE,
-    "SetEpochFloor": Op.SET_EPOCH_FLOOR,
+# Request fields that are no op's field, and why: they shape the call, not the entry.
+NOT_IN_A_BODY = {
+    "Acquire": {"wait_ms"},  # how long the server waits in line: clamped, never logged
+    "Lock": {"wait_ms"},
+    "KeepAlive": {"lease_id"},  # must equal the token (a rule between fields), or be 0
+    "RestoreStream": {"data"},  # the stream's chunks, checked whole when it ends
 }
 
 
@@ -39,42 +39,82 @@ def _request_type(rpc: str):
     raise AssertionError(f"{rpc} is not an RPC of fencing.proto")
 
 
-@pytest.mark.parametrize("rpc", sorted(validation.REQUESTS))
-def test_every_field_of_the_table_is_a_field_of_the_rpcs_request(rpc):
+@pytest.mark.parametrize("rpc", sorted(requests.REQUESTS))
+def test_the_rows_fields_are_the_rpcs_request_fields_both_ways(rpc):
     request_fields = set(_request_type(rpc).fields_by_name)
-    assert set(validation.REQUESTS[rpc]) <= request_fields
+    row = set(requests.REQUESTS[rpc])
+    assert row - request_fields == set(), "a field of the row that the proto request lacks"
+    assert request_fields - row == NOT_IN_A_BODY.get(rpc, set()), "a proto request field with no schema field"
 
 
-@pytest.mark.parametrize("rpc", sorted(OP_OF_RPC))
-def test_the_state_machines_command_schema_agrees_with_the_table(rpc):
-    required, optional = bodies.SCHEMAS[OP_OF_RPC[rpc]]
-    optional -= CHARGE_FIELDS  # the caller's principal and quota: from the server, not the request
-    spec = validation.REQUESTS[rpc]
-    assert {n for n, f in spec.items() if f.required} == required
-    assert {n for n, f in spec.items() if not f.required} == optional
-    for name, field in spec.items():
-        assert field.check is bodies.FIELD_CHECKS[name], name
+@pytest.mark.parametrize("rpc", sorted(requests.BODY_OF))
+def test_an_rpc_that_builds_an_op_body_carries_exactly_its_fields_but_the_charges(rpc):
+    cls = requests.BODY_OF[rpc]
+    fields = {f.name for f in dataclasses.fields(cls)} - ops.CHARGE_FIELDS
+    assert set(_request_type(rpc).fields_by_name) - NOT_IN_A_BODY.get(rpc, set()) == fields
+    for name, check, required in cls.plan():
+        if name in fields:
+            spec = requests.REQUESTS[rpc][name]
+            assert (spec.check, spec.required) == (check, required), name
+
+
+def test_every_op_has_one_body_class_whose_fields_each_name_a_rule():
+    assert set(ops.SCHEMAS) == set(Op)
+    for op, cls in ops.SCHEMAS.items():
+        assert cls.OP is op
+        for name, check, _required in cls.plan():
+            assert callable(check) and check.__module__ == validation.__name__, (op, name)
+
+
+def test_a_body_is_checked_as_it_is_built_and_reports_the_first_bad_field():
+    with pytest.raises(validation.InvalidField) as caught:
+        ops.Write(resource="r", key="", value=b"v", token=0, op_id=GOOD_OP_ID)
+    assert caught.value.field == "key"
+    with pytest.raises(validation.InvalidField, match="needs a principal"):
+        ops.Acquire(resource="r", holder="h", ttl_ms=5_000, op_id=GOOD_OP_ID, quota={"leases": 1})
+    with pytest.raises(validation.InvalidField, match="not a field of WRITE"):
+        ops.Write.from_map({"resource": "r", "owner": "me"})
+    with pytest.raises(validation.InvalidField, match="is required by WRITE"):
+        ops.Write.from_map({"resource": "r"})
+
+
+def test_a_body_encodes_and_decodes_to_itself_with_its_stamp():
+    body = ops.Write(resource="r", key="k", value=b"v", token=3, op_id=GOOD_OP_ID, principal="p",
+                     quota={"stored_bytes": 10})
+    assert ops.decode(ops.encode(body, 1234)) == (1234, body)
+    listing = ops.ReadBarrier(prefixes=["a/", "b/"], limit=5)  # a list is checked into a tuple
+    assert listing.prefixes == ("a/", "b/") and ops.decode(ops.encode(listing, 0)) == (0, listing)
+
+
+def test_the_charges_are_the_callers_and_only_the_quotas_the_op_reads():
+    quota = {"resources": 1, "leases": 2, "stored_bytes": 3, "dedup_entries": 4}
+    fields = {"resource": "r", "op_id": GOOD_OP_ID}
+    assert ops.charge_fields(ops.Write, fields, principal="p", quota=quota) == {
+        "principal": "p", "quota": {"stored_bytes": 3, "dedup_entries": 4}}
+    assert ops.charge_fields(ops.Acquire, fields, principal="p", quota=quota) == {"principal": "p", "quota": quota}
+    assert ops.charge_fields(ops.Release, {"resource": "r"}, principal="p", quota=quota) == {}  # no op_id
+    assert ops.charge_fields(ops.KeepAlive, fields, principal="p", quota=quota) == {}  # not charged
 
 
 def test_check_request_reports_the_first_bad_field_in_table_order():
     with pytest.raises(validation.InvalidField) as caught:
-        validation.check_request(
+        requests.check_request(
             "Write", {"resource": "r", "key": "", "value": b"v", "token": 0, "op_id": GOOD_OP_ID}
         )
     assert caught.value.field == "key"  # key comes before token in the table
 
 
 def test_check_request_leaves_absent_optional_fields_none_and_checks_required_ones():
-    checked = validation.check_request("KeepAlive", {"resource": "r", "token": 3})
+    checked = requests.check_request("KeepAlive", {"resource": "r", "token": 3})
     assert checked == {"resource": "r", "token": 3, "ttl_ms": None}
     with pytest.raises(validation.InvalidField) as caught:
-        validation.check_request("KeepAlive", {"resource": "r"})
+        requests.check_request("KeepAlive", {"resource": "r"})
     assert caught.value.field == "token"
 
 
 def test_check_request_refuses_a_field_the_rpc_does_not_take():
     with pytest.raises(validation.InvalidField, match="not a field of Read") as caught:
-        validation.check_request("Read", {"resource": "r", "key": "k", "token": 3})
+        requests.check_request("Read", {"resource": "r", "key": "k", "token": 3})
     assert caught.value.field == "token"
 
 
@@ -123,7 +163,7 @@ SEND_AN_OP_ID = ("field 'op_id': is 0 bytes, not in [16, 64]: send 16-64 random 
 
 
 def test_every_rpc_that_requires_an_op_id_is_checked_here():
-    required = {rpc for rpc, spec in validation.REQUESTS.items() if "op_id" in spec and spec["op_id"].required}
+    required = {rpc for rpc, spec in requests.REQUESTS.items() if "op_id" in spec and spec["op_id"].required}
     assert required == set(WITHOUT_OP_ID)
 
 
@@ -165,7 +205,7 @@ def test_client_checks_a_request_by_the_tables_row(monkeypatch, offline_client):
             raise validation.InvalidField("key", "must be 'k' in this test")
         return value
 
-    monkeypatch.setitem(validation.REQUESTS["Write"], "key", validation.Field(only_k))
+    monkeypatch.setitem(requests.REQUESTS["Write"], "key", requests.Field(only_k))
     with pytest.raises(E.InvalidArgument, match="must be 'k' in this test") as caught:
         offline_client.write("r", "other", b"v", token=3)
     assert caught.value.field == "key"
@@ -201,7 +241,7 @@ def test_client_refuses_a_bad_field_of_every_rpc_naming_it(offline_client, call,
 
 @pytest.mark.parametrize("command", sorted(ctl_request._RPC_OF))
 def test_fencingctl_takes_the_rpcs_fields_and_requires_what_the_client_cannot_fill_in(command):
-    spec = validation.REQUESTS[ctl_request._RPC_OF[command]]
+    spec = requests.REQUESTS[ctl_request._RPC_OF[command]]
     taken = dict(ctl_request._fields_of(command))
     extra = set(ctl_request._EXTRA_FIELDS.get(command, ()))
     assert set(taken) - extra == set(spec) - {"data"}  # restore's data is the --in file

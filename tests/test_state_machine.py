@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coordinator.core import commands as cmds
-from coordinator.core import limits
+from coordinator.core import limits, ops
 from coordinator.core.commands import Command, MalformedCommand, Op
 from coordinator.core.snapshot_format import SNAPSHOT_FORMAT_VERSION
 from coordinator.core.state_machine import (
@@ -93,7 +93,7 @@ def assert_refused_unchanged(sm: FencingStateMachine, command: Command, reason: 
         entry = command.encode()
     except (OverflowError, UnicodeEncodeError):
         return outcome
-    if FencingStateMachine.proposal_refusal(command) is not None:
+    if isinstance(FencingStateMachine.checked(command), Rejected):
         # Never proposed by this build; in the log it is another build's entry (or a bug):
         # applying it stops the member instead of refusing it (DESIGN §8).
         with pytest.raises(UnappliableEntry):
@@ -631,9 +631,12 @@ def test_every_op_after_the_release_before_levels_needs_a_later_level():
     """The release before levels applies ops 1 to 16 (not 10) and nothing else: an op added
     since must name the entry level that brings it (commands._OP_LEVEL), or the proposer would
     send it to members that stop at it."""
-    level_1 = {op for op in Op if cmds.level_needed(Command(op, 0, {})) == 1}
+    def needed(op: Op) -> int:
+        return cmds.level_needed(op, lambda _field: False)
+
+    level_1 = {op for op in Op if needed(op) == 1}
     assert {int(op) for op in level_1} == set(range(1, 17)) - {10}
-    assert all(1 < cmds.level_needed(Command(op, 0, {})) <= limits.ENTRY_LEVEL for op in set(Op) - level_1)
+    assert all(1 < needed(op) <= limits.ENTRY_LEVEL for op in set(Op) - level_1)
 
 
 def test_a_conditional_delete_deletes_only_at_the_expected_version():
@@ -641,14 +644,14 @@ def test_a_conditional_delete_deletes_only_at_the_expected_version():
     assert_applied(acquire(sm, stamp=0))
     version = assert_applied(write(sm, token=1, stamp=1))["version"]
     conditional = cmds.delete(resource=R, key="k", token=1, op_id=op_id(7), stamp_ms=2, expected_version=version + 1)
-    assert cmds.level_needed(conditional) == 2
+    assert ops.level_needed(FencingStateMachine.checked(conditional)) == 2
     refused = assert_refused_unchanged(sm, conditional, Reason.VERSION_MISMATCH)
     assert refused.details == {"version": version}
     deleted = cmds.delete(resource=R, key="k", token=1, op_id=op_id(8), stamp_ms=2, expected_version=version)
     assert assert_applied(sm.execute(deleted))["deleted"] is True
     absent = cmds.delete(resource=R, key="k", token=1, op_id=op_id(9), stamp_ms=3, expected_version=0)
     assert assert_applied(sm.execute(absent))["deleted"] is False
-    assert cmds.level_needed(cmds.delete(resource=R, key="k", token=1, op_id=op_id(9), stamp_ms=3)) == 1
+    assert ops.level_needed(ops.Delete(resource=R, key="k", token=1, op_id=op_id(9))) == 1
 
 
 # -- expected_version ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.core import commands as c
+from coordinator.core import ops as core_ops
 from coordinator.core.state import NO_WAITERS, KeyData, ResourceState
 from coordinator.core.state_machine import Applied, FencingStateMachine
 
@@ -72,7 +73,7 @@ def test_holders_keys_and_owners_decoded_from_separate_entries_are_stored_once()
     for i, name in enumerate(["r1", "r2"]):
         # Built from bytes each time, as a member decodes each entry: equal, not the same object.
         holder, key = b"worker-7".decode(), b"config".decode()
-        got = sm.execute(c.charged(c.acquire(resource=name, holder=holder, ttl_ms=1_000, op_id=bytes([i]) * 16,
+        got = sm.execute(core_ops.charged(c.acquire(resource=name, holder=holder, ttl_ms=1_000, op_id=bytes([i]) * 16,
                                              stamp_ms=1), principal=b"team".decode(), quota={}))
         sm.execute(c.write(resource=name, key=key, value=b"v", token=got.result["token"],
                            op_id=bytes([i + 10]) * 16, stamp_ms=2))

@@ -373,15 +373,14 @@ class _HeldNode:
 def test_propose_many_waits_for_every_proposal_even_when_one_answers_at_once():
     # A proposal answered before the next one is made (QUEUE_FULL calls back at once) must
     # not end the wait for the others: they would come back OUTCOME_UNKNOWN without waiting.
-    from coordinator.core import commands, validation
+    from coordinator.core import ops
     from coordinator.server import errors as server_errors
     from coordinator.server.proposer import Proposer
 
     node = _HeldNode()
     proposer = Proposer(node, inflight_max=8, timeout_max_s=5.0, deadline_margin_s=0.1, members={})
     fields = {"resource": "orders/1", "key": "k", "value": b"v", "token": 1}
-    batch = [commands.write(**validation.check_request("Write", {**fields, "op_id": op_id()}), stamp_ms=0)
-             for _ in range(3)]
+    batch = [ops.Write(**fields, op_id=op_id()) for _ in range(3)]
     answers: list = []
     waiting = threading.Thread(target=lambda: answers.extend(proposer.propose_many(batch, 30.0)))
     waiting.start()

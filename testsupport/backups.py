@@ -107,12 +107,12 @@ def restore_commands(data: bytes, *, epoch_floor: int, stamp_ms: int) -> list[co
 def restore_in_chunks(machine, data: bytes, *, epoch_floor: int, stamp_ms: int) -> Outcome:
     """Apply ``restore_commands`` to ``machine`` (a ``FencingStateMachine``) through the log;
     at the first refusal, ABORT (as the server's proposer does) and return that refusal, else
-    the COMMIT's outcome. A command the proposer's check refuses (``proposal_refusal``) is
+    the COMMIT's outcome. A command no member would propose (``checked``) is
     refused without reaching the log, as on a member."""
     outcome: Outcome | None = None
     for command in restore_commands(data, epoch_floor=epoch_floor, stamp_ms=stamp_ms):
-        refusal = machine.proposal_refusal(command)
-        outcome = refusal if refusal is not None else machine.apply(command.encode())
+        checked = machine.checked(command)
+        outcome = checked if isinstance(checked, Rejected) else machine.apply(command.encode())
         if isinstance(outcome, Rejected):
             machine.apply(commands.restore_abort(restore_id=RESTORE_ID, stamp_ms=0).encode())
             return outcome

@@ -19,7 +19,6 @@ Requests (msgpack maps, key "op"):
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import signal
@@ -27,7 +26,7 @@ import sys
 import threading
 import time
 
-from coordinator.core import commands
+from coordinator.core import ops
 from coordinator.core.state_machine import FencingStateMachine, outcome_to_wire
 from coordinator.raft.interface import ProposeOutcome
 from coordinator.raft.node import ALL_FIXES, RaftConfig, RaftNode
@@ -47,9 +46,8 @@ class NodeService:
     def __init__(self, node: RaftNode):
         self.node = node
 
-    def propose_command(self, cmd: commands.Command, timeout_s: float):
-        stamped = dataclasses.replace(cmd, stamp_ms=self.node.next_stamp_ms())
-        return self.node.propose(stamped.encode(), timeout_s, batch_key=cmd.resource)
+    def propose_command(self, body: ops.Body, timeout_s: float):
+        return self.node.propose(ops.encode(body, self.node.next_stamp_ms()), timeout_s, batch_key=body.resource)
 
     def handle(self, req: dict) -> dict:
         op = req.get("op")
@@ -68,8 +66,8 @@ class NodeService:
             self.node.force_log_compaction()
             return {"ok": True}
         if op == "propose":
-            cmd = commands.decode(req["cmd"])
-            return _wire(self.propose_command(cmd, float(req.get("timeout_s", 5.0))))
+            _stamp_ms, body = ops.decode(req["cmd"])  # restamped here, as the proposer does
+            return _wire(self.propose_command(body, float(req.get("timeout_s", 5.0))))
         if op == "propose_raw":
             return _wire(self.node.propose(bytes(req["entry"]), float(req.get("timeout_s", 5.0))))
         if op == "bench":
@@ -86,8 +84,7 @@ class NodeService:
         def worker(n: int):
             resource = f"bench/{run_id}/{n}"
             acq = self.propose_command(
-                commands.acquire(resource=resource, holder=f"bench-{n}", ttl_ms=60_000,
-                                 op_id=os.urandom(16), stamp_ms=0),
+                ops.Acquire(resource=resource, holder=f"bench-{n}", ttl_ms=60_000, op_id=os.urandom(16)),
                 timeout_s,
             )
             if acq.outcome is not ProposeOutcome.APPLIED:
@@ -97,8 +94,8 @@ class NodeService:
             token = acq.value.result["token"]
             local = []
             for i in range(count):
-                cmd = commands.write(resource=resource, key=f"k{i % 16}", value=b"v" * 32, token=token,
-                                     op_id=os.urandom(16), stamp_ms=0)
+                cmd = ops.Write(resource=resource, key=f"k{i % 16}", value=b"v" * 32, token=token,
+                                op_id=os.urandom(16))
                 t0 = time.perf_counter()
                 res = self.propose_command(cmd, timeout_s)
                 local.append(time.perf_counter() - t0)

@@ -1,7 +1,7 @@
 """Every public RPC method of the clients, written once for the sync and the asyncio one.
 
 Owns: ``ClientMethods``, mixed into ``_ClientBase``: each method checks and builds its
-request (``_requests``, by its row of ``validation.REQUESTS``), says how it may be retried
+request (``_requests``, by its row of ``requests.REQUESTS``), says how it may be retried
 (``retry.Kind``) and how its answer is read (``results``), and hands the ``Call`` to
 ``_execute``, which the sync client runs in a thread and the asyncio client as an awaitable.
 Must never: send anything itself, wait, or choose an endpoint (``_execute`` and
@@ -45,7 +45,7 @@ from coordinator.client.results import (
     WriteResult,
 )
 from coordinator.client.retry import Kind
-from coordinator.core import limits, validation
+from coordinator.core import limits, requests, validation
 from coordinator.core.names import ErrorMeta, ErrorReason
 
 
@@ -128,21 +128,21 @@ class ClientMethods:
         items (InvalidArgument beyond)."""
         ctx: dict[str, Any] = {"rpc": "keep-alive-many"}
         if ttl_ms is not None:  # checked once, before the items: it is the batch's
-            check_field(validation.REQUESTS["KeepAlive"]["ttl_ms"].check, ttl_ms, ctx)
-        requests = [
+            check_field(requests.REQUESTS["KeepAlive"]["ttl_ms"].check, ttl_ms, ctx)
+        items = [
             request_of(
                 pb.KeepAliveRequest, {**ctx, "resource": resource, "token": token},
                 resource=resource, token=token, ttl_ms=ttl_ms,
             )
             for resource, token in leases
         ]
-        if len(requests) > limits.KEEP_ALIVE_BATCH_ITEMS_MAX:
+        if len(items) > limits.KEEP_ALIVE_BATCH_ITEMS_MAX:
             raise InvalidArgument(
-                f"{len(requests)} leases, more than {limits.KEEP_ALIVE_BATCH_ITEMS_MAX} in one call",
+                f"{len(items)} leases, more than {limits.KEEP_ALIVE_BATCH_ITEMS_MAX} in one call",
                 reason=ErrorReason.INVALID_FIELD, metadata={ErrorMeta.FIELD: "leases"}, request=ctx,
             )
         return self._execute(Call(
-            "lease", "KeepAliveMany", pb.KeepAliveManyRequest(leases=requests), Kind.REPEATABLE,
+            "lease", "KeepAliveMany", pb.KeepAliveManyRequest(leases=items), Kind.REPEATABLE,
             ctx, results.keep_alive_items, timeout_s=timeout_s,
         ))
 
@@ -436,7 +436,7 @@ class ClientMethods:
 def _check_list_request(fields: dict[str, Any]) -> dict[str, Any]:
     """List's fields, as the server checks them: the table's row, and a page token that
     continues a listing of this very prefix."""
-    checked = validation.check_request("List", fields)
+    checked = requests.check_request("List", fields)
     if checked["page_token"] is not None and checked["page_token"][0] != (checked["prefix"] or ""):
         raise validation.InvalidField(
             "page_token", f"continues a listing of prefix {checked['page_token'][0]!r}, not {fields['prefix']!r}"

@@ -1,7 +1,7 @@
 """Building a request: the field checks a client runs before anything is sent.
 
 Owns: turning a public method's arguments into a fencing.proto request checked by its RPC's
-row of ``validation.REQUESTS`` (the server's own table and rules, in the same order), the
+row of ``requests.REQUESTS`` (the server's own table and rules, in the same order), the
 checks outside that table (Acquire's ``wait_ms``, a batch's shared ``ttl_ms``), fresh op_ids,
 the default holder name, and the messages of a streamed restore.
 Must never: send anything, or let a bad field reach the wire: a bad field is
@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client.exceptions import InvalidArgument
-from coordinator.core import limits, validation
+from coordinator.core import limits, requests, validation
 from coordinator.core.names import ErrorMeta, ErrorReason
 
 
@@ -32,7 +32,7 @@ def _invalid(exc: validation.InvalidField, request: dict[str, Any]) -> InvalidAr
 
 
 def check_field(check: Callable[[Any], Any], value: Any, request: dict[str, Any]) -> Any:
-    """Run one field check that is not a row of validation.REQUESTS (Acquire's wait_ms, a
+    """Run one field check that is not a row of requests.REQUESTS (Acquire's wait_ms, a
     batch's shared ttl_ms); a bad field is InvalidArgument, raised before anything is sent."""
     try:
         return check(value)
@@ -42,7 +42,7 @@ def check_field(check: Callable[[Any], Any], value: Any, request: dict[str, Any]
 
 def request_of(message: Any, request: dict[str, Any], **fields: Any) -> Any:
     """``message`` (a fencing.proto request type) holding ``fields``, checked by its RPC's row
-    of validation.REQUESTS: the table and rules the server checks with, in the same order,
+    of requests.REQUESTS: the table and rules the server checks with, in the same order,
     so the first bad field is InvalidArgument naming it, raised before anything is sent.
 
     None leaves an optional field unset, except a bool: the wire cannot carry an unset one
@@ -50,11 +50,11 @@ def request_of(message: Any, request: dict[str, Any], **fields: Any) -> Any:
     """
     rpc = message.DESCRIPTOR.name.removesuffix("Request")
     try:
-        checked = validation.check_request(rpc, fields)
+        checked = requests.check_request(rpc, fields)
         wire = message.DESCRIPTOR.fields_by_name
         for name, value in checked.items():
             if value is None and wire[name].type == wire[name].TYPE_BOOL:
-                validation.REQUESTS[rpc][name].check(value)
+                requests.REQUESTS[rpc][name].check(value)
     except validation.InvalidField as exc:
         raise _invalid(exc, request) from None
     return message(**checked)

@@ -37,7 +37,7 @@ from coordinator.client._requests import check_field
 from coordinator.client._session import session_ttl_ms
 from coordinator.client.exceptions import FencingError, LeaseLost, Refused
 from coordinator.client.results import AcquireResult, KeepAliveResult, ListedResource, ReleaseResult
-from coordinator.core import validation
+from coordinator.core import requests
 
 if TYPE_CHECKING:
     from coordinator.client.aio_session import AsyncSession
@@ -244,7 +244,7 @@ class AsyncFencingClient(_ClientBase):
         from coordinator.client.aio_session import AsyncSession  # it builds on AsyncLease, defined here
 
         ttl_ms = session_ttl_ms(ttl_ms, ttl)
-        check_field(validation.REQUESTS["Acquire"]["ttl_ms"].check, ttl_ms, {"rpc": "session", "ttl_ms": ttl_ms})
+        check_field(requests.REQUESTS["Acquire"]["ttl_ms"].check, ttl_ms, {"rpc": "session", "ttl_ms": ttl_ms})
         if self._closed:
             raise RuntimeError("the AsyncFencingClient is closed")
         session = AsyncSession(self, ttl_ms=ttl_ms, holder=holder, on_lost=on_lost)

@@ -3,7 +3,7 @@
 Owns: the command-line errors (``UsageError``, ``BadField``), parsing each field from argv
 text or from ``--json`` values (whole numbers, tokens, op ids as hex, base64), which fields a
 command takes and which of them the user must give (its RPC's, from
-``coordinator.core.validation.REQUESTS``), and gathering a command's request from its
+``coordinator.core.requests.REQUESTS``), and gathering a command's request from its
 arguments, ``--json``, ``--value-file`` or restore's ``--in`` file.
 Must never: send anything, fill in what the client fills in (an op id, the holder), or
 accept a value the API would refuse for its form (a token of 0, a float, a boolean).
@@ -19,7 +19,7 @@ import sys
 from typing import Any, Callable
 
 from coordinator.client import durations, lockcmd
-from coordinator.core import limits, validation
+from coordinator.core import limits, requests, validation
 
 
 class UsageError(Exception):
@@ -141,7 +141,7 @@ def _bool_field(value: Any, from_json: bool) -> bool:
 
 
 # command -> the RPC it sends. The fields a command takes, and which of them the user must
-# give, are that RPC's in coordinator.core.validation.REQUESTS: what the client fills in
+# give, are that RPC's in coordinator.core.requests.REQUESTS: what the client fills in
 # (an op_id, the holder) may be left out.
 _RPC_OF: dict[str, str] = {
     "acquire": "Acquire",
@@ -167,7 +167,7 @@ _NOT_BY_NAME = frozenset({"data"})
 def _fields_of(command: str) -> tuple[tuple[str, bool], ...]:
     """(field, must the user give it) for ``command``, in the order the fields are checked
     (the RPC's, as the client and the server check them, then the extra ones)."""
-    spec = validation.REQUESTS[_RPC_OF[command]]
+    spec = requests.REQUESTS[_RPC_OF[command]]
     fields = tuple(
         (name, f.required and not f.filled_by_client and name not in _GIVEN_OTHERWISE)
         for name, f in spec.items()
@@ -293,7 +293,7 @@ def _ls_request(args: argparse.Namespace) -> dict[str, Any]:
     elif args.page_token:
         raise BadField("--page-token continues a page: give --limit too")
     try:
-        checked = validation.check_request(
+        checked = requests.check_request(
             "List", {"prefix": args.prefix, "limit": limit, "page_token": args.page_token or None}
         )
     except validation.InvalidField as error:

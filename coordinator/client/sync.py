@@ -84,7 +84,7 @@ from coordinator.client.results import (
     header_from_pb,
 )
 from coordinator.client.watch import Watcher, WatchEvent
-from coordinator.core import validation
+from coordinator.core import requests
 
 __all__ = [
     "DEFAULT_ENDPOINTS",
@@ -424,7 +424,7 @@ class FencingClient(_ClientBase):
         from coordinator.client.session import Session  # session.py builds on Lease, defined here
 
         ttl_ms = session_ttl_ms(ttl_ms, ttl)
-        check_field(validation.REQUESTS["Acquire"]["ttl_ms"].check, ttl_ms, {"rpc": "session", "ttl_ms": ttl_ms})
+        check_field(requests.REQUESTS["Acquire"]["ttl_ms"].check, ttl_ms, {"rpc": "session", "ttl_ms": ttl_ms})
         if self._closed:
             raise RuntimeError("the FencingClient is closed")
         session = Session(self, ttl_ms=ttl_ms, holder=holder, on_lost=on_lost)

@@ -10,9 +10,12 @@ arrives inside each command; every replica applying the same log reaches the sam
 
 Modules (one job each; ``tests/test_layers.py`` checks this map against the files):
 
-    state_machine    ``FencingStateMachine``: decodes each command, checks its body, answers
+    state_machine    ``FencingStateMachine``: decodes each entry into its typed body, answers
                      a retried op_id, dispatches to its family's handler, keeps the log clock
-    bodies           each op's body fields, and the checked reading of a body
+    ops              one typed body per op, its fields' rules declared once: built by the
+                     server, encoded by the proposer, decoded and checked by every replica
+    requests         each RPC's request fields, taken from the op bodies (and the few RPC-
+                     only ones), checked alike by the client and the server
     machine_base     the state every handler family shares, and the rules on more than one
                      path: fencing a token, granting a lease, quotas
     lease_handlers   ACQUIRE, KEEP_ALIVE, RELEASE, TICK (expiry) and the lock queue's
@@ -23,9 +26,9 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     name_index       ``SortedNames``: the resource names in order, for a page without a scan
     admin_handlers   FORCE_RELEASE, SET_EPOCH_FLOOR, the chunked restore and the state swap
     snapshot_pack    the canonical snapshot, whole or in bounded pieces
-    commands         the numbered op codes, the versioned msgpack command envelope, its
-                     bounded decoder and one constructor per op
-    validation       one check per field name, and which fields each RPC's request carries
+    commands         the numbered op codes, the entry levels, the versioned msgpack command
+                     envelope, its bounded decoder, and unchecked commands for tests and tools
+    validation       one check per field name (charset, length, range)
     outcomes         what applying answers: ``Applied`` / ``Rejected`` with a ``Reason``, and
                      their wire form
     changes          what an applied entry changed, as Watch reports it (``Change``)

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
-from typing import Any
 
-from coordinator.core import limits
+from coordinator.core import limits, ops
 from coordinator.core.changes import ChangeKind
 from coordinator.core.commands import Op
 from coordinator.core.machine_base import MachineBase
@@ -28,8 +27,8 @@ from coordinator.core.state import NO_WAITERS, ResourceState, ResourceTable, Usa
 class AdminHandlers(MachineBase):
     """Handlers of the admin ops; mixed into ``FencingStateMachine``."""
 
-    def _force_release(self, now: int, args: dict[str, Any]) -> Outcome:
-        resource = args["resource"]
+    def _force_release(self, now: int, body: ops.ForceRelease) -> Outcome:
+        resource = body.resource
         refusal = self._new_epoch_refusal(Op.FORCE_RELEASE, resource)
         if refusal is not None:
             return refusal
@@ -51,9 +50,9 @@ class AdminHandlers(MachineBase):
         self._usage.add(resource, res)
         return Applied(op=Op.FORCE_RELEASE, result={"hwm": res.high_water_mark})
 
-    def _set_epoch_floor(self, now: int, args: dict[str, Any]) -> Outcome:
-        fence_all = True if args["fence_all"] is None else args["fence_all"]
-        new_epoch = max(self._epoch, args["floor"])
+    def _set_epoch_floor(self, now: int, body: ops.SetEpochFloor) -> Outcome:
+        fence_all = True if body.fence_all is None else body.fence_all
+        new_epoch = max(self._epoch, body.floor)
         if fence_all:
             if new_epoch < limits.TOKEN_MAX:
                 new_epoch += 1
@@ -146,9 +145,9 @@ class AdminHandlers(MachineBase):
         self._keys_total = sum(len(res.data) for res in parts.resources.values())
         self._stored_bytes_total = sum(res.stored_bytes for res in parts.resources.values())
 
-    def _set_cluster_level(self, now: int, args: dict[str, Any]) -> Outcome:
+    def _set_cluster_level(self, now: int, body: ops.SetClusterLevel) -> Outcome:
         # Never lowers it: a level once reached may have been used by entries after it.
-        self._cluster_level = max(self._cluster_level, args["level"])
+        self._cluster_level = max(self._cluster_level, body.level)
         return Applied(op=Op.SET_CLUSTER_LEVEL, result={"level": self._cluster_level})
 
     # -- a backup restored in chunks ---------------------------------------------------------
@@ -157,18 +156,18 @@ class AdminHandlers(MachineBase):
     # at any step changes nothing (the proposer then ABORTs). Every check depends on the
     # entries alone, so every replica stages and decides alike.
 
-    def _restore_begin(self, now: int, args: dict[str, Any]) -> Outcome:
-        refusal = self._staging.busy_refusal(now) or self._floor_refusal(Op.RESTORE_BEGIN, args["epoch_floor"])
+    def _restore_begin(self, now: int, body: ops.RestoreBegin) -> Outcome:
+        refusal = self._staging.busy_refusal(now) or self._floor_refusal(Op.RESTORE_BEGIN, body.epoch_floor)
         if refusal is not None:
             return refusal
-        self._staging.begin(now, args["restore_id"], args["size"], args["digest"], args["epoch_floor"])
-        return Applied(op=Op.RESTORE_BEGIN, result={"size": args["size"]})
+        self._staging.begin(now, body.restore_id, body.size, body.digest, body.epoch_floor)
+        return Applied(op=Op.RESTORE_BEGIN, result={"size": body.size})
 
-    def _restore_chunk(self, now: int, args: dict[str, Any]) -> Outcome:
-        return self._staging.chunk(now, args["restore_id"], args["seq"], args["chunk"])
+    def _restore_chunk(self, now: int, body: ops.RestoreChunk) -> Outcome:
+        return self._staging.chunk(now, body.restore_id, body.seq, body.chunk)
 
-    def _restore_commit(self, now: int, args: dict[str, Any]) -> Outcome:
-        staged = self._staging.complete(args["restore_id"])
+    def _restore_commit(self, now: int, body: ops.RestoreCommit) -> Outcome:
+        staged = self._staging.complete(body.restore_id)
         if isinstance(staged, Rejected):
             return staged
         # The backup was read as its chunks were staged: what is left is the verdict, the
@@ -177,5 +176,5 @@ class AdminHandlers(MachineBase):
             Op.RESTORE_COMMIT, staged.epoch_floor, lambda: staged.reader.finish(self._bounds)
         )  # drops the staging
 
-    def _restore_abort(self, now: int, args: dict[str, Any]) -> Outcome:
-        return Applied(op=Op.RESTORE_ABORT, result={"aborted": self._staging.abort(args["restore_id"])})
+    def _restore_abort(self, now: int, body: ops.RestoreAbort) -> Outcome:
+        return Applied(op=Op.RESTORE_ABORT, result={"aborted": self._staging.abort(body.restore_id)})

@@ -1,10 +1,12 @@
-"""Commands of the fencing state machine: numbered op codes and their versioned wire format.
+"""Commands of the fencing state machine: numbered op codes and their versioned envelope.
 
-Owns: the op codes (their numbers never change), the msgpack envelope
-``[FORMAT_VERSION, op, stamp_ms, body]`` of one Raft entry, its bounded decoder, and one
-keyword-only constructor per op.
-Must never: validate body fields (the state machine does that, so that tests can build bad
-commands), read a clock, draw randomness or do I/O.
+Owns: the op codes (their numbers never change), the entry levels, the msgpack envelope
+``[FORMAT_VERSION, op, stamp_ms, body]`` of one Raft entry and its bounded decoder
+(``unpack_envelope``), and ``Command``: an *unchecked* envelope, for the tests and tools that
+must build what the server never would (a bad field, an unknown op) and feed it to the state
+machine. What each op's body holds, and every check of it, is ``ops``'s: one typed class per
+op, which the server builds, the proposer encodes and every replica decodes.
+Must never: check body fields (``ops`` does), read a clock, draw randomness or do I/O.
 
 Wire format of one command (DESIGN §5)::
 
@@ -19,14 +21,15 @@ decode and apply as they always did, and FORMAT_VERSION stays 1: an ACQUIRE may 
 ``leases``, ``stored_bytes``, ``dedup_entries`` to a maximum); a WRITE its ``stored_bytes``.
 Every command with an op_id (ACQUIRE, WRITE, DELETE, FORCE_RELEASE, a RELEASE that has one)
 may carry both: its dedup entry is charged to ``principal`` under ``dedup_entries``
-(core/dedup.py). ``charged`` adds them; a command without them is charged to nobody (the
-anonymous principal).
+(core/dedup.py). ``ops.charge_fields`` adds them; a command without them is charged to nobody
+(the anonymous principal).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -85,11 +88,12 @@ _OP_LEVEL = {Op.SET_CLUSTER_LEVEL: 2}
 _FIELD_LEVEL = {(Op.DELETE, "expected_version"): 2, (Op.READ_BARRIER, "prefixes"): 3}
 
 
-def level_needed(command: Command) -> int:
-    """The entry level a member needs to apply ``command``."""
-    needed = _OP_LEVEL.get(command.op, LEVEL_BEFORE_LEVELS)
-    for (op, field), level in _FIELD_LEVEL.items():
-        if op is command.op and command.body.get(field) is not None:
+def level_needed(op: Op, field_set: Callable[[str], bool]) -> int:
+    """The entry level a member needs to apply a command of ``op`` whose fields
+    ``field_set(name)`` says are present."""
+    needed = _OP_LEVEL.get(op, LEVEL_BEFORE_LEVELS)
+    for (field_op, field), level in _FIELD_LEVEL.items():
+        if field_op is op and field_set(field):
             needed = max(needed, level)
     return needed
 
@@ -112,18 +116,13 @@ _UNPACK_LIMITS: dict[str, Any] = {
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    """One state-machine command: what to do, when the proposer stamped it, and its fields."""
+    """An unchecked command envelope: what to do, its stamp, and its body as a map. The
+    state machine's ``execute`` checks it as ``apply`` checks an entry (tests, tools); the
+    server never builds one (it builds ``ops`` bodies)."""
 
     op: Op
     stamp_ms: int
     body: dict[str, Any]
-
-    @property
-    def resource(self) -> str | None:
-        """The resource this command acts on (None for cluster-wide ones). Proposers use it
-        as the Raft batch key: commands on different resources may share an entry, and per
-        resource every command keeps an index of its own (the chaos checker orders by it)."""
-        return self.body.get("resource")
 
     def encode(self) -> bytes:
         """The msgpack bytes of this command, as proposed to the Raft log."""
@@ -168,8 +167,8 @@ def _bytes_max(data: bytes) -> int:
     return _LARGE_PREFIXES.get(data[:3], limits.COMMAND_BYTES_MAX)
 
 
-def decode(data: bytes) -> Command:
-    """Decode one command from a Raft entry, refusing anything malformed.
+def unpack_envelope(data: bytes) -> tuple[Op, int, dict[str, Any]]:
+    """``(op, stamp_ms, body map)`` of one Raft entry, refusing anything malformed.
 
     Raises ``MalformedCommand`` if ``data`` is not bytes, is longer than
     ``limits.COMMAND_BYTES_MAX`` (more for a RESTORE_CHUNK: ``_bytes_max``), is not
@@ -202,169 +201,42 @@ def decode(data: bytes) -> Command:
         raise MalformedCommand(
             f"unknown command format version {version!r} (this replica reads {FORMAT_VERSION})"
         )
-    checked_op = validate_envelope(op, stamp_ms, body)
-    return Command(op=checked_op, stamp_ms=stamp_ms, body=body)
+    return validate_envelope(op, stamp_ms, body), stamp_ms, body
 
 
-# Constructors: one per op, keyword-only. They do not validate; optional fields that are
-# None are left out of the body (the state machine treats absent and nil alike).
+def decode(data: bytes) -> Command:
+    """The unchecked ``Command`` of one entry (tools and tests that read entries back; the
+    state machine decodes straight to a typed body, ``ops.decode``)."""
+    return Command(*unpack_envelope(data))
 
 
-def acquire(*, resource: str, holder: str, ttl_ms: int, op_id: bytes, stamp_ms: int) -> Command:
-    """Take the lease on ``resource`` for ``ttl_ms``; the entry issues a new token (I2)."""
-    body = {"resource": resource, "holder": holder, "ttl_ms": ttl_ms, "op_id": op_id}
-    return Command(Op.ACQUIRE, stamp_ms, body)
+# Unchecked constructors, one per op, for tests and tools: keyword fields as given (None is
+# left out), no check and no field list of their own -- what each op carries is ``ops``'s.
 
 
-# Body fields the server fills from the authenticated caller, never from a request.
-CHARGE_FIELDS = frozenset({"principal", "quota"})
+def _unchecked(op: Op) -> Callable[..., Command]:
+    def build(*, stamp_ms: int, **fields: Any) -> Command:
+        return Command(op, stamp_ms, {name: value for name, value in fields.items() if value is not None})
+
+    build.__name__ = op.name.lower()
+    build.__doc__ = f"An unchecked {op.name} command with these body fields (None: left out)."
+    return build
 
 
-def charged(command: Command, *, principal: str, quota: dict[str, int]) -> Command:
-    """``command`` charged to ``principal`` under ``quota`` (empty: no maximum), for the ops
-    whose effect a quota counts: an ACQUIRE or ENQUEUE (what it owns), a WRITE (its bytes count
-    against the resource's owner) and every command with an op_id (its dedup entry). Any other
-    command is returned unchanged."""
-    if command.op not in (Op.ACQUIRE, Op.ENQUEUE) and command.body.get("op_id") is None:
-        return command
-    extra: dict[str, Any] = {"principal": principal}
-    read = _QUOTAS_READ.get(command.op)
-    carried = {name: value for name, value in quota.items() if read is None or name in read}
-    if carried:
-        extra["quota"] = carried
-    return dataclasses.replace(command, body={**command.body, **extra})
-
-
-# The quotas each op's checks read (absent: all of them); the others stay out of its entry,
-# which every replica decodes and checks (a Write is the hot path).
-_QUOTAS_READ: dict[Op, frozenset[str]] = {
-    Op.WRITE: frozenset({"stored_bytes", "dedup_entries"}),
-    Op.DELETE: frozenset({"dedup_entries"}),
-    Op.RELEASE: frozenset({"dedup_entries"}),
-    Op.FORCE_RELEASE: frozenset({"dedup_entries"}),
-}
-
-
-def keep_alive(*, resource: str, token: int, stamp_ms: int, ttl_ms: int | None = None) -> Command:
-    """Extend the live lease holding ``token``; ``ttl_ms`` replaces its TTL when given."""
-    body: dict[str, Any] = {"resource": resource, "token": token}
-    if ttl_ms is not None:
-        body["ttl_ms"] = ttl_ms
-    return Command(Op.KEEP_ALIVE, stamp_ms, body)
-
-
-def release(*, resource: str, token: int, stamp_ms: int, op_id: bytes | None = None) -> Command:
-    """End the lease holding ``token``; the hwm stays."""
-    body: dict[str, Any] = {"resource": resource, "token": token}
-    if op_id is not None:
-        body["op_id"] = op_id
-    return Command(Op.RELEASE, stamp_ms, body)
-
-
-def write(
-    *,
-    resource: str,
-    key: str,
-    value: bytes,
-    token: int,
-    op_id: bytes,
-    stamp_ms: int,
-    expected_version: int | None = None,
-) -> Command:
-    """Fenced write of ``key`` under ``resource`` (I3)."""
-    body: dict[str, Any] = {
-        "resource": resource,
-        "key": key,
-        "value": value,
-        "token": token,
-        "op_id": op_id,
-    }
-    if expected_version is not None:
-        body["expected_version"] = expected_version
-    return Command(Op.WRITE, stamp_ms, body)
-
-
-def delete(
-    *, resource: str, key: str, token: int, op_id: bytes, stamp_ms: int, expected_version: int | None = None
-) -> Command:
-    """Fenced delete of ``key`` under ``resource``, checked like a write (I7); with
-    ``expected_version`` (entry level 2) only while the key is at that version."""
-    body: dict[str, Any] = {"resource": resource, "key": key, "token": token, "op_id": op_id}
-    if expected_version is not None:
-        body["expected_version"] = expected_version
-    return Command(Op.DELETE, stamp_ms, body)
-
-
-def read_barrier(*, stamp_ms: int, resource: str | None = None, key: str | None = None) -> Command:
-    """A read through the log (I9): reports state as of this entry and changes only the clock."""
-    body: dict[str, Any] = {}
-    if resource is not None:
-        body["resource"] = resource
-    if key is not None:
-        body["key"] = key
-    return Command(Op.READ_BARRIER, stamp_ms, body)
-
-
-def list_page(*, prefixes: tuple[str, ...], limit: int, stamp_ms: int, after: str | None = None) -> Command:
-    """A READ_BARRIER that answers a page of the resources under ``prefixes`` (List), the
-    first ``limit`` after ``after`` by name (core/listing.py)."""
-    body: dict[str, Any] = {"prefixes": list(prefixes), "limit": limit}
-    if after is not None:
-        body["after"] = after
-    return Command(Op.READ_BARRIER, stamp_ms, body)
-
-
-def force_release(*, resource: str, op_id: bytes, stamp_ms: int) -> Command:
-    """Admin: clear the lease by issuing a new epoch for ``resource`` (I7)."""
-    return Command(Op.FORCE_RELEASE, stamp_ms, {"resource": resource, "op_id": op_id})
-
-
-def set_epoch_floor(*, floor: int, stamp_ms: int, fence_all: bool = True) -> Command:
-    """Admin, after restore (I11): raise the epoch to ``floor``; optionally fence everything."""
-    return Command(Op.SET_EPOCH_FLOOR, stamp_ms, {"floor": floor, "fence_all": fence_all})
-
-
-def tick(*, stamp_ms: int) -> Command:
-    """Advance the log clock and drop expired leases."""
-    return Command(Op.TICK, stamp_ms, {})
-
-
-def restore_begin(
-    *, restore_id: bytes, size: int, digest: bytes, epoch_floor: int, stamp_ms: int
-) -> Command:
-    """Admin (I11): start staging a backup of ``size`` bytes whose sha256 is ``digest``; its
-    COMMIT fences at an epoch above ``epoch_floor``. Replaces a stale staged restore."""
-    body = {"restore_id": restore_id, "size": size, "digest": digest, "epoch_floor": epoch_floor}
-    return Command(Op.RESTORE_BEGIN, stamp_ms, body)
-
-
-def restore_chunk(*, restore_id: bytes, seq: int, chunk: bytes, stamp_ms: int) -> Command:
-    """Admin: stage the ``seq``-th chunk (from 0, in order) of restore ``restore_id``."""
-    return Command(Op.RESTORE_CHUNK, stamp_ms, {"restore_id": restore_id, "seq": seq, "chunk": chunk})
-
-
-def restore_commit(*, restore_id: bytes, stamp_ms: int) -> Command:
-    """Admin: check the staged backup's size and digest, re-check its content, swap it in."""
-    return Command(Op.RESTORE_COMMIT, stamp_ms, {"restore_id": restore_id})
-
-
-def restore_abort(*, restore_id: bytes, stamp_ms: int) -> Command:
-    """Admin: drop the staged backup of restore ``restore_id`` (nothing else changes)."""
-    return Command(Op.RESTORE_ABORT, stamp_ms, {"restore_id": restore_id})
-
-
-def enqueue(*, resource: str, holder: str, ttl_ms: int, waiter_id: bytes, stamp_ms: int) -> Command:
-    """Queue ``waiter_id`` for the lease on ``resource`` (a lease of ``ttl_ms`` once granted),
-    or renew its place if it is queued already."""
-    body = {"resource": resource, "holder": holder, "ttl_ms": ttl_ms, "waiter_id": waiter_id}
-    return Command(Op.ENQUEUE, stamp_ms, body)
-
-
-def dequeue(*, resource: str, waiter_id: bytes, stamp_ms: int) -> Command:
-    """Take ``waiter_id`` out of ``resource``'s queue; release its lease if it was granted."""
-    return Command(Op.DEQUEUE, stamp_ms, {"resource": resource, "waiter_id": waiter_id})
-
-
-def set_cluster_level(*, level: int, stamp_ms: int) -> Command:
-    """Raise the cluster's entry level to ``level`` (entry level 2; never lowers it)."""
-    return Command(Op.SET_CLUSTER_LEVEL, stamp_ms, {"level": level})
+acquire = _unchecked(Op.ACQUIRE)
+keep_alive = _unchecked(Op.KEEP_ALIVE)
+release = _unchecked(Op.RELEASE)
+write = _unchecked(Op.WRITE)
+delete = _unchecked(Op.DELETE)
+read_barrier = _unchecked(Op.READ_BARRIER)
+list_page = _unchecked(Op.READ_BARRIER)
+force_release = _unchecked(Op.FORCE_RELEASE)
+set_epoch_floor = _unchecked(Op.SET_EPOCH_FLOOR)
+tick = _unchecked(Op.TICK)
+restore_begin = _unchecked(Op.RESTORE_BEGIN)
+restore_chunk = _unchecked(Op.RESTORE_CHUNK)
+restore_commit = _unchecked(Op.RESTORE_COMMIT)
+restore_abort = _unchecked(Op.RESTORE_ABORT)
+enqueue = _unchecked(Op.ENQUEUE)
+dequeue = _unchecked(Op.DEQUEUE)
+set_cluster_level = _unchecked(Op.SET_CLUSTER_LEVEL)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from coordinator.core import ops
 from coordinator.core.changes import ChangeKind
 from coordinator.core.commands import Op
 from coordinator.core.lock_queue import lock_state
@@ -25,8 +26,8 @@ from coordinator.core.state import ResourceState
 class LeaseHandlers(MachineBase):
     """Handlers of the lease ops; mixed into ``FencingStateMachine``."""
 
-    def _acquire(self, now: int, args: dict[str, Any]) -> Outcome:
-        resource = args["resource"]
+    def _acquire(self, now: int, body: ops.Acquire) -> Outcome:
+        resource = body.resource
         res = self._resources.get(resource)
         lease = None if res is None else res.lease
         if res is not None and res.waiters:
@@ -56,10 +57,10 @@ class LeaseHandlers(MachineBase):
                     "remaining_ms": lease.expires_at_ms - now,
                 },
             )
-        principal = args["principal"]
+        principal = body.principal
         idle: list[str] = []
-        if principal is not None and args["quota"]:
-            refusal, idle = self._quota_refusal(resource, res, now, principal, args["quota"])
+        if principal is not None and body.quota:
+            refusal, idle = self._quota_refusal(resource, res, now, principal, body.quota)
             if refusal is not None:
                 return refusal
         refusal = self._new_epoch_refusal(Op.ACQUIRE, resource, freed=len(idle))
@@ -74,7 +75,7 @@ class LeaseHandlers(MachineBase):
             res = self._resources[resource] = ResourceState()
         else:
             self._usage.remove(resource, res)
-        self._issue(resource, res, now, args["holder"], args["ttl_ms"], principal or "")
+        self._issue(resource, res, now, body.holder, body.ttl_ms, principal or "")
         self._usage.add(resource, res)
         return Applied(
             op=Op.ACQUIRE,
@@ -93,21 +94,21 @@ class LeaseHandlers(MachineBase):
         now_ms = self._log_clock_ms if now_ms is None else now_ms
         return lock_state(self._resources.get(resource), waiter_id, now_ms)
 
-    def _enqueue(self, now: int, args: dict[str, Any]) -> Outcome:
-        resource, waiter_id = args["resource"], args["waiter_id"]
+    def _enqueue(self, now: int, body: ops.Enqueue) -> Outcome:
+        resource, waiter_id = body.resource, body.waiter_id
         res = self._resources.get(resource)
         if res is not None and res.lease is not None and res.lease.waiter_id == waiter_id:
             # Granted already (a renewal that crossed its grant, or a retry): nothing to queue.
             return Applied(op=Op.ENQUEUE, result=self.lock_state(resource, waiter_id, now_ms=now))
         existing = None if res is None else res.waiters.get(waiter_id)
-        principal = args["principal"]
+        principal = body.principal
         if existing is None:
             waiting = 0 if principal is None else self._usage.waiting.get(principal, 0)
             refusal = self._queue.cap_refusal(resource, res, principal, waiting)
             if refusal is not None:
                 return refusal
-            if principal is not None and args["quota"]:
-                refusal, _idle = self._quota_refusal(resource, res, now, principal, args["quota"])
+            if principal is not None and body.quota:
+                refusal, _idle = self._quota_refusal(resource, res, now, principal, body.quota)
                 if refusal is not None:
                     return dataclasses.replace(refusal, op=Op.ENQUEUE)
             refusal = self._new_epoch_refusal(Op.ENQUEUE, resource)
@@ -118,14 +119,14 @@ class LeaseHandlers(MachineBase):
         else:
             self._usage.remove(resource, res)
         self._queue.queue(
-            resource, res, now, waiter_id, args["holder"], args["ttl_ms"], principal or "", dict(args["quota"] or {})
+            resource, res, now, waiter_id, body.holder, body.ttl_ms, principal or "", dict(body.quota or {})
         )
         self._advance(resource, res, now)
         self._settle(resource, res)
         return Applied(op=Op.ENQUEUE, result=self.lock_state(resource, waiter_id, now_ms=now))
 
-    def _dequeue(self, now: int, args: dict[str, Any]) -> Outcome:
-        resource, waiter_id = args["resource"], args["waiter_id"]
+    def _dequeue(self, now: int, body: ops.Dequeue) -> Outcome:
+        resource, waiter_id = body.resource, body.waiter_id
         res = self._resources.get(resource)
         cancelled = released = False
         if res is not None and waiter_id in res.waiters:
@@ -145,8 +146,8 @@ class LeaseHandlers(MachineBase):
         self._settle(resource, res)
         return Applied(op=Op.DEQUEUE, result={"cancelled": cancelled, "released": released})
 
-    def _keep_alive(self, now: int, args: dict[str, Any]) -> Outcome:
-        resource, token = args["resource"], args["token"]
+    def _keep_alive(self, now: int, body: ops.KeepAlive) -> Outcome:
+        resource, token = body.resource, body.token
         res = self._fenced(Op.KEEP_ALIVE, resource, token)
         if isinstance(res, Rejected):
             return res
@@ -157,13 +158,13 @@ class LeaseHandlers(MachineBase):
                 reason=Reason.LEASE_EXPIRED,
                 message=f"the lease with token {token} on {resource!r} has ended",
             )
-        ttl_ms = lease.ttl_ms if args["ttl_ms"] is None else args["ttl_ms"]
+        ttl_ms = lease.ttl_ms if body.ttl_ms is None else body.ttl_ms
         res.lease = dataclasses.replace(lease, ttl_ms=ttl_ms, expires_at_ms=now + ttl_ms)
         self._expiry.add(now + ttl_ms, resource)
         return Applied(op=Op.KEEP_ALIVE, result={"token": token, "expires_at_ms": now + ttl_ms})
 
-    def _release(self, now: int, args: dict[str, Any]) -> Outcome:
-        resource, token = args["resource"], args["token"]
+    def _release(self, now: int, body: ops.Release) -> Outcome:
+        resource, token = body.resource, body.token
         res = self._fenced(Op.RELEASE, resource, token)
         if isinstance(res, Rejected):
             return res
@@ -178,7 +179,7 @@ class LeaseHandlers(MachineBase):
         self._settle(resource, res)  # no data: forgotten; the epoch fences its tokens
         return Applied(op=Op.RELEASE, result={"hwm": res.high_water_mark, "released": released})
 
-    def _tick(self, now: int, args: dict[str, Any]) -> Outcome:
+    def _tick(self, now: int, body: ops.Tick) -> Outcome:
         # The index, not a scan: the leader TICKs every second, and a pass over 100,000
         # resources held the Raft thread for ~100 ms each time.
         for name, waiter_id in self._queue.expired(self._resources, now):

@@ -2,7 +2,7 @@
 
 Owns: ``FencingStateMachine`` -- the epoch counter, every resource's high-water mark, lease
 and fenced key/value data, the dedup table of op_ids and the log clock -- and the dispatch of
-one log entry at a time: decode it, check its body (``bodies``), answer a retried op_id from
+one log entry at a time: decode it into its op's typed body (``ops``, every field checked), answer a retried op_id from
 the dedup table (DESIGN §3 I5), run the op's handler, then advance the log clock and record
 the op_id. The handlers are mixed in by family: leases and the lock queue
 (``lease_handlers``), fenced data (``write_handlers``), admin and restore (``admin_handlers``),
@@ -21,7 +21,7 @@ same entries in the same order give the same state and the same outcomes on ever
 Quotas (DESIGN §8) are checked in the state machine (``machine_base``, ``write_handlers``), not
 in the gRPC layer, because what they count -- resources, leases, stored bytes -- is replicated
 state that a member's own view may lag: an ACQUIRE or WRITE carries the caller's principal and
-quota in its body (``commands.charged``), so every replica checks the same numbers against the
+quota in its body (``ops.charge_fields``), so every replica checks the same numbers against the
 same state at the same log index, and a principals file edited on one member first cannot make
 replicas disagree. A resource is owned by the principal of its last ACQUIRE; its lease and its
 keys + values count against that owner (``state.Usage``, derived from the resources on restore,
@@ -43,10 +43,9 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
-from coordinator.core import limits
+from coordinator.core import limits, ops
 from coordinator.core.admin_handlers import AdminHandlers
-from coordinator.core.bodies import parse_body
-from coordinator.core.commands import ENTRY_LEVEL, Command, MalformedCommand, Op, decode, validate_envelope
+from coordinator.core.commands import ENTRY_LEVEL, Command, MalformedCommand, Op, validate_envelope
 from coordinator.core.dedup import DedupTable
 from coordinator.core.expiry import ExpiryIndex
 from coordinator.core.lease_handlers import LeaseHandlers
@@ -78,7 +77,7 @@ class UnappliableEntry(Exception):
     another build, may apply it, and a refusal only some replicas make splits their states
     unnoticed. It escapes ``apply``, and the Raft layer stops the member with one line, exit
     70 (coordinator/raft/fatal.py), before anything after the entry is applied. Every entry
-    this build proposes passed the same checks first (``proposal_refusal``), so it means a
+    this build proposes was built by the same checks (``ops``), so it means a
     build of a higher entry level wrote it, or a bug."""
 
 
@@ -142,7 +141,7 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
         self._staging = RestoreStaging()
         self._cluster_level = 1  # raised by SET_CLUSTER_LEVEL only (commands.py "Entry levels")
         self._changes = []  # what the entry being applied changed (changes.py)
-        self._handlers: dict[Op, Callable[[int, dict[str, Any]], Outcome]] = {
+        self._handlers: dict[Op, Callable[[int, Any], Outcome]] = {
             Op.ACQUIRE: self._acquire,
             Op.KEEP_ALIVE: self._keep_alive,
             Op.RELEASE: self._release,
@@ -270,65 +269,57 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
         an entry this build cannot read or a handler that raised; every other outcome,
         refusals included, is a value."""
         try:
-            cmd = decode(entry)
-            args = parse_body(cmd.op, cmd.body)
+            stamp_ms, body = ops.decode(entry)
         except (MalformedCommand, InvalidField) as exc:
             raise UnappliableEntry(
                 f"log entry {index} cannot be applied by this build (entry level {ENTRY_LEVEL},"
                 f" cluster level {self._cluster_level}): {exc}"
             ) from exc
-        return self._run(cmd.op, cmd, args, index)
+        return self._run(stamp_ms, body, index)
 
     def execute(self, cmd: Command, index: int = 0) -> Outcome:
-        """Execute one decoded command that did not come from the log (tests, tools): a bad
+        """Execute one unchecked command that did not come from the log (tests, tools): a bad
         envelope or field is refused (MALFORMED) and changes nothing. A handler that raises
         raises UnappliableEntry, as in ``apply``."""
-        refusal = self.proposal_refusal(cmd)
-        if refusal is not None:
-            return refusal
-        op = Op(cmd.op)
-        return self._run(op, cmd, parse_body(op, cmd.body), index)
+        checked = self.checked(cmd)
+        if isinstance(checked, Rejected):
+            return checked
+        return self._run(cmd.stamp_ms, checked, index)
 
     @staticmethod
-    def proposal_refusal(cmd: Command) -> Rejected | None:
-        """Why ``cmd`` must not be proposed (its envelope or a body field is one ``apply``
-        cannot read, which would stop every member of this build), or None. Reads no state:
-        the server runs it before it proposes anything (server/proposer.py)."""
+    def checked(cmd: Command) -> ops.Body | Rejected:
+        """The typed body of an unchecked ``cmd`` (tests, tools), or why no member of this
+        build would propose it: the MALFORMED refusal naming its bad envelope or field. Such
+        an entry in the log would stop every member of this build (``apply``)."""
         try:
             op = validate_envelope(cmd.op, cmd.stamp_ms, cmd.body)
         except MalformedCommand as exc:
             known_op = cmd.op if isinstance(cmd.op, Op) else None
             return Rejected(op=known_op, reason=Reason.MALFORMED, message=str(exc))
         try:
-            parse_body(op, cmd.body)
+            return ops.SCHEMAS[op].from_map(cmd.body)
         except InvalidField as exc:
             return Rejected(op=op, reason=Reason.MALFORMED, message=str(exc), details={"field": exc.field})
-        return None
 
-    def read_now(self, cmd: Command) -> Outcome:
-        """What ``cmd``, a READ_BARRIER, would answer if it applied now, with nothing changed.
+    def read_now(self, body: ops.ReadBarrier) -> Outcome:
+        """What ``body``, a READ_BARRIER, would answer if it applied now, with nothing changed.
 
         The read-index path (coordinator/raft/read_index.py) answers a read without a log
         entry, once this member applied every entry acknowledged before the read arrived;
         it calls the barrier's own handler at the log clock, where an applied READ_BARRIER
         (stamp 0) reads it too, so both paths answer alike.
         """
-        try:
-            op = validate_envelope(cmd.op, cmd.stamp_ms, cmd.body)
-            args = parse_body(op, cmd.body)
-        except (MalformedCommand, InvalidField) as exc:
-            return Rejected(op=None, reason=Reason.MALFORMED, message=str(exc))
-        if op is not Op.READ_BARRIER:
-            return Rejected(op=op, reason=Reason.MALFORMED, message="only a READ_BARRIER reads without the log")
-        return self._read_barrier(max(self._log_clock_ms, cmd.stamp_ms), args)
+        return self._read_barrier(self._log_clock_ms, body)
 
-    def _run(self, op: Op, cmd: Command, args: dict[str, Any], index: int) -> Outcome:
-        """``cmd`` with its envelope and body checked (``args``): dedup, then its handler."""
-        op_id: bytes | None = args.get("op_id")
+    def _run(self, stamp_ms: int, body: ops.Body, index: int) -> Outcome:
+        """``body``, checked, stamped ``stamp_ms``: dedup, then its handler."""
+        op = body.OP
+        op_id: bytes | None = getattr(body, "op_id", None)
+        resource = body.resource
         if op_id is not None:
             entry = self._dedup.get(op_id)
             if entry is not None:
-                if entry.op is op and entry.resource == args["resource"]:
+                if entry.op is op and entry.resource == resource:
                     # A retry: nothing changes (I5); report where it first applied.
                     return dataclasses.replace(entry.outcome(), first_applied_index=entry.index)
                 return Rejected(
@@ -338,26 +329,26 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
                     details={"op": int(entry.op), "resource": entry.resource},
                 )
 
-        now = max(self._log_clock_ms, cmd.stamp_ms)
+        now = max(self._log_clock_ms, stamp_ms)
         self._changes.clear()
         try:
             # A handler either refuses without touching state or applies and returns Applied.
-            outcome = self._handlers[op](now, args)
+            outcome = self._handlers[op](now, body)
             if isinstance(outcome, Applied):
                 # Packed before the log clock or the dedup table change, so a result that
                 # cannot be stored leaves both as they were. The item: (op_id, its entry).
+                principal: str | None = getattr(body, "principal", None)
                 dedup_item = (
                     None
-                    if op_id is None
+                    if op_id is None or resource is None
                     else (op_id, DedupEntry(
-                        op_id, op, args["resource"], outcome_to_wire(outcome), now, index,
-                        shared(args.get("principal") or ""),
+                        op_id, op, resource, outcome_to_wire(outcome), now, index, shared(principal or ""),
                     ))
                 )
                 self._log_clock_ms = now
                 self._dedup.evict_aged(now)
                 if dedup_item is not None:
-                    quota = args.get("quota")
+                    quota: dict[str, int] | None = getattr(body, "quota", None)
                     self._dedup.add(*dedup_item, None if quota is None else quota.get("dedup_entries"))
                 if self._changes:
                     outcome = dataclasses.replace(outcome, changes=tuple(self._changes))
@@ -370,7 +361,6 @@ class FencingStateMachine(LeaseHandlers, WriteHandlers, AdminHandlers, SnapshotP
                 f"applying log entry {index} ({op.name}) raised {type(exc).__name__}: {exc}"
             ) from exc
         return outcome
-
 
     def check_backup(self, data: object) -> None:
         """Raise ValueError unless ``data`` is a backup the restore handlers would read: their

@@ -1,28 +1,25 @@
-"""Field rules shared by the state machine and the gRPC layer: one check per field name,
-and one table of which fields each RPC's request carries.
+"""Field rules shared by the state machine, the gRPC layer and the client: one check per
+field name.
 
-Owns: the charset, length and range rules of every command field (DESIGN §2, limits.py),
-as pure functions that return the checked value or raise ``InvalidField`` naming the field;
-``REQUESTS``, RPC name -> its fields with their check; and ``check_request``, which applies
-one row of it. Must never: import grpc, the Raft library or anything with I/O; know about ops or
-state. The state machine turns ``InvalidField`` into ``Rejected(MALFORMED)``; the service
-layer turns it into ``INVALID_ARGUMENT`` before proposing anything, so both refuse exactly
-the same inputs. ``fencingctl`` takes the fields an RPC takes from ``REQUESTS`` too.
+Owns: the charset, length and range rules of every command and request field (DESIGN §2,
+limits.py), as pure functions that return the checked value or raise ``InvalidField`` naming
+the field. Which op carries which field is ``ops``'s; which RPC's request does, ``requests``'s.
+Must never: import grpc, the Raft library or anything with I/O; know about ops or state. The
+state machine stops at an entry whose field fails (it was proposed by another build); the
+service layer turns ``InvalidField`` into ``INVALID_ARGUMENT`` before proposing anything, and
+the client into ``InvalidArgument`` before sending, so all refuse exactly the same inputs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from typing import Any, Callable, Mapping, TypeGuard
+from typing import TypeGuard
 
 from coordinator.core import limits
 
 __all__ = [
-    "Field",
     "InvalidField",
     "QUOTA_NAMES",
-    "REQUESTS",
     "check_after",
     "check_backup_data",
     "check_backup_size",
@@ -42,7 +39,6 @@ __all__ = [
     "check_prefixes",
     "check_principal",
     "check_quota",
-    "check_request",
     "check_resource",
     "check_restore_id",
     "check_seq",
@@ -352,101 +348,3 @@ def check_backup_data(value: object) -> bytes:
     if len(value) > limits.BACKUP_BYTES_MAX:
         raise InvalidField("data", f"is {len(value)} bytes, more than {limits.BACKUP_BYTES_MAX}")
     return value
-
-
-# -- the fields of each RPC's request ---------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Field:
-    """One field of an RPC's request: its check, whether the request must carry it, and
-    whether the client fills it in when its caller gives none (an op_id: a fresh one; the
-    holder: ``host/pid``), so that a caller, fencingctl's user included, may leave it out."""
-
-    check: Callable[[object], Any]
-    required: bool = True
-    filled_by_client: bool = False
-
-
-_OP_ID = Field(check_op_id, filled_by_client=True)
-
-# RPC name (fencing.proto) -> its request's fields, in the order they are checked: the first
-# bad one is the one reported, by the client before sending and by the server alike.
-# Acquire's wait_ms is not here: it only bounds the server's wait, which clamps it.
-# KeepAlive's lease_id is not here either: it must equal the token, a rule between fields.
-REQUESTS: dict[str, dict[str, Field]] = {
-    "Acquire": {
-        "resource": Field(check_resource),
-        "holder": Field(check_holder, filled_by_client=True),
-        "ttl_ms": Field(check_ttl_ms),
-        "op_id": _OP_ID,
-    },
-    "KeepAlive": {
-        "resource": Field(check_resource),
-        "token": Field(check_token),
-        "ttl_ms": Field(check_ttl_ms, required=False),  # absent: keep the lease's TTL
-    },
-    "Release": {
-        "resource": Field(check_resource),
-        "token": Field(check_token),
-        "op_id": Field(check_op_id, required=False),
-    },
-    "Describe": {"resource": Field(check_resource)},
-    # List: a page of resources by name. limit unset: LIST_LIMIT_DEFAULT; the token is the
-    # reply's next_page_token, for the same prefix.
-    "List": {
-        "prefix": Field(check_prefix, required=False),
-        "limit": Field(check_list_limit, required=False),
-        "page_token": Field(check_page_token, required=False),
-    },
-    "Write": {
-        "resource": Field(check_resource),
-        "key": Field(check_key),
-        "value": Field(check_value),
-        "token": Field(check_token),
-        "op_id": _OP_ID,
-        "expected_version": Field(check_expected_version, required=False),  # absent: any
-    },
-    "Delete": {
-        "resource": Field(check_resource),
-        "key": Field(check_key),
-        "token": Field(check_token),
-        "op_id": _OP_ID,
-        # absent: any; entry level 2 (the server refuses it below that cluster level)
-        "expected_version": Field(check_expected_version, required=False),
-    },
-    "Read": {"resource": Field(check_resource), "key": Field(check_key)},
-    "ForceRelease": {"resource": Field(check_resource), "op_id": _OP_ID},
-    "SetEpochFloor": {
-        "floor": Field(check_floor),
-        "fence_all": Field(check_fence_all, required=False),  # absent: fence every resource
-    },
-    "Restore": {"data": Field(check_snapshot_data), "epoch_floor": Field(check_epoch_floor)},
-    # Lock: queue for the lease (FIFO) and wait for its grant; the call's wait_ms is not here
-    # (the server clamps it, like Acquire's). The waiter_id is the client's, kept across calls.
-    "Lock": {
-        "resource": Field(check_resource),
-        "holder": Field(check_holder, filled_by_client=True),
-        "ttl_ms": Field(check_ttl_ms),
-        "waiter_id": Field(check_waiter_id, filled_by_client=True),
-    },
-    "CancelLock": {"resource": Field(check_resource), "waiter_id": Field(check_waiter_id)},
-    # RestoreStream: its first message's floor (the data is the stream's chunks, checked whole).
-    "RestoreStream": {"epoch_floor": Field(check_epoch_floor)},
-}
-
-
-def check_request(rpc: str, fields: Mapping[str, object]) -> dict[str, Any]:
-    """Every field of ``rpc``'s request, checked, in ``REQUESTS`` order; raises InvalidField
-    for the first bad one. An optional field that is None (or missing) is absent and stays
-    None; a required one is checked whatever it is, so None fails its check. ``fields``
-    may hold only the RPC's fields."""
-    spec = REQUESTS[rpc]
-    unknown = sorted(set(fields) - set(spec))
-    if unknown:
-        raise InvalidField(unknown[0], f"is not a field of {rpc}")
-    checked: dict[str, Any] = {}
-    for name, field in spec.items():
-        value = fields.get(name)
-        checked[name] = None if value is None and not field.required else field.check(value)
-    return checked

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.core import limits, listing
+from coordinator.core import limits, listing, ops
 from coordinator.core.changes import ChangeKind
 from coordinator.core.commands import Op
 from coordinator.core.machine_base import MachineBase
@@ -44,14 +44,14 @@ class WriteHandlers(MachineBase):
             return None, 0
         return res.data[key]
 
-    def _write(self, now: int, args: dict[str, Any]) -> Outcome:
-        resource, key = args["resource"], args["key"]
-        res = self._fenced(Op.WRITE, resource, args["token"])
+    def _write(self, now: int, body: ops.Write) -> Outcome:
+        resource, key = body.resource, body.key
+        res = self._fenced(Op.WRITE, resource, body.token)
         if isinstance(res, Rejected):
             return res
         current = res.data.get(key)
         current_version = 0 if current is None else current[1]
-        expected = args["expected_version"]
+        expected = body.expected_version
         if expected is not None and expected != current_version:
             return Rejected(
                 op=Op.WRITE,
@@ -69,12 +69,12 @@ class WriteHandlers(MachineBase):
                 message=f"{resource!r} already holds {self._keys_per_resource_max} keys",
                 details={"limit": "keys_per_resource", "max": self._keys_per_resource_max},
             )
-        value = args["value"]
+        value = body.value
         grows_by = entry_bytes(key, value) - (0 if current is None else entry_bytes(key, current[0]))
         refusal = self._state_size_refusal(resource, current is None, grows_by)
         if refusal is not None:
             return refusal
-        stored_bytes_max = None if args["quota"] is None else args["quota"].get("stored_bytes")
+        stored_bytes_max = None if body.quota is None else body.quota.get("stored_bytes")
         if stored_bytes_max is not None and res.owner and grows_by > 0:
             # The bytes are the owner's (the principal of the last acquire): a writer is
             # normally that owner, as only the last acquire's token writes.
@@ -88,15 +88,15 @@ class WriteHandlers(MachineBase):
         self._keys_total += current is None
         self._stored_bytes_total += grows_by
         self._usage.add(resource, res)
-        self._note(ChangeKind.WRITTEN, resource, key=key, value=value, version=res.revision, token=args["token"])
+        self._note(ChangeKind.WRITTEN, resource, key=key, value=value, version=res.revision, token=body.token)
         return Applied(op=Op.WRITE, result={"version": res.revision, "hwm": res.high_water_mark})
 
-    def _delete(self, now: int, args: dict[str, Any]) -> Outcome:
-        resource, key = args["resource"], args["key"]
-        res = self._fenced(Op.DELETE, resource, args["token"])
+    def _delete(self, now: int, body: ops.Delete) -> Outcome:
+        resource, key = body.resource, body.key
+        res = self._fenced(Op.DELETE, resource, body.token)
         if isinstance(res, Rejected):
             return res
-        expected = args["expected_version"]  # entry level 2: a conditional delete
+        expected = body.expected_version  # entry level 2: a conditional delete
         current_version = res.data[key][1] if key in res.data else 0
         if expected is not None and expected != current_version:
             return Rejected(
@@ -116,16 +116,17 @@ class WriteHandlers(MachineBase):
         res.stored_bytes -= freed
         self._keys_total -= 1
         self._stored_bytes_total -= freed
-        self._note(ChangeKind.DELETED, resource, key=key, version=res.revision, token=args["token"])
+        self._note(ChangeKind.DELETED, resource, key=key, version=res.revision, token=body.token)
         self._settle(resource, res)  # the last key of a released resource: forgotten
         return Applied(op=Op.DELETE, result={"version": res.revision, "deleted": True})
 
-    def _read_barrier(self, now: int, args: dict[str, Any]) -> Outcome:
-        if args["prefixes"] is not None:  # a List page (bodies: then no resource or key)
+    def _read_barrier(self, now: int, body: ops.ReadBarrier) -> Outcome:
+        if body.prefixes is not None and body.limit is not None:  # a List page (ops.ReadBarrier:
+            # then no resource or key, and both or neither of prefixes and limit)
             return Applied(op=Op.READ_BARRIER, result=listing.page(
-                self._resources, now, args["prefixes"], args["limit"], args["after"]))
+                self._resources, now, body.prefixes, body.limit, body.after))
         result: dict[str, Any] = {"epoch": self._epoch, "log_clock_ms": now}
-        resource = args["resource"]
+        resource = body.resource
         if resource is not None:
             res = self._resources.get(resource)
             lease = None if res is None else res.lease
@@ -141,7 +142,7 @@ class WriteHandlers(MachineBase):
                     "expires_at_ms": lease.expires_at_ms,
                 }
             )
-            key = args["key"]
+            key = body.key
             if key is not None:
                 value, version = self.read(resource, key)
                 result["value"] = value

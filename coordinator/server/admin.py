@@ -24,12 +24,12 @@ import grpc
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from coordinator.core import commands
+from coordinator.core import ops
 from coordinator.server import backups, log_limits
 from coordinator.server import members as members_api
 from coordinator.server.auth import Principal
 from coordinator.server.errors import Failure, ServiceError
-from coordinator.server.request_core import Core, checked_request
+from coordinator.server.request_core import Core, build, checked_request
 from coordinator.server.streams import caller_key
 
 if TYPE_CHECKING:
@@ -161,19 +161,14 @@ class AdminServicer(pb_grpc.AdminServicer):
     @_admin
     def ForceRelease(self, request: pb.ForceReleaseRequest, context,
                      caller: Principal | None) -> pb.ForceReleaseResponse:
-        result, index = self._run_checked("ForceRelease", commands.force_release, request, context, caller)
+        result, index = self.core.run(build(ops.ForceRelease, request, caller), context, caller)
         return pb.ForceReleaseResponse(header=self.core.header(index), hwm=result["hwm"])
 
     @_admin
     def SetEpochFloor(self, request: pb.SetEpochFloorRequest, context,
                       caller: Principal | None) -> pb.SetEpochFloorResponse:
-        result, index = self._run_checked("SetEpochFloor", commands.set_epoch_floor, request, context, caller)
+        result, index = self.core.run(build(ops.SetEpochFloor, request, caller), context, caller)
         return pb.SetEpochFloorResponse(header=self.core.header(index), epoch=result["epoch"])
-
-    def _run_checked(self, rpc: str, build, request, context, caller: Principal | None) -> tuple[dict, int]:
-        """``request`` checked as ``rpc``'s, built into its command by ``build`` and run
-        through the log (a fencing call: it changes what every member answers, DESIGN I7)."""
-        return self.core.run(build(**checked_request(rpc, request), stamp_ms=0), context, caller)
 
     def _copy(self, request: pb.SnapshotRequest, context, caller: Principal | None) -> tuple[bytes, int, int]:
         """(backup, epoch, applied index) of one consistent copy. The barrier makes it at least

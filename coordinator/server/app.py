@@ -32,7 +32,7 @@ from grpc_reflection.v1alpha import reflection
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
-from coordinator.core import commands, limits
+from coordinator.core import limits, ops
 from coordinator.core.state_machine import FencingStateMachine
 from coordinator.raft.node import RaftConfig, RaftNode
 from coordinator.server import api_conns, level_poller, listen_check
@@ -226,7 +226,7 @@ class HealthUpdater(threading.Thread):
             return False
         if not self.proposer.barrier_applied.is_set():
             try:
-                self.proposer.propose(commands.read_barrier(stamp_ms=0), HEALTH_BARRIER_TIMEOUT_S)
+                self.proposer.propose(ops.ReadBarrier(), HEALTH_BARRIER_TIMEOUT_S)
             except ServiceError as error:
                 log.info("health: read barrier not applied yet: %s", error.reason)
                 return False

@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator
 
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.core import commands, limits, validation
+from coordinator.core import limits, ops, requests, validation
 from coordinator.core.names import ErrorMeta
 from coordinator.core.state_machine import Reason
 from coordinator.server import errors
@@ -129,7 +129,7 @@ class ReceivedBackup:
             data += message.data
             self.data_bytes = len(data)
         try:
-            floor = validation.check_request("RestoreStream", {"epoch_floor": self.epoch_floor})["epoch_floor"]
+            floor = requests.check_request("RestoreStream", {"epoch_floor": self.epoch_floor})["epoch_floor"]
             return validation.check_backup_data(bytes(data)), floor
         except validation.InvalidField as exc:
             raise errors.invalid(exc.field, str(exc)) from None
@@ -150,17 +150,16 @@ def restore(run: Run, check_backup: Callable[[bytes], None], data: bytes, epoch_
     except ValueError as exc:
         raise errors.invalid("data", f"field 'data': {exc}") from None
     restore_id = os.urandom(limits.RESTORE_ID_BYTES)
-    run(commands.restore_begin(
-        restore_id=restore_id, size=len(data), digest=hashlib.sha256(data).digest(),
-        epoch_floor=epoch_floor, stamp_ms=0,
+    run(ops.RestoreBegin(
+        restore_id=restore_id, size=len(data), digest=hashlib.sha256(data).digest(), epoch_floor=epoch_floor,
     ))
     try:
         view = memoryview(data)
         for seq, offset in enumerate(range(0, len(data), limits.BACKUP_CHUNK_BYTES)):
             chunk = bytes(view[offset : offset + limits.BACKUP_CHUNK_BYTES])
-            command = commands.restore_chunk(restore_id=restore_id, seq=seq, chunk=chunk, stamp_ms=0)
-            run(command, max_bytes=limits.RESTORE_CHUNK_COMMAND_BYTES_MAX)
-        return run(commands.restore_commit(restore_id=restore_id, stamp_ms=0), timeout_s=commit_timeout_s)
+            run(ops.RestoreChunk(restore_id=restore_id, seq=seq, chunk=chunk),
+                max_bytes=limits.RESTORE_CHUNK_COMMAND_BYTES_MAX)
+        return run(ops.RestoreCommit(restore_id=restore_id), timeout_s=commit_timeout_s)
     except ServiceError:
         _abort(run, restore_id)
         raise
@@ -174,7 +173,7 @@ def _abort(run: Run, restore_id: bytes, *, retry_s: float = RESTORE_ABORT_RETRY_
     deadline = time.monotonic() + retry_s
     while True:
         try:
-            run(commands.restore_abort(restore_id=restore_id, stamp_ms=0))
+            run(ops.RestoreAbort(restore_id=restore_id))
             return
         except ServiceError as exc:
             if time.monotonic() + pause_s >= deadline:

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from coordinator.api.v1 import fencing_pb2 as pb
-from coordinator.core import commands, limits
+from coordinator.core import limits, ops
 from coordinator.core.names import ErrorMeta
 from coordinator.server import errors
 from coordinator.server.auth import Principal
 from coordinator.server.errors import Failure, ServiceError
 from coordinator.server.request_core import Core
+
+B = TypeVar("B", bound=ops.Body)
 
 # Worker threads that propose the items of one KeepAliveMany concurrently (shared by all
 # calls); each item still takes an in-flight slot.
@@ -93,14 +95,15 @@ def serve_many(
     items: Any,
     context,
     caller: Principal | None,
-    build: Callable[[Any], commands.Command],
-    answer: Callable[[commands.Command, tuple[dict, int] | ServiceError], tuple[Any, int]],
+    build: Callable[[Any], B],
+    answer: Callable[[B, tuple[dict, int] | ServiceError], tuple[Any, int]],
 ) -> tuple[list[Any], int]:
     """The one fan-out of every batch RPC: each item judged as the same call alone.
 
     Past a limit the call is refused whole before any item (``_check_many_limits``). Each
-    item is then built (``build``: its checks; a ServiceError refuses that item alone),
-    authorized and charged to the caller's quotas as ``Core.run`` does, and every item that
+    item is then built (``build``: its checks and its charges to the caller's quotas, as
+    ``Core.build``; a ServiceError refuses that item alone), authorized as ``Core.run``
+    does, and every item that
     passed is proposed at once (``Proposer.propose_many``) within the call's deadline.
     ``answer(command, outcome)`` turns an item's outcome -- (result dict, index) or the
     ServiceError the call alone would have raised -- into (its success message, its index),
@@ -108,7 +111,7 @@ def serve_many(
     messages in request order, the highest index any item reached)."""
     _check_many_limits(rpc, items)
     answers: list[Any] = [None] * len(items)
-    proposed: list[tuple[int, commands.Command]] = []
+    proposed: list[tuple[int, B]] = []
     for i, item in enumerate(items):
         try:
             command = build(item)
@@ -116,8 +119,6 @@ def serve_many(
         except ServiceError as error:
             answers[i] = rpc.result(error=_item_error(error, core.count_refusal))
             continue
-        if caller is not None:
-            command = commands.charged(command, principal=caller.name, quota=caller.quota.replicated())
         proposed.append((i, command))
     index = 0
     if proposed:

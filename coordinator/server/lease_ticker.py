@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from coordinator.core import commands
+from coordinator.core import ops
 from coordinator.raft.node import RaftNode
 from coordinator.server.errors import ServiceError
 from coordinator.server.proposer import Proposer
@@ -40,7 +40,7 @@ class LeaseTicker(threading.Thread):
         if not self.node.is_leader():
             return None
         try:
-            result = self.proposer.propose(commands.tick(stamp_ms=0), self.timeout_s, client_slot=False)
+            result = self.proposer.propose(ops.Tick(), self.timeout_s, client_slot=False)
         except ServiceError as error:  # lost leadership, deadline, overload: try again later
             log.info("lease ticker: TICK not applied: %s", error.reason)
             return None

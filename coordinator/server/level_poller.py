@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from coordinator.core import commands
+from coordinator.core import commands, ops
 from coordinator.raft.node import RaftNode
 from coordinator.server.errors import ServiceError
 from coordinator.server.proposer import Proposer
@@ -108,7 +108,7 @@ class LevelPoller(threading.Thread):
                 return None
             lowest = min(lowest, level)
         try:
-            result = self.proposer.propose(commands.set_cluster_level(level=lowest, stamp_ms=0), self.timeout_s,
+            result = self.proposer.propose(ops.SetClusterLevel(level=lowest), self.timeout_s,
                                            client_slot=False)
         except ServiceError as error:  # lost leadership, deadline: the next round tries again
             log.info("level poller: SET_CLUSTER_LEVEL not applied: %s", error.reason)

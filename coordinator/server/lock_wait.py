@@ -19,9 +19,10 @@ import threading
 import time
 from typing import Any
 
-from coordinator.core import commands, limits
+from coordinator.core import limits, ops
 from coordinator.core.names import ErrorMeta
 from coordinator.core.state_machine import Reason
+from coordinator.server import request_core
 from coordinator.server.auth import Principal
 from coordinator.server.errors import ServiceError
 from coordinator.server.proposer import PROPOSE_TIMEOUT_S_MIN
@@ -37,7 +38,7 @@ class LockWaits:
         self.waiters = waiters  # caps Acquires and Lock calls waiting at once (each holds a worker thread)
 
     def acquire_in_line(
-        self, command: commands.Command, held: ServiceError, wait_ms: int, started: float, context,
+        self, command: ops.Acquire, held: ServiceError, wait_ms: int, started: float, context,
         caller: Principal | None,
     ) -> tuple[dict, int]:
         """After a LEASE_HELD try: the grant this Acquire gets by waiting in the resource's
@@ -50,8 +51,7 @@ class LockWaits:
         a slot of the waiter gate (acquire_waiters_max and its per-caller cap); without one
         the answer is ``held``, as if wait_ms were 0, and nothing is queued.
         """
-        resource, waiter_id = command.resource, command.body["op_id"]
-        assert resource is not None  # an Acquire names its resource
+        resource, waiter_id = command.resource, command.op_id
         node = self.core.node
         # A retry of an Acquire that was granted through the queue but whose answer was lost:
         # the lease names its op_id. (The refused try applied on this member, so this local
@@ -66,11 +66,9 @@ class LockWaits:
         who = caller_key(None if caller is None else caller.name, context.peer())
         self._take_waiter_slot(held, who)
         try:
-            fields = {k: command.body[k] for k in ("resource", "holder", "ttl_ms")}
+            fields = {"resource": resource, "holder": command.holder, "ttl_ms": command.ttl_ms, "waiter_id": waiter_id}
             try:
-                state, index = self.core.run(
-                    commands.enqueue(**fields, waiter_id=waiter_id, stamp_ms=0), context, caller
-                )
+                state, index = self.core.run(request_core.body(ops.Enqueue, fields, caller), context, caller)
             except ServiceError as refused:
                 if not isinstance(refused.key, Reason):
                     raise  # no leader, overloaded, unknown outcome: the client retries with this op_id
@@ -90,7 +88,7 @@ class LockWaits:
         # between the look above and this DEQUEUE is ended by the DEQUEUE itself (its lease is
         # released and the next waiter granted in the same entry) rather than returned: its
         # token was never sent, and the last try below answers for the resource as it is now.
-        self.core.run(commands.dequeue(resource=resource, waiter_id=waiter_id, stamp_ms=0), context, caller)
+        self.core.run(ops.Dequeue(resource=resource, waiter_id=waiter_id), context, caller)
         if not context.is_active():
             raise held  # nobody to answer; the queue is left, which is what mattered
         # One last try, so the LEASE_HELD this answers with is the state's now (holder and
@@ -135,7 +133,7 @@ class LockWaits:
             raise ServiceError(held.key, f"{held.message} (not waiting: {full.message}, limit {limit})",
                                held.metadata, index=held.index) from None
 
-    def lock(self, fields: dict[str, Any], wait_ms: int, context, caller: Principal | None) -> tuple[dict, int]:
+    def lock(self, command: ops.Enqueue, wait_ms: int, context, caller: Principal | None) -> tuple[dict, int]:
         """A Lock call's answer: the state of its waiter (granted, or queued and where), and
         the index it is as of (0: this member's applied index now).
 
@@ -147,8 +145,8 @@ class LockWaits:
         calls again. A cancelled call ends its wait at once but leaves the waiter queued:
         the client's next Lock call (after a reconnect, say) keeps its place, and its
         CancelLock or the waiter's slot expiry (LOCK_WAITER_TTL_MS) takes it out."""
-        resource, waiter_id = fields["resource"], fields["waiter_id"]
-        result, index = self.core.run(commands.enqueue(**fields, stamp_ms=0), context, caller)
+        resource, waiter_id = command.resource, command.waiter_id
+        result, index = self.core.run(command, context, caller)
         wait_s = self._lock_wait_s(wait_ms, context)
         if not result["granted"] and result["queued"] and wait_s > 0:
             who = caller_key(None if caller is None else caller.name, context.peer())

@@ -10,21 +10,19 @@ start (health). One code path for one command and for many: ``propose`` is
 Must never: decide a domain rule (the state machine does), queue proposals without bound,
 report an unknown outcome as a failure (a deadline passed is OUTCOME_UNKNOWN: the entry may
 still commit), map a fate to a status anywhere but ``errors``, or propose a command the state
-machine's checks refuse or one that needs an entry level above the cluster's (``_gate``: such
-an entry would stop members, DESIGN §8).
+machine's checks would refuse (a body is checked as it is built, ``ops``) or one that needs an
+entry level above the cluster's (``_gate``: such an entry would stop members, DESIGN §8).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import threading
 import time
 
 import grpc
 
-from coordinator.core import commands, limits
-from coordinator.core.state_machine import FencingStateMachine
+from coordinator.core import commands, limits, ops
 from coordinator.raft.interface import ProposeFailure, ProposeOutcome, ProposeResult
 from coordinator.raft.node import RaftNode
 from coordinator.raft.read_index import ReadIndexOutcome
@@ -127,7 +125,7 @@ class Proposer:
         return leader, self._members.get(leader, "")
 
     def propose(
-        self, command: commands.Command, timeout_s: float, *, max_bytes: int | None = None,
+        self, command: ops.Body, timeout_s: float, *, max_bytes: int | None = None,
         client_slot: bool = True,
     ) -> ProposeResult:
         """The APPLIED result of ``command``, or raise ServiceError for anything else.
@@ -141,7 +139,7 @@ class Proposer:
         return fate
 
     def propose_many(
-        self, commands_: list[commands.Command], timeout_s: float, *, max_bytes: int | None = None,
+        self, commands_: list[ops.Body], timeout_s: float, *, max_bytes: int | None = None,
         client_slot: bool = True,
     ) -> list[Fate]:
         """Propose every command at once and wait, at most ``timeout_s`` in all, for each
@@ -171,12 +169,12 @@ class Proposer:
         return self._answers(commands_, fates)
 
     def _submit(
-        self, round_: _Round, i: int, command: commands.Command, timeout_s: float, max_bytes: int | None,
+        self, round_: _Round, i: int, command: ops.Body, timeout_s: float, max_bytes: int | None,
         *, alone: bool,
     ) -> None:
         """Stamp, size, check and send proposal ``i``; its fate reaches ``round_``. The size
         first: it bounds what the checks below read, and names the byte cap."""
-        encoded = dataclasses.replace(command, stamp_ms=self.node.next_stamp_ms()).encode()
+        encoded = ops.encode(command, self.node.next_stamp_ms())
         if len(encoded) > (limits.COMMAND_BYTES_MAX if max_bytes is None else max_bytes):
             round_.refuse(i, ProposeResult.failed(ProposeFailure.COMMAND_TOO_LARGE))
             return
@@ -196,15 +194,13 @@ class Proposer:
                 encoded, functools.partial(round_.settle, i), batch_key=command.resource,
             )
 
-    def _gate(self, command: commands.Command) -> ServiceError | None:
-        """Why ``command`` must not reach the log, or None (DESIGN §8 "Rolling upgrades"): a
-        body ``apply`` would not read (every member of this build would stop at it), or an
-        entry level above the cluster's (every member of an older build would). Reads the
-        cluster level under the apply lock only for a command that needs more than level 1."""
-        refusal = FencingStateMachine.proposal_refusal(command)
-        if refusal is not None:
-            return errors.from_refusal(refusal)
-        needed = commands.level_needed(command)
+    def _gate(self, command: ops.Body) -> ServiceError | None:
+        """Why ``command`` must not reach the log, or None (DESIGN §8 "Rolling upgrades"): an
+        entry level above the cluster's (every member of an older build would stop at it).
+        Its fields need no second look: a body is checked as it is built (``ops``), by the
+        rules ``apply`` reads it with. Reads the cluster level under the apply lock only for
+        a command that needs more than level 1."""
+        needed = ops.level_needed(command)
         # SET_CLUSTER_LEVEL needs level 2 to apply, but it is what raises the level: only the
         # leader's LevelPoller proposes it (no request builds one), once every member of the
         # configuration announced the level it sets.
@@ -214,7 +210,7 @@ class Proposer:
                 return errors.cluster_level_too_low(needed, cluster_level)
         return None
 
-    def _answers(self, commands_: list[commands.Command], fates: list[Fate]) -> list[Fate]:
+    def _answers(self, commands_: list[ops.Body], fates: list[Fate]) -> list[Fate]:
         """Each fate as the caller sees it: APPLIED results as they are, anything else its
         ServiceError (the leader hint read once, for every failure that needs it)."""
         leader: tuple[str, str] | None = None
@@ -237,7 +233,7 @@ class Proposer:
             self.metrics.proposal_done("overloaded", None)
         return ServiceError(Failure.OVERLOADED, "too many proposals in flight on this member; retry later")
 
-    def read_index(self, command: commands.Command, timeout_s: float) -> tuple[dict, int] | None:
+    def read_index(self, command: ops.ReadBarrier, timeout_s: float) -> tuple[dict, int] | None:
         """``command`` (a READ_BARRIER) answered by the read-index barrier: (result dict,
         index), None when the leader cannot answer that way (the caller uses the log), or
         ServiceError. Takes an in-flight slot like a proposal: a read waits like one."""

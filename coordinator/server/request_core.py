@@ -1,11 +1,12 @@
 """The request core every servicer shares: who calls, what it sent, and its one proposal or read.
 
-Owns: reading and checking a request's fields against its RPC's row of
-``validation.REQUESTS`` (``checked_request``), ``Core`` (authentication and authorization of
-the caller, DESIGN I10; charging each command to the caller's quotas, checked in the state
-machine; proposing it with the RPC's deadline; the read barrier, DESIGN I9, by read index or
-through the log; response headers and the trailers of every error), and ``unary``, the
-decorator that authenticates a unary call once and turns its ServiceError into a status.
+Owns: reading a request's fields by its RPC's row of ``requests.REQUESTS`` (``request_fields``)
+and checking them (``checked_request``), ``Core`` (authentication and authorization of the
+caller, DESIGN I10; building an op's body once from a request, with the caller's charges to its
+quotas, which the state machine checks; proposing it with the RPC's deadline; the read
+barrier, DESIGN I9, by read index or through the log; response headers and the trailers of
+every error), and ``unary``, the decorator that authenticates a unary call once and turns its
+ServiceError into a status.
 Must never: decide a domain rule (the state machine does), build a response message (the
 servicers do), or map an error to a status anywhere but ``errors``.
 """
@@ -14,13 +15,14 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 import grpc
 
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client.proof import ProofSigner
-from coordinator.core import commands, limits, listing, validation
+from coordinator.core import limits, listing, ops, requests, validation
 from coordinator.core.names import Trailer
 from coordinator.raft.node import RaftNode
 from coordinator.server import errors
@@ -29,21 +31,50 @@ from coordinator.server.errors import Failure, ServiceError
 from coordinator.server.proposer import PROPOSE_TIMEOUT_S_MIN, Proposer
 from coordinator.server.stream_slots import StreamSlots
 
+B = TypeVar("B", bound=ops.Body)
 
-def checked_request(rpc: str, request: Any) -> dict[str, Any]:
-    """The fields ``validation.REQUESTS[rpc]`` names, read from ``request`` and checked; a
-    bad one is INVALID_ARGUMENT naming it. An optional field the caller left unset is None:
-    unset is ``not HasField`` for a field with presence and the zero value for the rest (an
-    empty op_id, a ttl_ms of 0), except a bool, whose False is a choice, not an absence."""
+
+def request_fields(rpc: str, request: Any) -> dict[str, Any]:
+    """The fields ``requests.REQUESTS[rpc]`` names, read from ``request`` (not yet checked).
+    An optional field the caller left unset is None: unset is ``not HasField`` for a field
+    with presence and the zero value for the rest (an empty op_id, a ttl_ms of 0), except a
+    bool, whose False is a choice, not an absence."""
     fields: dict[str, Any] = {}
     for name, required, has_presence, zero in _presence_plan(rpc, request.DESCRIPTOR):
         value = getattr(request, name)
         unset = (not request.HasField(name)) if has_presence else (zero is not _NEVER_UNSET and value == zero)
         fields[name] = None if unset and not required else value
+    return fields
+
+
+def checked_request(rpc: str, request: Any) -> dict[str, Any]:
+    """The fields of ``rpc``'s request (an RPC that proposes no op body of its own: a read,
+    a restore), checked by its row of ``requests.REQUESTS``; a bad one is INVALID_ARGUMENT
+    naming it."""
     try:
-        return validation.check_request(rpc, fields)
+        return requests.check_request(rpc, request_fields(rpc, request))
     except validation.InvalidField as exc:
         raise errors.invalid(exc.field, str(exc)) from None
+
+
+def body(cls: type[B], fields: Mapping[str, Any], caller: Principal | None) -> B:
+    """``cls``'s op body holding ``fields`` and ``caller``'s charges (its principal and
+    the quotas the op's checks read, ``ops.charge_fields``): built once, every field
+    checked as it is built; a bad one is INVALID_ARGUMENT naming it."""
+    try:
+        if caller is not None:
+            charges = ops.charge_fields(cls, fields, principal=caller.name, quota=caller.quota.replicated())
+            fields = {**fields, **charges}
+        return cls(**fields)
+    except validation.InvalidField as exc:
+        raise errors.invalid(exc.field, str(exc)) from None
+
+def build(cls: type[B], request: Any, caller: Principal | None) -> B:
+    """The op body ``request`` asks for (its RPC's is ``cls``, ``requests.BODY_OF``),
+    charged to ``caller``."""
+    rpc = request.DESCRIPTOR.name.removesuffix("Request")
+    assert requests.BODY_OF[rpc] is cls, (rpc, cls)
+    return body(cls, request_fields(rpc, request), caller)
 
 
 _NEVER_UNSET = object()  # a bool's False is a value the caller chose
@@ -55,7 +86,7 @@ def _presence_plan(rpc: str, descriptor: Any) -> tuple[tuple[str, bool, bool, An
     whether it is required, whether the wire tracks its presence, and the zero value that
     means "unset" where it does not."""
     plan = []
-    for name, spec in validation.REQUESTS[rpc].items():
+    for name, spec in requests.REQUESTS[rpc].items():
         field = descriptor.fields_by_name[name]
         zero = _NEVER_UNSET if field.type == field.TYPE_BOOL else field.default_value
         plan.append((name, spec.required, field.has_presence, zero))
@@ -160,18 +191,16 @@ class Core:
 
     def run(
         self,
-        command: commands.Command,
+        command: ops.Body,
         context,
         caller: Principal | None,
         *,
         max_bytes: int | None = None,
         timeout_s: float | None = None,
     ) -> tuple[dict, int]:
-        """Authorize, charge to the caller's quotas, then propose with the RPC's deadline
-        (or ``timeout_s``); (result dict, Raft index) or ServiceError."""
+        """Authorize, then propose with the RPC's deadline (or ``timeout_s``); (result dict,
+        Raft index) or ServiceError. ``command`` carries its charges already (``body``)."""
         self.authorize(caller, command.resource)
-        if caller is not None:
-            command = commands.charged(command, principal=caller.name, quota=caller.quota.replicated())
         wait_s = self.proposer.timeout_s(context) if timeout_s is None else timeout_s
         result = self.proposer.propose(command, wait_s, max_bytes=max_bytes)
         return result.value.result, result.index
@@ -182,11 +211,10 @@ class Core:
     ) -> tuple[dict, int]:
         """A READ_BARRIER's result (DESIGN I9). ``read_index``: on the leader, with the setting
         on, try the read-index barrier first (no log entry); the log whenever it cannot answer."""
-        command = commands.read_barrier(stamp_ms=0, resource=resource, key=key)
-        return self.read(command, context, caller, read_index=read_index)
+        return self.read(ops.ReadBarrier(resource=resource, key=key), context, caller, read_index=read_index)
 
     def read(
-        self, command: commands.Command, context, caller: Principal | None, *, read_index: bool = False,
+        self, command: ops.ReadBarrier, context, caller: Principal | None, *, read_index: bool = False,
     ) -> tuple[dict, int]:
         """``command``'s (a READ_BARRIER's) result, by read index when ``read_index`` allows
         (``barrier``), else through the log."""

@@ -33,7 +33,7 @@ import secrets
 import sys
 from typing import Any
 
-from coordinator.core import commands, limits
+from coordinator.core import limits, ops
 from coordinator.core.outcomes import Rejected
 from coordinator.core.snapshot_format import parse_snapshot
 from coordinator.core.state_machine import FencingStateMachine
@@ -185,11 +185,10 @@ def restored_entries(plan: Plan, config: Configuration) -> tuple[list[snapshot_f
     ]
     sm = FencingStateMachine()
 
-    def run(command: commands.Command, **_limits: Any) -> tuple[dict, int]:
+    def run(command: ops.Body, *, stamp_ms: int = 0, **_limits: Any) -> tuple[dict, int]:
         index = len(entries) + 1
-        encoded = command.encode()
-        # As the proposer does: nothing the state machine's checks refuse enters a log.
-        outcome = sm.proposal_refusal(command) or sm.apply(encoded, index)
+        encoded = ops.encode(command, stamp_ms)  # a body is checked as it is built (ops.py)
+        outcome = sm.apply(encoded, index)
         if isinstance(outcome, Rejected):
             raise Refused(f"--backup: the restore was refused: {outcome.message}")
         entries.append((raft_wire.encode_entry(encoded), index, RESTORED_TERM))
@@ -197,7 +196,7 @@ def restored_entries(plan: Plan, config: Configuration) -> tuple[list[snapshot_f
 
     if plan.backup_log_clock_ms:
         # The log clock goes on from the backup's (DESIGN I11: it keeps going forward).
-        run(commands.tick(stamp_ms=plan.backup_log_clock_ms))
+        run(ops.Tick(), stamp_ms=plan.backup_log_clock_ms)
     try:
         result, _index = backups.restore(run, sm.check_backup, plan.backup, plan.epoch_floor, 0.0)
     except ServiceError as exc:

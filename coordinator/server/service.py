@@ -1,7 +1,7 @@
 """The gRPC servicers of ``fencing.v1`` Lease, FencedStore and Cluster: pb in, pb out.
 
 Owns: each RPC's translation, and nothing more: read and check its request
-(``request_core.checked_request``), build its command, hand it to the shared core (propose,
+into its op's typed body (``Core.build``, ``core/ops.py``), hand it to the shared core (propose,
 read barrier), the lock waits (lock_wait.py) or the batch fan-out (batches.py), and build its
 response from the result. The Admin service is admin.py's.
 Must never: decide a domain rule (the state machine does), wait, propose or fan out itself
@@ -26,7 +26,7 @@ from typing import Any
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.client.version import distribution_version
-from coordinator.core import commands, limits, listing, validation
+from coordinator.core import commands, limits, listing, ops, validation
 from coordinator.core.state_machine import Reason
 from coordinator.server import errors
 from coordinator.server import members as members_api
@@ -34,7 +34,7 @@ from coordinator.server.auth import Principal
 from coordinator.server.batches import ACQUIRE_MANY, RELEASE_MANY, WRITE_MANY, KeepAlivePool, applied, serve_many
 from coordinator.server.errors import ServiceError
 from coordinator.server.lock_wait import LockWaits
-from coordinator.server.request_core import Core, checked_request, unary
+from coordinator.server.request_core import Core, build, checked_request, unary
 from coordinator.server.streams import SlotGate
 
 # -- Lease ---------------------------------------------------------------------------------
@@ -52,7 +52,7 @@ class LeaseServicer(pb_grpc.LeaseServicer):
     @unary
     def Acquire(self, request: pb.AcquireRequest, context, caller: Principal | None) -> pb.AcquireResponse:
         started = time.monotonic()
-        command = commands.acquire(**checked_request("Acquire", request), stamp_ms=0)
+        command = build(ops.Acquire, request, caller)
         try:
             result, index = self.core.run(command, context, caller)
         except ServiceError as held:
@@ -61,9 +61,8 @@ class LeaseServicer(pb_grpc.LeaseServicer):
             result, index = self.waits.acquire_in_line(command, held, request.wait_ms, started, context, caller)
         return self._acquire_response(command, result, index)
 
-    def _acquire_response(self, command: commands.Command, result: dict, index: int) -> pb.AcquireResponse:
+    def _acquire_response(self, command: ops.Acquire, result: dict, index: int) -> pb.AcquireResponse:
         resource = command.resource
-        assert resource is not None, "an ACQUIRE always names its resource (commands.acquire)"
         return pb.AcquireResponse(
             header=self.core.header(index),
             token=result["token"],
@@ -82,22 +81,22 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         LEASE_HELD."""
         started = time.monotonic()
 
-        def build(item: pb.AcquireRequest) -> commands.Command:
-            command = commands.acquire(**checked_request("Acquire", item), stamp_ms=0)
+        def item_body(item: pb.AcquireRequest) -> ops.Acquire:
+            command = build(ops.Acquire, item, caller)
             if item.wait_ms:
                 raise errors.invalid(
                     "wait_ms", f"must be 0 in AcquireMany (got {item.wait_ms}): an Acquire that waits goes on its own"
                 )
             return command
 
-        def answer(command: commands.Command, outcome: tuple[dict, int] | ServiceError) -> tuple[Any, int]:
+        def answer(command: ops.Acquire, outcome: tuple[dict, int] | ServiceError) -> tuple[Any, int]:
             if isinstance(outcome, ServiceError) and outcome.key is Reason.LEASE_HELD:
                 result, index = self.waits.acquire_in_line(command, outcome, 0, started, context, caller)
             else:
                 result, index = applied(outcome)
             return self._acquire_response(command, result, index), index
 
-        results, index = serve_many(self.core, ACQUIRE_MANY, request.acquires, context, caller, build, answer)
+        results, index = serve_many(self.core, ACQUIRE_MANY, request.acquires, context, caller, item_body, answer)
         return pb.AcquireManyResponse(header=self.core.header(index), results=results)
 
     def _proof(self, resource: str, token: int) -> bytes:
@@ -109,8 +108,8 @@ class LeaseServicer(pb_grpc.LeaseServicer):
     @unary
     def Lock(self, request: pb.LockRequest, context, caller: Principal | None) -> pb.LockResponse:
         # The wait for its grant, and why it is shaped so: lock_wait.py.
-        fields = checked_request("Lock", request)
-        result, index = self.waits.lock(fields, request.wait_ms, context, caller)
+        command = build(ops.Enqueue, request, caller)
+        result, index = self.waits.lock(command, request.wait_ms, context, caller)
         granted = result["granted"]
         return pb.LockResponse(
             header=self.core.header(index),
@@ -118,28 +117,27 @@ class LeaseServicer(pb_grpc.LeaseServicer):
             token=result.get("token", 0),
             lease_id=result.get("token", 0),
             expires_at_ms=result.get("expires_at_ms", 0),
-            token_proof=self._proof(fields["resource"], result["token"]) if granted else b"",
+            token_proof=self._proof(command.resource, result["token"]) if granted else b"",
             queued=bool(result.get("queued")),
             position=result.get("position", 0),
         )
 
     @unary
     def CancelLock(self, request: pb.CancelLockRequest, context, caller: Principal | None) -> pb.CancelLockResponse:
-        command = commands.dequeue(**checked_request("CancelLock", request), stamp_ms=0)
+        command = build(ops.Dequeue, request, caller)
         result, index = self.core.run(command, context, caller)
         return pb.CancelLockResponse(
             header=self.core.header(index), cancelled=result["cancelled"], released=result["released"]
         )
 
-    @staticmethod
-    def _keep_alive_command(request: pb.KeepAliveRequest) -> commands.Command:
-        fields = checked_request("KeepAlive", request)
+    def _keep_alive_command(self, request: pb.KeepAliveRequest, caller: Principal | None) -> ops.KeepAlive:
+        command = build(ops.KeepAlive, request, caller)
         if request.lease_id and request.lease_id != request.token:
             raise errors.invalid("lease_id", f"lease_id {request.lease_id} must equal token {request.token} (or be 0)")
-        return commands.keep_alive(**fields, stamp_ms=0)
+        return command
 
     def _keep_alive(self, request: pb.KeepAliveRequest, context, caller: Principal | None) -> pb.KeepAliveResponse:
-        result, index = self.core.run(self._keep_alive_command(request), context, caller)
+        result, index = self.core.run(self._keep_alive_command(request, caller), context, caller)
         return pb.KeepAliveResponse(
             header=self.core.header(index),
             resource=request.resource,
@@ -183,7 +181,7 @@ class LeaseServicer(pb_grpc.LeaseServicer):
 
     @unary
     def Release(self, request: pb.ReleaseRequest, context, caller: Principal | None) -> pb.ReleaseResponse:
-        command = commands.release(**checked_request("Release", request), stamp_ms=0)
+        command = build(ops.Release, request, caller)
         result, index = self.core.run(command, context, caller)
         return pb.ReleaseResponse(header=self.core.header(index), released=result["released"], hwm=result["hwm"])
 
@@ -191,16 +189,16 @@ class LeaseServicer(pb_grpc.LeaseServicer):
     def ReleaseMany(self, request: pb.ReleaseManyRequest, context, caller: Principal | None) -> pb.ReleaseManyResponse:
         """Each item as the same Release alone (``serve_many``)."""
 
-        def build(item: pb.ReleaseRequest) -> commands.Command:
-            return commands.release(**checked_request("Release", item), stamp_ms=0)
+        def item_body(item: pb.ReleaseRequest) -> ops.Release:
+            return build(ops.Release, item, caller)
 
-        def answer(command: commands.Command, outcome: tuple[dict, int] | ServiceError) -> tuple[Any, int]:
+        def answer(command: ops.Release, outcome: tuple[dict, int] | ServiceError) -> tuple[Any, int]:
             result, index = applied(outcome)
             response = pb.ReleaseResponse(
                 header=self.core.header(index), released=result["released"], hwm=result["hwm"])
             return response, index
 
-        results, index = serve_many(self.core, RELEASE_MANY, request.releases, context, caller, build, answer)
+        results, index = serve_many(self.core, RELEASE_MANY, request.releases, context, caller, item_body, answer)
         return pb.ReleaseManyResponse(header=self.core.header(index), results=results)
 
     @unary
@@ -234,7 +232,7 @@ class LeaseServicer(pb_grpc.LeaseServicer):
                     "page_token", f"continues a listing of prefix {token_prefix!r}, not {prefix!r}"
                 )
         covered = self.core.list_prefixes(caller, prefix)
-        command = commands.list_page(prefixes=covered, limit=limit, after=after, stamp_ms=0)
+        command = ops.ReadBarrier(prefixes=covered, limit=limit, after=after)
         result, index = self.core.read(command, context, caller, read_index=True)
         items = [pb.ListedResource(**dict(zip(listing.ITEM_FIELDS, item, strict=True))) for item in result["resources"]]
         more = result["more"] and bool(items)
@@ -256,7 +254,7 @@ class FencedStoreServicer(pb_grpc.FencedStoreServicer):
 
     @unary
     def Write(self, request: pb.WriteRequest, context, caller: Principal | None) -> pb.WriteResponse:
-        command = commands.write(**checked_request("Write", request), stamp_ms=0)
+        command = build(ops.Write, request, caller)
         result, index = self.core.run(command, context, caller)
         return pb.WriteResponse(header=self.core.header(index), version=result["version"], hwm=result["hwm"])
 
@@ -265,19 +263,19 @@ class FencedStoreServicer(pb_grpc.FencedStoreServicer):
         """Each item as the same Write alone (``serve_many``); per item its WriteResponse or
         the error that Write would have had."""
 
-        def build(item: pb.WriteRequest) -> commands.Command:
-            return commands.write(**checked_request("Write", item), stamp_ms=0)
+        def item_body(item: pb.WriteRequest) -> ops.Write:
+            return build(ops.Write, item, caller)
 
-        def answer(command: commands.Command, outcome: tuple[dict, int] | ServiceError) -> tuple[pb.WriteResponse, int]:
+        def answer(command: ops.Write, outcome: tuple[dict, int] | ServiceError) -> tuple[pb.WriteResponse, int]:
             result, index = applied(outcome)
             return pb.WriteResponse(header=self.core.header(index), version=result["version"], hwm=result["hwm"]), index
 
-        results, index = serve_many(self.core, WRITE_MANY, request.writes, context, caller, build, answer)
+        results, index = serve_many(self.core, WRITE_MANY, request.writes, context, caller, item_body, answer)
         return pb.WriteManyResponse(header=self.core.header(index), results=results)
 
     @unary
     def Delete(self, request: pb.DeleteRequest, context, caller: Principal | None) -> pb.DeleteResponse:
-        command = commands.delete(**checked_request("Delete", request), stamp_ms=0)
+        command = build(ops.Delete, request, caller)
         result, index = self.core.run(command, context, caller)
         return pb.DeleteResponse(header=self.core.header(index), version=result["version"], deleted=result["deleted"])
 
