@@ -114,7 +114,7 @@ def test_restore_chunks_may_be_larger_than_other_commands():
     # MALFORMED; in the log it is an entry this build never writes, and stops the member.
     sm = FencingStateMachine()
     over = c.restore_chunk(restore_id=rid, seq=0, chunk=big + b"x", stamp_ms=1)
-    assert refused(sm.proposal_refusal(over), Reason.MALFORMED).details == {"field": "chunk"}
+    assert refused(sm.checked(over), Reason.MALFORMED).details == {"field": "chunk"}
     with pytest.raises(UnappliableEntry, match="field 'chunk'"):
         sm.apply(over.encode())
 

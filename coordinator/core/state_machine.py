@@ -30,7 +30,7 @@ so it needs no snapshot field of its own beyond the owner's name). A resource wi
 and the global epoch already fences every token it ever had (a re-acquire issues a token above
 all of them; a write carrying one finds hwm 0 and is UNKNOWN_TOKEN).
 
-Every command with an op_id carries its principal too (``commands.charged``; none: the anonymous
+Every command with an op_id carries its principal too (``ops.charge_fields``; none: the anonymous
 principal), and its dedup entry counts against that principal's ``dedup_entries`` budget: a
 flood of one principal's fresh op_ids evicts its own oldest entries, never those of a principal
 holding fewer (``dedup``, issue 26).

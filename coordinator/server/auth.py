@@ -77,7 +77,7 @@ class Quota:
     dedup_entries_max: int | None = None
 
     def replicated(self) -> dict[str, int]:
-        """The quotas the state machine checks, as a command carries them (``commands.charged``)."""
+        """The quotas the state machine checks, as a command carries them (``ops.charge_fields``)."""
         values = {
             "resources": self.resources_max,
             "leases": self.leases_max,
