@@ -20,6 +20,7 @@ from coordinator.client import exceptions as E
 from coordinator.core import ops, requests, validation
 from coordinator.core.commands import Op
 from coordinator.server import errors, request_core
+from coordinator.server.auth import Principal, Quota
 
 GOOD_OP_ID = bytes(16)
 
@@ -144,10 +145,22 @@ def test_service_keeps_values_that_equal_the_proto_default_where_they_mean_somet
 
 
 def test_service_refuses_a_bad_field_as_invalid_argument_naming_it():
+    request = pb.AcquireRequest(resource="r", holder="h", ttl_ms=5, op_id=GOOD_OP_ID)
     with pytest.raises(errors.ServiceError) as caught:
-        request_core.checked_request("Acquire", pb.AcquireRequest(resource="r", holder="h", ttl_ms=5))
+        request_core.build(ops.Acquire, request, None)
     assert caught.value.key is errors.Failure.INVALID_INPUT
     assert caught.value.metadata == {"field": "ttl_ms"}
+
+
+def test_service_builds_a_body_once_with_the_callers_charges():
+    caller = Principal("team-a", ("jobs/",), admin=False, quota=Quota(leases_max=3, stored_bytes_max=100))
+    write = pb.WriteRequest(resource="jobs/1", key="k", value=b"v", token=3, op_id=GOOD_OP_ID)
+    assert request_core.build(ops.Write, write, caller) == ops.Write(
+        resource="jobs/1", key="k", value=b"v", token=3, op_id=GOOD_OP_ID, principal="team-a",
+        quota={"stored_bytes": 100})  # a write reads no lease quota: it stays out of the entry
+    keep_alive = request_core.build(ops.KeepAlive, pb.KeepAliveRequest(resource="jobs/1", token=3), caller)
+    assert keep_alive == ops.KeepAlive(resource="jobs/1", token=3)  # charged to nobody
+    assert request_core.build(ops.Write, write, None).principal is None  # an open data plane
 
 
 # A request of each RPC whose op_id is required, valid but for the op_id left unset: what a
@@ -170,20 +183,20 @@ def test_every_rpc_that_requires_an_op_id_is_checked_here():
 @pytest.mark.parametrize("rpc", sorted(WITHOUT_OP_ID))
 def test_a_request_without_an_op_id_is_refused_saying_what_to_send(rpc):
     with pytest.raises(errors.ServiceError) as caught:
-        request_core.checked_request(rpc, WITHOUT_OP_ID[rpc])
+        request_core.build(requests.BODY_OF[rpc], WITHOUT_OP_ID[rpc], None)
     assert caught.value.key is errors.Failure.INVALID_INPUT
     assert (caught.value.message, caught.value.metadata) == (SEND_AN_OP_ID, {"field": "op_id"})
     too_short = type(WITHOUT_OP_ID[rpc])()
     too_short.CopyFrom(WITHOUT_OP_ID[rpc])
     too_short.op_id = b"x" * 15
     with pytest.raises(errors.ServiceError) as caught:
-        request_core.checked_request(rpc, too_short)
+        request_core.build(requests.BODY_OF[rpc], too_short, None)
     assert caught.value.message == SEND_AN_OP_ID.replace("is 0 bytes", "is 15 bytes")
 
 
 def test_a_lock_without_a_waiter_id_is_refused_saying_what_to_send():
     with pytest.raises(errors.ServiceError) as caught:
-        request_core.checked_request("Lock", pb.LockRequest(resource="r", holder="h", ttl_ms=5_000))
+        request_core.build(ops.Enqueue, pb.LockRequest(resource="r", holder="h", ttl_ms=5_000), None)
     assert caught.value.message == ("field 'waiter_id': is 0 bytes, not in [16, 64]: send 16-64 random bytes, "
                                     "chosen once per lock wait and sent on each of its Lock calls")
 

@@ -104,6 +104,23 @@ class _Position:
     def request(self) -> pb.WatchRequest:
         return pb.WatchRequest(prefix=self.prefix, start_revision=self.next_revision)
 
+    def after_error(
+        self, err: grpc.RpcError, endpoint: str, failing_since: float | None, timeout_s: float,
+    ) -> tuple[float, bool]:
+        """After stream ``err`` from ``endpoint``: raise it (as its FencingError) unless a new
+        stream resumes the watch, or Unavailable once none has stayed open for ``timeout_s``
+        since ``failing_since``; else (since when streams fail, whether to move on to the next
+        member after a pause). The stream's own deadline is no fault of the member: the same
+        one again, at once."""
+        error = from_rpc_error(err, endpoint=endpoint, request=self.context())
+        if not resumable(error):
+            raise error from err
+        now = time.monotonic()
+        failing_since = failing_since or now
+        if now - failing_since > timeout_s:
+            raise Unavailable(f"watch: no stream for {now - failing_since:.1f} s: {error}") from err
+        return failing_since, error.code is not grpc.StatusCode.DEADLINE_EXCEEDED
+
     def batch(self, response: pb.WatchResponse) -> tuple[int, list[WatchEvent]] | None:
         """The response's (revision, events), or None for one with none (created, progress),
         which moves the position at once."""
@@ -170,15 +187,10 @@ class Watcher:
             except grpc.RpcError as err:
                 if self._closed:
                     return
-                error = from_rpc_error(err, endpoint=endpoint, request=self._position.context())
-                if not resumable(error):
-                    raise error from err
-                now = time.monotonic()
-                failing_since = failing_since or now
-                if now - failing_since > self._client._timeout_s:
-                    raise Unavailable(f"watch: no stream for {now - failing_since:.1f} s: {error}") from err
-                if error.code is not grpc.StatusCode.DEADLINE_EXCEEDED:
-                    self._endpoint_index += 1  # the stream's own deadline: same member again
+                failing_since, move_on = self._position.after_error(
+                    err, endpoint, failing_since, self._client._timeout_s)
+                if move_on:
+                    self._endpoint_index += 1
                     time.sleep(WATCH_RESUME_PAUSE_S)
                 self.resumes += 1
             else:
@@ -235,14 +247,9 @@ class AsyncWatcher:
             except grpc.RpcError as err:
                 if self._closed:
                     return
-                error = from_rpc_error(err, endpoint=endpoint, request=self._position.context())
-                if not resumable(error):
-                    raise error from err
-                now = time.monotonic()
-                failing_since = failing_since or now
-                if now - failing_since > self._client._timeout_s:
-                    raise Unavailable(f"watch: no stream for {now - failing_since:.1f} s: {error}") from err
-                if error.code is not grpc.StatusCode.DEADLINE_EXCEEDED:
+                failing_since, move_on = self._position.after_error(
+                    err, endpoint, failing_since, self._client._timeout_s)
+                if move_on:
                     self._endpoint_index += 1
                     await asyncio.sleep(WATCH_RESUME_PAUSE_S)
                 self.resumes += 1
