@@ -53,26 +53,13 @@ __all__ = [
     "level_needed",
 ]
 
-_RULE = "rule"
+_CHECK = "check"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Rule:
-    """A field's check (returns the checked value or raises ``InvalidField``) and whether the
-    server fills it from the authenticated caller (``principal``, ``quota``) rather than from
-    the request."""
-
-    check: Callable[[object], Any]
-    charge: bool = False
-
-
-def _rule(check: Callable[[object], Any]) -> dict[str, Rule]:
-    """A field's metadata: checked by ``check``; required unless it defaults to None."""
-    return {_RULE: Rule(check)}
-
-
-def _charge(check: Callable[[object], Any]) -> dict[str, Rule]:
-    return {_RULE: Rule(check, charge=True)}
+def _rule(check: Callable[[object], Any]) -> dict[str, Callable[[object], Any]]:
+    """A field's metadata: checked by ``check`` (``validation``: returns the checked value or
+    raises ``InvalidField``); required unless it defaults to None."""
+    return {_CHECK: check}
 
 
 B = TypeVar("B", bound="Body")
@@ -80,7 +67,8 @@ B = TypeVar("B", bound="Body")
 
 class Body:
     """What every op's body shares. A subclass is a frozen, slotted dataclass whose fields
-    carry their ``Rule``; an optional field defaults to None, which means absent."""
+    name their check (``_rule``); an optional field defaults to None, which means absent. The
+    server fills ``principal`` and ``quota`` (``CHARGE_FIELDS``), never a request."""
 
     __slots__ = ()
     OP: ClassVar[Op]
@@ -155,8 +143,8 @@ class Acquire(Body):
     holder: str = _F(metadata=_rule(validation.check_holder))
     ttl_ms: int = _F(metadata=_rule(validation.check_ttl_ms))
     op_id: bytes = _F(metadata=_rule(validation.check_op_id))
-    principal: str | None = _F(default=None, metadata=_charge(validation.check_principal))
-    quota: dict[str, int] | None = _F(default=None, metadata=_charge(validation.check_quota))
+    principal: str | None = _F(default=None, metadata=_rule(validation.check_principal))
+    quota: dict[str, int] | None = _F(default=None, metadata=_rule(validation.check_quota))
 
     def _check_together(self) -> None:
         _quota_needs_principal(self)
@@ -182,8 +170,8 @@ class Release(Body):
     resource: str = _F(metadata=_rule(validation.check_resource))
     token: int = _F(metadata=_rule(validation.check_token))
     op_id: bytes | None = _F(default=None, metadata=_rule(validation.check_op_id))
-    principal: str | None = _F(default=None, metadata=_charge(validation.check_principal))
-    quota: dict[str, int] | None = _F(default=None, metadata=_charge(validation.check_quota))
+    principal: str | None = _F(default=None, metadata=_rule(validation.check_principal))
+    quota: dict[str, int] | None = _F(default=None, metadata=_rule(validation.check_quota))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,8 +187,8 @@ class Write(Body):
     token: int = _F(metadata=_rule(validation.check_token))
     op_id: bytes = _F(metadata=_rule(validation.check_op_id))
     expected_version: int | None = _F(default=None, metadata=_rule(validation.check_expected_version))
-    principal: str | None = _F(default=None, metadata=_charge(validation.check_principal))
-    quota: dict[str, int] | None = _F(default=None, metadata=_charge(validation.check_quota))
+    principal: str | None = _F(default=None, metadata=_rule(validation.check_principal))
+    quota: dict[str, int] | None = _F(default=None, metadata=_rule(validation.check_quota))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -215,8 +203,8 @@ class Delete(Body):
     token: int = _F(metadata=_rule(validation.check_token))
     op_id: bytes = _F(metadata=_rule(validation.check_op_id))
     expected_version: int | None = _F(default=None, metadata=_rule(validation.check_expected_version))
-    principal: str | None = _F(default=None, metadata=_charge(validation.check_principal))
-    quota: dict[str, int] | None = _F(default=None, metadata=_charge(validation.check_quota))
+    principal: str | None = _F(default=None, metadata=_rule(validation.check_principal))
+    quota: dict[str, int] | None = _F(default=None, metadata=_rule(validation.check_quota))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -253,8 +241,8 @@ class ForceRelease(Body):
     QUOTAS_READ = frozenset({"dedup_entries"})
     resource: str = _F(metadata=_rule(validation.check_resource))
     op_id: bytes = _F(metadata=_rule(validation.check_op_id))
-    principal: str | None = _F(default=None, metadata=_charge(validation.check_principal))
-    quota: dict[str, int] | None = _F(default=None, metadata=_charge(validation.check_quota))
+    principal: str | None = _F(default=None, metadata=_rule(validation.check_principal))
+    quota: dict[str, int] | None = _F(default=None, metadata=_rule(validation.check_quota))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -322,8 +310,8 @@ class Enqueue(Body):
     holder: str = _F(metadata=_rule(validation.check_holder))
     ttl_ms: int = _F(metadata=_rule(validation.check_ttl_ms))
     waiter_id: bytes = _F(metadata=_rule(validation.check_waiter_id))
-    principal: str | None = _F(default=None, metadata=_charge(validation.check_principal))
-    quota: dict[str, int] | None = _F(default=None, metadata=_charge(validation.check_quota))
+    principal: str | None = _F(default=None, metadata=_rule(validation.check_principal))
+    quota: dict[str, int] | None = _F(default=None, metadata=_rule(validation.check_quota))
 
     def _check_together(self) -> None:
         _quota_needs_principal(self)
@@ -353,7 +341,7 @@ def _register(*classes: type[Body]) -> None:
     """Fill ``SCHEMAS`` and each class's plan: a field with a default of None is optional."""
     for cls in classes:
         fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # each is a dataclass
-        cls._PLAN = tuple((f.name, f.metadata[_RULE].check, f.default is dataclasses.MISSING) for f in fields)
+        cls._PLAN = tuple((f.name, f.metadata[_CHECK], f.default is dataclasses.MISSING) for f in fields)
         cls._NAMES = frozenset(f.name for f in fields)
         SCHEMAS[cls.OP] = cls
 
