@@ -21,6 +21,14 @@ from coordinator.core.changes import ChangeKind
 from coordinator.core.commands import Op
 from coordinator.core.machine_base import MachineBase
 from coordinator.core.outcomes import Applied, Outcome, Reason, Rejected
+from coordinator.core.results import (
+    EpochResult,
+    ForceReleaseResult,
+    LevelResult,
+    RestoreAbortResult,
+    RestoreBeginResult,
+    RestoreResult,
+)
 from coordinator.core.snapshot_format import Parts
 from coordinator.core.state import NO_WAITERS, ResourceState, ResourceTable, Usage
 
@@ -49,7 +57,7 @@ class AdminHandlers(MachineBase):
         # Kept even when empty: an admin's fence stays visible, and its owner's quota scan
         # forgets it once that owner needs the slot.
         self._usage.add(resource, res)
-        return Applied(op=Op.FORCE_RELEASE, result={"hwm": res.high_water_mark})
+        return Applied(op=Op.FORCE_RELEASE, result=ForceReleaseResult(hwm=res.high_water_mark))
 
     def _set_epoch_floor(self, now: int, args: dict[str, Any]) -> Outcome:
         fence_all = True if args["fence_all"] is None else args["fence_all"]
@@ -77,7 +85,7 @@ class AdminHandlers(MachineBase):
             # waiter granted now would hold a lease the admin meant to clear.
             self._queue.clear(self._resources.values())
             self._usage = Usage.of(self._resources)  # no leases left
-        return Applied(op=Op.SET_EPOCH_FLOOR, result={"epoch": new_epoch})
+        return Applied(op=Op.SET_EPOCH_FLOOR, result=EpochResult(epoch=new_epoch))
 
     def _floor_refusal(self, op: Op, floor: int) -> Rejected | None:
         if floor > self._epoch:
@@ -127,7 +135,7 @@ class AdminHandlers(MachineBase):
         parts.cluster_level = self._cluster_level  # the members' builds did not change
         self._install(parts)
         self._note(ChangeKind.RESET, "")
-        return Applied(op=op, result={"epoch": new_epoch, "resources": len(parts.resources)})
+        return Applied(op=op, result=RestoreResult(epoch=new_epoch, resources=len(parts.resources)))
 
     def _install(self, parts: Parts) -> None:
         """Make ``parts`` the whole state, with everything derived from it recounted."""
@@ -149,7 +157,7 @@ class AdminHandlers(MachineBase):
     def _set_cluster_level(self, now: int, args: dict[str, Any]) -> Outcome:
         # Never lowers it: a level once reached may have been used by entries after it.
         self._cluster_level = max(self._cluster_level, args["level"])
-        return Applied(op=Op.SET_CLUSTER_LEVEL, result={"level": self._cluster_level})
+        return Applied(op=Op.SET_CLUSTER_LEVEL, result=LevelResult(level=self._cluster_level))
 
     # -- a backup restored in chunks ---------------------------------------------------------
     # BEGIN, CHUNK..., COMMIT are separate entries, each within the Raft entry bounds; the
@@ -162,7 +170,7 @@ class AdminHandlers(MachineBase):
         if refusal is not None:
             return refusal
         self._staging.begin(now, args["restore_id"], args["size"], args["digest"], args["epoch_floor"])
-        return Applied(op=Op.RESTORE_BEGIN, result={"size": args["size"]})
+        return Applied(op=Op.RESTORE_BEGIN, result=RestoreBeginResult(size=args["size"]))
 
     def _restore_chunk(self, now: int, args: dict[str, Any]) -> Outcome:
         return self._staging.chunk(now, args["restore_id"], args["seq"], args["chunk"])
@@ -178,4 +186,4 @@ class AdminHandlers(MachineBase):
         )  # drops the staging
 
     def _restore_abort(self, now: int, args: dict[str, Any]) -> Outcome:
-        return Applied(op=Op.RESTORE_ABORT, result={"aborted": self._staging.abort(args["restore_id"])})
+        return Applied(op=Op.RESTORE_ABORT, result=RestoreAbortResult(aborted=self._staging.abort(args["restore_id"])))
