@@ -25,6 +25,7 @@ import grpc
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.core import commands
+from coordinator.core.results import EpochResult, ForceReleaseResult, Result, expect
 from coordinator.server import backups, log_limits
 from coordinator.server import members as members_api
 from coordinator.server.auth import Principal
@@ -162,15 +163,15 @@ class AdminServicer(pb_grpc.AdminServicer):
     def ForceRelease(self, request: pb.ForceReleaseRequest, context,
                      caller: Principal | None) -> pb.ForceReleaseResponse:
         result, index = self._run_checked("ForceRelease", commands.force_release, request, context, caller)
-        return pb.ForceReleaseResponse(header=self.core.header(index), hwm=result["hwm"])
+        return pb.ForceReleaseResponse(header=self.core.header(index), hwm=expect(ForceReleaseResult, result).hwm)
 
     @_admin
     def SetEpochFloor(self, request: pb.SetEpochFloorRequest, context,
                       caller: Principal | None) -> pb.SetEpochFloorResponse:
         result, index = self._run_checked("SetEpochFloor", commands.set_epoch_floor, request, context, caller)
-        return pb.SetEpochFloorResponse(header=self.core.header(index), epoch=result["epoch"])
+        return pb.SetEpochFloorResponse(header=self.core.header(index), epoch=expect(EpochResult, result).epoch)
 
-    def _run_checked(self, rpc: str, build, request, context, caller: Principal | None) -> tuple[dict, int]:
+    def _run_checked(self, rpc: str, build, request, context, caller: Principal | None) -> tuple[Result, int]:
         """``request`` checked as ``rpc``'s, built into its command by ``build`` and run
         through the log (a fencing call: it changes what every member answers, DESIGN I7)."""
         return self.core.run(build(**checked_request(rpc, request), stamp_ms=0), context, caller)
@@ -276,4 +277,4 @@ class AdminServicer(pb_grpc.AdminServicer):
         # protocol it needs, which has no backup check.
         state_machine = cast("FencingStateMachine", self.core.node.state_machine)
         result, index = backups.restore(run, state_machine.check_backup, data, epoch_floor, commit_timeout_s)
-        return pb.RestoreResponse(header=self.core.header(index), epoch=result["epoch"])
+        return pb.RestoreResponse(header=self.core.header(index), epoch=result.epoch)
