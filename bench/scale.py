@@ -795,7 +795,7 @@ def in_process(n: int, base_dir: str) -> dict:
         name = resource_name(i)
         got = sm.apply(commands.acquire(resource=name, holder="bench-scale", ttl_ms=LEASE_TTL_MS,
                                         op_id=os.urandom(16), stamp_ms=stamp + 2 * i).encode(), 2 * i + 1)
-        sm.apply(commands.write(resource=name, key=KEY, value=value, token=got.result["token"],
+        sm.apply(commands.write(resource=name, key=KEY, value=value, token=got.result.token,
                                 op_id=os.urandom(16), stamp_ms=stamp + 2 * i + 1).encode(), 2 * i + 2)
     apply_cpu_s = time.process_time() - c0
     gc.collect()

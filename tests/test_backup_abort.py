@@ -8,6 +8,7 @@ import pytest
 
 from coordinator.core import limits
 from coordinator.core.commands import Op
+from coordinator.core.results import RestoreAbortResult, RestoreBeginResult, RestoreChunkResult, RestoreResult
 from coordinator.core.state_machine import FencingStateMachine
 from coordinator.server import backups
 from coordinator.server.errors import Failure, ServiceError
@@ -30,7 +31,16 @@ class FakeRun:
         if left:
             self.fail[command.op] = left - 1 if left > 0 else left
             raise ServiceError(Failure.NO_LEADER, "no leader reachable")
-        return ({"epoch": 11} if command.op is Op.RESTORE_COMMIT else {}), 7
+        return ANSWERS[command.op], 7
+
+
+# What each step of a restore answers (only the COMMIT's is read).
+ANSWERS = {
+    Op.RESTORE_BEGIN: RestoreBeginResult(size=len(BACKUP)),
+    Op.RESTORE_CHUNK: RestoreChunkResult(staged_bytes=0),
+    Op.RESTORE_COMMIT: RestoreResult(epoch=11, resources=1),
+    Op.RESTORE_ABORT: RestoreAbortResult(aborted=True),
+}
 
 
 def restore(run, **kwargs):
@@ -39,7 +49,7 @@ def restore(run, **kwargs):
 
 def test_a_restore_proposes_begin_its_chunks_in_order_then_commit():
     run = FakeRun({})
-    assert restore(run) == ({"epoch": 11}, 7)
+    assert restore(run) == (RestoreResult(epoch=11, resources=1), 7)
     chunks = -(-len(BACKUP) // limits.BACKUP_CHUNK_BYTES)
     assert run.calls == [Op.RESTORE_BEGIN, *[Op.RESTORE_CHUNK] * chunks, Op.RESTORE_COMMIT]
 

@@ -18,6 +18,7 @@ from coordinator.core import commands as cmds
 from coordinator.core import limits
 from coordinator.core.commands import Op
 from coordinator.core.outcomes import Applied, Rejected, outcome_to_wire
+from coordinator.core.results import result_from_map
 from coordinator.core.state_machine import FencingStateMachine
 from testsupport.backups import BIG, fullest_backup, restore_in_chunks
 
@@ -71,7 +72,7 @@ def test_the_fullest_state_the_limits_allow_writes_a_backup_under_backup_bytes_m
     (Op.FORCE_RELEASE, {"hwm": BIG}),
 ])
 def test_every_ops_largest_stored_outcome_fits_its_bound(op, result):
-    packed = msgpack.packb(outcome_to_wire(Applied(op=op, result=result)), use_bin_type=True)
+    packed = msgpack.packb(outcome_to_wire(Applied(op=op, result=result_from_map(op, result))), use_bin_type=True)
     assert len(packed) <= limits.SNAPSHOT_DEDUP_OUTCOME_BYTES_MAX
 
 
@@ -79,7 +80,7 @@ def _machine_with_lease(**config) -> tuple[FencingStateMachine, int]:
     sm = FencingStateMachine(**config)
     out = sm.execute(cmds.acquire(resource="r", holder="h", ttl_ms=60_000, op_id=b"a" * 16, stamp_ms=1))
     assert isinstance(out, Applied)
-    return sm, out.result["token"]
+    return sm, out.result.token
 
 
 def _write(sm, token, key, value, n):

@@ -51,7 +51,7 @@ def test_a_chunked_restore_brings_back_the_backup_fenced_above_every_token():
     assert chunked.staged_restore_bytes is None
     loaded = FencingStateMachine()
     loaded.restore(BACKUP)  # the backup as it is: the snapshot-file path, unfenced
-    assert outcomes[-1].result == {"epoch": 100, "resources": loaded.resources_count}
+    assert outcomes[-1].result.to_map() == {"epoch": 100, "resources": loaded.resources_count}
     assert chunked.resources_count == loaded.resources_count
     assert chunked.keys_count == loaded.keys_count > 1
     assert chunked.describe("live") is None  # not in the backup: gone

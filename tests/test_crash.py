@@ -244,7 +244,7 @@ class Workload:
                         self.outcomes[outcome] += 1
                     if outcome == "applied":
                         result = outcome_from_wire(reply["value"])
-                        token = int(result.result["token"])
+                        token = int(result.result.token)
                         ack = Ack(client, resource, token, op_id, sent_at, time.monotonic(), attempts)
                         with self._lock:
                             self.acks.append(ack)
@@ -426,7 +426,7 @@ def check_no_acknowledged_loss(
         cmd = commands.read_barrier(stamp_ms=0, resource=ack.resource).encode()
         outcome = propose_until_decided(cluster, thread_conns(), cmd, deadline)
         assert isinstance(outcome, Applied), f"read barrier refused: {outcome}"
-        return ack, outcome.result["hwm"]
+        return ack, outcome.result.hwm
 
     lost, wrong = [], []
     try:
@@ -437,7 +437,7 @@ def check_no_acknowledged_loss(
                 elif hwm != ack.token:
                     wrong.append((ack, hwm))
         final = propose_until_decided(cluster, thread_conns(), commands.read_barrier(stamp_ms=0).encode(), deadline)
-        epoch = final.result["epoch"]
+        epoch = final.result.epoch
     except TimeoutError as exc:
         return [f"could not read acknowledged tokens back: {exc}"], {}
     finally:

@@ -63,13 +63,13 @@ def test_a_flood_of_fresh_op_ids_never_evicts_another_principals_retries(
     y_acquire = charged(cmds.acquire(resource="y/lock", holder="y", ttl_ms=TTL_MS, op_id=op_id("ya", 0),
                                      stamp_ms=now), "y", y_budget)
     got = run(sm, y_acquire, 1)
-    token = got.result["token"]
+    token = got.result.token
     y_write = charged(cmds.write(resource="y/lock", key="k", value=b"once", token=token, op_id=op_id("yw", 0),
                                  stamp_ms=now), "y", y_budget)
     wrote = run(sm, y_write, 2)
     assert isinstance(wrote, Applied)
     x_token = run(sm, charged(cmds.acquire(resource="x/r", holder="x", ttl_ms=TTL_MS, op_id=op_id("xa", 0),
-                                           stamp_ms=now), "x", x_budget), 3).result["token"]
+                                           stamp_ms=now), "x", x_budget), 3).result.token
     for n in range(flood):
         now += step_ms
         write = cmds.write(resource="x/r", key="k", value=b"v", token=x_token, op_id=op_id("xw", n), stamp_ms=now)
@@ -80,7 +80,7 @@ def test_a_flood_of_fresh_op_ids_never_evicts_another_principals_retries(
             assert (again.result, again.first_applied_index) == (got.result, 1)
             rewrote = run(sm, dataclasses.replace(y_write, stamp_ms=now))
             assert (rewrote.result, rewrote.first_applied_index) == (wrote.result, 2)
-            assert sm.read("y/lock", "k") == (b"once", wrote.result["version"])  # applied once
+            assert sm.read("y/lock", "k") == (b"once", wrote.result.version)  # applied once
             assert sm.describe("y/lock")["revision"] == 1
     assert sm.dedup_size <= ENTRIES_MAX
     # X's own window is what gave way: its first writes are gone when it passed its budget.
@@ -94,9 +94,9 @@ def test_a_principal_past_its_budget_loses_its_own_oldest_entry_and_nobody_elses
     # (it applies again), while a principal holding fewer entries keeps all of its own.
     sm = machine()
     x_token = run(sm, charged(cmds.acquire(resource="x/r", holder="x", ttl_ms=TTL_MS, op_id=op_id("xa", 0),
-                                           stamp_ms=1), "x", 3)).result["token"]
+                                           stamp_ms=1), "x", 3)).result.token
     y_token = run(sm, charged(cmds.acquire(resource="y/r", holder="y", ttl_ms=TTL_MS, op_id=op_id("ya", 0),
-                                           stamp_ms=1), "y", 3)).result["token"]
+                                           stamp_ms=1), "y", 3)).result.token
     writes = [
         charged(cmds.write(resource="x/r", key="k", value=b"v", token=x_token, op_id=op_id("xw", n), stamp_ms=2),
                 "x", 3)
@@ -106,11 +106,11 @@ def test_a_principal_past_its_budget_loses_its_own_oldest_entry_and_nobody_elses
     assert sm.dedup_count("x") == 3 and sm.dedup_count("y") == 1
     # x's acquire and first write went (its budget is 3): that write applies again, a new version.
     again = run(sm, writes[0])
-    assert again.result["version"] > first[-1].result["version"]
+    assert again.result.version > first[-1].result.version
     # y's acquire is still answered from the table.
     retry = run(sm, charged(cmds.acquire(resource="y/r", holder="y", ttl_ms=TTL_MS, op_id=op_id("ya", 0),
                                          stamp_ms=3), "y", 3))
-    assert isinstance(retry, Applied) and retry.result["token"] == y_token
+    assert isinstance(retry, Applied) and retry.result.token == y_token
 
 
 def test_a_full_table_makes_room_from_the_largest_holder():
@@ -120,7 +120,7 @@ def test_a_full_table_makes_room_from_the_largest_holder():
     tokens = {}
     for p in ("a", "b", "c"):
         tokens[p] = run(sm, charged(cmds.acquire(resource=f"{p}/r", holder=p, ttl_ms=TTL_MS, op_id=op_id(p, 0),
-                                                 stamp_ms=1), p, 5)).result["token"]
+                                                 stamp_ms=1), p, 5)).result.token
 
     def write(p: str, n: int) -> None:
         command = cmds.write(resource=f"{p}/r", key="k", value=b"v", token=tokens[p], op_id=op_id(p, n), stamp_ms=2)
@@ -185,7 +185,7 @@ def test_the_table_keeps_what_the_rules_say_and_a_restored_copy_evicts_alike(ste
     retention_ms = 4_000
     sm = FencingStateMachine(dedup_entries_max=entries_max, dedup_retention_ms=retention_ms)
     token = run(sm, cmds.acquire(resource="r", holder="h", ttl_ms=3_600_000, op_id=op_id("acq", 0), stamp_ms=0))
-    token = token.result["token"]
+    token = token.result.token
     model: list[tuple[bytes, str, int]] = [(op_id("acq", 0), "", 0)]
     copy = None
     now = 0
@@ -216,14 +216,14 @@ def test_a_retry_is_answered_until_the_log_clock_is_the_retention_past_its_entry
     # (the first write's outcome is gone), for the anonymous principal as for any.
     sm = machine()
     token = run(sm, cmds.acquire(resource="r", holder="h", ttl_ms=3_600_000, op_id=op_id("a", 0), stamp_ms=0))
-    write = cmds.write(resource="r", key="k", value=b"v", token=token.result["token"], op_id=op_id("w", 0),
+    write = cmds.write(resource="r", key="k", value=b"v", token=token.result.token, op_id=op_id("w", 0),
                        stamp_ms=1)
     first = run(sm, write)
     late = run(sm, dataclasses.replace(write, stamp_ms=RETENTION_MS))
     assert late.result == first.result and late.first_applied_index == 0
     run(sm, cmds.tick(stamp_ms=RETENTION_MS + 1))
     gone = run(sm, dataclasses.replace(write, stamp_ms=RETENTION_MS + 1))
-    assert isinstance(gone, Applied) and gone.result["version"] == first.result["version"] + 1
+    assert isinstance(gone, Applied) and gone.result.version == first.result.version + 1
 
 
 def test_every_command_with_an_op_id_is_charged_to_its_principal_with_the_quotas_it_reads():

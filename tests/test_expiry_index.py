@@ -38,7 +38,7 @@ def test_a_tick_ends_exactly_the_leases_a_scan_would(seed):
             out = _apply(machine, commands.acquire(resource=resource, holder="h", ttl_ms=rng.randrange(100, 2_000),
                                                    op_id=os.urandom(16), stamp_ms=now))
             if isinstance(out, Applied):
-                tokens[resource] = out.result["token"]
+                tokens[resource] = out.result.token
         elif choice < 0.6 and resource in tokens:
             _apply(machine, commands.keep_alive(resource=resource, token=tokens[resource],
                                                 ttl_ms=rng.randrange(100, 2_000), stamp_ms=now))
@@ -62,7 +62,7 @@ def test_a_tick_ends_exactly_the_leases_a_scan_would(seed):
         else:
             expected = _expired_by_scan(machine, max(now, machine.log_clock_ms))
             out = _apply(machine, commands.tick(stamp_ms=now))
-            assert isinstance(out, Applied) and out.result["expired"] == len(expected), seed
+            assert isinstance(out, Applied) and out.result.expired == len(expected), seed
             assert not _expired_by_scan(machine, max(now, machine.log_clock_ms)), seed
             for name in expected:  # forgotten, or kept only for its data
                 res = machine._resources.get(name)

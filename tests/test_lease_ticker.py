@@ -11,6 +11,7 @@ import threading
 from types import SimpleNamespace
 
 from coordinator.core.commands import Op
+from coordinator.core.results import TickResult
 from coordinator.server.errors import Failure, ServiceError
 from coordinator.server.lease_ticker import LeaseTicker
 from testsupport.supervisor import wait_until
@@ -44,7 +45,7 @@ class Proposer:
             self.proposed.append(command)
             if self.failing:
                 raise ServiceError(Failure.OVERLOADED, "busy")
-            return SimpleNamespace(value=SimpleNamespace(result={"expired": 2}))
+            return SimpleNamespace(value=SimpleNamespace(result=TickResult(expired=2)))
         finally:
             with self._lock:
                 self.in_flight -= 1

@@ -30,6 +30,7 @@ from coordinator.client.fencingctl import main as fencingctl
 from coordinator.client.sync import FencingClient
 from coordinator.core import commands as cmds
 from coordinator.core import limits, listing, ops, validation
+from coordinator.core.results import ListedResource, ListResult
 from coordinator.core.state_machine import Applied, FencingStateMachine, Reason, Rejected
 from coordinator.server.auth import token_digest
 from testsupport.inmemory import InMemoryCluster
@@ -40,17 +41,18 @@ TTL = 10_000
 def _acquire(sm: FencingStateMachine, name: str, stamp: int, holder: str = "h") -> int:
     out = sm.execute(cmds.acquire(resource=name, holder=holder, ttl_ms=TTL, op_id=os.urandom(16), stamp_ms=stamp))
     assert isinstance(out, Applied), out
-    return out.result["token"]
+    return out.result.token
 
 
-def _page(sm: FencingStateMachine, prefixes=("",), limit=10, after=None) -> dict:
+def _page(sm: FencingStateMachine, prefixes=("",), limit=10, after=None) -> ListResult:
     out = sm.execute(cmds.list_page(prefixes=tuple(prefixes), limit=limit, after=after, stamp_ms=0))
     assert isinstance(out, Applied), out
+    assert isinstance(out.result, ListResult), out
     return out.result
 
 
-def _names(result: dict) -> list[str]:
-    return [item[0] for item in result["resources"]]
+def _names(result: ListResult) -> list[str]:
+    return [item.resource for item in result.resources]
 
 
 # -- the core ---------------------------------------------------------------------------
@@ -61,13 +63,13 @@ def test_a_page_is_sorted_by_name_under_its_prefixes_and_continues_after_a_name(
     for stamp, name in enumerate(["orders/3", "billing/1", "orders/1", "orders/10", "orders/2", "ordersx"], 1000):
         _acquire(sm, name, stamp)
     first = _page(sm, ("orders/",), limit=2)
-    assert _names(first) == ["orders/1", "orders/10"] and first["more"] is True
+    assert _names(first) == ["orders/1", "orders/10"] and first.more is True
     second = _page(sm, ("orders/",), limit=2, after="orders/10")
-    assert _names(second) == ["orders/2", "orders/3"] and second["more"] is False
+    assert _names(second) == ["orders/2", "orders/3"] and second.more is False
     assert _names(_page(sm, ("billing/", "orders/1"), limit=10)) == ["billing/1", "orders/1", "orders/10"]
     assert _names(_page(sm, ("",), limit=100)) == sorted(["orders/3", "billing/1", "orders/1", "orders/10",
                                                           "orders/2", "ordersx"])
-    assert _page(sm, ("nothing/",))["resources"] == []
+    assert _page(sm, ("nothing/",)).resources == ()
 
 
 def test_each_item_has_holder_token_hwm_remaining_ttl_on_the_log_clock_and_waiters():
@@ -76,14 +78,14 @@ def test_each_item_has_holder_token_hwm_remaining_ttl_on_the_log_clock_and_waite
     for n in range(2):
         queued = sm.execute(cmds.enqueue(resource="jobs/a", holder=f"w{n}", ttl_ms=TTL,
                                          waiter_id=bytes([n]) * 16, stamp_ms=1000))
-        assert isinstance(queued, Applied) and queued.result["queued"]
+        assert isinstance(queued, Applied) and queued.result.queued
     sm.execute(cmds.tick(stamp_ms=4000))  # the log clock moves to 4000: 7 s of 10 left
-    [item] = _page(sm)["resources"]
-    assert dict(zip(listing.ITEM_FIELDS, item, strict=True)) == {
+    [item] = _page(sm).resources
+    assert dict(zip(listing.ITEM_FIELDS, item.to_list(), strict=True)) == {
         "resource": "jobs/a", "held": True, "holder": "worker-1", "token": token, "hwm": token,
         "remaining_ms": 7000, "waiters": 2,
     }
-    assert _page(sm)["log_clock_ms"] == 4000
+    assert _page(sm).log_clock_ms == 4000
 
 
 def test_a_lease_expired_by_the_log_clock_is_listed_not_held_before_its_tick():
@@ -92,7 +94,10 @@ def test_a_lease_expired_by_the_log_clock_is_listed_not_held_before_its_tick():
     sm.execute(cmds.write(resource="jobs/a", key="k", value=b"v", token=token, op_id=os.urandom(16), stamp_ms=1000))
     out = sm.execute(cmds.list_page(prefixes=("",), limit=10, stamp_ms=1000 + TTL + 1))
     assert isinstance(out, Applied)
-    assert out.result["resources"] == [["jobs/a", False, "", 0, token, 0, 0]]
+    assert out.result == ListResult(
+        log_clock_ms=1000 + TTL + 1, resources=(ListedResource("jobs/a", False, "", 0, token, 0, 0),), more=False
+    )
+    assert out.result.to_map()["resources"] == [["jobs/a", False, "", 0, token, 0, 0]]
 
 
 def test_a_listing_changes_nothing_and_the_read_index_path_answers_alike():
@@ -340,7 +345,7 @@ def test_the_sorted_names_stay_the_tables_keys_through_any_history(steps):
             out = sm.execute(cmds.acquire(resource=name, holder="h", ttl_ms=1000, op_id=os.urandom(16),
                                           stamp_ms=stamp))
             if isinstance(out, Applied):
-                tokens[name] = out.result["token"]
+                tokens[name] = out.result.token
         elif op == "release" and name in tokens:
             sm.execute(cmds.release(resource=name, token=tokens[name], stamp_ms=stamp))
         elif op == "tick":
@@ -353,7 +358,7 @@ def test_the_sorted_names_stay_the_tables_keys_through_any_history(steps):
         assert list(table.names) == sorted(table) and len(table.names) == len(table)
         for prefix in ("", "a", "a/", "b/", "z"):
             for after in (None, "a/1", "ab", "b"):
-                got = [item[0] for item in _page(sm, (prefix,), limit=3, after=after)["resources"]]
+                got = _names(_page(sm, (prefix,), limit=3, after=after))
                 want = sorted(n for n in table if n.startswith(prefix) and (after is None or n > after))[:3]
                 assert got == want, (prefix, after)
 

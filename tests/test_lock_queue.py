@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from coordinator.core import commands as c
 from coordinator.core import limits, ops
+from coordinator.core.results import LockState
 from coordinator.core.state_machine import Applied, FencingStateMachine, Reason, Rejected
 
 R = "orders/7"
@@ -33,14 +34,15 @@ def holder(sm, resource=R):
 def test_a_free_lease_is_granted_by_the_enqueue_itself():
     sm = FencingStateMachine()
     out = enqueue(sm, 1, 10)
-    assert out == Applied(op=c.Op.ENQUEUE, result={"granted": True, "token": 1, "expires_at_ms": 10 + TTL, "hwm": 1})
+    assert out == Applied(op=c.Op.ENQUEUE, result=LockState(granted=True, token=1, expires_at_ms=10 + TTL, hwm=1))
+    assert out.result.to_map() == {"granted": True, "token": 1, "expires_at_ms": 10 + TTL, "hwm": 1}
 
 
 def test_waiters_are_granted_in_arrival_order_one_per_release_in_the_same_entry():
     sm = FencingStateMachine()
     enqueue(sm, 1, 10)
     for i in (2, 3, 4):
-        assert enqueue(sm, i, 20).result == {"granted": False, "queued": True, "position": i - 2}
+        assert enqueue(sm, i, 20).result.to_map() == {"granted": False, "queued": True, "position": i - 2}
     tokens = [1]
     for expected in ("h2", "h3", "h4"):
         sm.execute(c.release(resource=R, token=tokens[-1], stamp_ms=30))
@@ -57,7 +59,7 @@ def test_expiry_grants_the_head_at_the_tick_and_force_release_grants_above_the_f
     sm.execute(c.tick(stamp_ms=TTL))  # h1's lease expired: h2 granted in this TICK
     assert holder(sm) == "h2" and sm.describe(R)["lease"]["token"] == 2
     out = sm.execute(c.force_release(resource=R, op_id=b"f" * 16, stamp_ms=TTL + 1))
-    assert out.result == {"hwm": 4}  # fenced at 3, then granted to h3 at 4
+    assert out.result.to_map() == {"hwm": 4}  # fenced at 3, then granted to h3 at 4
     assert holder(sm) == "h3" and sm.describe(R)["lease"]["token"] == 4
 
 
@@ -76,14 +78,14 @@ def test_cancel_leaves_the_queue_and_cancel_after_a_grant_releases_to_the_next()
     enqueue(sm, 1, 0)
     enqueue(sm, 2, 0)
     enqueue(sm, 3, 0)
-    assert sm.execute(c.dequeue(resource=R, waiter_id=wid(2), stamp_ms=1)).result == {
+    assert sm.execute(c.dequeue(resource=R, waiter_id=wid(2), stamp_ms=1)).result.to_map() == {
         "cancelled": True,
         "released": False,
     }
     sm.execute(c.release(resource=R, token=1, stamp_ms=2))
     assert holder(sm) == "h3"
     out = sm.execute(c.dequeue(resource=R, waiter_id=wid(3), stamp_ms=3))
-    assert out.result == {"cancelled": False, "released": True}
+    assert out.result.to_map() == {"cancelled": False, "released": True}
     assert sm.describe(R) is None  # nothing left: forgotten
 
 
@@ -94,8 +96,8 @@ def test_a_waiter_that_stops_renewing_is_dropped_and_a_renewal_keeps_its_place()
     enqueue(sm, 3, 0)
     enqueue(sm, 2, limits.LOCK_WAITER_TTL_MS - 1)  # renewed: still first
     sm.execute(c.tick(stamp_ms=limits.LOCK_WAITER_TTL_MS))  # 3 never renewed: gone
-    assert sm.lock_state(R, wid(3)) == {"granted": False, "queued": False}
-    assert sm.lock_state(R, wid(2)) == {"granted": False, "queued": True, "position": 0}
+    assert sm.lock_state(R, wid(3)).to_map() == {"granted": False, "queued": False}
+    assert sm.lock_state(R, wid(2)).to_map() == {"granted": False, "queued": True, "position": 0}
 
 
 def test_caps_refuse_and_change_nothing():
@@ -110,8 +112,8 @@ def test_caps_refuse_and_change_nothing():
 
 def test_waiters_count_in_the_principals_lease_quota():
     sm = FencingStateMachine()
-    assert enqueue(sm, 1, 0, leases=2).result["granted"]
-    assert enqueue(sm, 2, 0, leases=2).result["queued"]  # 1 lease + 1 waiter = 2
+    assert enqueue(sm, 1, 0, leases=2).result.granted
+    assert enqueue(sm, 2, 0, leases=2).result.queued  # 1 lease + 1 waiter = 2
     out = enqueue(sm, 3, 0, resource="other", leases=2)
     assert isinstance(out, Rejected) and out.reason is Reason.QUOTA_EXCEEDED
 
@@ -125,7 +127,7 @@ def test_snapshot_round_trips_the_queue_and_a_lease_granted_to_a_waiter():
     copy = FencingStateMachine()
     copy.restore(sm.snapshot())
     assert copy.digest() == sm.digest()
-    assert copy.lock_state(R, wid(2))["granted"] and copy.lock_state(R, wid(3))["position"] == 0
+    assert copy.lock_state(R, wid(2)).granted and copy.lock_state(R, wid(3)).position == 0
     # The queue goes on where it was: h3 is granted on the copy as on the original.
     for m in (sm, copy):
         m.execute(c.release(resource=R, token=2, stamp_ms=2))

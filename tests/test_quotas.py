@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from coordinator.core import commands as cmds
 from coordinator.core import ops
 from coordinator.core.commands import Command, Op
+from coordinator.core.results import Result
 from coordinator.core.state import Usage
 from coordinator.core.state_machine import (
     Applied,
@@ -52,7 +53,7 @@ def release(sm, resource, token, *, stamp=0):
     return sm.execute(cmds.release(resource=resource, token=token, stamp_ms=stamp))
 
 
-def applied(outcome) -> dict:
+def applied(outcome) -> Result:
     assert isinstance(outcome, Applied), outcome
     return outcome.result
 
@@ -75,12 +76,12 @@ def refused_unchanged(sm, make, reason) -> Rejected:
 def test_released_resources_with_no_data_no_longer_count_toward_the_resource_limit():
     sm = FencingStateMachine(resources_max=2)
     for n in range(10):  # before: the third name was LIMIT_EXCEEDED, for everyone, forever
-        token = applied(acquire(sm, f"job/{n}", stamp=n))["token"]
+        token = applied(acquire(sm, f"job/{n}", stamp=n)).token
         applied(release(sm, f"job/{n}", token, stamp=n))
         assert sm.describe(f"job/{n}") is None
     assert sm.resources_count == 0 and sm.epoch == 10
     # a resource with data is kept (its data is state), and counts
-    token = applied(acquire(sm, "kept", stamp=20))["token"]
+    token = applied(acquire(sm, "kept", stamp=20)).token
     applied(write(sm, "kept", token, stamp=20))
     applied(release(sm, "kept", token, stamp=20))
     assert sm.describe("kept")["hwm"] == token and sm.resources_count == 1
@@ -88,7 +89,7 @@ def test_released_resources_with_no_data_no_longer_count_toward_the_resource_lim
 
 def test_a_forgotten_resources_old_tokens_stay_refused_and_later_tokens_stay_above_them():
     sm = FencingStateMachine()
-    old = applied(acquire(sm, "r", stamp=0))["token"]
+    old = applied(acquire(sm, "r", stamp=0)).token
     applied(release(sm, "r", old, stamp=1))
     assert sm.describe("r") is None
     # not re-acquired: the old holder's write finds no hwm above it and is never applied
@@ -99,7 +100,7 @@ def test_a_forgotten_resources_old_tokens_stay_refused_and_later_tokens_stay_abo
     ):
         refused_unchanged(sm, make, Reason.UNKNOWN_TOKEN)
     # re-acquired: the global epoch issues a token above every token "r" ever had
-    new = applied(acquire(sm, "r", stamp=3))["token"]
+    new = applied(acquire(sm, "r", stamp=3)).token
     assert new > old
     stale = refused_unchanged(sm, lambda: write(sm, "r", old, stamp=4), Reason.STALE_TOKEN)
     assert stale.details == {"hwm": new}
@@ -108,10 +109,10 @@ def test_a_forgotten_resources_old_tokens_stay_refused_and_later_tokens_stay_abo
 
 def test_an_expired_lease_on_no_data_is_forgotten_by_a_tick_and_deleting_the_last_key_forgets():
     sm = FencingStateMachine()
-    token = applied(acquire(sm, "r", stamp=0, ttl_ms=100))["token"]
+    token = applied(acquire(sm, "r", stamp=0, ttl_ms=100)).token
     applied(sm.execute(cmds.tick(stamp_ms=100)))
     assert sm.describe("r") is None
-    token = applied(acquire(sm, "r", stamp=200))["token"]
+    token = applied(acquire(sm, "r", stamp=200)).token
     applied(write(sm, "r", token, stamp=200))
     applied(release(sm, "r", token, stamp=201))
     assert sm.describe("r") is not None  # data keeps it
@@ -142,7 +143,7 @@ def test_expired_leases_do_not_count_and_the_idle_resources_found_are_forgotten(
     sm = FencingStateMachine()
     quota = {"resources": 2, "leases": 2}
     applied(acquire(sm, "a/0", principal="a", quota=quota, stamp=0, ttl_ms=100))
-    token = applied(acquire(sm, "a/1", principal="a", quota=quota, stamp=0, ttl_ms=100))["token"]
+    token = applied(acquire(sm, "a/1", principal="a", quota=quota, stamp=0, ttl_ms=100)).token
     applied(write(sm, "a/1", token, stamp=0))
     refused_unchanged(sm, lambda: acquire(sm, "a/2", principal="a", quota=quota, stamp=50), Reason.QUOTA_EXCEEDED)
     # both leases expired (a crashed holder): a/0 is idle, a/1 keeps its data
@@ -156,7 +157,7 @@ def test_expired_leases_do_not_count_and_the_idle_resources_found_are_forgotten(
 def test_the_leases_quota_counts_live_leases():
     sm = FencingStateMachine()
     quota = {"leases": 1}
-    token = applied(acquire(sm, "a/0", principal="a", quota=quota))["token"]
+    token = applied(acquire(sm, "a/0", principal="a", quota=quota)).token
     applied(write(sm, "a/0", token))
     refusal = refused_unchanged(sm, lambda: acquire(sm, "a/1", principal="a", quota=quota), Reason.QUOTA_EXCEEDED)
     assert refusal.details["quota"] == "leases"
@@ -167,7 +168,7 @@ def test_the_leases_quota_counts_live_leases():
 def test_the_stored_bytes_quota_counts_keys_and_values_of_the_owners_resources():
     sm = FencingStateMachine()
     quota = {"stored_bytes": 100}
-    token = applied(acquire(sm, "a/0", principal="a", quota=quota))["token"]
+    token = applied(acquire(sm, "a/0", principal="a", quota=quota)).token
     applied(write(sm, "a/0", token, key="k", value=b"x" * 60, quota=quota))  # 61 bytes
     refusal = refused_unchanged(
         sm, lambda: write(sm, "a/0", token, key="j", value=b"x" * 39, quota=quota), Reason.QUOTA_EXCEEDED
@@ -188,7 +189,7 @@ def test_the_stored_bytes_quota_counts_keys_and_values_of_the_owners_resources()
 
 def test_commands_without_a_principal_apply_as_before_and_are_charged_to_nobody():
     sm = FencingStateMachine()
-    token = applied(acquire(sm, "r"))["token"]
+    token = applied(acquire(sm, "r")).token
     applied(write(sm, "r", token, value=b"x" * 1000))
     assert sm.usage("") == {"resources": 0, "leases": 0, "stored_bytes": 0}
     # the snapshot of a state without principals has the layout it had before quotas
@@ -228,7 +229,7 @@ def test_owners_and_usage_survive_snapshot_and_restore_and_replicas_agree():
         entries.append(cmd.encode())
     for sm in replicas:
         for entry in entries:
-            token = applied(sm.apply(entry))["token"]
+            token = applied(sm.apply(entry)).token
     entry = cmds.write(resource="a/3", key="k", value=b"abc", token=token, op_id=next(_op_ids), stamp_ms=9).encode()
     for sm in replicas:
         applied(sm.apply(entry))
@@ -290,7 +291,7 @@ class QuotaMachine(RuleBasedStateMachine):
         )
         outcome = self.apply(cmd)
         if isinstance(outcome, Applied):
-            token = outcome.result["token"]
+            token = outcome.result.token
             assert all(token > t for t in self.all_issued)  # I1
             assert self.hwm(name) == token  # I2
             self.issued[name].append(token)

@@ -30,7 +30,7 @@ def make_backup(path) -> tuple[bytes, int]:
     for i in range(4):
         stamp = BACKUP_CLOCK_MS - 10 + i
         token = sm.execute(commands.acquire(resource=f"r/{i}", holder="h", ttl_ms=60_000,
-                                            op_id=b"acquire--op-%04d" % i, stamp_ms=stamp)).result["token"]
+                                            op_id=b"acquire--op-%04d" % i, stamp_ms=stamp)).result.token
         sm.execute(commands.write(resource=f"r/{i}", key="k", value=b"v%d" % i, token=token,
                                   op_id=b"write----op-%04d" % i, stamp_ms=stamp))
     data = sm.backup()

@@ -59,7 +59,7 @@ def populated(resources: int, *, seed: int = 7) -> FencingStateMachine:
         name = f"r-{(i * 7919 + seed) % 100_003:06d}"
         stamp += 1
         out = sm.execute(cmds.acquire(resource=name, holder="h", ttl_ms=60_000, op_id=next(_op_ids), stamp_ms=stamp))
-        token = out.result["token"]
+        token = out.result.token
         for key in ("b", "a"):
             sm.execute(
                 cmds.write(
@@ -205,7 +205,7 @@ def test_the_permanent_generation_follows_the_live_state_not_the_operations():
             for name in names:
                 stamp += 1
                 token = sm.execute(cmds.acquire(resource=name, holder="h", ttl_ms=60_000,
-                                                op_id=next(_op_ids), stamp_ms=stamp)).result["token"]
+                                                op_id=next(_op_ids), stamp_ms=stamp)).result.token
                 for k in range(3):
                     key = f"k{round_}-{k}"
                     sm.execute(cmds.write(resource=name, key=key, value=b"v" * 64, token=token,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from coordinator.core import commands as cmds
 from coordinator.core import limits, ops
 from coordinator.core.commands import Command, MalformedCommand, Op
+from coordinator.core.results import AcquireResult, LeaseView, ListedResource, ListResult, ReadResult, Result
 from coordinator.core.snapshot_format import SNAPSHOT_FORMAT_VERSION
 from coordinator.core.state_machine import (
     Applied,
@@ -71,7 +73,7 @@ def delete(sm, *, token, stamp, resource=R, key="k", op=None):
     )
 
 
-def assert_applied(outcome) -> dict:
+def assert_applied(outcome) -> Result:
     assert isinstance(outcome, Applied), outcome
     return outcome.result
 
@@ -254,13 +256,13 @@ def test_decode_accepts_the_largest_command():
 def test_classic_scenario_fence_on_acquire():
     sm = FencingStateMachine()
     a = assert_applied(acquire(sm, holder="A", stamp=0, ttl_ms=TTL))
-    assert a == {"token": 1, "expires_at_ms": TTL, "hwm": 1}
+    assert a.to_map() == {"token": 1, "expires_at_ms": TTL, "hwm": 1}
     assert_applied(write(sm, token=1, stamp=10, value=b"from A"))
 
     # A pauses; its lease expires; B acquires.
     assert_rejected(acquire(sm, holder="B", stamp=TTL - 1), Reason.LEASE_HELD)
     b = assert_applied(acquire(sm, holder="B", stamp=TTL + 5))
-    assert b["token"] == 2 and b["hwm"] == 2
+    assert b.token == 2 and b.hwm == 2
 
     # The very entry that issued token 2 fenced token 1: no later moment lets it pass.
     stale = assert_refused_unchanged(
@@ -274,8 +276,8 @@ def test_classic_scenario_fence_on_acquire():
     assert sm.read(R, "k")[0] == b"from A"
 
     # B writes twice in its epoch: equal tokens are eligible (I4); versions increase.
-    v1 = assert_applied(write(sm, token=2, stamp=TTL + 10, value=b"B1"))["version"]
-    v2 = assert_applied(write(sm, token=2, stamp=TTL + 11, value=b"B2"))["version"]
+    v1 = assert_applied(write(sm, token=2, stamp=TTL + 10, value=b"B1")).version
+    v2 = assert_applied(write(sm, token=2, stamp=TTL + 11, value=b"B2")).version
     assert v1 < v2
     assert sm.read(R, "k") == (b"B2", v2)
 
@@ -291,12 +293,12 @@ def test_classic_scenario_fence_on_acquire():
         assert "token" in refused.message and refused.details == {"field": "token"}
 
     # B releases; C acquires (epoch 3): B's token 2 is now fenced too.
-    assert assert_applied(sm.execute(cmds.release(resource=R, token=2, stamp_ms=TTL + 20))) == {
+    assert assert_applied(sm.execute(cmds.release(resource=R, token=2, stamp_ms=TTL + 20))).to_map() == {
         "hwm": 2,
         "released": True,
     }
     c = assert_applied(acquire(sm, holder="C", stamp=TTL + 21))
-    assert c["token"] == 3
+    assert c.token == 3
     assert assert_rejected(write(sm, token=2, stamp=TTL + 22), Reason.STALE_TOKEN).details == {
         "hwm": 3
     }
@@ -355,8 +357,8 @@ def test_never_issued_tokens_are_unknown():
 
 def test_a_token_for_another_resource_is_refused():
     sm = FencingStateMachine()
-    assert assert_applied(acquire(sm, resource=R, stamp=0))["token"] == 1
-    assert assert_applied(acquire(sm, resource=R2, stamp=0))["token"] == 2
+    assert assert_applied(acquire(sm, resource=R, stamp=0)).token == 1
+    assert assert_applied(acquire(sm, resource=R2, stamp=0)).token == 2
     # token 2 belongs to R2; at R (hwm 1) it was never issued
     assert_rejected(write(sm, resource=R, token=2, stamp=1), Reason.UNKNOWN_TOKEN)
     # token 1 belongs to R; at R2 (hwm 2) it is below the hwm
@@ -493,8 +495,8 @@ def test_ttl_bounds_are_accepted():
     sm = FencingStateMachine()
     low = assert_applied(acquire(sm, resource=R, ttl_ms=limits.LEASE_TTL_MS_MIN, stamp=0))
     high = assert_applied(acquire(sm, resource=R2, ttl_ms=limits.LEASE_TTL_MS_MAX, stamp=0))
-    assert low["expires_at_ms"] == limits.LEASE_TTL_MS_MIN
-    assert high["expires_at_ms"] == limits.LEASE_TTL_MS_MAX
+    assert low.expires_at_ms == limits.LEASE_TTL_MS_MIN
+    assert high.expires_at_ms == limits.LEASE_TTL_MS_MAX
 
 
 @pytest.mark.parametrize(
@@ -614,7 +616,7 @@ def test_the_cluster_level_only_rises_and_rides_in_the_snapshot_above_level_1():
     backup = sm.backup()
     assert_applied(sm.execute(cmds.set_cluster_level(level=2, stamp_ms=2)))
     assert sm.cluster_level == 2
-    assert assert_applied(sm.execute(cmds.set_cluster_level(level=1, stamp_ms=3))) == {"level": 2}
+    assert assert_applied(sm.execute(cmds.set_cluster_level(level=1, stamp_ms=3))).to_map() == {"level": 2}
     assert sm.cluster_level == 2
     document = msgpack.unpackb(sm.snapshot(), raw=False)
     assert document[1] == 5 and len(document) == 8 and document[7] == 2
@@ -642,15 +644,15 @@ def test_every_op_after_the_release_before_levels_needs_a_later_level():
 def test_a_conditional_delete_deletes_only_at_the_expected_version():
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0))
-    version = assert_applied(write(sm, token=1, stamp=1))["version"]
+    version = assert_applied(write(sm, token=1, stamp=1)).version
     conditional = cmds.delete(resource=R, key="k", token=1, op_id=op_id(7), stamp_ms=2, expected_version=version + 1)
     assert ops.level_needed(FencingStateMachine.checked(conditional)) == 2
     refused = assert_refused_unchanged(sm, conditional, Reason.VERSION_MISMATCH)
     assert refused.details == {"version": version}
     deleted = cmds.delete(resource=R, key="k", token=1, op_id=op_id(8), stamp_ms=2, expected_version=version)
-    assert assert_applied(sm.execute(deleted))["deleted"] is True
+    assert assert_applied(sm.execute(deleted)).deleted is True
     absent = cmds.delete(resource=R, key="k", token=1, op_id=op_id(9), stamp_ms=3, expected_version=0)
-    assert assert_applied(sm.execute(absent))["deleted"] is False
+    assert assert_applied(sm.execute(absent)).deleted is False
     assert ops.level_needed(ops.Delete(resource=R, key="k", token=1, op_id=op_id(9))) == 1
 
 
@@ -661,7 +663,7 @@ def test_expected_version():
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0))
     # 0 means "absent"
-    v1 = assert_applied(write(sm, token=1, stamp=1, expected_version=0))["version"]
+    v1 = assert_applied(write(sm, token=1, stamp=1, expected_version=0)).version
     refused = assert_refused_unchanged(
         sm,
         cmds.write(
@@ -670,7 +672,7 @@ def test_expected_version():
         Reason.VERSION_MISMATCH,
     )
     assert refused.details == {"version": v1}
-    v2 = assert_applied(write(sm, token=1, stamp=3, expected_version=v1))["version"]
+    v2 = assert_applied(write(sm, token=1, stamp=3, expected_version=v1)).version
     assert v2 > v1
     assert_rejected(write(sm, token=1, stamp=3, expected_version=v1), Reason.VERSION_MISMATCH)
     # a huge expected version is well formed, just wrong
@@ -707,7 +709,7 @@ def test_fencing_is_checked_before_the_version():
 def test_retried_acquire_returns_first_outcome_and_changes_nothing():
     sm = FencingStateMachine()
     first = acquire(sm, stamp=100, op=op_id(1))
-    assert assert_applied(first)["token"] == 1
+    assert assert_applied(first).token == 1
     before = sm.digest()
     # the retry arrives much later, after the lease expired
     again = acquire(sm, stamp=100 + 5 * TTL, op=op_id(1))
@@ -722,7 +724,7 @@ def test_retried_write_returns_first_outcome_even_with_other_fields():
     first = write(sm, token=1, stamp=1, value=b"first", op=op_id(1))
     before = sm.digest()
     assert write(sm, token=1, stamp=2, value=b"second", op=op_id(1)) == first
-    assert sm.read(R, "k") == (b"first", first.result["version"])
+    assert sm.read(R, "k") == (b"first", first.result.version)
     assert sm.digest() == before
     # the first outcome stands even after the token became stale (I5: apply nothing again)
     assert_applied(acquire(sm, stamp=2 * TTL, holder="B"))
@@ -734,11 +736,12 @@ def test_returned_outcomes_cannot_corrupt_the_dedup_table():
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0))
     first = write(sm, token=1, stamp=1, op=op_id(1))
-    first.result["version"] = 999
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.result.version = 999  # a result is frozen: no caller can edit what is stored
     again = write(sm, token=1, stamp=1, op=op_id(1))
-    assert again.result["version"] == 1
-    again.result["version"] = 998
-    assert write(sm, token=1, stamp=1, op=op_id(1)).result["version"] == 1
+    assert again.result.version == 1
+    assert again.result is not first.result  # each retry reads its own copy back
+    assert write(sm, token=1, stamp=1, op=op_id(1)).result.version == 1
 
 
 def test_dedup_applies_to_delete_force_release_and_release_with_op_id():
@@ -746,12 +749,12 @@ def test_dedup_applies_to_delete_force_release_and_release_with_op_id():
     assert_applied(acquire(sm, stamp=0))
     assert_applied(write(sm, token=1, stamp=1))
     first_delete = assert_applied(delete(sm, token=1, stamp=2, op=op_id(1)))
-    assert first_delete["deleted"] is True
+    assert first_delete.deleted is True
     assert delete(sm, token=1, stamp=3, op=op_id(1)).result == first_delete
 
     release = cmds.release(resource=R, token=1, stamp_ms=4, op_id=op_id(2))
     first_release = assert_applied(sm.execute(release))
-    assert first_release["released"] is True
+    assert first_release.released is True
     assert sm.execute(release).result == first_release
 
     force = cmds.force_release(resource=R, op_id=op_id(3), stamp_ms=5)
@@ -769,7 +772,7 @@ def test_refusals_are_not_remembered():
     assert sm.dedup_size == 1
     # the same op_id, retried after A's lease expired, is executed for real
     retry = assert_applied(acquire(sm, holder="B", stamp=TTL, op=op_id(1)))
-    assert retry["token"] == 2
+    assert retry.token == 2
 
 
 def test_op_id_conflict():
@@ -800,18 +803,18 @@ def test_dedup_eviction_by_count():
     sm = FencingStateMachine(dedup_entries_max=3)
     assert_applied(acquire(sm, stamp=0, op=op_id(100)))
     versions = [
-        assert_applied(write(sm, token=1, stamp=i, op=op_id(i)))["version"] for i in range(1, 4)
+        assert_applied(write(sm, token=1, stamp=i, op=op_id(i))).version for i in range(1, 4)
     ]
     assert sm.dedup_size == 3  # the acquire's op_id was evicted first
     # op 1 is still remembered
-    assert write(sm, token=1, stamp=5, op=op_id(1)).result["version"] == versions[0]
+    assert write(sm, token=1, stamp=5, op=op_id(1)).result.version == versions[0]
     assert_applied(write(sm, token=1, stamp=6, op=op_id(4)))
     assert sm.dedup_size == 3
     # op 1, the oldest, was evicted: a retry now applies again, with a new version
     again = assert_applied(write(sm, token=1, stamp=7, op=op_id(1)))
-    assert again["version"] > versions[-1]
+    assert again.version > versions[-1]
     # op 3 is still remembered
-    assert write(sm, token=1, stamp=8, op=op_id(3)).result["version"] == versions[2]
+    assert write(sm, token=1, stamp=8, op=op_id(3)).result.version == versions[2]
 
 
 def test_dedup_eviction_by_age():
@@ -830,7 +833,7 @@ def test_dedup_eviction_by_age():
     assert_applied(sm.execute(cmds.tick(stamp_ms=1_100)))  # horizon 100: evicted
     assert sm.dedup_size == 0
     again = assert_applied(write(sm, token=1, stamp=1_101, op=op_id(1)))
-    assert again["version"] == first["version"] + 1
+    assert again.version == first.version + 1
 
 
 def test_dedup_uses_log_clock_when_stamps_go_backwards():
@@ -873,7 +876,7 @@ def test_lease_held_until_it_expires():
     # the same holder does not get a second lease either
     assert_rejected(acquire(sm, holder="A", stamp=1), Reason.LEASE_HELD)
     # at exactly expires_at_ms the lease is over
-    assert assert_applied(acquire(sm, holder="B", stamp=TTL))["token"] == 2
+    assert assert_applied(acquire(sm, holder="B", stamp=TTL)).token == 2
     assert sm.describe(R)["lease"]["holder"] == "B"
 
 
@@ -881,7 +884,7 @@ def test_acquire_uses_the_log_clock_not_a_backwards_stamp():
     sm = FencingStateMachine()
     assert_applied(sm.execute(cmds.tick(stamp_ms=10_000)))
     result = assert_applied(acquire(sm, stamp=5, ttl_ms=TTL))
-    assert result["expires_at_ms"] == 10_000 + TTL
+    assert result.expires_at_ms == 10_000 + TTL
     assert sm.log_clock_ms == 10_000
     # and a later acquire stamped "before" expiry by a slow clock is still judged by the log
     assert_rejected(acquire(sm, holder="B", stamp=10_001), Reason.LEASE_HELD)
@@ -889,7 +892,7 @@ def test_acquire_uses_the_log_clock_not_a_backwards_stamp():
 
 def test_tokens_strictly_increase_across_resources():
     sm = FencingStateMachine()
-    tokens = [assert_applied(acquire(sm, resource=f"r{i}", stamp=i))["token"] for i in range(20)]
+    tokens = [assert_applied(acquire(sm, resource=f"r{i}", stamp=i)).token for i in range(20)]
     assert tokens == list(range(1, 21))
     assert sm.epoch == 20
     assert all(sm.describe(f"r{i}")["hwm"] == tokens[i] for i in range(20))
@@ -901,7 +904,7 @@ def test_epoch_exhausted():
     assert_applied(
         sm.execute(cmds.set_epoch_floor(floor=limits.TOKEN_MAX - 1, fence_all=False, stamp_ms=1))
     )
-    assert assert_applied(acquire(sm, resource=R2, stamp=1))["token"] == limits.TOKEN_MAX
+    assert assert_applied(acquire(sm, resource=R2, stamp=1)).token == limits.TOKEN_MAX
     assert_refused_unchanged(
         sm,
         cmds.acquire(resource="r3", holder="A", ttl_ms=TTL, op_id=op_id(1), stamp_ms=2),
@@ -929,7 +932,7 @@ def test_resource_limit():
         sm, cmds.force_release(resource="c", op_id=op_id(2), stamp_ms=0), Reason.LIMIT_EXCEEDED
     )
     # known resources keep working
-    assert assert_applied(acquire(sm, resource="a", stamp=TTL))["token"] == 3
+    assert assert_applied(acquire(sm, resource="a", stamp=TTL)).token == 3
     assert_applied(sm.execute(cmds.force_release(resource="b", op_id=op_id(3), stamp_ms=TTL)))
 
 
@@ -949,14 +952,14 @@ def test_keep_alive_extends_the_same_token():
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0, ttl_ms=TTL))
     ka = assert_applied(sm.execute(cmds.keep_alive(resource=R, token=1, stamp_ms=900)))
-    assert ka == {"token": 1, "expires_at_ms": 900 + TTL}
+    assert ka.to_map() == {"token": 1, "expires_at_ms": 900 + TTL}
     # a new TTL replaces the old one, and is kept for later keep-alives
     ka = assert_applied(
         sm.execute(cmds.keep_alive(resource=R, token=1, ttl_ms=5_000, stamp_ms=1_000))
     )
-    assert ka["expires_at_ms"] == 6_000
+    assert ka.expires_at_ms == 6_000
     ka = assert_applied(sm.execute(cmds.keep_alive(resource=R, token=1, stamp_ms=2_000)))
-    assert ka["expires_at_ms"] == 7_000
+    assert ka.expires_at_ms == 7_000
     assert sm.describe(R)["lease"] == {
         "holder": "A",
         "token": 1,
@@ -1013,10 +1016,10 @@ def test_release():
     )
     assert_applied(write(sm, token=1, stamp=1))  # data: the release keeps the resource
     first = assert_applied(sm.execute(cmds.release(resource=R, token=1, stamp_ms=1)))
-    assert first == {"hwm": 1, "released": True}
+    assert first.to_map() == {"hwm": 1, "released": True}
     assert sm.describe(R)["lease"] is None and sm.describe(R)["hwm"] == 1
     # releasing again is applied and idempotent
-    assert assert_applied(sm.execute(cmds.release(resource=R, token=1, stamp_ms=2))) == {
+    assert assert_applied(sm.execute(cmds.release(resource=R, token=1, stamp_ms=2))).to_map() == {
         "hwm": 1,
         "released": False,
     }
@@ -1033,7 +1036,7 @@ def test_releasing_an_expired_lease_reports_not_released():
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0, ttl_ms=TTL))
     result = assert_applied(sm.execute(cmds.release(resource=R, token=1, stamp_ms=TTL)))
-    assert result == {"hwm": 1, "released": False}
+    assert result.to_map() == {"hwm": 1, "released": False}
     assert sm.describe(R) is None  # no lease, no data: forgotten
 
 
@@ -1043,16 +1046,16 @@ def test_releasing_an_expired_lease_reports_not_released():
 def test_delete():
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0))
-    v1 = assert_applied(write(sm, token=1, stamp=1))["version"]
+    v1 = assert_applied(write(sm, token=1, stamp=1)).version
     absent = assert_applied(delete(sm, token=1, stamp=2, key="absent"))
-    assert absent == {"version": 0, "deleted": False}
+    assert absent.to_map() == {"version": 0, "deleted": False}
     assert sm.describe(R)["revision"] == v1  # an absent key changes no revision
     gone = assert_applied(delete(sm, token=1, stamp=3))
-    assert gone["deleted"] is True and gone["version"] > v1
+    assert gone.deleted is True and gone.version > v1
     assert sm.read(R, "k") == (None, 0)
     # versions never repeat for a key, even across deletes
-    v3 = assert_applied(write(sm, token=1, stamp=4))["version"]
-    assert v3 > gone["version"]
+    v3 = assert_applied(write(sm, token=1, stamp=4)).version
+    assert v3 > gone.version
     # delete is fenced exactly like write
     assert_applied(acquire(sm, stamp=TTL * 2, holder="B"))
     assert assert_refused_unchanged(
@@ -1070,16 +1073,16 @@ def test_delete():
 
 def test_read_barrier():
     sm = FencingStateMachine()
-    assert assert_applied(sm.execute(cmds.read_barrier(stamp_ms=7))) == {
+    assert assert_applied(sm.execute(cmds.read_barrier(stamp_ms=7))).to_map() == {
         "epoch": 0,
         "log_clock_ms": 7,
     }
     assert sm.log_clock_ms == 7
     assert_applied(acquire(sm, stamp=10, ttl_ms=TTL))
-    v = assert_applied(write(sm, token=1, stamp=11, value=b"data"))["version"]
+    v = assert_applied(write(sm, token=1, stamp=11, value=b"data")).version
     before = sm.snapshot()
     result = assert_applied(sm.execute(cmds.read_barrier(stamp_ms=12, resource=R, key="k")))
-    assert result == {
+    assert result.to_map() == {
         "epoch": 1,
         "log_clock_ms": 12,
         "hwm": 1,
@@ -1094,9 +1097,9 @@ def test_read_barrier():
     assert after.digest() == sm.digest()
     # an expired lease reads as None; unknown resources and keys read as empty
     expired = assert_applied(sm.execute(cmds.read_barrier(stamp_ms=10 + TTL, resource=R)))
-    assert expired["lease"] is None and "value" not in expired
+    assert expired.lease is None and expired.version is None and "value" not in expired.to_map()
     unknown = assert_applied(sm.execute(cmds.read_barrier(stamp_ms=0, resource=R2, key="x")))
-    assert unknown == {
+    assert unknown.to_map() == {
         "epoch": 1,
         "log_clock_ms": 10 + TTL,
         "hwm": 0,
@@ -1111,14 +1114,14 @@ def test_force_release_fences_the_old_holder():
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0, ttl_ms=limits.LEASE_TTL_MS_MAX))
     result = assert_applied(sm.execute(cmds.force_release(resource=R, op_id=op_id(1), stamp_ms=1)))
-    assert result == {"hwm": 2}
+    assert result.to_map() == {"hwm": 2}
     assert sm.epoch == 2 and sm.describe(R)["lease"] is None
     assert_rejected(write(sm, token=1, stamp=2), Reason.STALE_TOKEN)
     assert_rejected(
         sm.execute(cmds.keep_alive(resource=R, token=1, stamp_ms=2)), Reason.STALE_TOKEN
     )
     # the resource is free at once, and the next token is above the forced epoch
-    assert assert_applied(acquire(sm, holder="B", stamp=2))["token"] == 3
+    assert assert_applied(acquire(sm, holder="B", stamp=2)).token == 3
 
 
 @pytest.mark.parametrize("fence", ["force_release", "epoch_floor_fence_all", "restore"])
@@ -1148,7 +1151,7 @@ def test_an_epoch_that_only_fenced_is_never_accepted_as_a_token(fence):
                         cmds.keep_alive(resource=R, token=fenced, stamp_ms=3),
                         cmds.release(resource=R, token=fenced, op_id=op_id(9), stamp_ms=3)):
             assert_refused_unchanged(m, command, Reason.UNKNOWN_TOKEN)
-    token = assert_applied(acquire(sm, holder="B", stamp=4))["token"]
+    token = assert_applied(acquire(sm, holder="B", stamp=4)).token
     assert token > fenced
     assert_applied(write(sm, token=token, stamp=5))
 
@@ -1157,7 +1160,7 @@ def test_force_release_of_an_unknown_resource_creates_its_hwm():
     sm = FencingStateMachine()
     assert assert_applied(
         sm.execute(cmds.force_release(resource="new", op_id=op_id(1), stamp_ms=0))
-    ) == {"hwm": 1}
+    ).to_map() == {"hwm": 1}
     assert sm.describe("new") == {"hwm": 1, "lease": None, "revision": 0, "keys": 0}
 
 
@@ -1167,14 +1170,14 @@ def test_set_epoch_floor_without_fencing():
     result = assert_applied(
         sm.execute(cmds.set_epoch_floor(floor=100, fence_all=False, stamp_ms=1))
     )
-    assert result == {"epoch": 100}
+    assert result.to_map() == {"epoch": 100}
     assert sm.describe(R)["hwm"] == 1
     assert_applied(write(sm, token=1, stamp=2))  # R is not fenced
-    assert assert_applied(acquire(sm, resource=R2, stamp=3))["token"] == 101
+    assert assert_applied(acquire(sm, resource=R2, stamp=3)).token == 101
     # a lower floor never lowers the epoch
     assert assert_applied(
         sm.execute(cmds.set_epoch_floor(floor=5, fence_all=False, stamp_ms=4))
-    ) == {"epoch": 101}
+    ).to_map() == {"epoch": 101}
 
 
 def test_set_epoch_floor_fences_everything():
@@ -1182,23 +1185,23 @@ def test_set_epoch_floor_fences_everything():
     assert_applied(acquire(sm, resource=R, stamp=0))
     assert_applied(acquire(sm, resource=R2, stamp=0))
     result = assert_applied(sm.execute(cmds.set_epoch_floor(floor=50, stamp_ms=1)))
-    assert result == {"epoch": 51}
+    assert result.to_map() == {"epoch": 51}
     for resource, token in ((R, 1), (R2, 2)):
         assert sm.describe(resource) == {"hwm": 51, "lease": None, "revision": 0, "keys": 0}
         assert_rejected(write(sm, resource=resource, token=token, stamp=2), Reason.STALE_TOKEN)
-    assert assert_applied(acquire(sm, stamp=3))["token"] == 52
+    assert assert_applied(acquire(sm, stamp=3)).token == 52
     # a floor below the epoch still fences every earlier token
-    assert assert_applied(sm.execute(cmds.set_epoch_floor(floor=1, stamp_ms=4))) == {"epoch": 53}
+    assert assert_applied(sm.execute(cmds.set_epoch_floor(floor=1, stamp_ms=4))).to_map() == {"epoch": 53}
     assert_rejected(write(sm, token=52, stamp=5), Reason.STALE_TOKEN)
     # absent fence_all means fence everything (the safe default)
-    assert assert_applied(sm.execute(Command(Op.SET_EPOCH_FLOOR, 6, {"floor": 1}))) == {"epoch": 54}
+    assert assert_applied(sm.execute(Command(Op.SET_EPOCH_FLOOR, 6, {"floor": 1}))).to_map() == {"epoch": 54}
     assert sm.describe(R)["hwm"] == 54
 
 
 def test_set_epoch_floor_to_token_max_fences_everything():
     sm = FencingStateMachine()
     assert_applied(acquire(sm, stamp=0))
-    assert assert_applied(sm.execute(cmds.set_epoch_floor(floor=limits.TOKEN_MAX, stamp_ms=1))) == {
+    assert assert_applied(sm.execute(cmds.set_epoch_floor(floor=limits.TOKEN_MAX, stamp_ms=1))).to_map() == {
         "epoch": limits.TOKEN_MAX
     }
     assert_rejected(write(sm, token=1, stamp=2), Reason.STALE_TOKEN)
@@ -1230,12 +1233,12 @@ def test_tick_expires_leases_but_keeps_hwm():
     assert_applied(acquire(sm, resource="b", stamp=0, ttl_ms=200))
     assert_applied(acquire(sm, resource="c", stamp=0, ttl_ms=300))
     assert_applied(write(sm, resource="a", token=1, stamp=0))
-    assert assert_applied(sm.execute(cmds.tick(stamp_ms=99))) == {"expired": 0}
-    assert assert_applied(sm.execute(cmds.tick(stamp_ms=200))) == {"expired": 2}
+    assert assert_applied(sm.execute(cmds.tick(stamp_ms=99))).to_map() == {"expired": 0}
+    assert assert_applied(sm.execute(cmds.tick(stamp_ms=200))).to_map() == {"expired": 2}
     assert sm.describe("a") == {"hwm": 1, "lease": None, "revision": 1, "keys": 1}
     assert sm.describe("b") is None  # expired with no data: forgotten
     assert sm.describe("c")["lease"]["token"] == 3
-    assert assert_applied(sm.execute(cmds.tick(stamp_ms=0))) == {"expired": 0}
+    assert assert_applied(sm.execute(cmds.tick(stamp_ms=0))).to_map() == {"expired": 0}
     assert sm.log_clock_ms == 200
 
 
@@ -1257,8 +1260,13 @@ def test_log_clock_never_goes_backwards_and_refusals_do_not_move_it():
 @pytest.mark.parametrize(
     "outcome",
     [
-        Applied(Op.ACQUIRE, {"token": 1, "expires_at_ms": 5, "hwm": 1}),
-        Applied(Op.READ_BARRIER, {"epoch": 1, "lease": {"holder": "A", "token": 1}, "value": b"x"}),
+        Applied(Op.ACQUIRE, AcquireResult(token=1, expires_at_ms=5, hwm=1)),
+        Applied(Op.READ_BARRIER, ReadResult(
+            epoch=1, log_clock_ms=2, hwm=1, lease=LeaseView(holder="A", token=1, expires_at_ms=5), version=3, value=b"x"
+        )),
+        Applied(Op.READ_BARRIER, ListResult(
+            log_clock_ms=2, resources=(ListedResource("a", True, "A", 1, 1, 3, 0),), more=False
+        )),
         Rejected(Op.WRITE, Reason.STALE_TOKEN, "stale", {"hwm": 2}),
         Rejected(None, Reason.MALFORMED, "garbage"),
     ],

@@ -383,7 +383,7 @@ class FencingStateMachineTest(RuleBasedStateMachine):
         if expected[0] == "applied":
             assert isinstance(outcome, Applied), (cmd, outcome, expected)
             assert outcome.op is cmd.op
-            assert outcome.result == expected[1], (cmd, outcome.result, expected[1])
+            assert outcome.result.to_map() == expected[1], (cmd, outcome.result, expected[1])
         else:
             assert isinstance(outcome, Rejected), (cmd, outcome, expected)
             assert outcome.reason is expected[1], (cmd, outcome, expected)
@@ -415,7 +415,7 @@ class FencingStateMachineTest(RuleBasedStateMachine):
         )
         outcome = self.run(cmd, expected)
         if isinstance(outcome, Applied) and not replay:
-            token = outcome.result["token"]
+            token = outcome.result.token
             # I1: every new token is above every token issued before it
             assert all(token > earlier for earlier in self.issued_tokens)
             assert token == self.sm.epoch
@@ -540,8 +540,8 @@ class FencingStateMachineTest(RuleBasedStateMachine):
         )
         outcome = self.run(cmd, expected)
         if isinstance(outcome, Applied) and not replay:
-            assert all(outcome.result["hwm"] > t for t in self.issued_tokens)
-            self.issued_tokens.append(outcome.result["hwm"])
+            assert all(outcome.result.hwm > t for t in self.issued_tokens)
+            self.issued_tokens.append(outcome.result.hwm)
 
     @rule(
         offset=st.integers(min_value=-2, max_value=3), fence_all=st.booleans(), delta=stamp_deltas

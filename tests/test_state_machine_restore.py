@@ -13,13 +13,14 @@ from hypothesis import strategies as st
 from coordinator.core import commands as c
 from coordinator.core import limits, validation
 from coordinator.core.commands import MalformedCommand, Op
+from coordinator.core.results import Result
 from coordinator.core.state_machine import Applied, FencingStateMachine, Reason, Rejected, UnappliableEntry
 from testsupport.backups import restore_in_chunks
 
 R, R2 = "orders/7", "orders/8"
 
 
-def applied(outcome) -> dict:
+def applied(outcome) -> Result:
     assert isinstance(outcome, Applied), outcome
     return outcome.result
 
@@ -53,7 +54,7 @@ def through_the_log(sm: FencingStateMachine, command: c.Command):
 def test_restore_brings_back_the_data_fenced_above_every_token():
     sm, backup = backed_up()
     result = applied(restore_in_chunks(sm, backup, epoch_floor=10, stamp_ms=200))
-    assert result == {"epoch": 10, "resources": 1}
+    assert result.to_map() == {"epoch": 10, "resources": 1}
     assert sm.epoch == 10 and sm.log_clock_ms == 200
     assert sm.read(R, "k") == (b"backup", 1)
     assert sm.describe(R)["hwm"] == 10 and sm.describe(R)["lease"] is None
@@ -64,8 +65,7 @@ def test_restore_brings_back_the_data_fenced_above_every_token():
     refused(sm.execute(c.write(resource=R2, key="k", value=b"x", token=3, op_id=op(7), stamp_ms=201)),
             Reason.UNKNOWN_TOKEN)
     # The next token is above the floor, and dedup was emptied: an old op_id applies anew.
-    assert applied(sm.execute(c.acquire(resource=R2, holder="C", ttl_ms=1_000, op_id=op(5), stamp_ms=202)))[
-        "token"] == 11
+    assert applied(sm.execute(c.acquire(resource=R2, holder="C", ttl_ms=1_000, op_id=op(5), stamp_ms=202))).token == 11
 
 
 def test_restore_refuses_a_floor_not_above_the_epoch_and_changes_nothing():
@@ -96,7 +96,7 @@ def test_restore_fences_above_a_backup_from_a_later_epoch():
         applied(donor.execute(c.force_release(resource=R, op_id=op(n), stamp_ms=n)))
     sm = FencingStateMachine()
     result = applied(restore_in_chunks(sm, donor.snapshot(), epoch_floor=2, stamp_ms=10))
-    assert result["epoch"] == 6 and sm.describe(R)["hwm"] == 6
+    assert result.epoch == 6 and sm.describe(R)["hwm"] == 6
 
 
 def test_restore_chunks_may_be_larger_than_other_commands():
@@ -265,16 +265,16 @@ def test_the_crafted_restore_of_issue_14_cannot_break_a_later_write():
             Reason.MALFORMED)
     highest = applied(restore_in_chunks(sm, edited([4, 0, 2], limits.REVISION_MAX), epoch_floor=10,
                                         stamp_ms=200))
-    token = applied(sm.execute(c.acquire(resource=R, holder="B", ttl_ms=1_000, op_id=op(20), stamp_ms=201)))["token"]
-    assert token == highest["epoch"] + 1
+    token = applied(sm.execute(c.acquire(resource=R, holder="B", ttl_ms=1_000, op_id=op(20), stamp_ms=201))).token
+    assert token == highest.epoch + 1
     before = sm.digest()
     for command in (c.write(resource=R, key="k", value=b"x", token=token, op_id=op(21), stamp_ms=202),
                     c.delete(resource=R, key="k", token=token, op_id=op(22), stamp_ms=202)):
         r = refused(sm.execute(command), Reason.LIMIT_EXCEEDED)
         assert r.details == {"limit": "revision", "max": limits.REVISION_MAX}
     assert sm.digest() == before
-    assert applied(sm.execute(c.delete(resource=R, key="absent", token=token, op_id=op(23), stamp_ms=203)))[
-        "deleted"] is False  # a delete that changes nothing needs no revision
+    absent = c.delete(resource=R, key="absent", token=token, op_id=op(23), stamp_ms=203)
+    assert applied(sm.execute(absent)).deleted is False  # a delete that changes nothing needs no revision
     FencingStateMachine().restore(sm.snapshot())  # that state's snapshot loads again
 
 
@@ -378,7 +378,7 @@ def exercise(sm: FencingStateMachine) -> None:
     for name, _hwm, _revision, _lease, keys in doc[4]:
         acquired = no_guard(sm.execute(c.acquire(resource=name, holder="p", ttl_ms=1_000, op_id=fresh_op(),
                                                  stamp_ms=stamp)))
-        token = acquired.result["token"] if isinstance(acquired, Applied) else 1
+        token = acquired.result.token if isinstance(acquired, Applied) else 1
         for key in [k for k, _, _ in keys] + ["fresh"]:
             no_guard(sm.execute(c.write(resource=name, key=key, value=b"x", token=token, op_id=fresh_op(),
                                         stamp_ms=stamp)))
@@ -512,4 +512,4 @@ def test_the_commit_reads_nothing_the_chunks_did_not(monkeypatch):
     for module in (snapshot_format, state_machine, admin_handlers):
         monkeypatch.setattr(module, "parse_snapshot", no_whole_read, raising=False)
     result = applied(sm.apply(c.restore_commit(restore_id=rid, stamp_ms=200).encode()))
-    assert result == {"epoch": 10, "resources": 3}
+    assert result.to_map() == {"epoch": 10, "resources": 3}

@@ -60,7 +60,7 @@ def test_a_queue_is_the_resources_own_while_someone_waits_and_shared_again_after
     sm.execute(c.acquire(resource="r", holder="h", ttl_ms=1_000, op_id=b"a" * 16, stamp_ms=1))
     sm.execute(c.acquire(resource="other", holder="h", ttl_ms=1_000, op_id=b"b" * 16, stamp_ms=1))
     out = sm.execute(c.enqueue(resource="r", holder="w", ttl_ms=1_000, waiter_id=wid, stamp_ms=2))
-    assert out.result["queued"] is True
+    assert out.result.queued is True
     queued = sm._resources["r"]
     assert queued.waiters is not NO_WAITERS and list(queued.waiters) == [wid]
     assert sm._resources["other"].waiters is NO_WAITERS  # the first waiter's dict is r's alone
@@ -75,7 +75,7 @@ def test_holders_keys_and_owners_decoded_from_separate_entries_are_stored_once()
         holder, key = b"worker-7".decode(), b"config".decode()
         got = sm.execute(core_ops.charged(c.acquire(resource=name, holder=holder, ttl_ms=1_000, op_id=bytes([i]) * 16,
                                              stamp_ms=1), principal=b"team".decode(), quota={}))
-        sm.execute(c.write(resource=name, key=key, value=b"v", token=got.result["token"],
+        sm.execute(c.write(resource=name, key=key, value=b"v", token=got.result.token,
                            op_id=bytes([i + 10]) * 16, stamp_ms=2))
     r1, r2 = sm._resources["r1"], sm._resources["r2"]
     assert r1.lease.holder is r2.lease.holder and r1.owner is r2.owner

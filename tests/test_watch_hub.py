@@ -11,6 +11,7 @@ from coordinator.core.changes import Change, ChangeKind
 from coordinator.core.commands import Op
 from coordinator.core.names import ErrorMeta, ErrorReason
 from coordinator.core.outcomes import Applied
+from coordinator.core.results import RestoreResult, TickResult, WriteResult
 from coordinator.server.errors import ServiceError
 from coordinator.server.watch_hub import WatchHub, change_cost
 
@@ -27,7 +28,8 @@ class Feed:
 
 
 def written(resource: str, version: int = 1, value: bytes = b"v") -> Applied:
-    return Applied(Op.WRITE, {}, changes=(Change(ChangeKind.WRITTEN, resource, key="k", value=value, version=version),))
+    change = Change(ChangeKind.WRITTEN, resource, key="k", value=value, version=version)
+    return Applied(Op.WRITE, WriteResult(version=version, hwm=1), changes=(change,))
 
 
 def hub_and_feed(**kwargs) -> tuple[WatchHub, Feed]:
@@ -44,7 +46,7 @@ def test_a_cursor_reads_its_prefix_in_log_order_and_resumes_without_repeats():
     hub, feed = hub_and_feed()
     for index, name in enumerate(["jobs/a", "other/x", "jobs/b", "jobs/a"], start=1):
         feed.applied(index, written(name))
-    feed.applied(5, [Applied(Op.TICK, {}), written("jobs/c")])  # a shared entry: a list
+    feed.applied(5, [Applied(Op.TICK, TickResult(expired=0)), written("jobs/c")])  # a shared entry: a list
     cursor, current = hub.open("jobs/", 1, "host a")
     assert current == 5
     found, upto = hub.next(cursor, 0)
@@ -143,7 +145,8 @@ def test_a_waiting_cursor_wakes_on_a_matching_entry_and_on_close():
 def test_a_restore_reaches_every_watcher_whatever_its_prefix():
     hub, feed = hub_and_feed()
     cursor, _ = hub.open("jobs/", 0, "host a")
-    feed.applied(1, Applied(Op.RESTORE_COMMIT, {}, changes=(Change(ChangeKind.RESET, ""),)))
+    reset = (Change(ChangeKind.RESET, ""),)
+    feed.applied(1, Applied(Op.RESTORE_COMMIT, RestoreResult(epoch=2, resources=0), changes=reset))
     found, _ = hub.next(cursor, 0)
     assert [c.kind for _, changes in found for c in changes] == [ChangeKind.RESET]
 

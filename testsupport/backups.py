@@ -17,6 +17,7 @@ import msgpack
 from coordinator.core import commands, limits
 from coordinator.core.commands import Op
 from coordinator.core.outcomes import Applied, Outcome, Rejected, outcome_to_wire
+from coordinator.core.results import AcquireResult
 from coordinator.core.snapshot_format import SNAPSHOT_FORMAT_VERSION, SNAPSHOT_MAGIC
 
 # Version 2 added the staged restore (nil in a backup); version 1 had none. Written per the
@@ -61,8 +62,7 @@ def fullest_backup() -> bytes:
             "p" * limits.PRINCIPAL_NAME_BYTES_MAX,
         ])
     dedup = []
-    result = {"expires_at_ms": BIG, "hwm": BIG, "token": BIG}
-    wire = outcome_to_wire(Applied(op=Op.ACQUIRE, result=result))
+    wire = outcome_to_wire(Applied(op=Op.ACQUIRE, result=AcquireResult(token=BIG, expires_at_ms=BIG, hwm=BIG)))
     for i in range(limits.DEDUP_ENTRIES_MAX):
         op_id = i.to_bytes(8, "big") * (limits.OP_ID_BYTES_MAX // 8)
         dedup.append([

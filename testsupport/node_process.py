@@ -91,7 +91,7 @@ class NodeService:
                 with lock:
                     outcomes["acquire_" + acq.outcome.value] = outcomes.get("acquire_" + acq.outcome.value, 0) + 1
                 return
-            token = acq.value.result["token"]
+            token = acq.value.result.token
             local = []
             for i in range(count):
                 cmd = ops.Write(resource=resource, key=f"k{i % 16}", value=b"v" * 32, token=token,

@@ -31,6 +31,8 @@ Modules (one job each; ``tests/test_layers.py`` checks this map against the file
     validation       one check per field name (charset, length, range)
     outcomes         what applying answers: ``Applied`` / ``Rejected`` with a ``Reason``, and
                      their wire form
+    results          one frozen result type per op (``WriteResult``, ``LockState`` ...), each
+                     with the exact map the dedup table and snapshots store, read back checked
     changes          what an applied entry changed, as Watch reports it (``Change``)
     state            the state as data: resources, leases, usage per principal, dedup entries
     dedup            the dedup table of op_ids, accounted and evicted per principal (I5)

@@ -20,6 +20,14 @@ from coordinator.core.changes import ChangeKind
 from coordinator.core.commands import Op
 from coordinator.core.machine_base import MachineBase
 from coordinator.core.outcomes import Applied, Outcome, Reason, Rejected
+from coordinator.core.results import (
+    EpochResult,
+    ForceReleaseResult,
+    LevelResult,
+    RestoreAbortResult,
+    RestoreBeginResult,
+    RestoreResult,
+)
 from coordinator.core.snapshot_format import Parts
 from coordinator.core.state import NO_WAITERS, ResourceState, ResourceTable, Usage
 
@@ -48,7 +56,7 @@ class AdminHandlers(MachineBase):
         # Kept even when empty: an admin's fence stays visible, and its owner's quota scan
         # forgets it once that owner needs the slot.
         self._usage.add(resource, res)
-        return Applied(op=Op.FORCE_RELEASE, result={"hwm": res.high_water_mark})
+        return Applied(op=Op.FORCE_RELEASE, result=ForceReleaseResult(hwm=res.high_water_mark))
 
     def _set_epoch_floor(self, now: int, body: ops.SetEpochFloor) -> Outcome:
         fence_all = True if body.fence_all is None else body.fence_all
@@ -76,7 +84,7 @@ class AdminHandlers(MachineBase):
             # waiter granted now would hold a lease the admin meant to clear.
             self._queue.clear(self._resources.values())
             self._usage = Usage.of(self._resources)  # no leases left
-        return Applied(op=Op.SET_EPOCH_FLOOR, result={"epoch": new_epoch})
+        return Applied(op=Op.SET_EPOCH_FLOOR, result=EpochResult(epoch=new_epoch))
 
     def _floor_refusal(self, op: Op, floor: int) -> Rejected | None:
         if floor > self._epoch:
@@ -126,7 +134,7 @@ class AdminHandlers(MachineBase):
         parts.cluster_level = self._cluster_level  # the members' builds did not change
         self._install(parts)
         self._note(ChangeKind.RESET, "")
-        return Applied(op=op, result={"epoch": new_epoch, "resources": len(parts.resources)})
+        return Applied(op=op, result=RestoreResult(epoch=new_epoch, resources=len(parts.resources)))
 
     def _install(self, parts: Parts) -> None:
         """Make ``parts`` the whole state, with everything derived from it recounted."""
@@ -148,7 +156,7 @@ class AdminHandlers(MachineBase):
     def _set_cluster_level(self, now: int, body: ops.SetClusterLevel) -> Outcome:
         # Never lowers it: a level once reached may have been used by entries after it.
         self._cluster_level = max(self._cluster_level, body.level)
-        return Applied(op=Op.SET_CLUSTER_LEVEL, result={"level": self._cluster_level})
+        return Applied(op=Op.SET_CLUSTER_LEVEL, result=LevelResult(level=self._cluster_level))
 
     # -- a backup restored in chunks ---------------------------------------------------------
     # BEGIN, CHUNK..., COMMIT are separate entries, each within the Raft entry bounds; the
@@ -161,7 +169,7 @@ class AdminHandlers(MachineBase):
         if refusal is not None:
             return refusal
         self._staging.begin(now, body.restore_id, body.size, body.digest, body.epoch_floor)
-        return Applied(op=Op.RESTORE_BEGIN, result={"size": body.size})
+        return Applied(op=Op.RESTORE_BEGIN, result=RestoreBeginResult(size=body.size))
 
     def _restore_chunk(self, now: int, body: ops.RestoreChunk) -> Outcome:
         return self._staging.chunk(now, body.restore_id, body.seq, body.chunk)
@@ -177,4 +185,4 @@ class AdminHandlers(MachineBase):
         )  # drops the staging
 
     def _restore_abort(self, now: int, body: ops.RestoreAbort) -> Outcome:
-        return Applied(op=Op.RESTORE_ABORT, result={"aborted": self._staging.abort(body.restore_id)})
+        return Applied(op=Op.RESTORE_ABORT, result=RestoreAbortResult(aborted=self._staging.abort(body.restore_id)))

@@ -12,7 +12,6 @@ queue, extend a lease that has ended, or change anything when it refuses.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from coordinator.core import ops
 from coordinator.core.changes import ChangeKind
@@ -20,6 +19,14 @@ from coordinator.core.commands import Op
 from coordinator.core.lock_queue import lock_state
 from coordinator.core.machine_base import MachineBase
 from coordinator.core.outcomes import Applied, Outcome, Reason, Rejected
+from coordinator.core.results import (
+    AcquireResult,
+    DequeueResult,
+    KeepAliveResult,
+    LockState,
+    ReleaseResult,
+    TickResult,
+)
 from coordinator.core.state import ResourceState
 
 
@@ -79,14 +86,10 @@ class LeaseHandlers(MachineBase):
         self._usage.add(resource, res)
         return Applied(
             op=Op.ACQUIRE,
-            result={
-                "token": self._epoch,
-                "expires_at_ms": res.lease.expires_at_ms,
-                "hwm": res.high_water_mark,
-            },
+            result=AcquireResult(token=self._epoch, expires_at_ms=res.lease.expires_at_ms, hwm=res.high_water_mark),
         )
 
-    def lock_state(self, resource: str, waiter_id: bytes, *, now_ms: int | None = None) -> dict[str, Any]:
+    def lock_state(self, resource: str, waiter_id: bytes, *, now_ms: int | None = None) -> LockState:
         """Where ``waiter_id`` stands on ``resource`` at ``now_ms`` (default: the log clock;
         a local read, for a Lock call waiting for its grant): granted (with token and
         expiry), queued (with its 0-based position), or neither (never queued, cancelled,
@@ -141,10 +144,10 @@ class LeaseHandlers(MachineBase):
             self._note_lease_end(ChangeKind.RELEASED if released else ChangeKind.EXPIRED, resource, res.lease)
             res.lease = None
         else:
-            return Applied(op=Op.DEQUEUE, result={"cancelled": False, "released": False})
+            return Applied(op=Op.DEQUEUE, result=DequeueResult(cancelled=False, released=False))
         self._advance(resource, res, now)
         self._settle(resource, res)
-        return Applied(op=Op.DEQUEUE, result={"cancelled": cancelled, "released": released})
+        return Applied(op=Op.DEQUEUE, result=DequeueResult(cancelled=cancelled, released=released))
 
     def _keep_alive(self, now: int, body: ops.KeepAlive) -> Outcome:
         resource, token = body.resource, body.token
@@ -161,7 +164,7 @@ class LeaseHandlers(MachineBase):
         ttl_ms = lease.ttl_ms if body.ttl_ms is None else body.ttl_ms
         res.lease = dataclasses.replace(lease, ttl_ms=ttl_ms, expires_at_ms=now + ttl_ms)
         self._expiry.add(now + ttl_ms, resource)
-        return Applied(op=Op.KEEP_ALIVE, result={"token": token, "expires_at_ms": now + ttl_ms})
+        return Applied(op=Op.KEEP_ALIVE, result=KeepAliveResult(token=token, expires_at_ms=now + ttl_ms))
 
     def _release(self, now: int, body: ops.Release) -> Outcome:
         resource, token = body.resource, body.token
@@ -177,7 +180,7 @@ class LeaseHandlers(MachineBase):
             res.lease = None
         self._advance(resource, res, now)  # the next waiter gets it in this entry
         self._settle(resource, res)  # no data: forgotten; the epoch fences its tokens
-        return Applied(op=Op.RELEASE, result={"hwm": res.high_water_mark, "released": released})
+        return Applied(op=Op.RELEASE, result=ReleaseResult(hwm=res.high_water_mark, released=released))
 
     def _tick(self, now: int, body: ops.Tick) -> Outcome:
         # The index, not a scan: the leader TICKs every second, and a pass over 100,000
@@ -199,4 +202,4 @@ class LeaseHandlers(MachineBase):
             self._advance(name, res, now)  # the head waiter, in this TICK
             self._settle(name, res)  # an expired lease on no data: forgotten
         self._staging.drop_if_stale(now)  # an abandoned restore's chunks: memory back
-        return Applied(op=Op.TICK, result={"expired": len(expired)})
+        return Applied(op=Op.TICK, result=TickResult(expired=len(expired)))

@@ -15,16 +15,16 @@ table. ``python -m bench list`` prints what a page costs at a given table size.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 from coordinator.core.name_index import SortedNames
+from coordinator.core.results import ListedResource, ListResult
 from coordinator.core.state import ResourceTable
 
-# The fields of one listed resource, in the order ``page`` packs them (a list per item keeps
-# the outcome small and flat).
-ITEM_FIELDS = ("resource", "held", "holder", "token", "hwm", "remaining_ms", "waiters")
+# The fields of one listed resource, in the order its map form packs them (results.py).
+ITEM_FIELDS = tuple(field.name for field in dataclasses.fields(ListedResource))
 
 
 def narrowed(prefix: str, grants: Iterable[str] | None) -> tuple[str, ...]:
@@ -50,7 +50,7 @@ def page(
     prefixes: tuple[str, ...],
     limit: int,
     after: str | None = None,
-) -> dict[str, Any]:
+) -> ListResult:
     """The first ``limit`` resources (by name) under any of ``prefixes``, after ``after``.
 
     ``more`` says whether another resource follows the last one returned. A lease that has
@@ -61,16 +61,16 @@ def page(
         res = dict.__getitem__(resources, name)  # a read: no copy for a snapshot in progress
         lease = res.lease
         live = lease is not None and lease.expires_at_ms > now
-        items.append([
-            name,
-            live,
-            lease.holder if live and lease is not None else "",
-            lease.token if live and lease is not None else 0,
-            res.high_water_mark,
-            lease.expires_at_ms - now if live and lease is not None else 0,
-            len(res.waiters),
-        ])
-    return {"log_clock_ms": now, "resources": items, "more": len(chosen) > limit}
+        items.append(ListedResource(
+            resource=name,
+            held=live,
+            holder=lease.holder if live and lease is not None else "",
+            token=lease.token if live and lease is not None else 0,
+            hwm=res.high_water_mark,
+            remaining_ms=lease.expires_at_ms - now if live and lease is not None else 0,
+            waiters=len(res.waiters),
+        ))
+    return ListResult(log_clock_ms=now, resources=tuple(items), more=len(chosen) > limit)
 
 
 def _names_under(names: SortedNames, prefixes: tuple[str, ...], after: str | None) -> Iterator[str]:

@@ -13,31 +13,28 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from coordinator.core import limits
 from coordinator.core.commands import Op
 from coordinator.core.expiry import WaiterExpiryIndex
 from coordinator.core.outcomes import Reason, Rejected
+from coordinator.core.results import LockState
 from coordinator.core.state import NO_WAITERS, ResourceState, Waiter
 
 
-def lock_state(res: ResourceState | None, waiter_id: bytes, now_ms: int) -> dict[str, Any]:
+def lock_state(res: ResourceState | None, waiter_id: bytes, now_ms: int) -> LockState:
     """Where ``waiter_id`` stands on ``res`` at ``now_ms``: granted (with token and expiry),
     queued (with its 0-based position), or neither."""
     if res is None:
-        return {"granted": False, "queued": False}
+        return LockState(granted=False, queued=False)
     lease = res.lease
     if lease is not None and lease.waiter_id == waiter_id and lease.expires_at_ms > now_ms:
-        return {
-            "granted": True,
-            "token": lease.token,
-            "expires_at_ms": lease.expires_at_ms,
-            "hwm": res.high_water_mark,
-        }
+        return LockState(
+            granted=True, token=lease.token, expires_at_ms=lease.expires_at_ms, hwm=res.high_water_mark
+        )
     if waiter_id in res.waiters:
-        return {"granted": False, "queued": True, "position": list(res.waiters).index(waiter_id)}
-    return {"granted": False, "queued": False}
+        return LockState(granted=False, queued=True, position=list(res.waiters).index(waiter_id))
+    return LockState(granted=False, queued=False)
 
 
 class LockQueue:

@@ -14,6 +14,7 @@ from typing import Any
 
 from coordinator.core.changes import Change
 from coordinator.core.commands import Op
+from coordinator.core.results import RESULT_TYPES, Result, result_from_map
 from coordinator.core.validation import is_int
 
 
@@ -35,10 +36,11 @@ class Reason(enum.IntEnum):
 
 @dataclasses.dataclass(frozen=True)
 class Applied:
-    """The command took effect; ``result`` holds what the caller is told."""
+    """The command took effect; ``result`` holds what the caller is told, of the type its op
+    answers with (``results.RESULT_TYPES``)."""
 
     op: Op
-    result: dict[str, Any]
+    result: Result
     # On a retry answered from the dedup table: the log index at which the op_id first
     # applied (0 otherwise). Replies must report that index, not the retry's own entry,
     # or a history would order the effect after writes it preceded.
@@ -46,6 +48,10 @@ class Applied:
     # What the entry changed, for Watch (changes.py); never on the wire, so a retry answered
     # from the dedup table (which changed nothing) carries none.
     changes: tuple[Change, ...] = dataclasses.field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.result, RESULT_TYPES[self.op]):
+            raise TypeError(f"{self.op.name} answers {RESULT_TYPES[self.op]}, not {self.result!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +91,7 @@ def _sorted_map(value: Any) -> Any:
 def outcome_to_wire(outcome: Outcome) -> list[Any]:
     """A msgpack-encodable, canonical list for ``outcome`` (dedup table, snapshots, replies)."""
     if isinstance(outcome, Applied):
-        return [_WIRE_APPLIED, int(outcome.op), _sorted_map(outcome.result)]
+        return [_WIRE_APPLIED, int(outcome.op), _sorted_map(outcome.result.to_map())]
     if isinstance(outcome, Rejected):
         op = None if outcome.op is None else int(outcome.op)
         return [
@@ -109,7 +115,8 @@ def outcome_from_wire(wire: list[Any]) -> Outcome:
         _, op, result = wire
         if not isinstance(result, dict) or not all(isinstance(k, str) for k in result):
             raise ValueError("applied outcome result must be a map with string keys")
-        return Applied(op=_op_from_wire(op), result=dict(result))
+        known_op = _op_from_wire(op)
+        return Applied(op=known_op, result=result_from_map(known_op, result))
     if tag == _WIRE_REJECTED and is_int(tag):
         if len(wire) != 5:
             raise ValueError("rejected outcome must be [2, op, reason, message, details]")

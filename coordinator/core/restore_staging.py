@@ -15,6 +15,7 @@ from __future__ import annotations
 from coordinator.core import limits
 from coordinator.core.commands import Op
 from coordinator.core.outcomes import Applied, Outcome, Reason, Rejected
+from coordinator.core.results import RestoreChunkResult
 from coordinator.core.snapshot_format import SnapshotReader
 from coordinator.core.state import StagedRestore
 
@@ -105,7 +106,7 @@ class RestoreStaging:
             )
         staged.stage(chunk)  # read and hashed as it is staged: the COMMIT does neither
         staged.touched_at_ms = now
-        return Applied(op=Op.RESTORE_CHUNK, result={"staged_bytes": staged.staged_bytes})
+        return Applied(op=Op.RESTORE_CHUNK, result=RestoreChunkResult(staged_bytes=staged.staged_bytes))
 
     def complete(self, restore_id: bytes) -> StagedRestore | Rejected:
         """The staged restore ``restore_id`` if all its bytes are staged with the declared

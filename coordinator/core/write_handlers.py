@@ -10,13 +10,12 @@ a limit, or change anything, not even the revision, when it refuses.
 
 from __future__ import annotations
 
-from typing import Any
-
 from coordinator.core import limits, listing, ops
 from coordinator.core.changes import ChangeKind
 from coordinator.core.commands import Op
 from coordinator.core.machine_base import MachineBase
 from coordinator.core.outcomes import Applied, Outcome, Reason, Rejected
+from coordinator.core.results import DeleteResult, LeaseView, ReadResult, WriteResult
 from coordinator.core.state import ResourceState, entry_bytes, shared
 
 
@@ -89,7 +88,7 @@ class WriteHandlers(MachineBase):
         self._stored_bytes_total += grows_by
         self._usage.add(resource, res)
         self._note(ChangeKind.WRITTEN, resource, key=key, value=value, version=res.revision, token=body.token)
-        return Applied(op=Op.WRITE, result={"version": res.revision, "hwm": res.high_water_mark})
+        return Applied(op=Op.WRITE, result=WriteResult(version=res.revision, hwm=res.high_water_mark))
 
     def _delete(self, now: int, body: ops.Delete) -> Outcome:
         resource, key = body.resource, body.key
@@ -106,7 +105,7 @@ class WriteHandlers(MachineBase):
                 details={"version": current_version},
             )
         if key not in res.data:
-            return Applied(op=Op.DELETE, result={"version": 0, "deleted": False})
+            return Applied(op=Op.DELETE, result=DeleteResult(version=0, deleted=False))
         refusal = _revision_refusal(Op.DELETE, resource, res)
         if refusal is not None:
             return refusal
@@ -118,36 +117,33 @@ class WriteHandlers(MachineBase):
         self._stored_bytes_total -= freed
         self._note(ChangeKind.DELETED, resource, key=key, version=res.revision, token=body.token)
         self._settle(resource, res)  # the last key of a released resource: forgotten
-        return Applied(op=Op.DELETE, result={"version": res.revision, "deleted": True})
+        return Applied(op=Op.DELETE, result=DeleteResult(version=res.revision, deleted=True))
 
     def _read_barrier(self, now: int, body: ops.ReadBarrier) -> Outcome:
         if body.prefixes is not None and body.limit is not None:  # a List page (ops.ReadBarrier:
             # then no resource or key, and both or neither of prefixes and limit)
             return Applied(op=Op.READ_BARRIER, result=listing.page(
                 self._resources, now, body.prefixes, body.limit, body.after))
-        result: dict[str, Any] = {"epoch": self._epoch, "log_clock_ms": now}
         resource = body.resource
-        if resource is not None:
-            res = self._resources.get(resource)
-            lease = None if res is None else res.lease
-            result["hwm"] = 0 if res is None else res.high_water_mark
-            if res is not None and res.waiters:
-                result["waiters"] = len(res.waiters)  # absent when none: older results unchanged
-            result["lease"] = (
+        if resource is None:
+            return Applied(op=Op.READ_BARRIER, result=ReadResult(epoch=self._epoch, log_clock_ms=now))
+        res = self._resources.get(resource)
+        lease = None if res is None else res.lease
+        key = body.key
+        value, version = (None, None) if key is None else self.read(resource, key)
+        return Applied(op=Op.READ_BARRIER, result=ReadResult(
+            epoch=self._epoch,
+            log_clock_ms=now,
+            hwm=0 if res is None else res.high_water_mark,
+            lease=(
                 None
                 if lease is None or lease.expires_at_ms <= now
-                else {
-                    "holder": lease.holder,
-                    "token": lease.token,
-                    "expires_at_ms": lease.expires_at_ms,
-                }
-            )
-            key = body.key
-            if key is not None:
-                value, version = self.read(resource, key)
-                result["value"] = value
-                result["version"] = version
-        return Applied(op=Op.READ_BARRIER, result=result)
+                else LeaseView(holder=lease.holder, token=lease.token, expires_at_ms=lease.expires_at_ms)
+            ),
+            waiters=len(res.waiters) if res is not None and res.waiters else None,  # absent when none
+            version=version,
+            value=value,
+        ))
 
     def _state_size_refusal(self, resource: str, new_key: bool, grows_by: int) -> Rejected | None:
         """Why a write adding ``grows_by`` bytes (and a key, if ``new_key``) would take the

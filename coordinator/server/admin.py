@@ -25,6 +25,7 @@ import grpc
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.core import ops
+from coordinator.core.results import EpochResult, ForceReleaseResult, expect
 from coordinator.server import backups, log_limits
 from coordinator.server import members as members_api
 from coordinator.server.auth import Principal
@@ -162,13 +163,13 @@ class AdminServicer(pb_grpc.AdminServicer):
     def ForceRelease(self, request: pb.ForceReleaseRequest, context,
                      caller: Principal | None) -> pb.ForceReleaseResponse:
         result, index = self.core.run(build(ops.ForceRelease, request, caller), context, caller)
-        return pb.ForceReleaseResponse(header=self.core.header(index), hwm=result["hwm"])
+        return pb.ForceReleaseResponse(header=self.core.header(index), hwm=expect(ForceReleaseResult, result).hwm)
 
     @_admin
     def SetEpochFloor(self, request: pb.SetEpochFloorRequest, context,
                       caller: Principal | None) -> pb.SetEpochFloorResponse:
         result, index = self.core.run(build(ops.SetEpochFloor, request, caller), context, caller)
-        return pb.SetEpochFloorResponse(header=self.core.header(index), epoch=result["epoch"])
+        return pb.SetEpochFloorResponse(header=self.core.header(index), epoch=expect(EpochResult, result).epoch)
 
     def _copy(self, request: pb.SnapshotRequest, context, caller: Principal | None) -> tuple[bytes, int, int]:
         """(backup, epoch, applied index) of one consistent copy. The barrier makes it at least
@@ -271,4 +272,4 @@ class AdminServicer(pb_grpc.AdminServicer):
         # protocol it needs, which has no backup check.
         state_machine = cast("FencingStateMachine", self.core.node.state_machine)
         result, index = backups.restore(run, state_machine.check_backup, data, epoch_floor, commit_timeout_s)
-        return pb.RestoreResponse(header=self.core.header(index), epoch=result["epoch"])
+        return pb.RestoreResponse(header=self.core.header(index), epoch=result.epoch)

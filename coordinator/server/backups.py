@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Iterator
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.core import limits, ops, requests, validation
 from coordinator.core.names import ErrorMeta
+from coordinator.core.results import RestoreResult, Result, expect
 from coordinator.core.state_machine import Reason
 from coordinator.server import errors
 from coordinator.server.errors import Failure, ServiceError
@@ -135,11 +136,11 @@ class ReceivedBackup:
             raise errors.invalid(exc.field, str(exc)) from None
 
 
-Run = Callable[..., tuple[dict, int]]
+Run = Callable[..., tuple[Result, int]]
 
 
 def restore(run: Run, check_backup: Callable[[bytes], None], data: bytes, epoch_floor: int,
-            commit_timeout_s: float) -> tuple[dict, int]:
+            commit_timeout_s: float) -> tuple[RestoreResult, int]:
     """Propose the restore of ``data`` in chunks through ``run`` (``Core.run`` bound to the
     call); (the COMMIT's result, its index) or ServiceError, with nothing restored (and the
     staging aborted, retried through an election)."""
@@ -159,7 +160,8 @@ def restore(run: Run, check_backup: Callable[[bytes], None], data: bytes, epoch_
             chunk = bytes(view[offset : offset + limits.BACKUP_CHUNK_BYTES])
             run(ops.RestoreChunk(restore_id=restore_id, seq=seq, chunk=chunk),
                 max_bytes=limits.RESTORE_CHUNK_COMMAND_BYTES_MAX)
-        return run(ops.RestoreCommit(restore_id=restore_id), timeout_s=commit_timeout_s)
+        result, index = run(ops.RestoreCommit(restore_id=restore_id), timeout_s=commit_timeout_s)
+        return expect(RestoreResult, result), index
     except ServiceError:
         _abort(run, restore_id)
         raise

@@ -19,6 +19,7 @@ from typing import Any, Callable, TypeVar
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.core import limits, ops
 from coordinator.core.names import ErrorMeta
+from coordinator.core.results import R, Result, expect
 from coordinator.server import errors
 from coordinator.server.auth import Principal
 from coordinator.server.errors import Failure, ServiceError
@@ -73,11 +74,13 @@ def _check_many_limits(rpc: ManyRpc, items: Any) -> None:
             )
 
 
-def applied(outcome: tuple[dict, int] | ServiceError) -> tuple[dict, int]:
-    """An item's (result dict, index), or raise the ServiceError it ended with."""
+def applied(outcome: tuple[Result, int] | ServiceError, kind: type[R]) -> tuple[R, int]:
+    """An item's (result, index), its result the ``kind`` its op answers with, or raise the
+    ServiceError it ended with."""
     if isinstance(outcome, ServiceError):
         raise outcome
-    return outcome
+    result, index = outcome
+    return expect(kind, result), index
 
 
 def _item_error(error: ServiceError, count_refusal: errors.CountRefusal) -> pb.WriteItemError:
@@ -96,7 +99,7 @@ def serve_many(
     context,
     caller: Principal | None,
     build: Callable[[Any], B],
-    answer: Callable[[B, tuple[dict, int] | ServiceError], tuple[Any, int]],
+    answer: Callable[[B, tuple[Result, int] | ServiceError], tuple[Any, int]],
 ) -> tuple[list[Any], int]:
     """The one fan-out of every batch RPC: each item judged as the same call alone.
 
@@ -105,7 +108,7 @@ def serve_many(
     ``Core.build``; a ServiceError refuses that item alone), authorized as ``Core.run``
     does, and every item that
     passed is proposed at once (``Proposer.propose_many``) within the call's deadline.
-    ``answer(command, outcome)`` turns an item's outcome -- (result dict, index) or the
+    ``answer(command, outcome)`` turns an item's outcome -- (its result, index) or the
     ServiceError the call alone would have raised -- into (its success message, its index),
     or raises the ServiceError the call alone would have ended with. Returns (the result
     messages in request order, the highest index any item reached)."""

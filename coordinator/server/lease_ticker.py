@@ -16,6 +16,7 @@ import logging
 import threading
 
 from coordinator.core import ops
+from coordinator.core.results import TickResult, expect
 from coordinator.raft.node import RaftNode
 from coordinator.server.errors import ServiceError
 from coordinator.server.proposer import Proposer
@@ -45,7 +46,7 @@ class LeaseTicker(threading.Thread):
             log.info("lease ticker: TICK not applied: %s", error.reason)
             return None
         self.ticks_applied += 1
-        expired = result.value.result["expired"]
+        expired = expect(TickResult, result.value.result).expired
         self.leases_expired += expired
         if expired:
             log.debug("lease ticker: %d expired leases ended", expired)

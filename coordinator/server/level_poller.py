@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.core import commands, ops
+from coordinator.core.results import LevelResult, expect
 from coordinator.raft.node import RaftNode
 from coordinator.server.errors import ServiceError
 from coordinator.server.proposer import Proposer
@@ -113,7 +114,7 @@ class LevelPoller(threading.Thread):
         except ServiceError as error:  # lost leadership, deadline: the next round tries again
             log.info("level poller: SET_CLUSTER_LEVEL not applied: %s", error.reason)
             return None
-        raised: int = result.value.result["level"]
+        raised = expect(LevelResult, result.value.result).level
         log.info("cluster entry level raised from %d to %d: every member announces it", cluster_level, raised)
         return raised
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 from coordinator.core import limits, ops
 from coordinator.core.names import ErrorMeta
+from coordinator.core.results import AcquireResult, LockState, expect
 from coordinator.core.state_machine import Reason
 from coordinator.server import request_core
 from coordinator.server.auth import Principal
@@ -28,6 +28,12 @@ from coordinator.server.errors import ServiceError
 from coordinator.server.proposer import PROPOSE_TIMEOUT_S_MIN
 from coordinator.server.request_core import Core
 from coordinator.server.streams import SlotGate, caller_key
+
+
+def _acquired(state: LockState) -> AcquireResult:
+    """A queue grant, answered as the Acquire it stands for: the lease it holds."""
+    assert state.token is not None and state.expires_at_ms is not None and state.hwm is not None, state
+    return AcquireResult(token=state.token, expires_at_ms=state.expires_at_ms, hwm=state.hwm)
 
 
 class LockWaits:
@@ -40,7 +46,7 @@ class LockWaits:
     def acquire_in_line(
         self, command: ops.Acquire, held: ServiceError, wait_ms: int, started: float, context,
         caller: Principal | None,
-    ) -> tuple[dict, int]:
+    ) -> tuple[AcquireResult, int]:
         """After a LEASE_HELD try: the grant this Acquire gets by waiting in the resource's
         FIFO queue (the same queue as Lock's) for up to min(wait_ms, ACQUIRE_WAIT_MS_MAX), or
         ``held`` -- or the refusal of one last try -- when it does not.
@@ -57,9 +63,9 @@ class LockWaits:
         # the lease names its op_id. (The refused try applied on this member, so this local
         # read is at least as new as that entry.) A queue grant enters no dedup entry, so
         # once that lease has ended a retry is a new Acquire.
-        mine = node.read(lambda sm: sm.lock_state(resource, waiter_id))
-        if mine["granted"]:
-            return mine, 0
+        mine: LockState = node.read(lambda sm: sm.lock_state(resource, waiter_id))
+        if mine.granted:
+            return _acquired(mine), 0
         wait_s = self._acquire_wait_s(wait_ms, started, context)
         if wait_s <= 0:
             raise held
@@ -68,7 +74,7 @@ class LockWaits:
         try:
             fields = {"resource": resource, "holder": command.holder, "ttl_ms": command.ttl_ms, "waiter_id": waiter_id}
             try:
-                state, index = self.core.run(request_core.body(ops.Enqueue, fields, caller), context, caller)
+                result, index = self.core.run(request_core.body(ops.Enqueue, fields, caller), context, caller)
             except ServiceError as refused:
                 if not isinstance(refused.key, Reason):
                     raise  # no leader, overloaded, unknown outcome: the client retries with this op_id
@@ -76,12 +82,13 @@ class LockWaits:
                 # the one wait_ms 0 would have had, saying why it did not wait.
                 raise ServiceError(held.key, f"{held.message} (not waiting: {refused.message})",
                                    held.metadata, index=held.index) from None
-            if state["queued"]:
+            state = expect(LockState, result)
+            if state.queued:
                 state = self._wait_for_grant(resource, waiter_id, self._acquire_wait_s(wait_ms, started, context),
                                              context)
                 index = 0  # as of this member's applied index now
-            if state["granted"]:
-                return state, index
+            if state.granted:
+                return _acquired(state), index
         finally:
             self.waiters.give_back(who)
         # Not granted in time (or the caller went away): leave the line. A grant that lands
@@ -93,7 +100,8 @@ class LockWaits:
             raise held  # nobody to answer; the queue is left, which is what mattered
         # One last try, so the LEASE_HELD this answers with is the state's now (holder and
         # expiry), and a lease that came free as the wait ended is granted, as before.
-        return self.core.run(command, context, caller)
+        result, index = self.core.run(command, context, caller)
+        return expect(AcquireResult, result), index
 
     def _acquire_wait_s(self, wait_ms: int, started: float, context) -> float:
         """How long an Acquire that started at ``started`` may still wait: min(wait_ms,
@@ -105,7 +113,7 @@ class LockWaits:
             left = min(left, rpc_left - self.core.proposer.deadline_margin_s - 2 * PROPOSE_TIMEOUT_S_MIN)
         return left if context.is_active() else 0.0
 
-    def _wait_for_grant(self, resource: str, waiter_id: bytes, wait_s: float, context) -> dict[str, Any]:
+    def _wait_for_grant(self, resource: str, waiter_id: bytes, wait_s: float, context) -> LockState:
         """Wait, with no entry of its own, until ``waiter_id`` is no longer queued on
         ``resource`` (granted, cancelled or dropped), ``wait_s`` passes or the call ends (the
         client cancelled it or went away: the thread and waiter slot are freed at once, not
@@ -119,9 +127,10 @@ class LockWaits:
 
         if context.add_callback(on_end):  # False: the call has ended already
             node.wait_applied(
-                lambda sm: ended.is_set() or not sm.lock_state(resource, waiter_id).get("queued"), wait_s
+                lambda sm: ended.is_set() or not sm.lock_state(resource, waiter_id).queued, wait_s
             )
-        return node.read(lambda sm: sm.lock_state(resource, waiter_id))
+        state: LockState = node.read(lambda sm: sm.lock_state(resource, waiter_id))
+        return state
 
     def _take_waiter_slot(self, held: ServiceError, who: str) -> None:
         """Take a waiter slot for ``who``, or raise ``held`` (LEASE_HELD, as with wait_ms 0)
@@ -133,7 +142,7 @@ class LockWaits:
             raise ServiceError(held.key, f"{held.message} (not waiting: {full.message}, limit {limit})",
                                held.metadata, index=held.index) from None
 
-    def lock(self, command: ops.Enqueue, wait_ms: int, context, caller: Principal | None) -> tuple[dict, int]:
+    def lock(self, command: ops.Enqueue, wait_ms: int, context, caller: Principal | None) -> tuple[LockState, int]:
         """A Lock call's answer: the state of its waiter (granted, or queued and where), and
         the index it is as of (0: this member's applied index now).
 
@@ -146,9 +155,10 @@ class LockWaits:
         the client's next Lock call (after a reconnect, say) keeps its place, and its
         CancelLock or the waiter's slot expiry (LOCK_WAITER_TTL_MS) takes it out."""
         resource, waiter_id = command.resource, command.waiter_id
-        result, index = self.core.run(command, context, caller)
+        enqueued, index = self.core.run(command, context, caller)
+        result = expect(LockState, enqueued)
         wait_s = self._lock_wait_s(wait_ms, context)
-        if not result["granted"] and result["queued"] and wait_s > 0:
+        if not result.granted and result.queued and wait_s > 0:
             who = caller_key(None if caller is None else caller.name, context.peer())
             try:
                 self.waiters.take(who)

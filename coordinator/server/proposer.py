@@ -23,6 +23,7 @@ import time
 import grpc
 
 from coordinator.core import commands, limits, ops
+from coordinator.core.results import Result
 from coordinator.raft.interface import ProposeFailure, ProposeOutcome, ProposeResult
 from coordinator.raft.node import RaftNode
 from coordinator.raft.read_index import ReadIndexOutcome
@@ -233,8 +234,8 @@ class Proposer:
             self.metrics.proposal_done("overloaded", None)
         return ServiceError(Failure.OVERLOADED, "too many proposals in flight on this member; retry later")
 
-    def read_index(self, command: ops.ReadBarrier, timeout_s: float) -> tuple[dict, int] | None:
-        """``command`` (a READ_BARRIER) answered by the read-index barrier: (result dict,
+    def read_index(self, command: ops.ReadBarrier, timeout_s: float) -> tuple[Result, int] | None:
+        """``command`` (a READ_BARRIER) answered by the read-index barrier: (its result,
         index), None when the leader cannot answer that way (the caller uses the log), or
         ServiceError. Takes an in-flight slot like a proposal: a read waits like one."""
         if not self._slots.acquire(blocking=False):
@@ -252,4 +253,5 @@ class Proposer:
         if getattr(answer, "reason", None) is not None:
             raise errors.from_refusal(answer, index)
         self.barrier_applied.set()  # as fresh as an applied barrier: health may say SERVING
-        return answer.result, index
+        result: Result = answer.result
+        return result, index

@@ -24,6 +24,7 @@ from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.client.proof import ProofSigner
 from coordinator.core import limits, listing, ops, requests, validation
 from coordinator.core.names import Trailer
+from coordinator.core.results import ReadResult, Result, expect
 from coordinator.raft.node import RaftNode
 from coordinator.server import errors
 from coordinator.server.auth import Authenticator, Principal
@@ -197,25 +198,27 @@ class Core:
         *,
         max_bytes: int | None = None,
         timeout_s: float | None = None,
-    ) -> tuple[dict, int]:
-        """Authorize, then propose with the RPC's deadline (or ``timeout_s``); (result dict,
+    ) -> tuple[Result, int]:
+        """Authorize, then propose with the RPC's deadline (or ``timeout_s``); (its result,
         Raft index) or ServiceError. ``command`` carries its charges already (``body``)."""
         self.authorize(caller, command.resource)
         wait_s = self.proposer.timeout_s(context) if timeout_s is None else timeout_s
         result = self.proposer.propose(command, wait_s, max_bytes=max_bytes)
-        return result.value.result, result.index
+        applied: Result = result.value.result
+        return applied, result.index
 
     def barrier(
         self, context, caller: Principal | None, resource: str | None = None, key: str | None = None,
         *, read_index: bool = False,
-    ) -> tuple[dict, int]:
+    ) -> tuple[ReadResult, int]:
         """A READ_BARRIER's result (DESIGN I9). ``read_index``: on the leader, with the setting
         on, try the read-index barrier first (no log entry); the log whenever it cannot answer."""
-        return self.read(ops.ReadBarrier(resource=resource, key=key), context, caller, read_index=read_index)
+        result, index = self.read(ops.ReadBarrier(resource=resource, key=key), context, caller, read_index=read_index)
+        return expect(ReadResult, result), index
 
     def read(
         self, command: ops.ReadBarrier, context, caller: Principal | None, *, read_index: bool = False,
-    ) -> tuple[dict, int]:
+    ) -> tuple[Result, int]:
         """``command``'s (a READ_BARRIER's) result, by read index when ``read_index`` allows
         (``barrier``), else through the log."""
         if read_index and self.read_index and self.node.is_leader():

@@ -35,6 +35,7 @@ from typing import Any
 
 from coordinator.core import limits, ops
 from coordinator.core.outcomes import Rejected
+from coordinator.core.results import Result
 from coordinator.core.snapshot_format import parse_snapshot
 from coordinator.core.state_machine import FencingStateMachine
 from coordinator.raft import identity as member_identity
@@ -185,7 +186,7 @@ def restored_entries(plan: Plan, config: Configuration) -> tuple[list[snapshot_f
     ]
     sm = FencingStateMachine()
 
-    def run(command: ops.Body, *, stamp_ms: int = 0, **_limits: Any) -> tuple[dict, int]:
+    def run(command: ops.Body, *, stamp_ms: int = 0, **_limits: Any) -> tuple[Result, int]:
         index = len(entries) + 1
         encoded = ops.encode(command, stamp_ms)  # a body is checked as it is built (ops.py)
         outcome = sm.apply(encoded, index)
@@ -201,7 +202,7 @@ def restored_entries(plan: Plan, config: Configuration) -> tuple[list[snapshot_f
         result, _index = backups.restore(run, sm.check_backup, plan.backup, plan.epoch_floor, 0.0)
     except ServiceError as exc:
         raise Refused(f"--backup: the restore was refused: {exc}") from None
-    assert result["epoch"] == sm.epoch >= plan.epoch_floor > 0, (result, sm.epoch, plan.epoch_floor)
+    assert result.epoch == sm.epoch >= plan.epoch_floor > 0, (result, sm.epoch, plan.epoch_floor)
     return entries, sm
 
 

@@ -18,6 +18,7 @@ written (coordinator/raft/read_index.py), and fall back to the entry whenever it
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -26,7 +27,18 @@ from typing import Any
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.client.version import distribution_version
-from coordinator.core import commands, limits, listing, ops, validation
+from coordinator.core import commands, limits, ops, validation
+from coordinator.core.results import (
+    AcquireResult,
+    DeleteResult,
+    DequeueResult,
+    KeepAliveResult,
+    ListResult,
+    ReleaseResult,
+    Result,
+    WriteResult,
+    expect,
+)
 from coordinator.core.state_machine import Reason
 from coordinator.server import errors
 from coordinator.server import members as members_api
@@ -55,20 +67,21 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         command = build(ops.Acquire, request, caller)
         try:
             result, index = self.core.run(command, context, caller)
+            acquired = expect(AcquireResult, result)
         except ServiceError as held:
             if held.key is not Reason.LEASE_HELD:
                 raise
-            result, index = self.waits.acquire_in_line(command, held, request.wait_ms, started, context, caller)
-        return self._acquire_response(command, result, index)
+            acquired, index = self.waits.acquire_in_line(command, held, request.wait_ms, started, context, caller)
+        return self._acquire_response(command, acquired, index)
 
-    def _acquire_response(self, command: ops.Acquire, result: dict, index: int) -> pb.AcquireResponse:
+    def _acquire_response(self, command: ops.Acquire, result: AcquireResult, index: int) -> pb.AcquireResponse:
         resource = command.resource
         return pb.AcquireResponse(
             header=self.core.header(index),
-            token=result["token"],
-            lease_id=result["token"],
-            expires_at_ms=result["expires_at_ms"],
-            token_proof=self._proof(resource, result["token"]),
+            token=result.token,
+            lease_id=result.token,
+            expires_at_ms=result.expires_at_ms,
+            token_proof=self._proof(resource, result.token),
         )
 
     @unary
@@ -89,11 +102,11 @@ class LeaseServicer(pb_grpc.LeaseServicer):
                 )
             return command
 
-        def answer(command: ops.Acquire, outcome: tuple[dict, int] | ServiceError) -> tuple[Any, int]:
+        def answer(command: ops.Acquire, outcome: tuple[Result, int] | ServiceError) -> tuple[Any, int]:
             if isinstance(outcome, ServiceError) and outcome.key is Reason.LEASE_HELD:
                 result, index = self.waits.acquire_in_line(command, outcome, 0, started, context, caller)
             else:
-                result, index = applied(outcome)
+                result, index = applied(outcome, AcquireResult)
             return self._acquire_response(command, result, index), index
 
         results, index = serve_many(self.core, ACQUIRE_MANY, request.acquires, context, caller, item_body, answer)
@@ -110,24 +123,25 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         # The wait for its grant, and why it is shaped so: lock_wait.py.
         command = build(ops.Enqueue, request, caller)
         result, index = self.waits.lock(command, request.wait_ms, context, caller)
-        granted = result["granted"]
+        token = result.token or 0  # None: not granted
         return pb.LockResponse(
             header=self.core.header(index),
-            granted=granted,
-            token=result.get("token", 0),
-            lease_id=result.get("token", 0),
-            expires_at_ms=result.get("expires_at_ms", 0),
-            token_proof=self._proof(command.resource, result["token"]) if granted else b"",
-            queued=bool(result.get("queued")),
-            position=result.get("position", 0),
+            granted=result.granted,
+            token=token,
+            lease_id=token,
+            expires_at_ms=result.expires_at_ms or 0,
+            token_proof=self._proof(command.resource, token) if result.granted else b"",
+            queued=bool(result.queued),
+            position=result.position or 0,
         )
 
     @unary
     def CancelLock(self, request: pb.CancelLockRequest, context, caller: Principal | None) -> pb.CancelLockResponse:
         command = build(ops.Dequeue, request, caller)
         result, index = self.core.run(command, context, caller)
+        dequeued = expect(DequeueResult, result)
         return pb.CancelLockResponse(
-            header=self.core.header(index), cancelled=result["cancelled"], released=result["released"]
+            header=self.core.header(index), cancelled=dequeued.cancelled, released=dequeued.released
         )
 
     def _keep_alive_command(self, request: pb.KeepAliveRequest, caller: Principal | None) -> ops.KeepAlive:
@@ -138,11 +152,12 @@ class LeaseServicer(pb_grpc.LeaseServicer):
 
     def _keep_alive(self, request: pb.KeepAliveRequest, context, caller: Principal | None) -> pb.KeepAliveResponse:
         result, index = self.core.run(self._keep_alive_command(request, caller), context, caller)
+        kept = expect(KeepAliveResult, result)
         return pb.KeepAliveResponse(
             header=self.core.header(index),
             resource=request.resource,
-            token=result["token"],
-            expires_at_ms=result["expires_at_ms"],
+            token=kept.token,
+            expires_at_ms=kept.expires_at_ms,
         )
 
     @unary
@@ -183,7 +198,8 @@ class LeaseServicer(pb_grpc.LeaseServicer):
     def Release(self, request: pb.ReleaseRequest, context, caller: Principal | None) -> pb.ReleaseResponse:
         command = build(ops.Release, request, caller)
         result, index = self.core.run(command, context, caller)
-        return pb.ReleaseResponse(header=self.core.header(index), released=result["released"], hwm=result["hwm"])
+        released = expect(ReleaseResult, result)
+        return pb.ReleaseResponse(header=self.core.header(index), released=released.released, hwm=released.hwm)
 
     @unary
     def ReleaseMany(self, request: pb.ReleaseManyRequest, context, caller: Principal | None) -> pb.ReleaseManyResponse:
@@ -192,10 +208,10 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         def item_body(item: pb.ReleaseRequest) -> ops.Release:
             return build(ops.Release, item, caller)
 
-        def answer(command: ops.Release, outcome: tuple[dict, int] | ServiceError) -> tuple[Any, int]:
-            result, index = applied(outcome)
+        def answer(command: ops.Release, outcome: tuple[Result, int] | ServiceError) -> tuple[Any, int]:
+            result, index = applied(outcome, ReleaseResult)
             response = pb.ReleaseResponse(
-                header=self.core.header(index), released=result["released"], hwm=result["hwm"])
+                header=self.core.header(index), released=result.released, hwm=result.hwm)
             return response, index
 
         results, index = serve_many(self.core, RELEASE_MANY, request.releases, context, caller, item_body, answer)
@@ -205,17 +221,17 @@ class LeaseServicer(pb_grpc.LeaseServicer):
     def Describe(self, request: pb.DescribeRequest, context, caller: Principal | None) -> pb.DescribeResponse:
         resource = checked_request("Describe", request)["resource"]
         result, index = self.core.barrier(context, caller, resource, read_index=True)
-        lease = result.get("lease")
+        lease = result.lease
         return pb.DescribeResponse(
             header=self.core.header(index),
             resource=resource,
             held=lease is not None,
-            holder="" if lease is None else lease["holder"],
-            token=0 if lease is None else lease["token"],
-            hwm=result["hwm"],
-            expires_at_ms=0 if lease is None else lease["expires_at_ms"],
-            log_clock_ms=result["log_clock_ms"],
-            waiters=result.get("waiters", 0),
+            holder="" if lease is None else lease.holder,
+            token=0 if lease is None else lease.token,
+            hwm=result.hwm,
+            expires_at_ms=0 if lease is None else lease.expires_at_ms,
+            log_clock_ms=result.log_clock_ms,
+            waiters=result.waiters or 0,
         )
 
     # ---- List (issue 29 point 4)
@@ -234,13 +250,14 @@ class LeaseServicer(pb_grpc.LeaseServicer):
         covered = self.core.list_prefixes(caller, prefix)
         command = ops.ReadBarrier(prefixes=covered, limit=limit, after=after)
         result, index = self.core.read(command, context, caller, read_index=True)
-        items = [pb.ListedResource(**dict(zip(listing.ITEM_FIELDS, item, strict=True))) for item in result["resources"]]
-        more = result["more"] and bool(items)
+        page = expect(ListResult, result)
+        items = [pb.ListedResource(**dataclasses.asdict(item)) for item in page.resources]
+        more = page.more and bool(items)
         return pb.ListResponse(
             header=self.core.header(index),
             resources=items,
             next_page_token=validation.page_token(prefix, items[-1].resource) if more else "",
-            log_clock_ms=result["log_clock_ms"],
+            log_clock_ms=page.log_clock_ms,
         )
     # ---- end List
 
@@ -256,7 +273,8 @@ class FencedStoreServicer(pb_grpc.FencedStoreServicer):
     def Write(self, request: pb.WriteRequest, context, caller: Principal | None) -> pb.WriteResponse:
         command = build(ops.Write, request, caller)
         result, index = self.core.run(command, context, caller)
-        return pb.WriteResponse(header=self.core.header(index), version=result["version"], hwm=result["hwm"])
+        written = expect(WriteResult, result)
+        return pb.WriteResponse(header=self.core.header(index), version=written.version, hwm=written.hwm)
 
     @unary
     def WriteMany(self, request: pb.WriteManyRequest, context, caller: Principal | None) -> pb.WriteManyResponse:
@@ -266,9 +284,9 @@ class FencedStoreServicer(pb_grpc.FencedStoreServicer):
         def item_body(item: pb.WriteRequest) -> ops.Write:
             return build(ops.Write, item, caller)
 
-        def answer(command: ops.Write, outcome: tuple[dict, int] | ServiceError) -> tuple[pb.WriteResponse, int]:
-            result, index = applied(outcome)
-            return pb.WriteResponse(header=self.core.header(index), version=result["version"], hwm=result["hwm"]), index
+        def answer(command: ops.Write, outcome: tuple[Result, int] | ServiceError) -> tuple[pb.WriteResponse, int]:
+            result, index = applied(outcome, WriteResult)
+            return pb.WriteResponse(header=self.core.header(index), version=result.version, hwm=result.hwm), index
 
         results, index = serve_many(self.core, WRITE_MANY, request.writes, context, caller, item_body, answer)
         return pb.WriteManyResponse(header=self.core.header(index), results=results)
@@ -277,19 +295,20 @@ class FencedStoreServicer(pb_grpc.FencedStoreServicer):
     def Delete(self, request: pb.DeleteRequest, context, caller: Principal | None) -> pb.DeleteResponse:
         command = build(ops.Delete, request, caller)
         result, index = self.core.run(command, context, caller)
-        return pb.DeleteResponse(header=self.core.header(index), version=result["version"], deleted=result["deleted"])
+        deleted = expect(DeleteResult, result)
+        return pb.DeleteResponse(header=self.core.header(index), version=deleted.version, deleted=deleted.deleted)
 
     @unary
     def Read(self, request: pb.ReadRequest, context, caller: Principal | None) -> pb.ReadResponse:
         fields = checked_request("Read", request)
         result, index = self.core.barrier(context, caller, fields["resource"], fields["key"], read_index=True)
-        value = result.get("value")
+        value = result.value
         return pb.ReadResponse(
             header=self.core.header(index),
             found=value is not None,
             value=b"" if value is None else value,
-            version=result.get("version", 0),
-            hwm=result["hwm"],
+            version=result.version or 0,
+            hwm=result.hwm,
         )
 
 
@@ -310,7 +329,7 @@ class ClusterServicer(pb_grpc.ClusterServicer):
         else:
             # Linearizable like a read (I9): without a barrier through the log there is no answer.
             result, index = self.core.barrier(context, caller)
-            epoch = result["epoch"]
+            epoch = result.epoch
         cluster_level = self.core.node.read(lambda sm: sm.cluster_level)  # as applied here (>= the barrier)
         status = self.core.node.status()
         leader = status["leader"] or ""
