@@ -29,6 +29,7 @@ from coordinator.client import exceptions as E
 from coordinator.core.names import DOMAIN, Trailer
 from coordinator.core.names import ErrorMeta as M
 from coordinator.core.names import ErrorReason as R
+from coordinator.core.results import LockState
 from coordinator.server import errors, request_core, service
 from coordinator.server.streams import waiter_gate
 
@@ -113,7 +114,8 @@ def server():
         term_and_applied=lambda: (TERM, APPLIED),
         # An Acquire refused LEASE_HELD looks up whether its op_id was granted through the
         # lock queue (a lost answer's retry); here it never was.
-        read=lambda query: query(types.SimpleNamespace(lock_state=lambda resource, waiter_id: {"granted": False})),
+        read=lambda query: query(types.SimpleNamespace(
+            lock_state=lambda resource, waiter_id: LockState(granted=False, queued=False))),
     )
     proposer = _FailingProposer()
     core = request_core.Core(node, proposer, members={MEMBER_ID: "127.0.0.1:7100"})
