@@ -63,6 +63,7 @@ def _rule(check: Callable[[object], Any]) -> dict[str, Callable[[object], Any]]:
 
 
 B = TypeVar("B", bound="Body")
+_F = dataclasses.field
 
 
 class Body:
@@ -126,16 +127,29 @@ class Body:
         return None
 
 
-def _quota_needs_principal(body: Acquire | Enqueue) -> None:
-    if body.quota is not None and body.principal is None:
-        raise InvalidField("quota", "needs a principal")
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Charged(Body):
+    """A body charged to its caller (``charge_fields``): whom its effect and its dedup entry
+    count against, and under which quotas. The server fills both, never a request."""
 
-
-_F = dataclasses.field
+    principal: str | None = _F(default=None, metadata=_rule(validation.check_principal))
+    quota: dict[str, int] | None = _F(default=None, metadata=_rule(validation.check_quota))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Acquire(Body):
+class Owning(Charged):
+    """A charged body that makes its principal the resource's owner (ACQUIRE, ENQUEUE): the
+    quotas it is checked against are that principal's, so a quota needs a principal."""
+
+    def _check_together(self) -> None:
+        if self.quota is not None and self.principal is None:
+            raise InvalidField("quota", "needs a principal")
+
+
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Acquire(Owning):
     """Take the lease on ``resource`` for ``ttl_ms``; the entry issues a new token (I2)."""
 
     OP = Op.ACQUIRE
@@ -143,11 +157,6 @@ class Acquire(Body):
     holder: str = _F(metadata=_rule(validation.check_holder))
     ttl_ms: int = _F(metadata=_rule(validation.check_ttl_ms))
     op_id: bytes = _F(metadata=_rule(validation.check_op_id))
-    principal: str | None = _F(default=None, metadata=_rule(validation.check_principal))
-    quota: dict[str, int] | None = _F(default=None, metadata=_rule(validation.check_quota))
-
-    def _check_together(self) -> None:
-        _quota_needs_principal(self)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,7 +170,7 @@ class KeepAlive(Body):
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Release(Body):
+class Release(Charged):
     """End the lease holding ``token``; the hwm stays. Charged only with an op_id (its dedup
     entry)."""
 
@@ -170,12 +179,10 @@ class Release(Body):
     resource: str = _F(metadata=_rule(validation.check_resource))
     token: int = _F(metadata=_rule(validation.check_token))
     op_id: bytes | None = _F(default=None, metadata=_rule(validation.check_op_id))
-    principal: str | None = _F(default=None, metadata=_rule(validation.check_principal))
-    quota: dict[str, int] | None = _F(default=None, metadata=_rule(validation.check_quota))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Write(Body):
+class Write(Charged):
     """Fenced write of ``key`` under ``resource`` (I3); with ``expected_version`` only while
     the key is at that version (0: absent)."""
 
@@ -187,12 +194,10 @@ class Write(Body):
     token: int = _F(metadata=_rule(validation.check_token))
     op_id: bytes = _F(metadata=_rule(validation.check_op_id))
     expected_version: int | None = _F(default=None, metadata=_rule(validation.check_expected_version))
-    principal: str | None = _F(default=None, metadata=_rule(validation.check_principal))
-    quota: dict[str, int] | None = _F(default=None, metadata=_rule(validation.check_quota))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Delete(Body):
+class Delete(Charged):
     """Fenced delete of ``key`` under ``resource``, checked like a write (I7); with
     ``expected_version`` (entry level 2) only while the key is at that version."""
 
@@ -203,8 +208,6 @@ class Delete(Body):
     token: int = _F(metadata=_rule(validation.check_token))
     op_id: bytes = _F(metadata=_rule(validation.check_op_id))
     expected_version: int | None = _F(default=None, metadata=_rule(validation.check_expected_version))
-    principal: str | None = _F(default=None, metadata=_rule(validation.check_principal))
-    quota: dict[str, int] | None = _F(default=None, metadata=_rule(validation.check_quota))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -234,15 +237,13 @@ class ReadBarrier(Body):
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ForceRelease(Body):
+class ForceRelease(Charged):
     """Admin: clear the lease by issuing a new epoch for ``resource`` (I7)."""
 
     OP = Op.FORCE_RELEASE
     QUOTAS_READ = frozenset({"dedup_entries"})
     resource: str = _F(metadata=_rule(validation.check_resource))
     op_id: bytes = _F(metadata=_rule(validation.check_op_id))
-    principal: str | None = _F(default=None, metadata=_rule(validation.check_principal))
-    quota: dict[str, int] | None = _F(default=None, metadata=_rule(validation.check_quota))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -301,7 +302,7 @@ class RestoreAbort(Body):
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Enqueue(Body):
+class Enqueue(Owning):
     """Queue ``waiter_id`` for the lease on ``resource`` (a lease of ``ttl_ms`` once
     granted), or renew its place if it is queued already."""
 
@@ -310,11 +311,6 @@ class Enqueue(Body):
     holder: str = _F(metadata=_rule(validation.check_holder))
     ttl_ms: int = _F(metadata=_rule(validation.check_ttl_ms))
     waiter_id: bytes = _F(metadata=_rule(validation.check_waiter_id))
-    principal: str | None = _F(default=None, metadata=_rule(validation.check_principal))
-    quota: dict[str, int] | None = _F(default=None, metadata=_rule(validation.check_quota))
-
-    def _check_together(self) -> None:
-        _quota_needs_principal(self)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -358,7 +354,7 @@ CHARGE_FIELDS = frozenset({"principal", "quota"})
 
 def charged_schema(cls: type[Body]) -> bool:
     """True if ``cls`` carries the caller's principal and quota (``charge_fields``)."""
-    return "principal" in cls._NAMES
+    return issubclass(cls, Charged)
 
 
 def charge_fields(
