@@ -2,8 +2,8 @@
 point 4). Kept apart from chaos/faults.py so other fault work there does not collide.
 
 ``ClockStep``: steps one member's wall clock (leader or follower, forward or back) while it
-runs, through libfaketime (the harness starts members under it when
-``FENCING_CHAOS_FAKETIME`` allows, see ``chaos.harness``); monotonic stays real. Heal steps it
+runs, through testsupport/clock_step's wall-clock shim (the harness starts members with it
+unless ``FENCING_CHAOS_CLOCK_STEP`` is ``0``, see ``chaos.harness``); monotonic stays real. Heal steps it
 back. Leases must neither shorten nor lengthen (I6): the workload and the checker see it.
 The fault proves each step took effect: it reads the member's wall clock (the ``Date`` of its
 /readyz answer, ``ChaosCluster.wall_clock_offset_s``) until it reads the offset asked for, and
@@ -50,8 +50,8 @@ _ENTRY_HEAD = struct.Struct("<QQ")  # index, term
 # A read of the member's clock is good to about a second (whole-second HTTP dates, a local
 # round trip); steps are minutes or more, so 3 s tells "stepped" from "not" without doubt.
 CLOCK_OFFSET_TOLERANCE_S = 3.0
-# libfaketime re-reads the offset file at every clock call (FAKETIME_NO_CACHE): a step shows
-# in the next answer. The deadline covers a member slow to answer on a loaded machine.
+# The shim looks at the offset file again every 10 ms: a step shows in the next answer. The
+# deadline covers a member slow to answer on a loaded machine.
 CLOCK_STEP_SEEN_S = 10.0
 
 
@@ -89,7 +89,7 @@ class ClockStep(Fault):
 
     def inject(self, c: ChaosCluster):
         if not c.clock_steppable:
-            raise RuntimeError("members are not running under libfaketime: no clock to step")
+            raise RuntimeError("members run without the clock-step shim (FENCING_CHAOS_CLOCK_STEP=0): no clock to step")
         self.i = _pick(c, self.role)
         self.nodes = [c.nodes[self.i].raft_address]
         self.info = {"node": self.nodes[0], "seconds": self.seconds}

@@ -16,13 +16,11 @@ import types
 import pytest
 
 from chaos import disk_clock_faults as DC
-from chaos.harness import LIBFAKETIME, ChaosCluster
+from chaos.harness import ChaosCluster
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    if not os.path.exists(LIBFAKETIME):
-        pytest.fail(f"{LIBFAKETIME} is missing: apt-get install faketime (.ci/run does)")
     # Snapshots every second (chaos runs: 20 s) so the torn power loss finds one at once.
     with ChaosCluster(str(tmp_path_factory.mktemp("proofs")), settings={"log_compaction_min_time_s": 1.0}) as c:
         try:
@@ -48,7 +46,7 @@ def test_a_clock_step_is_read_back_from_the_member_and_so_is_its_heal(cluster):
 
 
 def test_a_clock_step_that_did_not_take_effect_fails_the_inject(cluster, monkeypatch):
-    # The offset file is never written: as if the member were not under libfaketime.
+    # The offset file is never written: as if the member had no clock-step shim.
     monkeypatch.setattr(cluster, "step_wall_clock", lambda i, seconds: None)
     monkeypatch.setattr(DC, "CLOCK_STEP_SEEN_S", 1.0)
     fault = DC.ClockStep("leader", -3600)

@@ -115,7 +115,7 @@ def _conditional_delete(endpoint: str, token: int, version: int):
 
 
 def test_a_rolling_upgrade_from_the_previous_release_under_load(tmp_path, previous_python, monkeypatch):
-    monkeypatch.setenv("FENCING_CHAOS_FAKETIME", "0")  # the previous release runs without the clock shim
+    monkeypatch.setenv("FENCING_CHAOS_CLOCK_STEP", "0")  # the previous release runs without the clock shim
     histories = [str(tmp_path / f"c{k}.jsonl") for k in range(2)]
     for path in histories:
         open(path, "w").close()
