@@ -6,7 +6,8 @@ same term and that the follower caught up.
 
 Cases: a follower partitioned (both directions of its Raft traffic dropped), one paused
 (SIGSTOP), one that hears nothing from the leader (a one-way cut from the leader to it) and
-one removed from the configuration while it keeps running.
+one removed from the configuration while it keeps running (knowing it, or cut off while
+removed and healed after).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 from chaos import faults
 from chaos.harness import ChaosCluster
 from coordinator.client import FencingClient
+from tests.test_member_changes import ADMIN_ATTEMPT_S, _change, _members, _voters
 from testsupport.supervisor import wait_until
 
 CUT_S = 3.0  # three to six election timeouts (raft_min/max_timeout_s 0.5/1.0 in the harness)
@@ -120,6 +122,64 @@ def test_a_follower_cut_off_from_the_leader_only_deposes_nobody(cluster):
 def test_a_paused_follower_resumes_and_nobody_is_deposed(cluster):
     _run_case(cluster, lambda leader, follower: cluster.pause(follower),
               lambda leader, follower: cluster.resume(follower), "pv-pause", PAUSE_S)
+
+
+def test_a_removed_member_left_running_deposes_nobody(cluster):
+    """Removed from the configuration and never stopped, the member learns of its removal and,
+    being no voter, holds its elections (RAFT.md "Pre-vote"): no round, no term, while the
+    leader serves on. Then it is added again (the module's cluster stays whole)."""
+    _removed_member_case(cluster, unaware=False)
+
+
+def test_a_member_removed_unawares_then_healed_deposes_nobody(cluster):
+    """Its Raft traffic is dropped while it is removed, so it goes on as a voter and asks for
+    votes round after round; healed, the others neither dial nor admit it any more, and their
+    leader and terms stay as they were. Then it is added again."""
+    _removed_member_case(cluster, unaware=True)
+
+
+def _removed_member_case(cluster: ChaosCluster, *, unaware: bool) -> None:
+    everyone = range(len(cluster.nodes))
+    leader, _ = _leader_and_terms(cluster, everyone)
+    removed = next(i for i in everyone if i != leader)
+    member_id, member = f"m{removed + 1}", cluster.nodes[removed]
+    left = [i for i in everyone if i != removed]
+    admin = FencingClient([cluster.endpoints[i] for i in left], timeout_s=20.0, attempt_timeout_s=ADMIN_ATTEMPT_S)
+    client = FencingClient([cluster.endpoints[i] for i in left], timeout_s=10.0)
+    try:
+        if unaware:
+            for i in left:
+                faults.nft_drop(member.host, cluster.nodes[i].host, cluster.raft_port)
+                faults.nft_drop(cluster.nodes[i].host, member.host, cluster.raft_port)
+        try:
+            _change(lambda: admin.member_remove(member_id), lambda: member_id not in _members(admin))
+            started = _pre_votes_started(cluster, removed)
+            if unaware:  # still cut off, so the entry that removes it cannot reach it
+                wait_until(lambda: _pre_votes_started(cluster, removed) >= started + 2, 30.0,
+                           what="two pre-vote rounds by the member cut off while removed")
+            terms = {i: cluster.raft_term(i) for i in left}
+            own_term = cluster.raft_term(removed)
+        finally:
+            faults.nft_heal()
+        writes = _writes_meanwhile(client, time.monotonic() + CUT_S, f"pv-removed-{'unaware' if unaware else 'aware'}")
+        assert writes > 0
+        assert cluster.wait_leader() == leader, "the leadership moved"
+        after = {i: cluster.raft_term(i) for i in left}
+        assert after == terms, f"terms moved: {terms} -> {after}"
+        if not unaware:
+            tries = _pre_votes_started(cluster, removed) - started
+            assert (tries, cluster.raft_term(removed)) == (0, own_term), "a member that knows it was removed stood"
+        _change(lambda: admin.member_add(member_id, member.raft_address), lambda: member_id in _members(admin))
+        wait_until(lambda: _voters(admin).get(member_id) == member.raft_address, 30.0,
+                   what=f"{member_id} promoted again")
+        wait_until(lambda: cluster.raft_term(removed) == cluster.raft_term(leader), 30.0,
+                   what=f"{member_id} following the leader's term again")
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        client.close()
+        admin.close()
 
 
 def _pre_votes_started(c: ChaosCluster, i: int) -> float:
