@@ -465,6 +465,7 @@ class RaftNode:
             "refused_peer_messages": so.refused_peer_messages,
             "refused_bindings": dict(so.refused_bindings),
             "peer_connections_replaced": so.peer_connections_replaced,
+            "listen_losses": so._SyncObj__transport.listen_losses,
             "refused_entries": so.refused_entries,
             "read_index_rounds": so.read_index_rounds,
             **self._lease_status(),
@@ -528,8 +529,9 @@ class RaftNode:
         return leader.address if leader is not None else None
 
     def listening(self) -> bool:
-        """The Raft port is bound (the transport retries a bind that failed, every second)."""
-        return self._syncobj._SyncObj__transport.ready
+        """The Raft port is bound and open (the transport retries a bind that failed, and binds
+        a port that closed under it again, every second)."""
+        return bool(self._syncobj._SyncObj__transport.listening())
 
     def force_log_compaction(self) -> None:
         self._syncobj.forceLogCompaction()

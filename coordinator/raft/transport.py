@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from pysyncobj.monotonic import monotonic as _monotonic
 from pysyncobj.tcp_connection import CONNECTION_STATE
-from pysyncobj.tcp_server import TcpServer
+from pysyncobj.tcp_server import SERVER_STATE, TcpServer
 from pysyncobj.transport import TCPTransport
 
 from coordinator.raft import addresses, peer_binding
@@ -114,6 +114,8 @@ class BoundTCPTransport(TCPTransport):
         self._addresses = addresses.Resolver(address_warnings.warning)
         self.own_ip: str | None = None  # this member's address as last bound; outgoing sockets leave from it
         self._bind_failing = False
+        self._relisten_at: float | None = None  # monotonic; set while the bound port is closed
+        self.listen_losses = 0  # times the bound port closed under it (fencing_raft_listen_losses_total)
         self.peer_log = PeerLog(len(otherNodes), self._role)
         super().__init__(syncObj, selfNode, otherNodes)
 
@@ -167,6 +169,45 @@ class BoundTCPTransport(TCPTransport):
                 self._bind_failing = True
             self._server.unbind()
             self._server = None
+
+    def listening(self) -> bool:
+        """Bound, and the port still open: pysyncobj's ``ready`` stays true once it bound."""
+        return bool(self._ready) and self._server is not None and not self._server_closed()
+
+    def _server_closed(self) -> bool:
+        return bool(self._server._TcpServer__state == SERVER_STATE.UNBINDED)
+
+    def _relisten_if_closed(self) -> None:
+        """pysyncobj's server closes its port for good on an accept error other than EAGAIN
+        (tcp_server.py:74-80: EMFILE once the member's descriptors run out, ENFILE, ENOBUFS),
+        and nothing binds it again, as ``_ready`` stays true. A member its peers dial (the
+        higher address dials, transport.py:401) was then out of the cluster for as long as it
+        ran (soak: a follower out of descriptors for 15 s, apart for minutes after). So a port
+        closed under a bound transport is bound again every ``bindRetryTime``, while Raft goes
+        on ticking (a ``_ready`` set false would stop pysyncobj's whole tick, syncobj.py:612-622)."""
+        if not self._ready or self._server is None or not self._server_closed():
+            return
+        now = _monotonic()
+        retry_s = self._syncObj.conf.bindRetryTime
+        if self._relisten_at is None:  # just closed: the descriptors it lacked may still be short
+            self.listen_losses += 1
+            self._relisten_at = now + retry_s
+            peer_warnings.warning(
+                "raft: stopped listening on %s (%s): accept failed (out of descriptors?); listening again every %g s",
+                self._selfNode.address, self.own_ip, retry_s,
+            )
+            return
+        if now < self._relisten_at:
+            return
+        try:
+            self._server.bind()
+            self._server._TcpServer__socket.listen(raft_limits.RAFT_LISTEN_BACKLOG)
+        except OSError:
+            self._server.unbind()  # the socket it may have made; the next try in retry_s
+            self._relisten_at = now + retry_s
+            return
+        self._relisten_at = None
+        log.info("raft: listening on %s (%s) again", self._selfNode.address, self.own_ip)
 
     def _make_server(self) -> bool:
         conf = self._syncObj.conf
@@ -253,6 +294,7 @@ class BoundTCPTransport(TCPTransport):
 
     def _onTick(self):
         super()._onTick()
+        self._relisten_if_closed()
         self._abandon_slow_connects()
         if self._unknownConnections:  # usually empty: members name themselves at once
             cutoff = time.monotonic() - raft_limits.RAFT_NAMING_DEADLINE_MS / 1000

@@ -335,6 +335,9 @@ class _MemberCollector:
         ("peer_connections_replaced", "fencing_raft_peer_connections_replaced",
          "Established Raft connections a newly bound one of the same member took the place of "
          "(a member that restarted before its old connection reported closed)"),
+        ("listen_losses", "fencing_raft_listen_losses",
+         "Times this member's Raft port closed under it because an accept failed (out of "
+         "descriptors); it listens again within bindRetryTime (1 s) once it can"),
         ("refused_entries", "fencing_raft_refused_entries",
          "Committed log entries skipped because no member of ours writes them (should stay 0)"),
         ("read_index_rounds", "fencing_raft_read_index_rounds",
