@@ -9,12 +9,15 @@ filesystem of its own for the whole run (``chaos.small_fs``; the disk_full fault
 
 Per fault: inject, hold (failover probes for leader faults), heal, then wait for convergence
 (every node answers Status — a barrier through the log applied on that node, so it caught up —
-all name one leader, and a probe acquire + write succeeds). Every step has a hard deadline; a
+all name one leader, and a probe acquire + write succeeds), then for every workload client to
+have an acknowledgement after it (``SETTLE_TIMEOUT_S``). Every step has a hard deadline; a
 whole-run watchdog tears everything down and exits 3 if the profile overruns, and so does a
 fault's own one if its step overruns the fault's ``timeout_s``.
 
-Figures: failover time (leader fault injected -> a probe write acknowledged) and convergence time
-(heal -> converged as above).
+Figures: failover time (leader fault injected -> a probe write acknowledged; a fault whose
+inject itself takes seconds, as disk_loss's restart and wait for the member's log line, counts
+them too: the step's longest gap between acknowledgements is its availability figure),
+convergence time (heal -> converged as above) and settle time (``settled_s``).
 """
 
 from __future__ import annotations
@@ -56,6 +59,15 @@ CONTENTION_THREADS = 6
 # writes land in long overlapping runs (a 20 s trial: largest segment 13 ops without them, 151
 # with 4, checked in 0.02 s).
 CONTENTION_READERS = 4
+# After a whole-cluster fault the workload clients are still backing off (retry_backoff_max_s,
+# 0.5 s, per attempt) when the first probe write succeeds; a follower fault injected at once
+# measured their backoff as its own gap (soak: 0.16-1.21 s right after a full restart or power
+# loss of all three, 9-39 ms otherwise). So the next fault waits until every workload client
+# has an acknowledgement after convergence: at most this long (then it goes on, and the step
+# says so in ``settled_s``: None).
+SETTLE_TIMEOUT_S = 10.0
+# Enough of a client history's end to hold its last records whole (one op is < 1 KiB).
+HISTORY_TAIL_BYTES = 16_384
 
 
 class OutDirInUse(Exception):
@@ -136,6 +148,18 @@ class Run:
 
         try:
             wait_until(converged, timeout_s, interval_s=0.1, what="convergence")
+        except TimeoutError:
+            return None
+        return time.monotonic() - t0
+
+    def wait_workload_flowing(self, since_ns: int, timeout_s: float) -> float | None:
+        """Seconds until every workload client (c0.jsonl ...) acknowledged an op that completed
+        after ``since_ns`` (monotonic ns); None if not within ``timeout_s``."""
+        t0 = time.monotonic()
+        paths = glob.glob(os.path.join(self.out, "clients", "c[0-9]*.jsonl"))
+        try:
+            wait_until(lambda: all((last_ack_ns(p) or 0) > since_ns for p in paths), timeout_s,
+                       interval_s=0.05, what="every workload client acknowledged again")
         except TimeoutError:
             return None
         return time.monotonic() - t0
@@ -246,6 +270,9 @@ class Run:
         step["convergence_s"] = round(conv, 3) if conv is not None else None
         if conv is None:
             self.errors.append(f"{fault.kind}: no convergence within {self.converge_timeout_s}s after heal")
+        else:
+            settled = self.wait_workload_flowing(time.monotonic_ns(), SETTLE_TIMEOUT_S)
+            step["settled_s"] = round(settled, 3) if settled is not None else None
         self.check_leadership_kept(fault, step, leadership_before)
         step["seconds"] = round(time.monotonic() - t_start, 2)
         print(f"[chaos] {fault.kind:24s} failover={step.get('failover_s', '-')} convergence={step['convergence_s']}"
@@ -519,3 +546,25 @@ def run_profile(profile: str, out_dir: str, seed: int | None = None, minutes: fl
         raise SystemExit(f"unknown profile {profile}")
     code = 0 if summary["violations"] == 0 and not summary["errors"] else 1
     return code, summary
+
+
+def last_ack_ns(path: str) -> int | None:
+    """complete_ns of the last acknowledged op in the client history at ``path``, read from its
+    last ``HISTORY_TAIL_BYTES`` (the file is being appended to: a line cut at either end of
+    that window does not parse and is skipped)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - HISTORY_TAIL_BYTES))
+            tail = f.read()
+    except OSError:
+        return None
+    for line in reversed(tail.split(b"\n")):
+        if b'"outcome":"ok"' not in line:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("type") == "op" and record.get("complete_ns") is not None:
+            return int(record["complete_ns"])
+    return None

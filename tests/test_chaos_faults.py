@@ -344,6 +344,7 @@ def test_the_run_records_a_fault_whose_own_check_failed(ok, at):
     run.cluster = types.SimpleNamespace(statuses=lambda: {})
     run.writer = types.SimpleNamespace(write=lambda record: None)
     run.wait_converged = lambda timeout_s: 0.01
+    run.wait_workload_flowing = lambda since_ns, timeout_s: 0.0  # no workload clients
     step = run.run_fault(_SelfCheckingFault(ok, at), hold_s=0.0)
     assert step["info"]["ok"] is ok  # the info as it stands after heal
     assert run.errors == ([] if ok else [f"self_checking: its own check failed: {step['info']}"])
