@@ -69,16 +69,22 @@ def acknowledged_ends_ns(clients_dir: str) -> list[int]:
     ends = []
     for path in glob.glob(os.path.join(clients_dir, "c*.jsonl")):
         with open(path, encoding="utf-8") as f:
-            for line in f:
-                if '"outcome":"ok"' not in line:
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if record.get("type") == "op" and record.get("complete_ns") is not None:
-                    ends.append(int(record["complete_ns"]))
+            ends.extend(end for end in map(ack_end_ns, f) if end is not None)
     return sorted(ends)
+
+
+def ack_end_ns(line: str | bytes) -> int | None:
+    """complete_ns of the history line if it is an acknowledged op; None for any other line,
+    one cut short included (a file being appended to, or read from the middle)."""
+    if (b'"outcome":"ok"' if isinstance(line, bytes) else '"outcome":"ok"') not in line:
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if record.get("type") == "op" and record.get("complete_ns") is not None:
+        return int(record["complete_ns"])
+    return None
 
 
 class DiskLoss(Fault):

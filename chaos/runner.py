@@ -558,13 +558,4 @@ def last_ack_ns(path: str) -> int | None:
             tail = f.read()
     except OSError:
         return None
-    for line in reversed(tail.split(b"\n")):
-        if b'"outcome":"ok"' not in line:
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("type") == "op" and record.get("complete_ns") is not None:
-            return int(record["complete_ns"])
-    return None
+    return next((end for end in map(MF.ack_end_ns, reversed(tail.split(b"\n"))) if end is not None), None)
