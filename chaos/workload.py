@@ -6,6 +6,11 @@
 version, hwm, ...). One client call = one record: the client's own retries inside a call keep the
 same op_id, so the whole call is one attempt of the logical op.
 
+A call whose attempts failed before its end (the client retried, or gave up) records them as
+``attempts``: one line each, as the client logs it at DEBUG ("Write attempt 1 on A:
+OutcomeUnknown: ... (retrying)"), at most ``ATTEMPTS_RECORDED_MAX``, so a refusal that followed
+a maybe-applied attempt shows what that attempt met.
+
 Classification: a result -> ok; ``NotApplied`` (refusals, Unavailable, Overloaded, invalid) ->
 refused (the client promises nothing was applied); ``OutcomeUnknown`` and anything else -> unknown.
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import signal
@@ -40,6 +46,45 @@ from coordinator.client import FencingClient
 from coordinator.client import exceptions as exc_mod
 
 KEYS = ("a", "b")
+# Failed attempts recorded per call: the client's own cap is retry_max_attempts (8 here).
+ATTEMPTS_RECORDED_MAX = 8
+
+
+class _AttemptLog(logging.Handler):
+    """Collects the client's per-attempt DEBUG lines for the call running on this thread (a
+    contention process runs several clients on threads of one process)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.local = threading.local()
+
+    def start(self) -> None:
+        self.local.lines = []
+
+    def take(self) -> list[str]:
+        lines, self.local.lines = getattr(self.local, "lines", None) or [], None
+        return lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        lines = getattr(self.local, "lines", None)
+        if lines is not None and len(lines) < ATTEMPTS_RECORDED_MAX and " attempt " in record.getMessage():
+            lines.append(record.getMessage())
+
+
+_attempt_log = _AttemptLog()
+
+
+def _install_attempt_log() -> None:
+    """Once per process: the client logger passes DEBUG records to the attempt log only (its
+    own handlers, and the root's, keep the levels they had)."""
+    logger = logging.getLogger("coordinator.client")
+    if _attempt_log in logger.handlers:
+        return
+    for handler in logging.getLogger().handlers:
+        if handler.level == logging.NOTSET:
+            handler.setLevel(logging.WARNING)  # the client's debug lines go to the history only
+    logger.addHandler(_attempt_log)
+    logger.setLevel(logging.DEBUG)
 
 
 def _reason(error: BaseException) -> str:
@@ -55,8 +100,12 @@ class Recorder:
         self.writer = writer
         self.process = process
         self.counts: dict[str, int] = {}
+        _install_attempt_log()
 
     def _record(self, rec: dict[str, Any], after: Callable[[], dict] | None = None) -> None:
+        attempts = _attempt_log.take()
+        if attempts:
+            rec["attempts"] = attempts
         if after is not None:
             rec["args"] = {**rec.get("args", {}), **after()}
         self.writer.write(rec)
@@ -76,6 +125,7 @@ class Recorder:
             rec["hazard"] = hazard
         if args:
             rec["args"] = args
+        _attempt_log.start()
         rec["invoke_ns"] = time.monotonic_ns()
         try:
             res = fn(op_id)

@@ -125,3 +125,24 @@ def test_the_operator_records_each_admin_op_with_what_the_checker_needs(rec):
     assert report.ok, [v.to_dict() for v in report.violations]
     admin = report.summary["hazards"]["admin"]
     assert set(admin) == {"force_release", "set_epoch_floor", "restore"}
+
+
+def test_a_call_whose_attempts_failed_records_each_of_them(tmp_path):
+    """The recorder keeps the client's failed attempts on the op's line: how the soak's write
+    refused after a maybe-applied attempt would have said what that attempt met."""
+    dead = "127.0.0.1:1"  # nothing listens there: every attempt on it fails at once
+    path = str(tmp_path / "h.jsonl")
+    with InMemoryCluster() as cluster:
+        with HistoryWriter(path) as writer:
+            with make_client(cluster.endpoints) as client:
+                assert Recorder(client, writer, "c0").read("r0", "a")[0] == "ok"
+            with make_client([dead], timeout_s=2.0) as client:
+                assert Recorder(client, writer, "c1").read("r0", "a")[0] == "refused"
+    lines = [json.loads(line) for line in open(path, encoding="utf-8")]
+    assert [line["outcome"] for line in lines] == ["ok", "refused"]
+    assert "attempts" not in lines[0]  # one attempt, and it answered
+    attempts = lines[1]["attempts"]
+    assert 2 <= len(attempts) <= 8, attempts
+    assert all(f" on {dead}: " in a for a in attempts), attempts
+    assert attempts[0].startswith("Read attempt 1 on ") and attempts[0].endswith("(retrying)"), attempts
+    assert len(read_history(path).ops) == 2  # still a history the checker reads

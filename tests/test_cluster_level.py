@@ -65,12 +65,12 @@ def _health_server(levels: list[str]) -> tuple[grpc.Server, health.HealthService
 def test_a_member_announces_its_levels_and_an_old_build_counts_as_level_1():
     # This build: what app.py serves from start (tests/test_rolling_upgrade.py reads it from
     # real member processes).
-    assert level_poller.announced_services() == ["fencing.entry_level.2", "fencing.entry_level.3"]
+    assert level_poller.announced_services() == [f"fencing.entry_level.{n}" for n in (2, 3, 4)]
     new, new_health, new_address = _health_server(level_poller.announced_services())
     # The release before levels: a health service that knows nothing of them.
     old, _, old_address = _health_server([])
     try:
-        assert level_poller.member_level(new_address, 1) == commands.ENTRY_LEVEL == 3
+        assert level_poller.member_level(new_address, 1) == commands.ENTRY_LEVEL == 4
         assert level_poller.member_level(old_address, 1) == 1
         # Shutting down (NOT_SERVING): unknown, never taken for a level.
         new_health.enter_graceful_shutdown()

@@ -190,7 +190,7 @@ def _at_this_build(cluster: InMemoryCluster) -> InMemoryCluster:
     polled the members: a listing READ_BARRIER needs level 3, and the in-memory cluster reads
     through the log (it has no read index)."""
     cluster.log.append(cmds.set_cluster_level(level=cmds.ENTRY_LEVEL, stamp_ms=0).encode())
-    assert cluster.state_machine.cluster_level == cmds.ENTRY_LEVEL == 3
+    assert cluster.state_machine.cluster_level == cmds.ENTRY_LEVEL == 4
     return cluster
 
 

@@ -64,8 +64,61 @@ def test_restore_brings_back_the_data_fenced_above_every_token():
             Reason.STALE_TOKEN)
     refused(sm.execute(c.write(resource=R2, key="k", value=b"x", token=3, op_id=op(7), stamp_ms=201)),
             Reason.UNKNOWN_TOKEN)
-    # The next token is above the floor, and dedup was emptied: an old op_id applies anew.
+    # The next token is above the floor, and (cluster level 1) dedup was emptied: an old op_id
+    # applies anew.
     assert applied(sm.execute(c.acquire(resource=R2, holder="C", ttl_ms=1_000, op_id=op(5), stamp_ms=202))).token == 11
+
+
+def at_level(sm: FencingStateMachine, level: int) -> FencingStateMachine:
+    applied(sm.apply(c.set_cluster_level(level=level, stamp_ms=150).encode()))
+    assert sm.cluster_level == level
+    return sm
+
+
+def test_from_level_4_a_write_retried_across_a_restore_gets_its_first_outcome():
+    """The soak's FAILED_WRITE_VISIBLE: a write applied just before an operator's restore, whose
+    caller retried it after (its first answer lost), was refused STALE_TOKEN by the restored
+    state, so the caller took a write for failed that every reader saw."""
+    sm, backup = backed_up()
+    at_level(sm, c.LEVEL_RESTORE_KEEPS_DEDUP)
+    first = applied(sm.execute(c.write(resource=R2, key="k", value=b"last", token=3, op_id=op(8), stamp_ms=300)))
+    applied(restore_in_chunks(sm, backup, epoch_floor=10, stamp_ms=400))
+    before = sm.digest()
+    retried = sm.execute(c.write(resource=R2, key="k", value=b"last", token=3, op_id=op(8), stamp_ms=401))
+    assert applied(retried).to_map() == first.to_map()  # its first outcome
+    assert sm.digest() == before  # and nothing applied again: R2 stays gone, R as restored
+    assert sm.describe(R2) is None and sm.read(R, "k") == (b"backup", 1)
+    # An acquire retried across it too: its first token, not a new lease on the restored state.
+    assert applied(sm.execute(c.acquire(resource=R2, holder="B", ttl_ms=10_000, op_id=op(5), stamp_ms=402))).token == 3
+    assert sm.describe(R2) is None
+    # The same op_id for another resource is still a conflict, and a new op_id is fenced.
+    refused(sm.execute(c.write(resource=R, key="k", value=b"x", token=1, op_id=op(8), stamp_ms=403)),
+            Reason.OP_ID_CONFLICT)
+    refused(sm.execute(c.write(resource=R, key="k", value=b"x", token=1, op_id=op(9), stamp_ms=404)),
+            Reason.STALE_TOKEN)
+
+
+def test_below_level_4_a_restore_empties_the_dedup_table_as_older_builds_do():
+    """A member of a build before level 4 empties it: one of this build in the same cluster
+    must decide alike, or the replicas would part at the first retry after a restore."""
+    for level in (1, 2, c.LEVEL_RESTORE_KEEPS_DEDUP - 1):
+        sm, backup = backed_up()
+        if level > 1:
+            at_level(sm, level)
+        applied(restore_in_chunks(sm, backup, epoch_floor=10, stamp_ms=400))
+        refused(sm.execute(c.write(resource=R, key="k", value=b"later", token=1, op_id=op(3), stamp_ms=401)),
+                Reason.STALE_TOKEN)
+
+
+def test_a_kept_dedup_table_survives_a_snapshot_taken_after_the_restore():
+    sm, backup = backed_up()
+    at_level(sm, c.LEVEL_RESTORE_KEEPS_DEDUP)
+    applied(restore_in_chunks(sm, backup, epoch_floor=10, stamp_ms=400))
+    copy = FencingStateMachine()
+    copy.restore(sm.snapshot())
+    assert copy.digest() == sm.digest()
+    assert applied(copy.execute(c.write(resource=R, key="k", value=b"later", token=1, op_id=op(3),
+                                        stamp_ms=401))).to_map() == {"version": 2, "hwm": 1}  # its first outcome
 
 
 def test_restore_refuses_a_floor_not_above_the_epoch_and_changes_nothing():

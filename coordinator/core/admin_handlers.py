@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 
-from coordinator.core import limits, ops
+from coordinator.core import commands, limits, ops
 from coordinator.core.changes import ChangeKind
 from coordinator.core.commands import Op
 from coordinator.core.machine_base import MachineBase
@@ -103,10 +103,15 @@ class AdminHandlers(MachineBase):
         The floor must exceed the current epoch, so no token issued before the restore, by
         this cluster or the backup's, is ever issued again. Every restored resource gets
         hwm = the new epoch and no lease; resources absent from the backup are gone (their
-        old tokens are then refused as UNKNOWN_TOKEN). The dedup table is emptied: its
-        outcomes describe a history the restore replaced, and every token in them is now
-        fenced. The log clock keeps going forward. A staged restore is dropped with the rest.
-        The backup is held to the bounds live state keeps; anything else is a refusal.
+        old tokens are then refused as UNKNOWN_TOKEN). The dedup table is the one before the
+        restore from cluster level 4 (commands.py "Entry levels"): an op applied before the
+        restore and retried after it gets its first outcome, as I5 promises, never a refusal
+        of the restored state for a write that did apply (the soak's 51 FAILED_WRITE_VISIBLE).
+        Below level 4 it is emptied, as every build before level 4 does, so replicas of
+        different builds decide alike. The backup's own dedup entries are checked, never
+        kept: they describe the history the backup came from. The log clock keeps going
+        forward. A staged restore is dropped with the rest. The backup is held to the bounds
+        live state keeps; anything else is a refusal.
         """
         refusal = self._floor_refusal(op, floor)
         if refusal is not None:
@@ -130,14 +135,19 @@ class AdminHandlers(MachineBase):
             res.fenced = True  # issued to nobody (I3)
             res.waiters = NO_WAITERS  # waiters belong to clients of the state being replaced
         parts.epoch, parts.log_clock_ms = new_epoch, self._log_clock_ms
-        parts.dedup, parts.staged = collections.OrderedDict(), None
+        parts.staged = None
         parts.cluster_level = self._cluster_level  # the members' builds did not change
-        self._install(parts)
+        if self._cluster_level < commands.LEVEL_RESTORE_KEEPS_DEDUP:
+            parts.dedup = collections.OrderedDict()
+            self._install(parts)
+        else:
+            self._install(parts, keep_dedup=True)
         self._note(ChangeKind.RESET, "")
         return Applied(op=op, result=RestoreResult(epoch=new_epoch, resources=len(parts.resources)))
 
-    def _install(self, parts: Parts) -> None:
-        """Make ``parts`` the whole state, with everything derived from it recounted."""
+    def _install(self, parts: Parts, keep_dedup: bool = False) -> None:
+        """Make ``parts`` the whole state, with everything derived from it recounted; with
+        ``keep_dedup``, all of it but the dedup table, which stays as it is."""
         self._epoch = parts.epoch
         self._log_clock_ms = parts.log_clock_ms
         # A ResourceTable from snapshot_format; the table it replaces is no longer changed, so
@@ -147,7 +157,8 @@ class AdminHandlers(MachineBase):
         )
         self._queue.recount(parts.resources)
         self._usage = Usage.of(parts.resources)
-        self._dedup.load(parts.dedup)
+        if not keep_dedup:
+            self._dedup.load(parts.dedup)
         self._staging.load(parts.staged)  # mid-restore: its chunks are read again
         self._cluster_level = parts.cluster_level
         self._keys_total = sum(len(res.data) for res in parts.resources.values())

@@ -78,12 +78,17 @@ class Op(enum.IntEnum):
 # applies (it announces nothing, and counts as 1). Level 2 adds SET_CLUSTER_LEVEL and a DELETE
 # carrying ``expected_version`` (a conditional delete). Level 3 adds a READ_BARRIER carrying
 # ``prefixes`` (with ``limit`` and ``after``: a List page); the read-index path answers one
-# without an entry at any level. The replicated cluster level is the
+# without an entry at any level. Level 4 adds no field: from it, a RESTORE_COMMIT keeps the
+# dedup table (``LEVEL_RESTORE_KEEPS_DEDUP``, admin_handlers._swap_in), an apply rule read from
+# the replicated cluster level, so every replica applies a COMMIT alike whatever its build
+# (no member of a build below 4 can apply an entry once the level is 4: it stops at the
+# SET_CLUSTER_LEVEL, or at a snapshot that records it). The replicated cluster level is the
 # highest level every member runs; nothing that needs a higher level is ever proposed, so no
 # member meets an entry it cannot apply. A new op or field gets the next level, here and in
 # ``level_needed``.
 ENTRY_LEVEL = limits.ENTRY_LEVEL
 LEVEL_BEFORE_LEVELS = 1
+LEVEL_RESTORE_KEEPS_DEDUP = 4
 _OP_LEVEL = {Op.SET_CLUSTER_LEVEL: 2}
 _FIELD_LEVEL = {(Op.DELETE, "expected_version"): 2, (Op.READ_BARRIER, "prefixes"): 3}
 

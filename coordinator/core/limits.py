@@ -228,4 +228,4 @@ LIST_PAGE_TOKEN_BYTES_MAX = 3 + 2 * (2 * RESOURCE_NAME_BYTES_MAX + 1)
 
 # The highest entry level this build applies (commands.py "Entry levels"): a SET_CLUSTER_LEVEL
 # above it is a field no check here passes, and a member that meets one stops (DESIGN §8).
-ENTRY_LEVEL = 3
+ENTRY_LEVEL = 4

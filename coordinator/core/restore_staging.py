@@ -21,7 +21,8 @@ from coordinator.core.state import StagedRestore
 
 
 def _reader(size: int) -> SnapshotReader:
-    # Dedup entries are checked, not kept: the COMMIT empties the dedup table (_swap_in).
+    # The backup's dedup entries are checked, not kept: the COMMIT keeps the live table or
+    # empties it (_swap_in), never loads the backup's.
     return SnapshotReader(size, keep_dedup=False)
 
 
