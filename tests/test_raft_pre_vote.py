@@ -164,7 +164,12 @@ def test_only_a_configured_voter_s_answer_moves_the_term(member):
     assert so.raftCurrentTerm == term + 40  # behind the voters: it catches up (saved first)
 
 
-def test_a_round_asks_first_and_stands_only_with_a_majority(member):
+def _term_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "coordinator.raft.terms"]
+
+
+def test_a_round_asks_first_and_stands_only_with_a_majority(member, caplog):
+    caplog.set_level("INFO", logger="coordinator.raft.terms")
     so = member.syncobj
     so._SyncObj__raftLeader = None
     term = so.raftCurrentTerm
@@ -179,6 +184,40 @@ def test_a_round_asks_first_and_stands_only_with_a_majority(member):
     member.tick(0)
     assert so.raftCurrentTerm == term + 1
     assert sorted(to for to, m in _sent(member, "request_vote") if m["term"] == term + 1) == [LEADER, OTHER]
+    # The member's log says why its term went up, and whose grants it stood with.
+    assert _term_lines(caplog)[-1] == (
+        f"raft: term {term} -> {term + 1}: standing for election: pre-vote round won"
+        f" ({', '.join(sorted([OTHER, SELF]))})")
+    assert so.elections_without_pre_vote == 0
+
+
+def test_a_raised_term_names_the_message_that_raised_it(member, caplog):
+    caplog.set_level("INFO", logger="coordinator.raft.terms")
+    so = member.syncobj
+    term = so.raftCurrentTerm
+    so._SyncObj__onMessageReceived(TCPNode(OTHER), {
+        "type": "term_notice", "term": term + 3, "cluster": "cluster-a", "incarnation": PEER_INCARNATIONS[OTHER]})
+    append(member, 2, 1, [], commit=2, term=term + 4)  # a leader of a later term
+    assert _term_lines(caplog)[-2:] == [
+        f"raft: term {term} -> {term + 3}: {OTHER}'s term_notice names it",
+        f"raft: term {term + 3} -> {term + 4}: {LEADER}'s append_entries names it",
+    ]
+
+
+def test_an_election_without_a_round_is_counted_and_says_why(member, caplog):
+    """With the fix off (or at a bootstrap) pysyncobj stands at once: the line says so, and the
+    counter shows it on a member that should never do it."""
+    caplog.set_level("INFO", logger="coordinator.raft.terms")
+    so = member.syncobj
+    so._pre_vote_on = False
+    so._SyncObj__raftLeader = None
+    term = so.raftCurrentTerm
+    so._SyncObj__raftElectionDeadline = 0
+    member.tick(0)
+    assert so.raftCurrentTerm == term + 1
+    assert _term_lines(caplog)[-1] == (
+        f"raft: term {term} -> {term + 1}: standing for election without a pre-vote round (pre-vote off)")
+    assert so.elections_without_pre_vote == 1
 
 
 def test_a_won_round_is_forgotten_once_a_leader_is_heard(member):

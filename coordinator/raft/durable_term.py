@@ -41,9 +41,12 @@ class DurableTerm(_Host):
                 exit_code_for(exc),
             )
             raise
+        before: int = self.raftCurrentTerm
         # Only now: every message built from here on reflects a saved term and vote.
         self._SyncObj__raftCurrentTerm = term
         self._SyncObj__votedForNodeId = votedForNodeId
+        if term > before:
+            self.note_term_raised(before, term, votedForNodeId)  # one line saying why (pre_vote.py)
 
     def _guarded_tick(self, tick, time_to_wait):
         """Run ``tick``; on the auto-tick thread, anything it raises stops the member."""

@@ -22,6 +22,9 @@ only once a majority said yes.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pysyncobj.syncobj as _ps
@@ -32,6 +35,8 @@ if TYPE_CHECKING:  # for mypy only: the class it is mixed into is a pysyncobj Sy
     from pysyncobj import SyncObj as _Host
 else:
     _Host = object
+
+log = logging.getLogger("coordinator.raft.terms")
 
 PRE_VOTE = "pre_vote"
 PRE_VOTE_RESPONSE = "pre_vote_response"
@@ -51,6 +56,7 @@ class PreVote(_Host):
         self._pre_vote_term: int | None = None  # the term the running round asks for
         self._pre_vote_grants: set[str] = set()  # addresses that granted it (self included)
         self._pre_vote_won: int | None = None  # a won round's term: pysyncobj may stand in it
+        self._pre_vote_grants_won: frozenset[str] = frozenset()  # who granted that round
         # Monotonic time of the last append from our leader, and who sent it. A start counts as
         # hearing one: a member that restarts right after acknowledging a leader's round must
         # not vote against that leader's lease (read_lease.py) any sooner than if it had not.
@@ -62,6 +68,8 @@ class PreVote(_Host):
         self.pre_votes_won = 0
         self.pre_votes_refused = 0  # pre-vote requests this member answered with no
         self.term_notices_adopted = 0  # later terms learned from a member's answer to an append
+        self._handling: tuple[str, str] | None = None  # (message type, sender) being handled
+        self.elections_without_pre_vote = 0  # stood with no won round (bootstrap, transfer, pre-vote off)
 
     # -- asking ---------------------------------------------------------------------
 
@@ -108,6 +116,7 @@ class PreVote(_Host):
         # that passes here is one whose election can pass too.
         if len(self._pre_vote_grants) > (len(self._SyncObj__otherNodes) + 1) / 2:
             self._pre_vote_won, self._pre_vote_term = self._pre_vote_term, None
+            self._pre_vote_grants_won = frozenset(self._pre_vote_grants)
             self.pre_votes_won += 1
             self._SyncObj__raftElectionDeadline = 0  # stand at the next tick
             self._wake_raft_thread()
@@ -120,7 +129,8 @@ class PreVote(_Host):
         if theirs > self.raftCurrentTerm and self._SyncObj__raftState != _ps._RAFT_STATE.LEADER:
             # Raft's rule for any message of a later term: adopt it (saved first, durable_term.py).
             # A member behind the voters' term would otherwise ask for terms they refuse for good.
-            self._SyncObj__setCurrentTerm(theirs, None)
+            with self.handling(node, message):
+                self._SyncObj__setCurrentTerm(theirs, None)
             self._SyncObj__setState(_ps._RAFT_STATE.FOLLOWER)
             self._SyncObj__raftLeader = None
             self._pre_vote_term = None
@@ -158,9 +168,44 @@ class PreVote(_Host):
         # address could send these (as it could an append of a higher term: RAFT.md "Not closed here").
         peer_warnings.warning("raft: %s is in term %d, above this member's %d: adopting it (a leader steps down)",
                               node.address, message["term"], self.raftCurrentTerm)
-        self._SyncObj__setCurrentTerm(message["term"], None)  # saved first (durable_term.py)
+        with self.handling(node, message):
+            self._SyncObj__setCurrentTerm(message["term"], None)  # saved first (durable_term.py)
         self._SyncObj__setState(_ps._RAFT_STATE.FOLLOWER)
         self._SyncObj__raftLeader = None
+
+    # -- why the term went up -------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def handling(self, node, message: dict) -> Iterator[None]:
+        """Around the handling of ``message``: a term it raises names its cause."""
+        self._handling = (str(message.get("type", "?")), getattr(node, "address", str(node)))
+        try:
+            yield
+        finally:
+            self._handling = None
+
+    def note_term_raised(self, before: int, term: int, voted_for) -> None:
+        """One line per raised term, saying why: every leader change starts with one, and a
+        follower fault that moved the leadership (a CI failure) must be traceable from the
+        members' logs alone. A term is raised only by a configured member's message (the member
+        gate drops the rest first) or by this member's own election, so the lines are bounded
+        by elections."""
+        self_node = self._SyncObj__selfNode
+        if self._handling is not None:
+            kind, sender = self._handling
+            why = f"{sender}'s {kind} names it"
+        elif self_node is not None and voted_for == self_node.id:
+            if self._pre_vote_won == term:
+                why = f"standing for election: pre-vote round won ({', '.join(sorted(self._pre_vote_grants_won))})"
+            elif self._transfer_term == term:
+                why = "standing for election at the leader's transfer"
+            else:
+                self.elections_without_pre_vote += 1
+                why = ("standing for election without a pre-vote round"
+                       f" ({'pre-vote off' if not self._pre_vote_on else 'bootstrap: no configuration yet'})")
+        else:
+            why = "adopted"
+        log.info("raft: term %d -> %d: %s", before, term, why)
 
     # -- answering ------------------------------------------------------------------
 

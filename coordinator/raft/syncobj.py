@@ -352,7 +352,8 @@ class HardenedSyncObj(
             # at the next heartbeat (pysyncobj waits for one, syncobj.py:1077-1078).
             self._append_pending = True
         try:
-            SyncObj._SyncObj__onMessageReceived(self, node, message)
+            with self.handling(node, message):
+                SyncObj._SyncObj__onMessageReceived(self, node, message)
         finally:
             self._conflict_hint = None
             self._echo_now = None
