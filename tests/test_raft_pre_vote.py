@@ -191,6 +191,28 @@ def test_a_round_asks_first_and_stands_only_with_a_majority(member, caplog):
     assert so.elections_without_pre_vote == 0
 
 
+def test_a_deadline_that_passes_during_the_tick_starts_a_round_not_an_election(member, monkeypatch):
+    """The soak's partitioned follower stood with no round: the pre-vote hook read the clock,
+    found the deadline a moment ahead, and pysyncobj's own check, later in the same tick, read
+    it passed. Here the clock moves on between the two readings."""
+    import pysyncobj.syncobj as ps
+
+    so = member.syncobj
+    so._SyncObj__raftLeader = None
+    term = so.raftCurrentTerm
+    start = ps.monotonicTime()
+    readings = iter([start])  # the hook's reading; every later one is a second on
+
+    monkeypatch.setattr(ps, "monotonicTime", lambda: next(readings, start + 1.0))
+    so._SyncObj__raftElectionDeadline = start + 0.001
+    member.tick(0)
+    assert so.raftCurrentTerm == term and not _sent(member, "request_vote")
+    assert so._SyncObj__raftElectionDeadline == start + 0.001  # put back after the tick
+    member.tick(0)  # the next tick finds it passed: a round, still no election
+    assert so.raftCurrentTerm == term and not _sent(member, "request_vote")
+    assert sorted(to for to, m in _sent(member, "pre_vote") if m["term"] == term + 1) == sorted([LEADER, OTHER])
+
+
 def test_a_raised_term_names_the_message_that_raised_it(member, caplog):
     caplog.set_level("INFO", logger="coordinator.raft.terms")
     so = member.syncobj

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -69,33 +70,50 @@ class PreVote(_Host):
         self.pre_votes_refused = 0  # pre-vote requests this member answered with no
         self.term_notices_adopted = 0  # later terms learned from a member's answer to an append
         self._handling: tuple[str, str] | None = None  # (message type, sender) being handled
+        self._election_held: float | None = None  # the deadline hidden from pysyncobj this tick
         self.elections_without_pre_vote = 0  # stood with no won round (bootstrap, transfer, pre-vote off)
 
     # -- asking ---------------------------------------------------------------------
 
-    def hold_election_for_pre_vote(self) -> None:
+    def hold_election_for_pre_vote(self) -> float | None:
         """Before pysyncobj's tick: where it would stand for election now, run a pre-vote round
-        instead (its timer moves on a whole election timeout), unless a round was just won."""
+        instead (its timer moves on a whole election timeout), unless a round was just won.
+
+        pysyncobj decides with its own clock reading, later in the same tick (syncobj.py:635):
+        a deadline still ahead here may pass before that, and it stood with no round (seen in
+        the soak: a partitioned follower raised its term, and back in touch deposed the
+        leader). So where this member may not stand, the deadline is hidden from that check
+        for this tick (returned here; ``release_election_hold`` puts it back after the tick)
+        and a deadline that passes meanwhile starts a round at the next tick."""
         if not self._pre_vote_on or self._SyncObj__selfNode is None:
-            return
+            return None
         if self._SyncObj__raftState == _ps._RAFT_STATE.LEADER:
-            return
+            return None
+        if not self._loaded():
+            # The snapshot loads in this very tick, before pysyncobj's election check: what this
+            # member may do is known only at the next.
+            return self._hide_election_deadline()
         now = _ps.monotonicTime()
-        if self._SyncObj__raftElectionDeadline >= now or not self._SyncObj__connectedToAnyone():
-            return  # pysyncobj would not stand either
+        due = self._SyncObj__raftElectionDeadline < now and self._SyncObj__connectedToAnyone()
         if self._SyncObj__transferInProgress:
             # The leader handed over (timeout_now): the voters expect this election, and grant
             # its votes even while they hear that leader (refuse_vote). pysyncobj clears its
             # flag before the vote requests go out, so the term is kept for outgoing_fields.
-            self._transfer_term = self.raftCurrentTerm + 1
-            return
+            if due:
+                self._transfer_term = self.raftCurrentTerm + 1
+            return None
         if not self.is_voter() or self.config() is None:
             # Not a voter: hold_election_if_not_voter holds it. No configuration: the unanimous
             # bootstrap counts real votes of every initial member (member_gate.py).
-            return
+            return None
         term = self.raftCurrentTerm + 1
         if self._pre_vote_won == term:
-            return  # won: pysyncobj stands in this very tick
+            return None  # won: pysyncobj stands in this very tick
+        if due:
+            self._start_pre_vote_round(term, now)
+        return self._hide_election_deadline()
+
+    def _start_pre_vote_round(self, term: int, now: float) -> None:
         self._pre_vote_term = term
         self._pre_vote_grants = {self._self_address()}
         self.pre_votes_started += 1
@@ -110,6 +128,25 @@ class PreVote(_Host):
         for node in self._SyncObj__otherNodes:
             self._SyncObj__transport.send(node, request)
         self._pre_vote_check_won()
+
+    def _hide_election_deadline(self) -> float:
+        held = self._SyncObj__raftElectionDeadline
+        self._SyncObj__raftElectionDeadline = math.inf
+        self._election_held = held
+        return held
+
+    def release_election_hold(self, held: float | None) -> None:
+        """After pysyncobj's tick: the deadline ``hold_election_for_pre_vote`` hid is back,
+        unless the tick set another (a leader's append, a vote granted, a won round, a closed
+        leader connection: each a newer decision)."""
+        self._election_held = None
+        if held is not None and self._SyncObj__raftElectionDeadline == math.inf:
+            self._SyncObj__raftElectionDeadline = held
+
+    def election_deadline(self) -> float:
+        """The election deadline in effect, also while it is hidden for a tick."""
+        held = self._election_held
+        return held if held is not None else self._SyncObj__raftElectionDeadline
 
     def _pre_vote_check_won(self) -> None:
         # pysyncobj's own count (syncobj.py:650, 1066): learners are among its nodes, so a round
@@ -201,8 +238,13 @@ class PreVote(_Host):
                 why = "standing for election at the leader's transfer"
             else:
                 self.elections_without_pre_vote += 1
-                why = ("standing for election without a pre-vote round"
-                       f" ({'pre-vote off' if not self._pre_vote_on else 'bootstrap: no configuration yet'})")
+                if not self._pre_vote_on:
+                    cause = "pre-vote off"
+                elif self._configs.current() is None:
+                    cause = "bootstrap: no configuration yet"
+                else:
+                    cause = "none won: a defect, RAFT.md Pre-vote"
+                why = f"standing for election without a pre-vote round ({cause})"
         else:
             why = "adopted"
         log.info("raft: term %d -> %d: %s", before, term, why)

@@ -288,7 +288,7 @@ class HardenedSyncObj(
         if not lost_s:
             return
         deadline = _ps.monotonicTime() + _ps.random.uniform(lost_s, 2 * lost_s)
-        if deadline < self._SyncObj__raftElectionDeadline:
+        if deadline < self.election_deadline():  # the one in effect, also while hidden for a tick
             self._SyncObj__raftElectionDeadline = deadline
 
     def _onTick(self, timeToWait=0.0):
@@ -297,14 +297,17 @@ class HardenedSyncObj(
     def _tick(self, timeToWait):
         self.follow_configuration()
         self.hold_election_if_not_voter()
-        self.hold_election_for_pre_vote()
-        self.show_counted_acks()
-        self._cap_commit_votes()
-        # A held-back commit notice bounds the poll wait, so it goes out on time.
-        due = self._commit_notify_at
-        if due is not None and timeToWait > 0:
-            timeToWait = max(0.0, min(timeToWait, due - _ps.monotonicTime()))
-        SyncObj._onTick(self, timeToWait)
+        held = self.hold_election_for_pre_vote()
+        try:
+            self.show_counted_acks()
+            self._cap_commit_votes()
+            # A held-back commit notice bounds the poll wait, so it goes out on time.
+            due = self._commit_notify_at
+            if due is not None and timeToWait > 0:
+                timeToWait = max(0.0, min(timeToWait, due - _ps.monotonicTime()))
+            SyncObj._onTick(self, timeToWait)
+        finally:
+            self.release_election_hold(held)
         if self._pending_acks:
             # A follower queued acks while handling appends in the poll that ends a tick:
             # sync and answer now, not after the next tick body (which applies entries
