@@ -213,6 +213,26 @@ def test_a_deadline_that_passes_during_the_tick_starts_a_round_not_an_election(m
     assert sorted(to for to, m in _sent(member, "pre_vote") if m["term"] == term + 1) == sorted([LEADER, OTHER])
 
 
+def test_a_restarted_member_does_not_stand_in_the_tick_that_loads_it(member, tmp_path):
+    """Its configuration (journal or snapshot) is known only once the first tick loaded it,
+    and pysyncobj's election check comes later in that tick: a deadline already passed there
+    (a slow start) must start a round at the next tick, not an election with no round."""
+    member.syncobj._SyncObj__setCurrentTerm(4, None)
+    member.close()
+    again = make_node(tmp_path)  # the same data dir: the journal holds the configuration
+    so = again.syncobj
+    assert so.raftCurrentTerm == 4 and not so._loaded()
+    for peer in (LEADER, OTHER):
+        so._SyncObj__transport._onNodeConnected(TCPNode(peer))
+    so._SyncObj__raftElectionDeadline = 0
+    again.tick(0)
+    assert so._loaded() and so.raftCurrentTerm == 4 and not _sent(again, "request_vote")
+    again.tick(0)
+    assert so.raftCurrentTerm == 4 and not _sent(again, "request_vote")
+    assert sorted(to for to, m in _sent(again, "pre_vote") if m["term"] == 5) == sorted([LEADER, OTHER])
+    again.close()
+
+
 def test_a_raised_term_names_the_message_that_raised_it(member, caplog):
     caplog.set_level("INFO", logger="coordinator.raft.terms")
     so = member.syncobj

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -90,9 +91,13 @@ class PreVote(_Host):
         if self._SyncObj__raftState == _ps._RAFT_STATE.LEADER:
             return None
         if not self._loaded():
-            # The snapshot loads in this very tick, before pysyncobj's election check: what this
-            # member may do is known only at the next.
-            return self._hide_election_deadline()
+            # The snapshot loads in this very tick, before pysyncobj's election check: what a
+            # member with a snapshot or a configuration in its journal may do is known only at
+            # the next. A new member with neither stands as the unanimous bootstrap does.
+            dump = self._SyncObj__conf.fullDumpFile
+            if self.config() is not None or (dump is not None and os.path.isfile(dump)):
+                return self._hide_election_deadline()
+            return None
         now = _ps.monotonicTime()
         due = self._SyncObj__raftElectionDeadline < now and self._SyncObj__connectedToAnyone()
         if self._SyncObj__transferInProgress:
