@@ -348,3 +348,30 @@ def test_the_run_records_a_fault_whose_own_check_failed(ok, at):
     step = run.run_fault(_SelfCheckingFault(ok, at), hold_s=0.0)
     assert step["info"]["ok"] is ok  # the info as it stands after heal
     assert run.errors == ([] if ok else [f"self_checking: its own check failed: {step['info']}"])
+
+
+def test_a_member_snapshot_above_4_mib_is_read_whole(tmp_path):
+    """The run's final comparison of replicas reads each member's snapshot: above the unary
+    Snapshot's 4 MiB (a full dedup table alone is ~4.7 MB) it failed, and the soak reported
+    "nodes never snapshotted at one applied index". 80 values of 64 KiB make ~5.1 MB."""
+    import grpc
+
+    from chaos.harness import ChaosCluster
+    from coordinator.api.v1 import fencing_pb2 as pb
+    from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
+    from coordinator.client import FencingClient
+    from coordinator.core import limits
+
+    with ChaosCluster(str(tmp_path / "cluster")) as c:
+        c.start_all()
+        with FencingClient(c.endpoints, timeout_s=10.0) as client:
+            lease = client.acquire("big", ttl_ms=60_000, holder="t")
+            for k in range(80):
+                client.write("big", f"k{k}", os.urandom(limits.VALUE_BYTES_MAX), token=lease.token)
+            with pytest.raises(grpc.RpcError, match="SnapshotStream"):  # what the unary one answers
+                pb_grpc.AdminStub(c.nodes[0].channel).Snapshot(pb.SnapshotRequest(local=True), timeout=10.0)
+            client.snapshot()  # a barrier: every member applies every write before the local reads
+        snaps = [wait_until(lambda n=n: (lambda s: s if s.index >= 82 else None)(n.snapshot(10.0, True)), 30,
+                            what="a local snapshot with every write") for n in c.nodes]
+    assert all(len(s.data) > 4 * 1024 * 1024 for s in snaps), [len(s.data) for s in snaps]
+    assert len({(s.index, s.data) for s in snaps}) == 1  # the replicas agree, at one index
