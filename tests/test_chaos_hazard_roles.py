@@ -135,14 +135,19 @@ def test_a_call_whose_attempts_failed_records_each_of_them(tmp_path):
     with InMemoryCluster() as cluster:
         with HistoryWriter(path) as writer:
             with make_client(cluster.endpoints) as client:
-                assert Recorder(client, writer, "c0").read("r0", "a")[0] == "ok"
+                recorder = Recorder(client, writer, "c0")
+                assert recorder.read("r0", "a")[0] == "ok"
+                lease = client.acquire("r0", ttl_ms=5000, holder="other")
+                assert recorder.acquire("r0", 5000, holder="c0")[0] == "refused"  # LeaseHeld, not retried
+                client.release("r0", token=lease.token)
             with make_client([dead], timeout_s=2.0) as client:
                 assert Recorder(client, writer, "c1").read("r0", "a")[0] == "refused"
     lines = [json.loads(line) for line in open(path, encoding="utf-8")]
-    assert [line["outcome"] for line in lines] == ["ok", "refused"]
+    assert [line["outcome"] for line in lines] == ["ok", "refused", "refused"]
     assert "attempts" not in lines[0]  # one attempt, and it answered
-    attempts = lines[1]["attempts"]
+    assert lines[1]["reason"] == "LEASE_HELD" and "attempts" not in lines[1]  # one attempt: its reason says it
+    attempts = lines[2]["attempts"]
     assert 2 <= len(attempts) <= 8, attempts
     assert all(f" on {dead}: " in a for a in attempts), attempts
     assert attempts[0].startswith("Read attempt 1 on ") and attempts[0].endswith("(retrying)"), attempts
-    assert len(read_history(path).ops) == 2  # still a history the checker reads
+    assert len(read_history(path).ops) == 3  # still a history the checker reads
