@@ -40,7 +40,7 @@ import time
 import grpc
 
 from chaos.history import HistoryWriter
-from chaos.workload import Recorder, make_client
+from chaos.workload import Recorder, attempt_log, make_client
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from coordinator.client import exceptions as exc_mod
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     counts: dict[str, dict] = {}
-    with HistoryWriter(args.out) as writer:
+    with HistoryWriter(args.out) as writer, attempt_log():
         def one(k: int) -> None:
             name = args.process if args.threads == 1 and not args.readers else f"{args.process}.{k}"
             rng = random.Random(args.seed * 1000 + k)

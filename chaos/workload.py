@@ -10,7 +10,9 @@ A call the client tried more than once records its failed attempts as ``attempts
 each, as the client logs it at DEBUG ("Write attempt 1 on A: OutcomeUnknown: ... (retrying)"),
 at most ``ATTEMPTS_RECORDED_MAX``, so a refusal that followed a maybe-applied attempt shows
 what that attempt met. A call that failed at its only attempt records none: its ``reason``
-says it all (in a soak, ~200,000 LeaseHeld answers would otherwise each repeat it).
+says it all (in a soak, ~200,000 LeaseHeld answers would otherwise each repeat it). Recorded
+only inside ``attempt_log()`` (a chaos client process: its whole life), which makes the client
+logger's DEBUG lines for it without changing what any other handler sees.
 
 Classification: a result -> ok; ``NotApplied`` (refusals, Unavailable, Overloaded, invalid) ->
 refused (the client promises nothing was applied); ``OutcomeUnknown`` and anything else -> unknown.
@@ -32,6 +34,7 @@ and wrote; it then writes with the old token and prints ``WRITE outcome reason``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -40,6 +43,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, Callable
 
 from chaos.history import HistoryWriter
@@ -75,17 +79,43 @@ class _AttemptLog(logging.Handler):
 _attempt_log = _AttemptLog()
 
 
-def _install_attempt_log() -> None:
-    """Once per process: the client logger passes DEBUG records to the attempt log only (its
-    own handlers, and the root's, keep the levels they had)."""
+class _PassOn(logging.Handler):
+    """Passes a client record on to its parent loggers as if the attempt log were not there:
+    only at or above the level the client logger had (NOTSET: its parent's level, read at
+    each record), so the DEBUG lines it now makes for the attempt log reach no other handler."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__(logging.DEBUG)
+        self.logger, self.level_before = logger, logger.level
+
+    def emit(self, record: logging.LogRecord) -> None:
+        parent = self.logger.parent
+        if parent is None:
+            return
+        threshold = self.level_before or parent.getEffectiveLevel()
+        if record.levelno >= threshold:
+            parent.handle(record)
+
+
+@contextlib.contextmanager
+def attempt_log() -> Iterator[None]:
+    """While inside, the client logger makes DEBUG records for the attempt log and passes on
+    to its parents only what it passed before: no other logger's or handler's level changes.
+    A chaos client process is inside for its whole life; a test only for its own calls."""
     logger = logging.getLogger("coordinator.client")
-    if _attempt_log in logger.handlers:
-        return
-    for handler in logging.getLogger().handlers:
-        if handler.level == logging.NOTSET:
-            handler.setLevel(logging.WARNING)  # the client's debug lines go to the history only
+    before = logger.level, logger.propagate
+    pass_on = _PassOn(logger)
+    logger.addHandler(pass_on)
     logger.addHandler(_attempt_log)
+    logger.propagate = False  # pass_on propagates instead, filtered
     logger.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        logger.removeHandler(_attempt_log)
+        logger.removeHandler(pass_on)
+        logger.setLevel(before[0])
+        logger.propagate = before[1]
 
 
 def _reason(error: BaseException) -> str:
@@ -101,7 +131,6 @@ class Recorder:
         self.writer = writer
         self.process = process
         self.counts: dict[str, int] = {}
-        _install_attempt_log()
 
     def _record(self, rec: dict[str, Any], after: Callable[[], dict] | None = None) -> None:
         attempts = _attempt_log.take()
@@ -381,12 +410,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"process": args.process, "watch_events": seen}), flush=True)
         return 0
     if args.gc_pause:
-        return run_gc_pause(args.process, endpoints, args.out, args.resource, args.ttl_ms, args.unfenced)
+        with attempt_log():
+            return run_gc_pause(args.process, endpoints, args.out, args.resource, args.ttl_ms, args.unfenced)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    counts = run_client(args.process, endpoints, args.out, args.resources.split(","), args.seed, stop,
-                        ttl_ms=args.ttl_ms)
+    with attempt_log():
+        counts = run_client(args.process, endpoints, args.out, args.resources.split(","), args.seed, stop,
+                            ttl_ms=args.ttl_ms)
     print(json.dumps({"process": args.process, "counts": counts}), flush=True)
     return 0
 

@@ -7,6 +7,7 @@ checker, which counts what was exercised."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 import threading
 
@@ -15,7 +16,7 @@ import pytest
 from chaos import check as chk
 from chaos import hazards as H
 from chaos.history import HistoryWriter, read_history
-from chaos.workload import Recorder, make_client
+from chaos.workload import Recorder, _attempt_log, attempt_log, make_client
 from testsupport.inmemory import InMemoryCluster
 from testsupport.supervisor import wait_until
 
@@ -132,7 +133,7 @@ def test_a_call_whose_attempts_failed_records_each_of_them(tmp_path):
     refused after a maybe-applied attempt would have said what that attempt met."""
     dead = "127.0.0.1:1"  # nothing listens there: every attempt on it fails at once
     path = str(tmp_path / "h.jsonl")
-    with InMemoryCluster() as cluster:
+    with InMemoryCluster() as cluster, attempt_log():
         with HistoryWriter(path) as writer:
             with make_client(cluster.endpoints) as client:
                 recorder = Recorder(client, writer, "c0")
@@ -151,3 +152,25 @@ def test_a_call_whose_attempts_failed_records_each_of_them(tmp_path):
     assert all(f" on {dead}: " in a for a in attempts), attempts
     assert attempts[0].startswith("Read attempt 1 on ") and attempts[0].endswith("(retrying)"), attempts
     assert len(read_history(path).ops) == 3  # still a history the checker reads
+
+
+def test_the_attempt_log_changes_no_other_handler_and_undoes_itself(tmp_path, caplog):
+    """Inside ``attempt_log`` the client's DEBUG lines reach the attempt log only, its INFO and
+    above reach the root's handlers as before; outside, the client logger is as it was (a test
+    process that records calls must not change how every later test logs)."""
+    caplog.set_level(logging.INFO)
+    client_log = logging.getLogger("coordinator.client")
+    root_levels = [h.level for h in logging.getLogger().handlers]
+    before = client_log.level, client_log.propagate, list(client_log.handlers)
+    with attempt_log():
+        _attempt_log.start()
+        client_log.debug("Read attempt 1 on x: Unavailable (retrying)")
+        client_log.warning("a warning for everyone")
+        assert _attempt_log.take() == ["Read attempt 1 on x: Unavailable (retrying)"]
+    assert [r.getMessage() for r in caplog.records] == ["a warning for everyone"]
+    assert (client_log.level, client_log.propagate, list(client_log.handlers)) == before
+    assert [h.level for h in logging.getLogger().handlers] == root_levels
+    _attempt_log.start()
+    client_log.warning("after")
+    assert _attempt_log.take() == []  # outside: nothing collected
+    assert [r.getMessage() for r in caplog.records][-1] == "after"

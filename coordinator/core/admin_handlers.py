@@ -137,11 +137,12 @@ class AdminHandlers(MachineBase):
         parts.epoch, parts.log_clock_ms = new_epoch, self._log_clock_ms
         parts.staged = None
         parts.cluster_level = self._cluster_level  # the members' builds did not change
-        if self._cluster_level < commands.LEVEL_RESTORE_KEEPS_DEDUP:
-            parts.dedup = collections.OrderedDict()
-            self._install(parts)
-        else:
-            self._install(parts, keep_dedup=True)
+        # From level 4 the dedup table stays as it is (I11, DESIGN §8); below it, it is emptied
+        # as older builds do, so replicas of mixed builds apply this COMMIT alike. The backup's
+        # own entries are never loaded.
+        keep = self._cluster_level >= commands.LEVEL_RESTORE_KEEPS_DEDUP
+        parts.dedup = collections.OrderedDict()
+        self._install(parts, keep_dedup=keep)
         self._note(ChangeKind.RESET, "")
         return Applied(op=op, result=RestoreResult(epoch=new_epoch, resources=len(parts.resources)))
 

@@ -76,7 +76,7 @@ class PreVote(_Host):
 
     # -- asking ---------------------------------------------------------------------
 
-    def hold_election_for_pre_vote(self) -> float | None:
+    def hold_election_for_pre_vote(self) -> None:
         """Before pysyncobj's tick: where it would stand for election now, run a pre-vote round
         instead (its timer moves on a whole election timeout), unless a round was just won.
 
@@ -84,20 +84,20 @@ class PreVote(_Host):
         a deadline still ahead here may pass before that, and it stood with no round (seen in
         the soak: a partitioned follower raised its term, and back in touch deposed the
         leader). So where this member may not stand, the deadline is hidden from that check
-        for this tick (returned here; ``release_election_hold`` puts it back after the tick)
+        for this tick (kept in ``_election_held``; ``release_election_hold`` puts it back after the tick)
         and a deadline that passes meanwhile starts a round at the next tick."""
         if not self._pre_vote_on or self._SyncObj__selfNode is None:
-            return None
+            return
         if self._SyncObj__raftState == _ps._RAFT_STATE.LEADER:
-            return None
+            return
         if not self._loaded():
             # The snapshot loads in this very tick, before pysyncobj's election check: what a
             # member with a snapshot or a configuration in its journal may do is known only at
             # the next. A new member with neither stands as the unanimous bootstrap does.
             dump = self._SyncObj__conf.fullDumpFile
             if self.config() is not None or (dump is not None and os.path.isfile(dump)):
-                return self._hide_election_deadline()
-            return None
+                self._hide_election_deadline()
+            return
         now = _ps.monotonicTime()
         due = self._SyncObj__raftElectionDeadline < now and self._SyncObj__connectedToAnyone()
         if self._SyncObj__transferInProgress:
@@ -106,17 +106,17 @@ class PreVote(_Host):
             # flag before the vote requests go out, so the term is kept for outgoing_fields.
             if due:
                 self._transfer_term = self.raftCurrentTerm + 1
-            return None
+            return
         if not self.is_voter() or self.config() is None:
             # Not a voter: hold_election_if_not_voter holds it. No configuration: the unanimous
             # bootstrap counts real votes of every initial member (member_gate.py).
-            return None
+            return
         term = self.raftCurrentTerm + 1
         if self._pre_vote_won == term:
-            return None  # won: pysyncobj stands in this very tick
+            return  # won: pysyncobj stands in this very tick
         if due:
             self._start_pre_vote_round(term, now)
-        return self._hide_election_deadline()
+        self._hide_election_deadline()
 
     def _start_pre_vote_round(self, term: int, now: float) -> None:
         self._pre_vote_term = term
@@ -134,17 +134,15 @@ class PreVote(_Host):
             self._SyncObj__transport.send(node, request)
         self._pre_vote_check_won()
 
-    def _hide_election_deadline(self) -> float:
-        held = self._SyncObj__raftElectionDeadline
+    def _hide_election_deadline(self) -> None:
+        self._election_held = self._SyncObj__raftElectionDeadline
         self._SyncObj__raftElectionDeadline = math.inf
-        self._election_held = held
-        return held
 
-    def release_election_hold(self, held: float | None) -> None:
+    def release_election_hold(self) -> None:
         """After pysyncobj's tick: the deadline ``hold_election_for_pre_vote`` hid is back,
         unless the tick set another (a leader's append, a vote granted, a won round, a closed
         leader connection: each a newer decision)."""
-        self._election_held = None
+        held, self._election_held = self._election_held, None
         if held is not None and self._SyncObj__raftElectionDeadline == math.inf:
             self._SyncObj__raftElectionDeadline = held
 
@@ -219,7 +217,9 @@ class PreVote(_Host):
 
     @contextlib.contextmanager
     def handling(self, node, message: dict) -> Iterator[None]:
-        """Around the handling of ``message``: a term it raises names its cause."""
+        """Around the handling of ``message``: a term it raises names its cause. (Every Raft
+        message sets ``_handling`` itself, in HardenedSyncObj's try/finally: no generator
+        per message on the write path.)"""
         self._handling = (str(message.get("type", "?")), getattr(node, "address", str(node)))
         try:
             yield

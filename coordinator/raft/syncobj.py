@@ -297,7 +297,7 @@ class HardenedSyncObj(
     def _tick(self, timeToWait):
         self.follow_configuration()
         self.hold_election_if_not_voter()
-        held = self.hold_election_for_pre_vote()
+        self.hold_election_for_pre_vote()
         try:
             self.show_counted_acks()
             self._cap_commit_votes()
@@ -307,7 +307,7 @@ class HardenedSyncObj(
                 timeToWait = max(0.0, min(timeToWait, due - _ps.monotonicTime()))
             SyncObj._onTick(self, timeToWait)
         finally:
-            self.release_election_hold(held)
+            self.release_election_hold()
         if self._pending_acks:
             # A follower queued acks while handling appends in the poll that ends a tick:
             # sync and answer now, not after the next tick body (which applies entries
@@ -354,10 +354,12 @@ class HardenedSyncObj(
             # A rejected append: resend from the new nextIndex at the next tick, not
             # at the next heartbeat (pysyncobj waits for one, syncobj.py:1077-1078).
             self._append_pending = True
+        # A term this message raises names it as its cause (pre_vote.note_term_raised).
+        self._handling = (str(kind), getattr(node, "address", str(node)))
         try:
-            with self.handling(node, message):
-                SyncObj._SyncObj__onMessageReceived(self, node, message)
+            SyncObj._SyncObj__onMessageReceived(self, node, message)
         finally:
+            self._handling = None
             self._conflict_hint = None
             self._echo_now = None
         if kind == "next_node_idx":
