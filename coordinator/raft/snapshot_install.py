@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import TYPE_CHECKING
 
 import pysyncobj.syncobj as _ps
@@ -150,7 +151,17 @@ class SnapshotInstall(_Host):
             # Stock code clears the whole journal when its head is older than the
             # dump (syncobj.py:1489-1495), dropping acknowledged entries.
             clearJournal = False
+        started = time.monotonic()
         loaded = SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+        # One line per load (a start, or a snapshot the leader sent: bounded by the leader's
+        # sends, which only a configured member makes): what a restart or catch-up spent here.
+        # (A load that failed was reported where it failed: it applied nothing.)
+        if self.raftLastApplied == index:
+            log.info(
+                "raft: loaded %s at index %d (%.1f MiB) in %.2f s",
+                "the leader's snapshot" if installing else "the snapshot", index,
+                _file_size(path) / 2**20, time.monotonic() - started,
+            )
         # The election timer restarts once the state is loaded. Installing: it started when the
         # leader's message arrived (syncobj.py:952), and a follower that spent the restore on
         # the leader's own snapshot must not then depose it. Starting: pysyncobj set it in
@@ -170,3 +181,10 @@ class SnapshotInstall(_Host):
         if pos > 1:
             log_.deleteEntriesTo(pos - 1)  # head becomes [prev, last] of the snapshot
         return True
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
