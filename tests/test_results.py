@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from coordinator.core import commands as cmds
 from coordinator.core.commands import Op
-from coordinator.core.outcomes import Applied, outcome_from_wire, outcome_to_wire
+from coordinator.core.outcomes import Applied, Reason, Rejected, check_applied_wire, outcome_from_wire, outcome_to_wire
 from coordinator.core.results import (
     RESULT_TYPES,
     AcquireResult,
@@ -26,6 +26,7 @@ from coordinator.core.results import (
     ReadResult,
     Result,
     WriteResult,
+    check_result_map,
     expect,
     result_from_map,
 )
@@ -136,6 +137,45 @@ def test_from_map_refuses_a_wrongly_typed_field(kind, data):
                     assert kind.from_map(changed).to_map() == changed
                 except ValueError:
                     pass
+
+
+def _verdict(fn, *args) -> str:
+    """"ok", or the ValueError's message: two checks agree when they give the same."""
+    try:
+        fn(*args)
+    except ValueError:
+        return "refused"
+    return "ok"
+
+
+def _variants(m: dict) -> list[object]:
+    """``m`` and maps near it: each field dropped, retyped, and one field added."""
+    out: list[object] = [m, {**m, "extra": 1}, None, [], {1: 2}]
+    for key in m:
+        out.append({k: v for k, v in m.items() if k != key})
+        out.extend({**m, key: wrong} for wrong in _WRONG)
+    return out
+
+
+@pytest.mark.parametrize("op, kind", PAIRS, ids=lambda x: getattr(x, "__name__", None) or getattr(x, "name", x))
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_checking_a_result_map_refuses_exactly_what_reading_it_refuses(op, kind, data):
+    """A restore checks stored results without building them (check_result_map,
+    check_applied_wire): it must refuse every map reading one refuses, and no other."""
+    for m in _variants(data.draw(STRATEGIES[kind]).to_map()):
+        assert _verdict(check_result_map, op, m) == _verdict(result_from_map, op, m), m
+        for wire in ([1, int(op), m], [1, int(op), m, 0], [2, int(op), m], [True, int(op), m]):
+            def read_as_applied(w=wire):
+                outcome = outcome_from_wire(w)
+                if not (isinstance(outcome, Applied) and outcome.op is op):
+                    raise ValueError("not an Applied of this op")
+            assert _verdict(check_applied_wire, wire, op) == _verdict(read_as_applied), wire
+    other = next(o for o in Op if o is not op)
+    with pytest.raises(ValueError):
+        check_applied_wire([1, int(other), data.draw(STRATEGIES[kind]).to_map()], op)
+    with pytest.raises(ValueError):
+        check_applied_wire(outcome_to_wire(Rejected(op=op, reason=Reason.MALFORMED, message="m")), op)
 
 
 @pytest.mark.parametrize("m", [

@@ -14,7 +14,7 @@ from typing import Any
 
 from coordinator.core.changes import Change
 from coordinator.core.commands import Op
-from coordinator.core.results import RESULT_TYPES, Result, result_from_map
+from coordinator.core.results import RESULT_TYPES, Result, check_result_map, result_from_map
 from coordinator.core.validation import is_int
 
 
@@ -134,6 +134,21 @@ def outcome_from_wire(wire: list[Any]) -> Outcome:
             details=dict(details),
         )
     raise ValueError(f"unknown outcome tag {tag!r}")
+
+
+def check_applied_wire(wire: object, op: Op) -> None:
+    """A ValueError wherever ``outcome_from_wire(wire)`` raises one or gives anything but an
+    ``Applied`` of ``op``, without building it (a restore checks up to DEDUP_ENTRIES_MAX
+    stored outcomes on the Raft thread: ``results.check_result_map``)."""
+    if not isinstance(wire, (list, tuple)) or len(wire) != 3 or not is_int(wire[0]) or wire[0] != _WIRE_APPLIED:
+        raise ValueError("an applied outcome must be [1, op, result]")
+    stored_op = wire[1]
+    if not is_int(stored_op) or stored_op != op:
+        raise ValueError(f"the outcome is of op {stored_op!r}, not {op.name}")
+    result = wire[2]
+    if not isinstance(result, dict) or not all(isinstance(k, str) for k in result):
+        raise ValueError("applied outcome result must be a map with string keys")
+    check_result_map(op, result)
 
 
 def _op_from_wire(op: object) -> Op:

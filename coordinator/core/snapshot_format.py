@@ -21,7 +21,7 @@ import msgpack
 
 from coordinator.core import limits, validation
 from coordinator.core.commands import Op
-from coordinator.core.outcomes import Applied, is_flat_map, outcome_from_wire, outcome_to_wire
+from coordinator.core.outcomes import check_applied_wire, is_flat_map, outcome_from_wire, outcome_to_wire
 from coordinator.core.state import (
     NO_WAITERS,
     DedupEntry,
@@ -94,6 +94,8 @@ def parse_snapshot(data: object, counts: Counts | None) -> Parts:
         reader.feed(view[offset : offset + limits.BACKUP_CHUNK_BYTES])
     return reader.finish(counts)
 
+
+_OPS: dict[Any, Op] = Op._value2member_map_  # type: ignore[assignment]  # number -> Op, no Enum call
 
 # The checks below run for every key and dedup entry of a snapshot (restore stalls the Raft
 # thread): their messages are formatted only when a check fails.
@@ -418,22 +420,27 @@ def _read_dedup(
     op_id = _need_field(validation.check_op_id, op_id, "a dedup op_id")
     _need(op_id not in seen_op_ids, "dedup op_ids must be unique")
     seen_op_ids.add(op_id)
-    _need(is_int(op) and op in Op._value2member_map_, "unknown dedup op %r", op)
+    known_op = _OPS.get(op) if is_int(op) else None
+    if known_op is None:
+        raise ValueError(f"bad snapshot: unknown dedup op {op!r}")
     # Every op that carries an op_id acts on one resource. Most name a resource already
     # checked above (or in an earlier entry): checked once, as restore stalls the Raft thread.
     if not (isinstance(resource, str) and resource in checked_names):
         resource = _need_field(validation.check_resource, resource, "dedup resource")
         checked_names.add(resource)
+    op = known_op
     try:
-        outcome = outcome_from_wire(wire)
+        # Checked without building the outcome (most of the time a restore took, for a full
+        # table): an entry is rebuilt only when a retry asks for it (DedupEntry.outcome).
+        check_applied_wire(wire, op)
     except ValueError as exc:
         raise ValueError(f"bad snapshot: dedup outcome: {exc}") from exc
-    _need(isinstance(outcome, Applied) and outcome.op == op, "dedup outcome must be Applied")
     result = wire[2]
     # A result is a flat map (the handlers make no nested ones): packable as stored.
     _need(is_flat_map(result), "dedup result must be a flat map")
     if keep and list(result) != sorted(result):
-        wire = outcome_to_wire(outcome)  # not canonical (a hand-made backup): re-encoded
+        # Not canonical (a hand-made document): re-encoded, so equal states pack equal bytes.
+        wire = outcome_to_wire(outcome_from_wire(wire))
     # (Canonical as read otherwise: not converted again, as restore time is a stall too.)
     applied_at_ms = _need_int(applied_at_ms, previous_at, log_clock_ms, "dedup applied_at_ms")
     first_index = _need_int(first_index, 0, limits.RAFT_INDEX_MAX, "dedup index")
@@ -442,7 +449,7 @@ def _read_dedup(
         # "": the anonymous principal (a command charged to nobody).
         known = "" if principal == "" else _need_field(validation.check_principal, principal, "dedup principal")
         principals[principal] = known = shared(known)
-    return op_id, outcome.op, resource, wire, applied_at_ms, first_index, known
+    return op_id, op, resource, wire, applied_at_ms, first_index, known
 
 
 def _read_staged(raw: Any, log_clock_ms: int) -> StagedRestore | None:
