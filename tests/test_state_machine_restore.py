@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from coordinator.core import commands as c
-from coordinator.core import limits, validation
+from coordinator.core import limits, snapshot_format, validation
 from coordinator.core.commands import MalformedCommand, Op
 from coordinator.core.results import Result
 from coordinator.core.state_machine import Applied, FencingStateMachine, Reason, Rejected, UnappliableEntry
@@ -275,6 +275,58 @@ def test_a_backup_past_a_live_bound_is_refused_and_changes_nothing(name):
         sm.check_backup(data)  # what the gRPC layer runs before proposing
     with pytest.raises(ValueError, match="bad snapshot"):
         FencingStateMachine().restore(data)  # a snapshot file is held to the same bounds
+
+
+def _many_entries_doc() -> bytes:
+    sm = FencingStateMachine()
+    applied(sm.execute(c.acquire(resource=R, holder="A", ttl_ms=10_000, op_id=op(0), stamp_ms=100)))
+    for n in range(1, 300):
+        applied(sm.execute(c.write(resource=R, key=f"k{n % 5}", value=b"v" * (n % 40), token=1, op_id=op(n),
+                                   stamp_ms=100 + n)))
+    return sm.snapshot()
+
+
+_MANY = _many_entries_doc()
+_DEDUP_AT = _MANY.index(op(150))  # an op_id in the middle of the dedup array
+SPLIT_DOCUMENTS = {
+    "whole": _MANY,
+    "a byte msgpack never uses, mid-table": _MANY[:_DEDUP_AT - 2] + b"\xc1" + _MANY[_DEDUP_AT - 1:],
+    "an entry repeated, mid-table": _MANY.replace(op(151), op(150)),
+    "cut short mid-table": _MANY[:_DEDUP_AT + 5],
+    **{name: data for name, data in OUT_OF_BOUNDS_BACKUPS.items() if name.startswith("dedup")},
+}
+
+
+def _verdict_of(feeds) -> object:
+    reader = snapshot_format.SnapshotReader(sum(len(f) for f in feeds))
+    for feed in feeds:
+        reader.feed(feed)
+    try:
+        parts = reader.finish(None)
+    except ValueError as exc:
+        return str(exc)
+    return (parts.epoch, parts.log_clock_ms, sorted(parts.resources), [e.packed for e in parts.dedup.values()])
+
+
+@pytest.mark.parametrize("name", sorted(SPLIT_DOCUMENTS))
+@settings(max_examples=25, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=0, max_value=len(_MANY)), max_size=12))
+def test_a_snapshot_read_in_pieces_gives_what_it_gives_whole(name, cuts):
+    """The reader takes dedup entries in batches of what has arrived: however the bytes are
+    split (a staged backup's chunks, a file read whole), the parts or the refusal, message and
+    all, are the same, so every replica reaches the same verdict on a backup's chunks."""
+    data = SPLIT_DOCUMENTS[name]
+    whole = _verdict_of([data])
+    points = sorted({min(cut, len(data)) for cut in cuts})
+    pieces = [data[a:b] for a, b in pairwise([0, *points, len(data)])]
+    assert _verdict_of(pieces) == whole
+    low, high = _DEDUP_AT - 40, min(len(data), _DEDUP_AT + 40)
+    byte_by_byte_mid_table = [data[:low], *(data[i:i + 1] for i in range(low, high)), data[high:]]
+    assert _verdict_of(byte_by_byte_mid_table) == whole
+    if name == "whole":
+        assert isinstance(whole, tuple) and len(whole[3]) == 300
+    else:
+        assert isinstance(whole, str) and "snapshot" in whole, whole
 
 
 def test_a_backup_with_more_than_the_configured_counts_is_refused():

@@ -136,19 +136,25 @@ def outcome_from_wire(wire: list[Any]) -> Outcome:
     raise ValueError(f"unknown outcome tag {tag!r}")
 
 
-def check_applied_wire(wire: object, op: Op) -> None:
-    """A ValueError wherever ``outcome_from_wire(wire)`` raises one or gives anything but an
-    ``Applied`` of ``op``, without building it (a restore checks up to DEDUP_ENTRIES_MAX
-    stored outcomes on the Raft thread: ``results.check_result_map``)."""
-    if not isinstance(wire, (list, tuple)) or len(wire) != 3 or not is_int(wire[0]) or wire[0] != _WIRE_APPLIED:
+def check_stored_wire(wire: object, op: Op) -> None:
+    """A ValueError unless ``outcome_from_wire(wire)`` reads an ``Applied`` of ``op`` whose
+    result map is flat (what a dedup entry stores: the handlers make no nested results), found
+    without building it (a restore checks up to DEDUP_ENTRIES_MAX stored outcomes on the Raft
+    thread: ``results.check_result_map``)."""
+    # (``type(x) is int or is_int(x)`` is ``is_int(x)``, its common case first.)
+    if not isinstance(wire, (list, tuple)) or len(wire) != 3:
         raise ValueError("an applied outcome must be [1, op, result]")
-    stored_op = wire[1]
-    if not is_int(stored_op) or stored_op != op:
+    tag, stored_op, result = wire
+    if not (type(tag) is int or is_int(tag)) or tag != _WIRE_APPLIED:
+        raise ValueError("an applied outcome must be [1, op, result]")
+    if not (type(stored_op) is int or is_int(stored_op)) or stored_op != op:
         raise ValueError(f"the outcome is of op {stored_op!r}, not {op.name}")
-    result = wire[2]
-    if not isinstance(result, dict) or not all(isinstance(k, str) for k in result):
+    if not isinstance(result, dict):
         raise ValueError("applied outcome result must be a map with string keys")
-    check_result_map(op, result)
+    # A map check_result_map passes has only field names for keys, and where it says so
+    # (most ops), only flat values.
+    if not check_result_map(op, result) and not is_flat_map(result):
+        raise ValueError("a stored result must be a flat map")
 
 
 def _op_from_wire(op: object) -> Op:

@@ -354,17 +354,31 @@ def _built_by_fields_alone(cls: type[Result]) -> bool:
 _CHECKED_BY_FIELDS: dict[Op, type[Result]] = {
     op: kinds[0] for op, kinds in RESULT_TYPES.items() if len(kinds) == 1 and _built_by_fields_alone(kinds[0])
 }
+# (op, a map's keys in order) -> the exact type of each value, in that order, for such an op:
+# its map with those keys is valid exactly when its values have these types (``_checked``
+# checks each field's exact type, and every field of these types is flat). Only shapes that
+# passed ``_checked`` are kept: at most every ordering of every subset of a type's fields, so
+# no document can grow it.
+_SHAPES: dict[tuple[Op, tuple[str, ...]], tuple[type, ...]] = {}
 
 
-def check_result_map(op: Op, m: object) -> None:
+def check_result_map(op: Op, m: object) -> bool:
     """A ValueError wherever ``result_from_map(op, m)`` raises one, without building the
     result where its fields alone decide: a restore checks up to DEDUP_ENTRIES_MAX stored
-    results on the Raft thread, and building each was most of the time it took."""
+    results on the Raft thread, and building each was most of the time it took. True when
+    the check also showed the map flat (no map or list among its values)."""
     kind = _CHECKED_BY_FIELDS.get(op)
     if kind is None:
         result_from_map(op, m)
-    else:
-        _checked(kind, m)
+        return False
+    if type(m) is dict:
+        types = _SHAPES.get((op, tuple(m)))
+        if types is not None and tuple(map(type, m.values())) == types:
+            return True  # a shape checked before, and every value of its type
+    _checked(kind, m)
+    assert isinstance(m, dict)  # _checked refused anything else
+    _SHAPES[(op, tuple(m))] = tuple(map(type, m.values()))
+    return True
 
 
 R = TypeVar("R", bound=Result)
