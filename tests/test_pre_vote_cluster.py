@@ -73,6 +73,7 @@ def _run_case(c: ChaosCluster, inject, heal, name: str, cut_s: float = CUT_S) ->
     everyone = range(len(c.nodes))
     leader, terms = _leader_and_terms(c, everyone)
     follower = next(i for i in everyone if i != leader)
+    unwon = {i: c.metric(i, "fencing_raft_elections_without_pre_vote_total") for i in everyone}
     client = FencingClient(c.endpoints, timeout_s=10.0)
     try:
         inject(leader, follower)
@@ -87,6 +88,8 @@ def _run_case(c: ChaosCluster, inject, heal, name: str, cut_s: float = CUT_S) ->
     assert c.wait_leader() == leader, "the leadership moved"
     after = {i: c.raft_term(i) for i in everyone}
     assert after == terms, f"terms moved: {terms} -> {after}"
+    # Exported, and no member stood without a won round (the race RAFT.md "Pre-vote" names).
+    assert {i: c.metric(i, "fencing_raft_elections_without_pre_vote_total") for i in everyone} == unwon
     return leader, follower
 
 

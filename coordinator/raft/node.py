@@ -475,6 +475,7 @@ class RaftNode:
             "pre_votes_won": so.pre_votes_won,
             "pre_votes_refused": so.pre_votes_refused,
             "term_notices_adopted": so.term_notices_adopted,
+            "elections_without_pre_vote": so.elections_without_pre_vote,
             **self._snapshot_status(),
             **so.membership_status(),
         }

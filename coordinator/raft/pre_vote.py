@@ -72,7 +72,7 @@ class PreVote(_Host):
         self.term_notices_adopted = 0  # later terms learned from a member's answer to an append
         self._handling: tuple[str, str] | None = None  # (message type, sender) being handled
         self._election_held: float | None = None  # the deadline hidden from pysyncobj this tick
-        self.elections_without_pre_vote = 0  # stood with no won round (bootstrap, transfer, pre-vote off)
+        self.elections_without_pre_vote = 0  # stood with no won round: bootstrap, pre-vote off, or a defect
 
     # -- asking ---------------------------------------------------------------------
 

@@ -363,6 +363,9 @@ class _MemberCollector:
         ("pre_votes_refused", "fencing_raft_pre_votes_refused",
          "Pre-vote requests this member answered with no (it heard a live leader, led, or the "
          "asker's term or log was behind)"),
+        ("elections_without_pre_vote", "fencing_raft_elections_without_pre_vote",
+         "Elections this member stood in with no pre-vote round won: the unanimous bootstrap, or "
+         "pre-vote turned off; otherwise a defect (RAFT.md \"Pre-vote\"; its term line says why)"),
         ("term_notices_adopted", "fencing_raft_term_notices_adopted",
          "Later terms this member adopted from a member's answer to its append (it led or followed "
          "a term behind that member: RAFT.md \"Pre-vote\"; should stay rare)"),
