@@ -67,3 +67,30 @@ def test_fenced_store_refuses_the_stale_write(cluster, owner, tmp_path):
         lines = f.read()
     assert f'"reason":"{R.STALE_TOKEN}"' in lines and '"outcome":"refused"' in lines
     assert os.path.getsize(tmp_path / "owner.jsonl") > 0
+
+
+def test_an_operator_fencing_everything_before_the_owners_write_is_not_a_failure(cluster, owner, tmp_path):
+    """The soak's operator fences every resource now and then (I11). Landing between the new
+    owner's acquire and its write, it fenced the owner as well (soak, seed 839349636: gc4's owner
+    wrote with token 114554 and got STALE_TOKEN after an epoch floor at the next index): the
+    owner acquires again, and the schedule still shows the stale write refused."""
+    fenced = []
+
+    class FencedOnce:
+        """The owner's recorder, with an operator's fence-all landing before its first write."""
+
+        def __getattr__(self, name):
+            return getattr(owner, name)
+
+        def write(self, *args, **kwargs):
+            if not fenced:
+                epoch = int(owner.client.status().epoch)
+                fenced.append(owner.client.set_epoch_floor(epoch + 10, fence_all=True).epoch)
+            return owner.write(*args, **kwargs)
+
+    result = gc_pause_schedule(cluster, FencedOnce(), "demo-refenced", str(tmp_path / "victim.jsonl"))
+    assert fenced and result["owner_refenced"] == 1
+    assert result["owner_token"] > fenced[0] > result["victim_token"]  # acquired again, above the floor
+    assert result["owner_write"] == "ok"
+    assert result["victim_write"] == "refused" and result["victim_reason"] == R.STALE_TOKEN
+    assert result["final_value"] == result["owner_value"]
