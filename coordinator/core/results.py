@@ -345,9 +345,13 @@ def result_from_map(op: Op, m: object) -> Result:
 
 
 def _built_by_fields_alone(cls: type[Result]) -> bool:
-    """Whether ``cls.from_map`` is the inherited one and nothing checks fields together: then
-    ``_checked`` passing is ``from_map`` passing."""
-    return cls.__dict__.get("from_map") is None and not hasattr(cls, "__post_init__")
+    """Whether ``cls.from_map`` is the inherited one, nothing checks fields together and every
+    field is flat: then ``_checked`` passing is ``from_map`` passing, and the map is flat."""
+    return (
+        cls.__dict__.get("from_map") is None
+        and not hasattr(cls, "__post_init__")
+        and all(kind is not None for _, kind, _ in _spec(cls).fields)
+    )
 
 
 # The ops whose one result type ``check_result_map`` checks without building it.
