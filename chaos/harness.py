@@ -15,6 +15,7 @@ reachable by clients (exercising NO_LEADER and forwarding paths).
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import email.utils
 import hashlib
 import http.client
@@ -28,7 +29,7 @@ from chaos.small_fs import SmallFs
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
 from testsupport.grpc_cluster import GrpcCluster, GrpcNode
-from testsupport.supervisor import DEFAULT_HOSTS, child_env, pick_ports
+from testsupport.supervisor import DEFAULT_HOSTS, child_env, pick_ports, wait_until
 
 HOSTS = DEFAULT_HOSTS
 # Overridable so two runs on one machine (a soak beside CI) never delete each other's
@@ -105,6 +106,26 @@ class Node(GrpcNode):
         if len(data) != first.size or hashlib.sha256(data).digest() != first.sha256:
             raise RuntimeError(f"{self.api_address}: SnapshotStream bytes differ from the size and sha256 it named")
         return pb.SnapshotResponse(header=first.header, data=data, epoch=first.epoch, index=first.index)
+
+
+def local_snapshots_at_one_index(nodes, timeout_s: float, min_index: int = 0) -> tuple[list, int]:
+    """Every member's local snapshot, taken side by side until all name one applied index
+    (at least ``min_index``), and the number of rounds that took. A follower applies the
+    leader's last entry only when a later message carries the commit index, so one round
+    can find the leader an entry ahead; comparing replicas' bytes means nothing until the
+    indices agree. Raises TimeoutError when they never do."""
+    rounds = 0
+
+    def one_round():
+        nonlocal rounds
+        rounds += 1
+        with concurrent.futures.ThreadPoolExecutor(len(nodes)) as pool:
+            snaps = list(pool.map(lambda n: n.snapshot(5.0, True), nodes))
+        indices = {s.index for s in snaps}
+        return snaps if len(indices) == 1 and min(indices) >= min_index else None
+
+    snaps = wait_until(one_round, timeout_s, interval_s=0.2, what="local snapshots at one applied index")
+    return snaps, rounds
 
 
 # Steps a member's wall clock from a file (time.time and time_ns; see that file for why not

@@ -22,7 +22,6 @@ convergence time (heal -> converged as above) and settle time (``settled_s``).
 
 from __future__ import annotations
 
-import concurrent.futures
 import glob
 import hashlib
 import json
@@ -41,7 +40,7 @@ from chaos import disk_clock_faults as DC
 from chaos import exhaustion_faults as EF
 from chaos import faults as F
 from chaos import membership_faults as MF
-from chaos.harness import ChaosCluster, network_teardown
+from chaos.harness import ChaosCluster, local_snapshots_at_one_index, network_teardown
 from chaos.hazards import quiet_resource
 from chaos.history import HistoryWriter, read_history
 from chaos.leader_reports import leader_reports
@@ -321,17 +320,8 @@ class Run:
             nodes[0].snapshot(10.0)
         except Exception:  # noqa: BLE001 - reported below if the members never agree
             pass
-        attempts = 0
-
-        def at_one_index():
-            nonlocal attempts
-            attempts += 1
-            with concurrent.futures.ThreadPoolExecutor(len(nodes)) as pool:
-                snaps = list(pool.map(lambda n: n.snapshot(5.0, True), nodes))
-            return snaps if len({s.index for s in snaps}) == 1 else None
-
         try:
-            snaps = wait_until(at_one_index, 30.0, interval_s=0.2, what="local snapshots at one applied index")
+            snaps, attempts = local_snapshots_at_one_index(nodes, 30.0)
         except TimeoutError:
             pass
         else:
