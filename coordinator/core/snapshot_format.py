@@ -134,6 +134,10 @@ def _need_count(count: int, high: int | None, what: str, *args: object) -> None:
 _HEAD, _ITEM, _ITEMS = "head", "item", "items"
 
 
+def _not_msgpack(exc: Exception) -> ValueError:
+    return ValueError(f"snapshot is not valid msgpack: {type(exc).__name__}: {exc}")
+
+
 class SnapshotReader:
     """A snapshot document read as its bytes arrive: each item is checked as soon as it is
     whole, so reading a backup staged in chunks costs each chunk its share, and nothing is
@@ -172,7 +176,7 @@ class SnapshotReader:
         # Past the bound given at construction, or any other failure msgpack may raise (it
         # documents that "other exceptions can be raised"): not a snapshot.
         except Exception as exc:  # noqa: BLE001 - see above
-            self._fail(ValueError(f"snapshot is not valid msgpack: {type(exc).__name__}: {exc}"))
+            self._fail(_not_msgpack(exc))
             return
         while self._wanted is not None:
             kind, need = self._wanted
@@ -200,26 +204,24 @@ class SnapshotReader:
                     if kind is _HEAD:
                         self._fail(ValueError(f"bad snapshot: {need}"))
                     else:
-                        self._fail(ValueError(f"snapshot is not valid msgpack: {type(exc).__name__}: {exc}"))
+                        self._fail(_not_msgpack(exc))
                     return
-            if parse_error is not None and not value:
-                self._fail(ValueError(f"snapshot is not valid msgpack: {type(parse_error).__name__}: {parse_error}"))
-                return
-            try:
-                self._wanted = self._steps.send(value)
-            except StopIteration as done:
-                self._parts, self._wanted = done.value, None
-            except ValueError as exc:
-                self._fail(exc)
-                return
-            # Unreachable past the checks above; should an item still make one fail, it is a
-            # refusal like any other: a staged chunk must never make apply, or a member loading
-            # a snapshot taken mid-restore (which reads the chunks again), raise.
-            except Exception as exc:  # noqa: BLE001 - so any type
-                self._fail(ValueError(f"bad snapshot: reading it failed ({type(exc).__name__}: {exc})"))
-                return
+            if parse_error is None or value:
+                try:
+                    self._wanted = self._steps.send(value)
+                except StopIteration as done:
+                    self._parts, self._wanted = done.value, None
+                except ValueError as exc:
+                    self._fail(exc)
+                    return
+                # Unreachable past the checks above; should an item still make one fail, it is
+                # a refusal like any other: a staged chunk must never make apply, or a member
+                # loading a snapshot taken mid-restore (which reads the chunks again), raise.
+                except Exception as exc:  # noqa: BLE001 - so any type
+                    self._fail(ValueError(f"bad snapshot: reading it failed ({type(exc).__name__}: {exc})"))
+                    return
             if parse_error is not None:
-                self._fail(ValueError(f"snapshot is not valid msgpack: {type(parse_error).__name__}: {parse_error}"))
+                self._fail(_not_msgpack(parse_error))
                 return
 
     def _fail(self, error: ValueError) -> None:
