@@ -261,6 +261,8 @@ def test_a_client_whose_idle_connection_was_closed_reconnects_on_its_next_call(c
             response_deserializer=pb.StatusResponse.FromString,
         )
         status(pb.StatusRequest(), timeout=RPC_TIMEOUT_S)
+        # The channel reports its states from a thread of its own, which can lag the call.
+        wait_until(lambda: grpc.ChannelConnectivity.READY in states, RPC_TIMEOUT_S, what="the channel to report READY")
         ready_at = states.index(grpc.ChannelConnectivity.READY)
 
         def closed_after_ready() -> bool:
