@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         from chaos import check
 
         return check.main([args.history])
+    from chaos.netns_claim import PacketFiltersBusy
     from chaos.runner import OutDirInUse, run_profile, unmatched_only
     from chaos.small_fs import SmallFsError
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         code, summary = run_profile(args.profile, out, seed=args.seed, minutes=args.minutes, only=only)
-    except (OutDirInUse, ValueError) as exc:
+    except (OutDirInUse, PacketFiltersBusy, ValueError) as exc:
         print(f"chaos run: {exc}", file=sys.stderr)
         return 2
     except SmallFsError as exc:  # no loop devices here, or no mkfs.ext4

@@ -25,6 +25,7 @@ import time
 
 import grpc
 
+from chaos import netns_claim
 from chaos.small_fs import SmallFs
 from coordinator.api.v1 import fencing_pb2 as pb
 from coordinator.api.v1 import fencing_pb2_grpc as pb_grpc
@@ -154,6 +155,16 @@ class ChaosCluster(GrpcCluster):
     default_settings = CHAOS_SETTINGS
 
     def __init__(self, base_dir: str, small_fs_bytes: int | None = None, **kwargs) -> None:
+        # First: its teardown deletes the namespace's chaos rules whole (chaos.netns_claim).
+        netns_claim.claim()
+        self._netns_claimed = True
+        try:
+            self._init(base_dir, small_fs_bytes, **kwargs)
+        except BaseException:
+            self._release_netns()
+            raise
+
+    def _init(self, base_dir: str, small_fs_bytes: int | None, **kwargs) -> None:
         hosts = kwargs.get("hosts", HOSTS)
         self.metrics_port, _ = pick_ports(hosts)
         self.small_fs: dict[int, SmallFs] = {}
@@ -247,10 +258,16 @@ class ChaosCluster(GrpcCluster):
 
     def close(self) -> None:
         """Network rules away, then every spawned / adopted pid gone, then the small
-        filesystems unmounted. Never raises."""
+        filesystems unmounted, then the network namespace's claim given back. Never raises."""
         network_teardown()
         super().close()
         self.unmount_small_fs()
+        self._release_netns()
+
+    def _release_netns(self) -> None:
+        if self._netns_claimed:  # once, however often close is called
+            self._netns_claimed = False
+            netns_claim.release()
 
     def unmount_small_fs(self) -> None:
         """Idempotent, never raises: a filler left behind goes with its filesystem."""

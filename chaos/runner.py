@@ -40,6 +40,7 @@ from chaos import disk_clock_faults as DC
 from chaos import exhaustion_faults as EF
 from chaos import faults as F
 from chaos import membership_faults as MF
+from chaos import netns_claim
 from chaos.harness import ChaosCluster, local_snapshots_at_one_index, network_teardown
 from chaos.hazards import quiet_resource
 from chaos.history import HistoryWriter, read_history
@@ -525,15 +526,19 @@ def run_profile(profile: str, out_dir: str, seed: int | None = None, minutes: fl
     if bad:
         raise ValueError(f"--only: no soak fault kind starts with {', '.join(bad)}; kinds: "
                          + ", ".join(sorted(soak_kinds())))
-    print(f"[chaos] profile={profile} seed={seed} out={out_dir}", flush=True)
-    if profile == "ci":
-        run = Run(out_dir, seed, hold_s=3.0)
-        summary = run.execute("ci", ci_plan, budget_s=8 * 60)
-    elif profile == "soak":
-        run = Run(out_dir, seed, hold_s=5.0, converge_timeout_s=60.0)
-        summary = run.execute("soak", soak_plan(minutes, only), budget_s=minutes * 60 + 20 * 60)
-    else:
+    if profile not in ("ci", "soak"):
         raise SystemExit(f"unknown profile {profile}")
+    netns_claim.claim()  # before anything is made: PacketFiltersBusy leaves no trace
+    try:
+        print(f"[chaos] profile={profile} seed={seed} out={out_dir}", flush=True)
+        if profile == "ci":
+            run = Run(out_dir, seed, hold_s=3.0)
+            summary = run.execute("ci", ci_plan, budget_s=8 * 60)
+        else:
+            run = Run(out_dir, seed, hold_s=5.0, converge_timeout_s=60.0)
+            summary = run.execute("soak", soak_plan(minutes, only), budget_s=minutes * 60 + 20 * 60)
+    finally:
+        netns_claim.release()
     code = 0 if summary["violations"] == 0 and not summary["errors"] else 1
     return code, summary
 
