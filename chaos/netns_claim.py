@@ -61,6 +61,12 @@ def release() -> None:
             _fd = None
 
 
+def held() -> bool:
+    """Whether this process holds the claim."""
+    with _lock:
+        return _depth > 0
+
+
 def _take(path: str) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by children (PEP 446)
     try:

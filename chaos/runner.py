@@ -41,6 +41,7 @@ from chaos import exhaustion_faults as EF
 from chaos import faults as F
 from chaos import membership_faults as MF
 from chaos import netns_claim
+from chaos.convergence_trace import SLOW_CONVERGENCE_S, ConvergenceTrace, member_views, waited_for
 from chaos.harness import ChaosCluster, local_snapshots_at_one_index, network_teardown
 from chaos.hazards import quiet_resource
 from chaos.history import HistoryWriter, read_history
@@ -66,6 +67,8 @@ CONTENTION_READERS = 4
 # has an acknowledgement after convergence: at most this long (then it goes on, and the step
 # says so in ``settled_s``: None).
 SETTLE_TIMEOUT_S = 10.0
+# The convergence wait looks again at least this often (its trace's resolution).
+TRACE_ROUND_S = 2.0
 # Enough of a client history's end to hold its last records whole (one op is < 1 KiB).
 HISTORY_TAIL_BYTES = 16_384
 
@@ -95,6 +98,7 @@ class Run:
         self.steps: list[dict] = []
         self.errors: list[str] = []
         self.probe_n = 0
+        self.convergence_trace = ConvergenceTrace()
         self._probe_client = None
         self._probe_rec = None
 
@@ -122,8 +126,9 @@ class Run:
 
     # -- probe -----------------------------------------------------------------------
 
-    def probe(self) -> bool:
-        """One acquire + write + release on a probe resource; True if the write was acknowledged."""
+    def probe(self) -> str | None:
+        """One acquire + write + release on a probe resource: None if the write was
+        acknowledged, else what failed (``acquire unknown: ...``)."""
         if self._probe_rec is None:
             self._probe_rec = self.recorder("probe")
         rec = self._probe_rec
@@ -131,20 +136,30 @@ class Run:
         resource = PROBE_RESOURCES[self.probe_n % len(PROBE_RESOURCES)]
         outcome, res = rec.acquire(resource, 1500, holder="probe")
         if outcome != "ok":
-            return False
-        outcome, _ = rec.write(resource, "a", f"probe-{self.probe_n}", res.token)
+            return f"probe acquire {outcome}: {_brief(res)}"
+        outcome, err = rec.write(resource, "a", f"probe-{self.probe_n}", res.token)
         rec.release(resource, res.token)
-        return outcome == "ok"
+        return None if outcome == "ok" else f"probe write {outcome}: {_brief(err)}"
 
     def wait_converged(self, timeout_s: float) -> float | None:
         """Seconds until every member agrees on a leader and a probe write succeeds; None if
-        not within ``timeout_s``. A member that exited on its own fails the run at once."""
+        not within ``timeout_s``. A member that exited on its own fails the run at once. What
+        it waited on is in ``self.convergence_trace`` (chaos.convergence_trace)."""
         t0 = time.monotonic()
         deadline = t0 + timeout_s
+        trace = self.convergence_trace = ConvergenceTrace(t0)
 
         def converged():
-            self.cluster.wait_ready(timeout_s=max(0.5, deadline - time.monotonic()))
-            return self.probe()
+            try:
+                # Rounds of at most TRACE_ROUND_S, so the trace sees the members' views change.
+                self.cluster.wait_ready(timeout_s=min(TRACE_ROUND_S, max(0.5, deadline - time.monotonic())))
+            except TimeoutError as exc:
+                trace.note(f"{waited_for(exc)} [{member_views(self.cluster.nodes)}]")
+                return False
+            failed = self.probe()
+            if failed is not None:
+                trace.note(failed)
+            return failed is None
 
         try:
             wait_until(converged, timeout_s, interval_s=0.1, what="convergence")
@@ -268,6 +283,8 @@ class Run:
             self.errors.append(f"{fault.kind}: {fault.failure}: {fault.info}")
         conv = self.wait_converged(self.converge_timeout_s)
         step["convergence_s"] = round(conv, 3) if conv is not None else None
+        if conv is None or conv >= SLOW_CONVERGENCE_S:
+            step["convergence_trace"] = self.convergence_trace.record()
         if conv is None:
             self.errors.append(f"{fault.kind}: no convergence within {self.converge_timeout_s}s after heal")
         else:
@@ -279,6 +296,8 @@ class Run:
               f" leader_changes={step['leader_changes']} ({step['seconds']} s)", flush=True)
         if fault.info.get("summary"):  # what a fault proved it did (clock read, files torn)
             print(f"[chaos]   {fault.info['summary']}", flush=True)
+        if "convergence_trace" in step:
+            print(f"[chaos]   convergence waited on: {self.convergence_trace.render()}", flush=True)
         return step
 
     def leadership(self) -> tuple[str, int] | None:
@@ -541,6 +560,12 @@ def run_profile(profile: str, out_dir: str, seed: int | None = None, minutes: fl
         netns_claim.release()
     code = 0 if summary["violations"] == 0 and not summary["errors"] else 1
     return code, summary
+
+
+def _brief(failure: object, chars_max: int = 160) -> str:
+    """An error, short enough for one trace note."""
+    text = f"{type(failure).__name__}: {failure}" if isinstance(failure, BaseException) else str(failure)
+    return text if len(text) <= chars_max else text[: chars_max - 3] + "..."
 
 
 def last_ack_ns(path: str) -> int | None:

@@ -42,6 +42,18 @@ def pytest_runtest_makereport(item, call):
 MEMBER_LOG_TAIL_CHARS = 20_000
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _chaos_clusters_closed():
+    """A ChaosCluster left open keeps this process's claim on the network namespace
+    (chaos/netns_claim.py) for the rest of the session, and every later ``python -m chaos run``
+    a test starts would be refused: the module that left one open fails here instead."""
+    yield
+    claim = sys.modules.get("chaos.netns_claim")
+    if claim is not None and claim.held():
+        pytest.fail("a ChaosCluster (or a chaos Run) this module opened was never closed: it still "
+                    "holds the network namespace's chaos claim")
+
+
 def pytest_sessionfinish(session, exitstatus):
     """In CI every test must run: a skip there (a missing package, say) fails the run."""
     if os.environ.get("CI") != "true" or exitstatus != 0:

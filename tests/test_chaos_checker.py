@@ -1425,5 +1425,8 @@ def test_a_run_refuses_a_directory_that_holds_an_earlier_run(tmp_path):
     assert sorted(p.name for p in old.iterdir()) == ["history.jsonl"]
     assert (old / "history.jsonl").read_text() == '{"earlier": true}\n'
     fresh = Run(str(tmp_path / "new"), seed=1)  # a new directory is fine
-    fresh.writer.close()
-    assert (tmp_path / "new" / "clients").is_dir() and fresh.seed == 1
+    try:
+        assert (tmp_path / "new" / "clients").is_dir() and fresh.seed == 1
+    finally:
+        fresh.writer.close()
+        fresh.cluster.close()  # its small filesystems, and the network namespace's claim
