@@ -285,6 +285,9 @@ class Run:
         step["convergence_s"] = round(conv, 3) if conv is not None else None
         if conv is None or conv >= SLOW_CONVERGENCE_S:
             step["convergence_trace"] = self.convergence_trace.record()
+            # CPU starvation against the chaos members' 0.5-1 s election timeout was the cause
+            # of the slow convergences traced so far: the machine's load belongs with the trace.
+            step["load_avg_1m"] = round(os.getloadavg()[0], 1)
         if conv is None:
             self.errors.append(f"{fault.kind}: no convergence within {self.converge_timeout_s}s after heal")
         else:
@@ -297,7 +300,8 @@ class Run:
         if fault.info.get("summary"):  # what a fault proved it did (clock read, files torn)
             print(f"[chaos]   {fault.info['summary']}", flush=True)
         if "convergence_trace" in step:
-            print(f"[chaos]   convergence waited on: {self.convergence_trace.render()}", flush=True)
+            print(f"[chaos]   convergence waited on (load average {step['load_avg_1m']}): "
+                  f"{self.convergence_trace.render()}", flush=True)
         return step
 
     def leadership(self) -> tuple[str, int] | None:
