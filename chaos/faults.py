@@ -579,25 +579,24 @@ def gc_pause_schedule(c: ChaosCluster, recorder, resource: str, out_path: str, *
             outcome, res = recorder.acquire(resource, 5000, holder=recorder.process)
             return (res,) if outcome == "ok" else None
 
-        def owned_and_written():
+        # An operator's fence-all or restore (the soak's operator role) between the owner's
+        # acquire and its write fences the owner too, rightly (I11): it owns no lease any more,
+        # so it acquires again, as a real client would. The victim's write still comes after.
+        result["owner_refenced"] = 0
+        while True:
             (res,) = wait_until(acquired, max(0.0, deadline - time.monotonic()), interval_s=0.2,
                                 what="the new owner to acquire")
             if unfenced:
                 from chaos.workload import unfenced_put
 
                 unfenced_put(unfenced, "a", owner_value)
-                return res, "ok", None
-            outcome, answer = recorder.write(resource, "a", owner_value, res.token)
-            return res, outcome, getattr(answer, "reason", None) if outcome != "ok" else None
-
-        res, outcome, reason = owned_and_written()
-        # An operator's fence-all or restore (the soak's operator role) between the owner's
-        # acquire and its write fences the owner too, rightly (I11): it owns no lease any more,
-        # so it acquires again, as a real client would. The victim's write still comes after.
-        result["owner_refenced"] = 0
-        while reason == ErrorReason.STALE_TOKEN and time.monotonic() < deadline:
+                outcome, reason = "ok", None
+            else:
+                outcome, answer = recorder.write(resource, "a", owner_value, res.token)
+                reason = getattr(answer, "reason", None) if outcome != "ok" else None
+            if reason != ErrorReason.STALE_TOKEN or time.monotonic() >= deadline:
+                break
             result["owner_refenced"] += 1
-            res, outcome, reason = owned_and_written()
         result["owner_token"] = res.token
         result["owner_write"] = outcome
         os.kill(victim.pid, signal.SIGCONT)
