@@ -21,7 +21,6 @@ import errno
 import os
 import struct
 import subprocess
-import sys
 import zlib
 
 import msgpack
@@ -35,7 +34,6 @@ from chaos.leader_reports import leader_reports
 from chaos.small_fs import DATA_FS_BYTES
 from coordinator.raft.journal import META_NAME
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Small: the tests' members write little, and a fill is then quick.
 TEST_FS_BYTES = 16 * 1024 * 1024
 
@@ -197,13 +195,3 @@ def test_the_small_filesystems_are_unmounted_when_the_cluster_closes(tmp_path):
     images = [str(tmp_path / "c" / f"node{i}.img") for i in range(3)]
     attached = subprocess.run(["losetup", "-a"], capture_output=True, text=True, timeout=10).stdout
     assert not any(image in attached for image in images)
-
-
-def test_a_machine_that_cannot_mount_them_gets_one_line_not_a_traceback(tmp_path):
-    # No mkfs.ext4 on the PATH (a container without e2fsprogs, say).
-    env = {**os.environ, "PATH": str(tmp_path / "empty"), "PYTHONPATH": ROOT}
-    proc = subprocess.run([sys.executable, "-m", "chaos", "run", "--profile", "ci", "--out", str(tmp_path / "run")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith("chaos run: cannot mount the members' small data filesystems: mkfs.ext4")

@@ -540,10 +540,13 @@ def test_outcome_unknown_then_retry_with_the_same_op_id_applies_once(cluster):
         cluster.wait_ready()
         return request
 
-    # 1. The leader stops; a follower forwarded the write to it and cannot know its fate.
+    # 1. The leader stops; a follower forwarded the write to it and cannot know its fate. The
+    #    other follower stops too: otherwise the two left elect a leader within the election
+    #    timeout (0.5-1 s), and a write that reaches its follower after that (under load, once
+    #    on CI) is simply applied. Two of three stopped, whoever leads can commit nothing.
     leader = cluster.leader_index()
     follower = (leader + 1) % 3
-    r1 = stalled_write([leader], follower, "k1")
+    r1 = stalled_write([leader, (leader + 2) % 3], follower, "k1")
     # 2. Both followers stop; the leader appended the write but cannot commit it yet. When
     #    they come back it may well commit: the retry must then return the first outcome.
     leader = cluster.leader_index()
