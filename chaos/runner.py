@@ -67,6 +67,8 @@ CONTENTION_READERS = 4
 # has an acknowledgement after convergence: at most this long (then it goes on, and the step
 # says so in ``settled_s``: None).
 SETTLE_TIMEOUT_S = 10.0
+# A leader fault's failover: from the fault until a probe write is acknowledged, at most this.
+FAILOVER_TIMEOUT_S = 20.0
 # The convergence wait looks again at least this often (its trace's resolution).
 TRACE_ROUND_S = 2.0
 # Enough of a client history's end to hold its last records whole (one op is < 1 KiB).
@@ -98,6 +100,7 @@ class Run:
         self.steps: list[dict] = []
         self.errors: list[str] = []
         self.probe_n = 0
+        self.probe_failure: str | None = None
         self.convergence_trace = ConvergenceTrace()
         self._probe_client = None
         self._probe_rec = None
@@ -126,9 +129,13 @@ class Run:
 
     # -- probe -----------------------------------------------------------------------
 
-    def probe(self) -> str | None:
-        """One acquire + write + release on a probe resource: None if the write was
-        acknowledged, else what failed (``acquire unknown: ...``)."""
+    def probe(self) -> bool:
+        """One acquire + write + release on a probe resource; True if the write was
+        acknowledged. What failed otherwise is in ``self.probe_failure``."""
+        self.probe_failure = self._probe()
+        return self.probe_failure is None
+
+    def _probe(self) -> str | None:
         if self._probe_rec is None:
             self._probe_rec = self.recorder("probe")
         rec = self._probe_rec
@@ -156,10 +163,10 @@ class Run:
             except TimeoutError as exc:
                 trace.note(f"{waited_for(exc)} [{member_views(self.cluster.nodes)}]")
                 return False
-            failed = self.probe()
-            if failed is not None:
-                trace.note(failed)
-            return failed is None
+            if self.probe():
+                return True
+            trace.note(self.probe_failure or "probe failed")
+            return False
 
         try:
             wait_until(converged, timeout_s, interval_s=0.1, what="convergence")
@@ -262,10 +269,15 @@ class Run:
             if fault.leader_fault:
                 # failover: from inject until a probe write is acknowledged (bounded)
                 try:
-                    wait_until(self.probe, max(hold_s, 20.0), interval_s=0.05, what="a probe write")
+                    wait_until(self.probe, max(hold_s, FAILOVER_TIMEOUT_S), interval_s=0.05, what="a probe write")
                     step["failover_s"] = round((time.monotonic_ns() - t_inject) / 1e9, 3)
                 except TimeoutError:
                     step["failover_s"] = None
+                    # The members' election timeout is 0.5-1 s: no write in this long is a
+                    # failure of the cluster (or, as once, of the runner's own probe), not a figure.
+                    self.errors.append(f"{fault.kind}: no probe write acknowledged within "
+                                       f"{max(hold_s, FAILOVER_TIMEOUT_S)} s of the fault (failover): "
+                                       f"{self.probe_failure}")
             time.sleep(max(0.0, hold_until - time.monotonic()))  # the fault's hold: a duration
         except Exception as exc:  # noqa: BLE001
             self.errors.append(f"{fault.kind}: inject failed: {exc!r}")

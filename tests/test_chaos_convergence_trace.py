@@ -4,6 +4,7 @@ SLOW_CONVERGENCE_S (or without convergence) keeps and prints the notes, and a fa
 
 from __future__ import annotations
 
+import itertools
 import types
 
 import pytest
@@ -38,9 +39,12 @@ def test_a_long_wait_keeps_its_first_notes_and_its_latest():
     assert "(15 notes left out)" in trace.render()
 
 
-def _run_with(cluster, probe) -> Run:
-    run = Run.__new__(Run)  # only wait_converged: a cluster and a probe
-    run.cluster, run.probe = cluster, probe
+def _run_with(cluster, failures) -> Run:
+    """A Run with only what wait_converged uses: a cluster, and a probe that fails with each
+    of ``failures`` in turn (None: it succeeds), as Run.probe reports."""
+    run = Run.__new__(Run)
+    run.cluster = cluster
+    run._probe = lambda: next(failures)
     return run
 
 
@@ -51,15 +55,14 @@ def test_the_wait_notes_each_member_s_view_and_the_probe_s_failure(tmp_path):
         c.pause(2)
         # One member of three. A leader among them still answers Status for its lease (so the
         # members' check can pass at first), never once it lapses; the probe never passes.
-        run = _run_with(c, lambda: "probe acquire unknown: no quorum")
+        run = _run_with(c, itertools.repeat("probe acquire unknown: no quorum"))
         assert run.wait_converged(5.0) is None
         views = [what for _, what in run.convergence_trace.notes if "n1 paused, n2 paused" in what]
         assert views, run.convergence_trace.notes
         assert "n0 leader=" in views[0] and " term=" in views[0] and " applied=" in views[0], views
         c.resume(1)
         c.resume(2)
-        answers = iter(["probe acquire unknown: OutcomeUnknown: the connection dropped", None])
-        run = _run_with(c, lambda: next(answers))
+        run = _run_with(c, iter(["probe acquire unknown: OutcomeUnknown: the connection dropped", None]))
         assert run.wait_converged(30.0) is not None
         assert [what for _, what in run.convergence_trace.notes][-1] == \
             "probe acquire unknown: OutcomeUnknown: the connection dropped"
@@ -99,3 +102,34 @@ def test_a_slow_step_keeps_and_prints_its_trace_and_a_fast_one_does_not(converge
     else:
         assert "convergence_trace" not in step
         assert "convergence waited on" not in printed
+
+
+class _LeaderFault(_Quiet):
+    kind = "quiet_leader"
+    leader_fault = True
+
+
+@pytest.mark.parametrize("failures, failover", [(["probe write unknown: x", None], True),
+                                                (itertools.repeat("probe acquire refused: y"), False)])
+def test_a_leader_fault_s_failover_is_the_first_acknowledged_probe_or_an_error(failures, failover, monkeypatch):
+    """Run.probe answers True for an acknowledged write: a probe that answered the other way
+    round once made every failover wait its whole bound and report None, with no error."""
+    import chaos.runner as runner
+
+    monkeypatch.setattr(runner, "FAILOVER_TIMEOUT_S", 0.5)
+    run = Run.__new__(Run)
+    run.errors, run.converge_timeout_s = [], 1.0
+    run.cluster = types.SimpleNamespace(statuses=lambda: {})
+    run.writer = types.SimpleNamespace(write=lambda record: None)
+    answers = iter(failures)
+    run._probe = lambda: next(answers)
+    run.wait_converged = lambda timeout_s: 0.1
+    run.wait_workload_flowing = lambda since_ns, timeout_s: 0.0
+    step = run.run_fault(_LeaderFault(), hold_s=0.0)
+    if failover:
+        assert step["failover_s"] is not None and step["failover_s"] < 0.5
+        assert run.errors == []
+    else:
+        assert step["failover_s"] is None
+        assert run.errors == ["quiet_leader: no probe write acknowledged within 0.5 s of the fault (failover): "
+                              "probe acquire refused: y"]
