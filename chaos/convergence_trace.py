@@ -10,7 +10,6 @@ record and prints it: the CI log alone then says where the time went.
 
 from __future__ import annotations
 
-import re
 import time
 
 # A convergence this slow (or none) keeps its trace; the CI profile's are ~0.5-4 s, and the
@@ -70,9 +69,3 @@ def member_views(nodes, timeout_s: float = 1.0) -> str:
         views.append(f"{name} leader={s.leader or '-'} term={s.term} applied={s.applied_index}")
     return ", ".join(views)
 
-
-def waited_for(timeout: TimeoutError) -> str:
-    """What ``wait_until`` timed out on (``nodes [0, 2] to answer``), without its timeout and
-    last error, which differ each round and would make every round a new note."""
-    text = re.sub(r"^timed out after [0-9.]+s waiting for ", "", str(timeout))
-    return text.split(" (last error: ")[0]

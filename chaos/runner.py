@@ -41,14 +41,14 @@ from chaos import exhaustion_faults as EF
 from chaos import faults as F
 from chaos import membership_faults as MF
 from chaos import netns_claim
-from chaos.convergence_trace import SLOW_CONVERGENCE_S, ConvergenceTrace, member_views, waited_for
+from chaos.convergence_trace import SLOW_CONVERGENCE_S, ConvergenceTrace, member_views
 from chaos.harness import ChaosCluster, local_snapshots_at_one_index, network_teardown
 from chaos.hazards import quiet_resource
 from chaos.history import HistoryWriter, read_history
 from chaos.leader_reports import leader_reports
 from chaos.small_fs import DATA_FS_BYTES
 from chaos.workload import KEYS, Recorder, make_client
-from testsupport.supervisor import wait_until
+from testsupport.supervisor import WaitTimeout, wait_until
 
 RESOURCES = ["r0", "r1", "r2"]
 PROBE_RESOURCES = [f"probe{i}" for i in range(6)]
@@ -160,8 +160,10 @@ class Run:
             try:
                 # Rounds of at most TRACE_ROUND_S, so the trace sees the members' views change.
                 self.cluster.wait_ready(timeout_s=min(TRACE_ROUND_S, max(0.5, deadline - time.monotonic())))
-            except TimeoutError as exc:
-                trace.note(f"{waited_for(exc)} [{member_views(self.cluster.nodes)}]")
+            except WaitTimeout as exc:
+                # What it waited for, not the message: its timeout and last error differ each
+                # round, and would make every round a new note.
+                trace.note(f"{exc.what} [{member_views(self.cluster.nodes)}]")
                 return False
             if self.probe():
                 return True
@@ -268,16 +270,16 @@ class Run:
             hold_until = time.monotonic() + hold_s
             if fault.leader_fault:
                 # failover: from inject until a probe write is acknowledged (bounded)
+                bound_s = max(hold_s, FAILOVER_TIMEOUT_S)
                 try:
-                    wait_until(self.probe, max(hold_s, FAILOVER_TIMEOUT_S), interval_s=0.05, what="a probe write")
+                    wait_until(self.probe, bound_s, interval_s=0.05, what="a probe write")
                     step["failover_s"] = round((time.monotonic_ns() - t_inject) / 1e9, 3)
                 except TimeoutError:
                     step["failover_s"] = None
                     # The members' election timeout is 0.5-1 s: no write in this long is a
                     # failure of the cluster (or, as once, of the runner's own probe), not a figure.
-                    self.errors.append(f"{fault.kind}: no probe write acknowledged within "
-                                       f"{max(hold_s, FAILOVER_TIMEOUT_S)} s of the fault (failover): "
-                                       f"{self.probe_failure}")
+                    self.errors.append(f"{fault.kind}: no probe write acknowledged within {bound_s} s of "
+                                       f"the fault (failover): {self.probe_failure}")
             time.sleep(max(0.0, hold_until - time.monotonic()))  # the fault's hold: a duration
         except Exception as exc:  # noqa: BLE001
             self.errors.append(f"{fault.kind}: inject failed: {exc!r}")

@@ -43,9 +43,10 @@ def test_wait_until_timeout_names_what_and_the_last_error():
         raise ConnectionRefusedError("nobody home")
 
     t0 = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"timed out after 0\.2s waiting for the door.*nobody home"):
+    with pytest.raises(TimeoutError, match=r"timed out after 0\.2s waiting for the door.*nobody home") as caught:
         wait_until(refused, 0.2, interval_s=0.01, what="the door")
     assert 0.2 <= time.monotonic() - t0 < 2.0
+    assert caught.value.what == "the door"  # as named, for a caller that compares rounds
 
 
 def test_wait_until_tries_once_even_with_no_time():

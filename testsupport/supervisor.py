@@ -41,11 +41,19 @@ class MemberExited(RuntimeError):
 _NOT_YET = (OSError, RuntimeError, grpc.RpcError)
 
 
+class WaitTimeout(TimeoutError):
+    """``wait_until``'s deadline passed; ``what`` is what it waited for, as the caller named it."""
+
+    def __init__(self, message: str, what: str) -> None:
+        super().__init__(message)
+        self.what = what
+
+
 def wait_until(predicate, timeout_s: float, *, interval_s: float = 0.05, what: str = "condition"):
     """Call ``predicate`` until it returns a truthy value, and return that value.
 
     It is called at least once, and once more at the deadline; between calls it sleeps
-    ``interval_s``. Raises TimeoutError naming ``what`` (and the last error the predicate raised)
+    ``interval_s``. Raises WaitTimeout (a TimeoutError) naming ``what`` (and the last error the predicate raised)
     when the deadline passes.
     """
     deadline = time.monotonic() + timeout_s
@@ -61,8 +69,8 @@ def wait_until(predicate, timeout_s: float, *, interval_s: float = 0.05, what: s
             last_exc = exc
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise TimeoutError(f"timed out after {timeout_s:.1f}s waiting for {what}"
-                               + (f" (last error: {last_exc!r})" if last_exc else ""))
+            raise WaitTimeout(f"timed out after {timeout_s:.1f}s waiting for {what}"
+                              + (f" (last error: {last_exc!r})" if last_exc else ""), what)
         time.sleep(min(interval_s, remaining))
 
 
