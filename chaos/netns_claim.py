@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import tempfile
 import threading
 
@@ -68,8 +69,13 @@ def held() -> bool:
 
 
 def _take(path: str) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by children (PEP 446)
+    # The file sits in a shared temporary directory and a run is root: never follow a link put
+    # there, and never truncate anything but a plain file of our own (not inherited: PEP 446).
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise PacketFiltersBusy(f"{path} is not a plain file of this user: remove it, then run again")
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()

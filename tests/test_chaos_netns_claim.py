@@ -91,3 +91,23 @@ def test_claims_nest_within_a_process_and_the_last_release_frees():
         netns_claim.release()
     Holder().close()
     netns_claim.release()  # one too many: nothing to give back, and it says nothing
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file another owner")
+def test_a_link_or_a_stranger_s_file_at_the_lock_path_is_refused_and_left_as_it_was(tmp_path, monkeypatch):
+    """The lock file sits in a shared temporary directory and runs are root: a link planted
+    there must not make a run truncate what it points to."""
+    target = tmp_path / "precious"
+    target.write_text("keep me")
+    lock = tmp_path / "lock"
+    lock.symlink_to(target)
+    monkeypatch.setattr(netns_claim, "claim_path", lambda: str(lock))
+    with pytest.raises(OSError):  # O_NOFOLLOW: ELOOP
+        netns_claim.claim()
+    assert target.read_text() == "keep me" and not netns_claim.held()
+    lock.unlink()
+    lock.write_text("a stranger's")
+    os.chown(lock, os.geteuid() + 1, -1)  # another user's file (root runs the chaos suite)
+    with pytest.raises(netns_claim.PacketFiltersBusy, match="not a plain file of this user"):
+        netns_claim.claim()
+    assert lock.read_text() == "a stranger's" and not netns_claim.held()
